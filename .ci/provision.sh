@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Provisions a Debian (bookworm) test host for gpuiso's full test suite.
+# Idempotent: every step checks before it changes anything. Needs root.
+set -euo pipefail
+
+log() { printf 'provision: %s\n' "$*" >&2; }
+
+if [ "$(id -u)" -ne 0 ]; then
+  log "must run as root (the full suite needs cgroups, mknod and dockerd)"
+  exit 1
+fi
+
+export DEBIAN_FRONTEND=noninteractive
+
+# 1. Debian's non-free component, where the NVIDIA user-space driver lives (and contrib,
+#    which holds its glue packages: nvidia-support, nvidia-legacy-check, glx-alternative-nvidia).
+src=/etc/apt/sources.list.d/gpuiso-non-free.sources
+want='Types: deb
+URIs: http://deb.debian.org/debian
+Suites: bookworm bookworm-updates
+Components: contrib non-free
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+
+Types: deb
+URIs: http://deb.debian.org/debian-security
+Suites: bookworm-security
+Components: contrib non-free
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg'
+updated=0
+if [ ! -f "$src" ] || [ "$(cat "$src")" != "$want" ]; then
+  log "adding $src"
+  printf '%s\n' "$want" >"$src"
+  apt-get update -qq
+  updated=1
+fi
+
+# 2. Packages: NVML, libcuda, nvidia-smi (no kernel module: none can load here) and Docker.
+pkgs=(libnvidia-ml1 libcuda1 nvidia-smi docker.io)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  [ "$updated" -eq 1 ] || apt-get update -qq
+  log "installing ${missing[*]}"
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# 3. A Docker daemon that answers.
+docker_cli=/usr/bin/docker
+if ! timeout 10 "$docker_cli" version >/dev/null 2>&1; then
+  log "starting dockerd"
+  mkdir -p /var/log
+  setsid nohup /usr/sbin/dockerd >/var/log/gpuiso-dockerd.log 2>&1 </dev/null &
+  for _ in $(seq 1 60); do
+    timeout 5 "$docker_cli" version >/dev/null 2>&1 && break
+    sleep 1
+  done
+  if ! timeout 10 "$docker_cli" version >/dev/null 2>&1; then
+    log "dockerd did not answer within 60 s; its log:"
+    tail -n 30 /var/log/gpuiso-dockerd.log >&2 || true
+    exit 1
+  fi
+fi
+log "host ready: $(nvidia-smi --version 2>/dev/null | head -n 1 || echo 'nvidia-smi present'), docker $("$docker_cli" version --format '{{.Server.Version}}')"

@@ -1,0 +1,32 @@
+# gpuiso's developer entry points. `make test` is the full test command: it
+# provisions the host (as root, idempotently) and runs every suite with the
+# privileged ones required, so that a suite that cannot run fails the build.
+
+GO ?= go
+GOTESTFLAGS ?= -race -count=1 -timeout 60m
+export PATH := $(PATH):/usr/local/go/bin
+
+.PHONY: all test provision check unit gpuinfo
+
+all: check unit
+
+## test: provision the host, then run every suite; required suites may not skip
+test: provision check
+	GPUISO_REQUIRE=all $(GO) test $(GOTESTFLAGS) ./...
+
+## provision: Debian non-free NVIDIA user-space driver, docker.io, a running dockerd
+provision:
+	bash .ci/provision.sh
+
+## check: formatting and vet
+check:
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
+
+## unit: the suites that need nothing of the host (privileged ones skip)
+unit:
+	$(GO) test -count=1 ./...
+
+## gpuinfo: what this node has (SIM=dgx1-volta to use a simulated node)
+gpuinfo:
+	$(GO) run ./examples/gpuinfo $(if $(SIM),--simulate $(SIM))

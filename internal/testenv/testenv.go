@@ -1,0 +1,171 @@
+// Package testenv holds the Require helpers that gate gpuiso's privileged and
+// hardware test suites.
+//
+// Each helper skips the calling test with a reason when the host cannot run the
+// suite (not root, no cgroup v2, no Docker daemon, ...). A suite named in the
+// GPUISO_REQUIRE environment variable (a comma-separated list of suite names,
+// or "all") is required: a skip of it fails the test instead, so that the
+// project's full test command cannot pass while silently skipping what it was
+// meant to prove.
+package testenv
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/moby/moby/client"
+
+	"github.com/gpuiso/gpuiso/internal/linux"
+)
+
+// RequireEnv names the environment variable listing the required suites.
+const RequireEnv = "GPUISO_REQUIRE"
+
+// Suite names a group of tests that need something of the host.
+type Suite string
+
+// The suites. "all" in RequireEnv requires every one of them except GPU,
+// which needs hardware that test hosts do not have.
+const (
+	Root            Suite = "root"            // run as root
+	CgroupV1Devices Suite = "cgroup1-devices" // the cgroup v1 devices controller
+	CgroupV2        Suite = "cgroup2"         // a writable cgroup2 hierarchy with eBPF device programs
+	Docker          Suite = "docker"          // a Docker daemon that answers
+	NVIDIALibraries Suite = "nvidia-libs"     // the NVIDIA user-space driver (libnvidia-ml.so.1)
+	GPU             Suite = "gpu"             // a real NVIDIA GPU with a loaded kernel driver
+)
+
+// Suites lists every suite that "all" stands for.
+var Suites = []Suite{Root, CgroupV1Devices, CgroupV2, Docker, NVIDIALibraries}
+
+// Required reports whether suite is listed in RequireEnv.
+func Required(suite Suite) bool {
+	for _, s := range strings.Split(os.Getenv(RequireEnv), ",") {
+		s = strings.TrimSpace(s)
+		if s == string(suite) || (s == "all" && slices.Contains(Suites, suite)) {
+			return true
+		}
+	}
+	return false
+}
+
+// skip skips tb, or fails it when the suite is required.
+func skip(tb testing.TB, suite Suite, format string, args ...any) {
+	tb.Helper()
+	reason := fmt.Sprintf(format, args...)
+	if Required(suite) {
+		tb.Fatalf("required suite %q cannot run: %s (%s=%q)", suite, reason, RequireEnv, os.Getenv(RequireEnv))
+	}
+	tb.Skipf("suite %q skipped: %s", suite, reason)
+}
+
+// RequireRoot skips tb unless the process runs as root.
+func RequireRoot(tb testing.TB) {
+	tb.Helper()
+	if !linux.IsRoot() {
+		skip(tb, Root, "needs root (effective uid %d)", os.Geteuid())
+	}
+}
+
+// Cgroup mount points of the hosts gpuiso supports.
+const (
+	cgroupV1Devices = "/sys/fs/cgroup/devices"
+	cgroupUnified   = "/sys/fs/cgroup/unified" // cgroup2 in hybrid mode
+	cgroupRoot      = "/sys/fs/cgroup"         // cgroup2 in unified mode
+)
+
+// RequireCgroupV1Devices skips tb unless the process is root and the cgroup v1
+// devices controller is mounted. It returns the controller's mount point.
+func RequireCgroupV1Devices(tb testing.TB) string {
+	tb.Helper()
+	if !linux.IsRoot() {
+		skip(tb, CgroupV1Devices, "needs root to write device rules")
+	}
+	magic, err := linux.FilesystemType(cgroupV1Devices)
+	if err != nil || magic != linux.CgroupMagic {
+		skip(tb, CgroupV1Devices, "no cgroup v1 devices controller at %s", cgroupV1Devices)
+	}
+	if _, err := os.Stat(filepath.Join(cgroupV1Devices, "devices.allow")); err != nil {
+		skip(tb, CgroupV1Devices, "%s has no devices.allow: %v", cgroupV1Devices, err)
+	}
+	return cgroupV1Devices
+}
+
+// RequireCgroupV2 skips tb unless the process is root and a cgroup2 hierarchy is
+// mounted (at /sys/fs/cgroup in unified mode, /sys/fs/cgroup/unified in hybrid
+// mode). It returns the mount point.
+func RequireCgroupV2(tb testing.TB) string {
+	tb.Helper()
+	if !linux.IsRoot() {
+		skip(tb, CgroupV2, "needs root to create cgroups and attach device programs")
+	}
+	for _, p := range []string{cgroupRoot, cgroupUnified} {
+		if magic, err := linux.FilesystemType(p); err == nil && magic == linux.Cgroup2Magic {
+			return p
+		}
+	}
+	skip(tb, CgroupV2, "no cgroup2 hierarchy at %s or %s", cgroupRoot, cgroupUnified)
+	return ""
+}
+
+// RequireDocker skips tb unless a Docker daemon answers a ping through the
+// environment's settings (DOCKER_HOST, ...). It returns a client whose API
+// version is negotiated with the daemon; the client is closed when tb ends.
+func RequireDocker(tb testing.TB) *client.Client {
+	tb.Helper()
+	cli, err := client.New(client.FromEnv)
+	if err != nil {
+		skip(tb, Docker, "docker client: %v", err)
+	}
+	tb.Cleanup(func() { cli.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := cli.Ping(ctx, client.PingOptions{NegotiateAPIVersion: true}); err != nil {
+		skip(tb, Docker, "no Docker daemon answers: %v", err)
+	}
+	return cli
+}
+
+// LibraryDirs are the directories searched for the NVIDIA user-space driver.
+var LibraryDirs = []string{
+	"/usr/lib/x86_64-linux-gnu",
+	"/lib/x86_64-linux-gnu",
+	"/usr/lib/aarch64-linux-gnu",
+	"/usr/lib/powerpc64le-linux-gnu",
+	"/usr/lib64",
+	"/usr/lib",
+}
+
+// RequireNVIDIALibraries skips tb unless libnvidia-ml.so.1 is installed. It
+// returns the library's path.
+func RequireNVIDIALibraries(tb testing.TB) string {
+	tb.Helper()
+	for _, dir := range LibraryDirs {
+		p := filepath.Join(dir, "libnvidia-ml.so.1")
+		if _, err := os.Stat(p); err == nil {
+			return p
+		}
+	}
+	skip(tb, NVIDIALibraries, "libnvidia-ml.so.1 not found in %s", strings.Join(LibraryDirs, ", "))
+	return ""
+}
+
+// RequireGPU skips tb unless a real GPU is usable: the NVIDIA kernel driver
+// is loaded (/proc/driver/nvidia/version exists) and its control node
+// /dev/nvidiactl is present.
+func RequireGPU(tb testing.TB) {
+	tb.Helper()
+	RequireNVIDIALibraries(tb)
+	if _, err := os.Stat("/proc/driver/nvidia/version"); err != nil {
+		skip(tb, GPU, "NVIDIA kernel driver not loaded: %v", err)
+	}
+	if _, err := os.Stat("/dev/nvidiactl"); err != nil {
+		skip(tb, GPU, "no /dev/nvidiactl: %v", err)
+	}
+}

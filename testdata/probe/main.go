@@ -1,0 +1,86 @@
+// Command probe runs inside test containers and reports what it can see and
+// do there, one line per question, so tests can compare the output with what
+// isolation should allow. It is built statically (CGO_ENABLED=0) so that it
+// runs in images built FROM scratch.
+//
+//	probe open PATH...    "<path> ok|ENXIO|EPERM|ENOENT|<error>" for each read-write open
+//	probe write PATH...   "<path> ok|EROFS|<error>" for each file creation
+//	probe ls DIR          the names in DIR, one a line
+//	probe env NAME...     "<name>=<value>" for each variable that is set
+//	probe exit CODE       exits with CODE
+package main
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"syscall"
+)
+
+func main() {
+	if len(os.Args) < 2 {
+		fmt.Fprintln(os.Stderr, "usage: probe open|write|ls|env|exit ARGS...")
+		os.Exit(2)
+	}
+	args := os.Args[2:]
+	switch os.Args[1] {
+	case "open":
+		for _, p := range args {
+			f, err := os.OpenFile(p, os.O_RDWR, 0)
+			if err == nil {
+				f.Close()
+			}
+			fmt.Println(p, result(err))
+		}
+	case "write":
+		for _, p := range args {
+			err := os.WriteFile(p, []byte("probe\n"), 0o644)
+			fmt.Println(p, result(err))
+		}
+	case "ls":
+		for _, dir := range args {
+			entries, err := os.ReadDir(dir)
+			if err != nil {
+				fmt.Println(dir, result(err))
+				continue
+			}
+			for _, e := range entries {
+				fmt.Println(e.Name())
+			}
+		}
+	case "env":
+		for _, name := range args {
+			if v, ok := os.LookupEnv(name); ok {
+				fmt.Printf("%s=%s\n", name, v)
+			}
+		}
+	case "exit":
+		code := 0
+		if len(args) > 0 {
+			code, _ = strconv.Atoi(args[0])
+		}
+		os.Exit(code)
+	default:
+		fmt.Fprintf(os.Stderr, "probe: unknown command %q\n", os.Args[1])
+		os.Exit(2)
+	}
+}
+
+func result(err error) string {
+	var errno syscall.Errno
+	switch {
+	case err == nil:
+		return "ok"
+	case errors.As(err, &errno):
+		for _, e := range []struct {
+			errno syscall.Errno
+			name  string
+		}{{syscall.ENXIO, "ENXIO"}, {syscall.EPERM, "EPERM"}, {syscall.EACCES, "EACCES"}, {syscall.ENOENT, "ENOENT"}, {syscall.EROFS, "EROFS"}} {
+			if errno == e.errno {
+				return e.name
+			}
+		}
+	}
+	return err.Error()
+}
