@@ -1,0 +1,149 @@
+package allocator
+
+import (
+	"fmt"
+	"maps"
+	"strconv"
+	"strings"
+)
+
+// NoNUMANode is the NUMA node of a device whose node NVML cannot tell.
+const NoNUMANode = -1
+
+// NoMinor is the minor number of a device NVML could not read (a lost GPU).
+const NoMinor = -1
+
+// Device is one GPU as discovered on the node. Its identity (UUID, bus id,
+// minor number) is stable across restarts; its index is NVML's enumeration
+// order and may change when the node's hardware does.
+type Device struct {
+	// Index is NVML's index of the device.
+	Index int `json:"index"`
+	// Minor is the minor number of /dev/nvidia<Minor> (major 195), or NoMinor.
+	Minor int `json:"minor"`
+	// UUID is NVML's "GPU-..." identifier.
+	UUID string `json:"uuid,omitempty"`
+	// BusID is the PCI address, normalised to lower case "0000:xx:yy.z".
+	BusID string `json:"busId,omitempty"`
+	// Model is the product name, e.g. "Tesla V100-SXM2-16GB".
+	Model string `json:"model,omitempty"`
+	// Brand is the product brand, e.g. "Tesla", "Quadro", "GeForce".
+	Brand string `json:"brand,omitempty"`
+	// Architecture is the chip generation in lower case, e.g. "volta", "hopper".
+	Architecture string `json:"architecture,omitempty"`
+	// ComputeCapability is CUDA's "<major>.<minor>", e.g. "7.0".
+	ComputeCapability string `json:"computeCapability,omitempty"`
+	// MemoryBytes is the total frame-buffer memory; 0 when unknown.
+	MemoryBytes uint64 `json:"memoryBytes,omitempty"`
+	// NUMANode is the host NUMA node the device is attached to, or NoNUMANode.
+	NUMANode int `json:"numaNode"`
+	// MIG is the device's current multi-instance GPU mode.
+	MIG MIGMode `json:"mig,omitempty"`
+	// Health tells whether the device may be handed out.
+	Health Health `json:"health"`
+	// Attributes are Nomad-style fingerprint attributes (see the Attr
+	// constants). An attribute NVML cannot read is absent from the map.
+	Attributes Attributes `json:"attributes,omitempty"`
+}
+
+// Clone returns a deep copy of d.
+func (d Device) Clone() Device {
+	d.Attributes = maps.Clone(d.Attributes)
+	return d
+}
+
+// NodeName is the device node's name under the dev root, "nvidia<minor>",
+// or "" when the minor number is unknown.
+func (d Device) NodeName() string {
+	if d.Minor < 0 {
+		return ""
+	}
+	return "nvidia" + strconv.Itoa(d.Minor)
+}
+
+// MIGMode is the multi-instance GPU mode of a device.
+type MIGMode string
+
+// MIG modes. The zero value means NVML did not say.
+const (
+	MIGDisabled    MIGMode = "disabled"
+	MIGEnabled     MIGMode = "enabled"
+	MIGUnsupported MIGMode = "unsupported"
+)
+
+// Health is whether a device may be handed out, and why not.
+type Health struct {
+	Healthy bool   `json:"healthy"`
+	Reason  string `json:"reason,omitempty"`
+}
+
+// Healthy is the health of a device that works.
+var Healthy = Health{Healthy: true}
+
+// Unhealthy returns the health of a device that must not be handed out.
+func Unhealthy(reason string) Health { return Health{Reason: reason} }
+
+func (h Health) String() string {
+	if h.Healthy {
+		return "healthy"
+	}
+	if h.Reason == "" {
+		return "unhealthy"
+	}
+	return "unhealthy: " + h.Reason
+}
+
+// Fingerprint attribute names, as Nomad's NVIDIA device plugin names them.
+const (
+	AttrMemory          = "memory"           // total memory, MiB
+	AttrBAR1            = "bar1"             // BAR1 memory, MiB
+	AttrPower           = "power"            // power management limit, W
+	AttrCoresClock      = "cores_clock"      // maximum SM clock, MHz
+	AttrMemoryClock     = "memory_clock"     // maximum memory clock, MHz
+	AttrPCIBandwidth    = "pci_bandwidth"    // maximum PCIe bandwidth, MB/s
+	AttrDriverVersion   = "driver_version"   // e.g. "535.104.05"
+	AttrDisplayState    = "display_state"    // "Enabled" or "Disabled"
+	AttrPersistenceMode = "persistence_mode" // "Enabled" or "Disabled"
+)
+
+// Units of the numeric attributes.
+const (
+	UnitMiB  = "MiB"
+	UnitW    = "W"
+	UnitMHz  = "MHz"
+	UnitMBps = "MB/s"
+)
+
+// Attributes are a device's fingerprint attributes by name.
+type Attributes map[string]Attribute
+
+// Attribute is one typed fingerprint value: exactly one of Int, String and
+// Bool is set. Numeric values carry their unit.
+type Attribute struct {
+	Int    *int64  `json:"int,omitempty"`
+	String *string `json:"string,omitempty"`
+	Bool   *bool   `json:"bool,omitempty"`
+	Unit   string  `json:"unit,omitempty"`
+}
+
+// IntAttribute returns a numeric attribute in unit.
+func IntAttribute(v int64, unit string) Attribute { return Attribute{Int: &v, Unit: unit} }
+
+// StringAttribute returns a string attribute.
+func StringAttribute(v string) Attribute { return Attribute{String: &v} }
+
+// BoolAttribute returns a boolean attribute.
+func BoolAttribute(v bool) Attribute { return Attribute{Bool: &v} }
+
+// Format renders the value as a person reads it: "16384 MiB", "Enabled", "true".
+func (a Attribute) Format() string {
+	switch {
+	case a.Int != nil:
+		return strings.TrimSpace(fmt.Sprintf("%d %s", *a.Int, a.Unit))
+	case a.String != nil:
+		return *a.String
+	case a.Bool != nil:
+		return strconv.FormatBool(*a.Bool)
+	}
+	return ""
+}
