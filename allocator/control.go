@@ -35,7 +35,7 @@ const (
 // whose numbers are wrong (stale, from another driver load) is left out with
 // a warning.
 func (d *discovery) controlDevices() []ControlDevice {
-	majors, err := readProcDevices(filepath.Join(d.procRoot, "devices"))
+	majors, err := ReadProcDevices(d.procRoot)
 	if err != nil {
 		d.warn("dynamic device majors: %v", err)
 	}
@@ -73,18 +73,20 @@ func (d *discovery) controlDevices() []ControlDevice {
 	return out
 }
 
-func readProcDevices(path string) (map[string]uint32, error) {
-	f, err := os.Open(path)
+// ReadProcDevices reads the character-device majors of <procRoot>/devices
+// by driver name: where dynamic majors such as nvidia-uvm's are found.
+func ReadProcDevices(procRoot string) (map[string]uint32, error) {
+	f, err := os.Open(filepath.Join(procRoot, "devices"))
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
-	return parseProcDevices(f)
+	return ParseProcDevices(f)
 }
 
-// parseProcDevices reads the character-device section of /proc/devices
+// ParseProcDevices reads the character-device section of /proc/devices
 // ("<major> <name>" lines after "Character devices:") into a map by name.
-func parseProcDevices(r io.Reader) (map[string]uint32, error) {
+func ParseProcDevices(r io.Reader) (map[string]uint32, error) {
 	out := map[string]uint32{}
 	sc := bufio.NewScanner(r)
 	inChar := false

@@ -43,7 +43,9 @@ func WithNVML(lib nvml.Interface) Option {
 }
 
 // WithDevRoot sets the directory holding the device nodes (default /dev).
-func WithDevRoot(dir string) Option { return rootOption("dev root", dir, func(c *config) *string { return &c.devRoot }) }
+func WithDevRoot(dir string) Option {
+	return rootOption("dev root", dir, func(c *config) *string { return &c.devRoot })
+}
 
 // WithProcRoot sets the proc file system's mount point (default /proc).
 func WithProcRoot(dir string) Option {
@@ -51,7 +53,9 @@ func WithProcRoot(dir string) Option {
 }
 
 // WithSysRoot sets the sys file system's mount point (default /sys).
-func WithSysRoot(dir string) Option { return rootOption("sys root", dir, func(c *config) *string { return &c.sysRoot }) }
+func WithSysRoot(dir string) Option {
+	return rootOption("sys root", dir, func(c *config) *string { return &c.sysRoot })
+}
 
 func rootOption(what, dir string, field func(*config) *string) Option {
 	return func(c *config) error {

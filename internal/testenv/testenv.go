@@ -42,13 +42,13 @@ const (
 )
 
 // Suites lists every suite that "all" stands for.
-var Suites = []Suite{Root, CgroupV1Devices, CgroupV2, Docker, NVIDIALibraries}
+func Suites() []Suite { return []Suite{Root, CgroupV1Devices, CgroupV2, Docker, NVIDIALibraries} }
 
 // Required reports whether suite is listed in RequireEnv.
 func Required(suite Suite) bool {
 	for _, s := range strings.Split(os.Getenv(RequireEnv), ",") {
 		s = strings.TrimSpace(s)
-		if s == string(suite) || (s == "all" && slices.Contains(Suites, suite)) {
+		if s == string(suite) || (s == "all" && slices.Contains(Suites(), suite)) {
 			return true
 		}
 	}
@@ -132,27 +132,29 @@ func RequireDocker(tb testing.TB) *client.Client {
 	return cli
 }
 
-// LibraryDirs are the directories searched for the NVIDIA user-space driver.
-var LibraryDirs = []string{
-	"/usr/lib/x86_64-linux-gnu",
-	"/lib/x86_64-linux-gnu",
-	"/usr/lib/aarch64-linux-gnu",
-	"/usr/lib/powerpc64le-linux-gnu",
-	"/usr/lib64",
-	"/usr/lib",
+// libraryDirs are the directories searched for the NVIDIA user-space driver.
+func libraryDirs() []string {
+	return []string{
+		"/usr/lib/x86_64-linux-gnu",
+		"/lib/x86_64-linux-gnu",
+		"/usr/lib/aarch64-linux-gnu",
+		"/usr/lib/powerpc64le-linux-gnu",
+		"/usr/lib64",
+		"/usr/lib",
+	}
 }
 
 // RequireNVIDIALibraries skips tb unless libnvidia-ml.so.1 is installed. It
 // returns the library's path.
 func RequireNVIDIALibraries(tb testing.TB) string {
 	tb.Helper()
-	for _, dir := range LibraryDirs {
+	for _, dir := range libraryDirs() {
 		p := filepath.Join(dir, "libnvidia-ml.so.1")
 		if _, err := os.Stat(p); err == nil {
 			return p
 		}
 	}
-	skip(tb, NVIDIALibraries, "libnvidia-ml.so.1 not found in %s", strings.Join(LibraryDirs, ", "))
+	skip(tb, NVIDIALibraries, "libnvidia-ml.so.1 not found in %s", strings.Join(libraryDirs(), ", "))
 	return ""
 }
 

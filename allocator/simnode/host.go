@@ -1,0 +1,147 @@
+package simnode
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/gpuiso/gpuiso/allocator"
+	"github.com/gpuiso/gpuiso/internal/linux"
+)
+
+// Host is the file-system side of a simulated node, under one directory:
+// device nodes with NVIDIA's numbers in DevRoot, the driver's /proc files in
+// ProcRoot and the GPUs' sysfs attributes in SysRoot. Opening one of its GPU
+// nodes gives ENXIO where the device cgroup allows it (no driver answers) and
+// EPERM where the cgroup denies it: an end-to-end check of isolation without
+// a GPU.
+type Host struct {
+	Root     string
+	DevRoot  string
+	ProcRoot string
+	SysRoot  string
+	// UVMMajor is the major number given to nvidia-uvm and nvidia-uvm-tools:
+	// one no driver of the real host uses.
+	UVMMajor uint32
+}
+
+// MakeHost creates the node's host tree under dir (created if missing),
+// which needs root for the device nodes. It refuses any dir whose dev root
+// would be the real /dev or inside it. On error nothing it created is left.
+func (n *Node) MakeHost(dir string) (*Host, error) {
+	root, err := resolveDir(dir)
+	if err != nil {
+		return nil, fmt.Errorf("make simulated host in %s: %w", dir, err)
+	}
+	h := &Host{Root: root, DevRoot: filepath.Join(root, "dev"), ProcRoot: filepath.Join(root, "proc"), SysRoot: filepath.Join(root, "sys")}
+	if h.DevRoot == "/dev" || strings.HasPrefix(h.DevRoot, "/dev/") {
+		return nil, fmt.Errorf("make simulated host in %s: %w", dir, ErrRealDev)
+	}
+	for _, p := range []string{h.DevRoot, h.ProcRoot, h.SysRoot} {
+		if _, err := os.Lstat(p); err == nil {
+			return nil, fmt.Errorf("make simulated host in %s: %w", dir, &fs.PathError{Op: "create", Path: p, Err: fs.ErrExist})
+		}
+	}
+	h.UVMMajor, err = freeMajor(allocator.DefaultProcRoot)
+	if err != nil {
+		return nil, fmt.Errorf("make simulated host in %s: %w", dir, err)
+	}
+	if err := n.populate(h); err != nil {
+		h.Remove()
+		return nil, fmt.Errorf("make simulated host in %s: %w", dir, err)
+	}
+	return h, nil
+}
+
+// Remove deletes the host tree (not Root itself).
+func (h *Host) Remove() error {
+	return errors.Join(os.RemoveAll(h.DevRoot), os.RemoveAll(h.ProcRoot), os.RemoveAll(h.SysRoot))
+}
+
+// DiscoverOptions are the options that make allocator.Discover read this
+// simulated node and host instead of the real ones.
+func (n *Node) DiscoverOptions(h *Host) []allocator.Option {
+	opts := []allocator.Option{allocator.WithNVML(n.NVML())}
+	if h != nil {
+		opts = append(opts, allocator.WithDevRoot(h.DevRoot), allocator.WithProcRoot(h.ProcRoot), allocator.WithSysRoot(h.SysRoot))
+	}
+	return opts
+}
+
+func (n *Node) populate(h *Host) error {
+	if err := os.MkdirAll(h.DevRoot, 0o755); err != nil {
+		return err
+	}
+	char := func(major, minor uint32) linux.DeviceNumber {
+		return linux.DeviceNumber{Char: true, Major: major, Minor: minor}
+	}
+	nodes := map[string]linux.DeviceNumber{
+		allocator.NVIDIACtl:      char(allocator.NVIDIAMajor, allocator.NVIDIACtlMinor),
+		allocator.NVIDIAUVM:      char(h.UVMMajor, 0),
+		allocator.NVIDIAUVMTools: char(h.UVMMajor, 1),
+	}
+	for i := range n.spec.GPUs {
+		nodes[fmt.Sprintf("nvidia%d", n.spec.minor(i))] = char(allocator.NVIDIAMajor, uint32(n.spec.minor(i)))
+	}
+	for name, dev := range nodes {
+		if err := linux.Mknod(filepath.Join(h.DevRoot, name), 0o666, dev); err != nil {
+			return err
+		}
+	}
+
+	files := map[string]string{
+		filepath.Join(h.ProcRoot, "devices"): fmt.Sprintf("Character devices:\n  1 mem\n  5 /dev/tty\n%3d nvidia-frontend\n%3d nvidia-uvm\n\nBlock devices:\n  8 sd\n",
+			allocator.NVIDIAMajor, h.UVMMajor),
+		filepath.Join(h.ProcRoot, "driver", "nvidia", "version"): fmt.Sprintf(
+			"NVRM version: NVIDIA UNIX x86_64 Kernel Module  %s  (simulated node %s)\n", n.driverVersion, n.spec.Name),
+	}
+	for i, g := range n.spec.GPUs {
+		files[filepath.Join(h.ProcRoot, "driver", "nvidia", "gpus", g.BusID, "information")] = fmt.Sprintf(
+			"Model: \t\t %s\nGPU UUID: \t %s\nBus Location: \t %s\nDevice Minor: \t %d\n", n.spec.GPU.Model, n.UUID(i), g.BusID, n.spec.minor(i))
+		files[filepath.Join(h.SysRoot, "bus", "pci", "devices", g.BusID, "numa_node")] = fmt.Sprintf("%d\n", g.NUMANode)
+	}
+	for path, body := range files {
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			return err
+		}
+		if err := os.WriteFile(path, []byte(body), 0o444); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// resolveDir makes dir absolute, creates it if missing and resolves symlinks,
+// so that the /dev check sees where files would really land.
+func resolveDir(dir string) (string, error) {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return "", err
+	}
+	if err := os.MkdirAll(abs, 0o755); err != nil {
+		return "", err
+	}
+	return filepath.EvalSymlinks(abs)
+}
+
+// freeMajor picks a character major in the range Linux reserves for local
+// use (240-254) that the host's /proc/devices does not list.
+func freeMajor(procRoot string) (uint32, error) {
+	majors, err := allocator.ReadProcDevices(procRoot)
+	if err != nil {
+		return 0, fmt.Errorf("find a free device major: %w", err)
+	}
+	used := map[uint32]bool{}
+	for _, m := range majors {
+		used[m] = true
+	}
+	for m := uint32(240); m <= 254; m++ {
+		if !used[m] {
+			return m, nil
+		}
+	}
+	return 0, errors.New("find a free device major: 240-254 all in use")
+}
