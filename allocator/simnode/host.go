@@ -37,9 +37,6 @@ func (n *Node) MakeHost(dir string) (*Host, error) {
 		return nil, fmt.Errorf("make simulated host in %s: %w", dir, err)
 	}
 	h := &Host{Root: root, DevRoot: filepath.Join(root, "dev"), ProcRoot: filepath.Join(root, "proc"), SysRoot: filepath.Join(root, "sys")}
-	if h.DevRoot == "/dev" || strings.HasPrefix(h.DevRoot, "/dev/") {
-		return nil, fmt.Errorf("make simulated host in %s: %w", dir, ErrRealDev)
-	}
 	for _, p := range []string{h.DevRoot, h.ProcRoot, h.SysRoot} {
 		if _, err := os.Lstat(p); err == nil {
 			return nil, fmt.Errorf("make simulated host in %s: %w", dir, &fs.PathError{Op: "create", Path: p, Err: fs.ErrExist})
@@ -114,18 +111,41 @@ func (n *Node) populate(h *Host) error {
 	return nil
 }
 
-// resolveDir makes dir absolute, creates it if missing and resolves symlinks,
-// so that the /dev check sees where files would really land.
+// resolveDir makes dir absolute and resolves the symlinks of its longest
+// existing prefix, so that the /dev check sees where files would really land,
+// and only then creates what is missing.
 func resolveDir(dir string) (string, error) {
 	abs, err := filepath.Abs(dir)
 	if err != nil {
 		return "", err
 	}
-	if err := os.MkdirAll(abs, 0o755); err != nil {
+	existing, rest := abs, ""
+	for {
+		if _, err := os.Lstat(existing); err == nil {
+			break
+		}
+		parent := filepath.Dir(existing)
+		if parent == existing {
+			break
+		}
+		rest = filepath.Join(filepath.Base(existing), rest)
+		existing = parent
+	}
+	real, err := filepath.EvalSymlinks(existing)
+	if err != nil {
 		return "", err
 	}
-	return filepath.EvalSymlinks(abs)
+	root := filepath.Join(real, rest)
+	if inRealDev(root) || inRealDev(filepath.Join(root, "dev")) {
+		return "", ErrRealDev
+	}
+	if err := os.MkdirAll(root, 0o755); err != nil {
+		return "", err
+	}
+	return root, nil
 }
+
+func inRealDev(p string) bool { return p == "/dev" || strings.HasPrefix(p, "/dev/") }
 
 // freeMajor picks a character major in the range Linux reserves for local
 // use (240-254) that the host's /proc/devices does not list.

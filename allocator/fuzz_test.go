@@ -1,0 +1,43 @@
+package allocator
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+)
+
+func FuzzNormalizeBusID(f *testing.F) {
+	for _, s := range []string{"00000000:06:00.0", "0000:AF:1F.7", "3b:00.0", "", ":::", "0:0:0.0"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		got, err := NormalizeBusID(s)
+		if err != nil {
+			return
+		}
+		again, err := NormalizeBusID(got)
+		if err != nil || again != got {
+			t.Fatalf("NormalizeBusID(%q) = %q, which normalises to %q, %v", s, got, again, err)
+		}
+		if got != strings.ToLower(got) {
+			t.Fatalf("NormalizeBusID(%q) = %q is not lower case", s, got)
+		}
+	})
+}
+
+func FuzzParseProcDevices(f *testing.F) {
+	f.Add([]byte("Character devices:\n  1 mem\n236 nvidia-uvm\n\nBlock devices:\n  8 sd\n"))
+	f.Add([]byte("Character devices:\n"))
+	f.Add([]byte("Block devices:\n259 blkext\n"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		got, err := ParseProcDevices(bytes.NewReader(b))
+		if err != nil {
+			return
+		}
+		for name := range got {
+			if name == "" || strings.ContainsAny(name, "\n") {
+				t.Fatalf("parsed a bad name %q from %q", name, b)
+			}
+		}
+	})
+}
