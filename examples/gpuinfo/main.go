@@ -1,0 +1,204 @@
+// Command gpuinfo prints what gpuiso sees on a node: its GPUs, their topology
+// in `nvidia-smi topo -m` notation, the driver and CUDA versions and the
+// driver's control devices.
+//
+//	gpuinfo [--simulate NAME [--driver-version V] | --nvml-library PATH] [--json]
+//	        [--dev-root DIR] [--proc-root DIR] [--sys-root DIR]
+//
+// On a node without a usable driver it exits 1 with one line naming the cause;
+// --simulate runs on a simulated node instead (see package simnode for the
+// shipped topologies).
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+
+	"github.com/gpuiso/gpuiso/allocator"
+	"github.com/gpuiso/gpuiso/allocator/simnode"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("gpuinfo", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	simulate := fs.String("simulate", "", "use a simulated node: "+strings.Join(simnode.Names(), ", "))
+	driverVersion := fs.String("driver-version", "", "simulated driver version (default: the host's NVIDIA libraries', if any)")
+	asJSON := fs.Bool("json", false, "print the inventory as JSON")
+	devRoot := fs.String("dev-root", allocator.DefaultDevRoot, "directory holding the device nodes")
+	procRoot := fs.String("proc-root", allocator.DefaultProcRoot, "proc file system")
+	sysRoot := fs.String("sys-root", allocator.DefaultSysRoot, "sys file system")
+	library := fs.String("nvml-library", "", "path of libnvidia-ml.so.1 (default: the dynamic loader's search)")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "gpuinfo: unexpected arguments %q\n", fs.Args())
+		return 2
+	}
+	if *simulate != "" && *library != "" {
+		fmt.Fprintln(stderr, "gpuinfo: --nvml-library and --simulate exclude each other")
+		return 2
+	}
+	if *driverVersion != "" && *simulate == "" {
+		fmt.Fprintln(stderr, "gpuinfo: --driver-version applies to --simulate only")
+		return 2
+	}
+
+	opts := []allocator.Option{allocator.WithDevRoot(*devRoot), allocator.WithProcRoot(*procRoot), allocator.WithSysRoot(*sysRoot)}
+	if *simulate != "" {
+		var simOpts []simnode.Option
+		if *driverVersion != "" {
+			simOpts = append(simOpts, simnode.WithDriverVersion(*driverVersion))
+		}
+		node, err := simnode.New(*simulate, simOpts...)
+		if err != nil {
+			fmt.Fprintf(stderr, "gpuinfo: %v\n", err)
+			return 2
+		}
+		opts = append(opts, allocator.WithNVML(node.NVML()))
+	}
+	if *library != "" {
+		opts = append(opts, allocator.WithNVML(nvml.New(nvml.WithLibraryPath(*library))))
+	}
+
+	inv, err := allocator.Discover(ctx, opts...)
+	if err != nil {
+		fmt.Fprintln(stderr, "gpuinfo: "+explain(err))
+		return 1
+	}
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(inv); err != nil {
+			fmt.Fprintf(stderr, "gpuinfo: %v\n", err)
+			return 1
+		}
+		return 0
+	}
+	printInventory(stdout, inv, *simulate)
+	return 0
+}
+
+// explain turns a discovery error into the one line a person needs.
+func explain(err error) string {
+	const hint = "; run with --simulate dgx1-volta (or another shipped topology) to try gpuiso without a GPU"
+	switch {
+	case errors.Is(err, allocator.ErrLibraryNotFound):
+		return "NVML library libnvidia-ml.so.1 not found: the NVIDIA driver is not installed on this host" + hint
+	case errors.Is(err, allocator.ErrDriverNotLoaded):
+		return "NVIDIA kernel driver not loaded: the NVML library is installed but no driver answers (no GPU, or the module is not loaded)" + hint
+	}
+	return err.Error()
+}
+
+func printInventory(w io.Writer, inv *allocator.Inventory, simulated string) {
+	fmt.Fprintf(w, "Driver %s, CUDA %s", inv.DriverVersion, or(inv.CUDAVersion.String(), "unknown"))
+	if simulated != "" {
+		fmt.Fprintf(w, " (simulated node %s)", simulated)
+	}
+	fmt.Fprintf(w, ", %d GPUs\n\n", len(inv.Devices))
+
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "GPU\tMINOR\tBUS ID\tMODEL\tMEMORY\tNUMA\tHEALTH")
+	for _, d := range inv.Devices {
+		minor, numa, mem := "-", "-", "-"
+		if d.Minor >= 0 {
+			minor = fmt.Sprint(d.Minor)
+		}
+		if d.NUMANode >= 0 {
+			numa = fmt.Sprint(d.NUMANode)
+		}
+		if d.MemoryBytes > 0 {
+			mem = fmt.Sprintf("%d MiB", d.MemoryBytes>>20)
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\n", d.Index, minor, or(d.BusID, "-"), or(d.Model, "-"), mem, numa, d.Health)
+	}
+	tw.Flush()
+
+	if len(inv.Devices) > 1 {
+		fmt.Fprintln(w)
+		tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		fmt.Fprint(tw, "\t")
+		for i := range inv.Devices {
+			fmt.Fprintf(tw, "GPU%d\t", i)
+		}
+		fmt.Fprintln(tw, "NUMA")
+		for i, d := range inv.Devices {
+			fmt.Fprintf(tw, "GPU%d\t", i)
+			for j := range inv.Devices {
+				fmt.Fprintf(tw, "%s\t", cell(inv.Topology, i, j))
+			}
+			numa := "-"
+			if d.NUMANode >= 0 {
+				numa = fmt.Sprint(d.NUMANode)
+			}
+			fmt.Fprintln(tw, numa)
+		}
+		tw.Flush()
+		fmt.Fprint(w, legend)
+	}
+
+	fmt.Fprintln(w, "\nControl devices:")
+	if len(inv.ControlDevices) == 0 {
+		fmt.Fprintln(w, "  none found")
+	}
+	for _, c := range inv.ControlDevices {
+		fmt.Fprintf(w, "  %-18s %d:%d  %s\n", c.Name, c.Major, c.Minor, c.Path)
+	}
+	if len(inv.Warnings) > 0 {
+		fmt.Fprintln(w, "\nWarnings:")
+		for _, s := range inv.Warnings {
+			fmt.Fprintln(w, "  "+s)
+		}
+	}
+}
+
+// cell is one entry of the topology matrix: NV<n> where NVLinks join the
+// pair, else the PCIe level.
+func cell(t *allocator.Topology, i, j int) string {
+	if i == j {
+		return "X"
+	}
+	l := t.Link(i, j)
+	if l.NVLinks > 0 {
+		return fmt.Sprintf("NV%d", l.NVLinks)
+	}
+	return l.PCIe.Abbrev()
+}
+
+const legend = `
+Legend:
+  X    = the GPU itself
+  NV#  = joined by # NVLinks (directly or through NVSwitches)
+  PSB  = on the same board
+  PIX  = through one PCIe switch
+  PXB  = through several PCIe switches, not the host bridge
+  PHB  = through a PCIe host bridge
+  NODE = between host bridges of one NUMA node
+  SYS  = across NUMA nodes (the SMP interconnect)
+  ?    = unknown (a GPU NVML cannot read)
+`
+
+func or(s, fallback string) string {
+	if s == "" {
+		return fallback
+	}
+	return s
+}

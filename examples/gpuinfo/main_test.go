@@ -1,0 +1,165 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/gpuiso/gpuiso/allocator"
+	"github.com/gpuiso/gpuiso/internal/testenv"
+)
+
+var update = flag.Bool("update", false, "rewrite the expected outputs under testdata/")
+
+func gpuinfo(t *testing.T, args ...string) (stdout, stderr string, code int) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	code = run(context.Background(), args, &out, &errOut)
+	return out.String(), errOut.String(), code
+}
+
+// TestSimulatedOutput compares the printed inventory of every shipped
+// topology with the expected text under testdata/.
+func TestSimulatedOutput(t *testing.T) {
+	for _, name := range []string{"dgx1-volta", "dgx-a100", "rtx8000x4"} {
+		t.Run(name, func(t *testing.T) {
+			out, errOut, code := gpuinfo(t, "--simulate", name, "--driver-version", "535.104.05", "--dev-root", t.TempDir())
+			if code != 0 {
+				t.Fatalf("exit %d: %s", code, errOut)
+			}
+			golden := filepath.Join("testdata", name+".txt")
+			if *update {
+				if err := os.WriteFile(golden, []byte(out), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			want, err := os.ReadFile(golden)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if out != string(want) {
+				t.Fatalf("output differs from %s (go test -update rewrites it):\n%s", golden, out)
+			}
+		})
+	}
+}
+
+func TestNVSwitchMatrix(t *testing.T) {
+	out, _, _ := gpuinfo(t, "--simulate", "dgx-a100", "--dev-root", t.TempDir())
+	rows := 0
+	for _, line := range strings.Split(out, "\n") {
+		f := strings.Fields(line)
+		if len(f) != 10 || !strings.HasPrefix(f[0], "GPU") {
+			continue
+		}
+		rows++
+		for j, c := range f[1:9] {
+			want := "NV12"
+			if f[0] == fmt.Sprintf("GPU%d", j) {
+				want = "X"
+			}
+			if c != want {
+				t.Fatalf("row %s column %d = %s, want %s", f[0], j, c, want)
+			}
+		}
+	}
+	if rows != 8 {
+		t.Fatalf("found %d matrix rows, want 8:\n%s", rows, out)
+	}
+}
+
+func TestJSON(t *testing.T) {
+	out, errOut, code := gpuinfo(t, "--simulate", "hgx-h100", "--json", "--dev-root", t.TempDir())
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	var inv allocator.Inventory
+	if err := json.Unmarshal([]byte(out), &inv); err != nil {
+		t.Fatalf("output is not an inventory: %v\n%s", err, out)
+	}
+	if len(inv.Devices) != 8 || inv.Topology.Link(0, 7).NVLinks != 18 || inv.CUDAVersion == 0 {
+		t.Fatalf("inventory = %+v", inv)
+	}
+}
+
+func TestUsageErrors(t *testing.T) {
+	for name, args := range map[string][]string{
+		"unknown topology":             {"--simulate", "dgx-z9"},
+		"stray argument":               {"now"},
+		"version without simulation":   {"--driver-version", "535.1"},
+		"library and simulation":       {"--simulate", "pcie8", "--nvml-library", "/x.so"},
+		"relative dev root":            {"--simulate", "pcie8", "--dev-root", "dev"},
+		"unknown flag":                 {"--gpus", "2"},
+		"bad simulated driver version": {"--simulate", "pcie8", "--driver-version", "../x"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			if _, _, code := gpuinfo(t, args...); code == 0 {
+				t.Fatalf("gpuinfo %q exited 0", args)
+			}
+		})
+	}
+}
+
+// TestLibraryMissing: NVML loaded from a path with no library gives one line
+// naming the cause and the way out, exit 1.
+func TestLibraryMissing(t *testing.T) {
+	out, errOut, code := gpuinfo(t, "--nvml-library", filepath.Join(t.TempDir(), "libnvidia-ml.so.1"))
+	assertOneLine(t, out, errOut, code, "NVML library libnvidia-ml.so.1 not found")
+}
+
+// TestDriverNotLoaded runs against the host's real NVIDIA libraries, which
+// have no kernel driver to talk to on the test hosts.
+func TestDriverNotLoaded(t *testing.T) {
+	testenv.RequireNVIDIALibraries(t)
+	if _, err := os.Stat("/proc/driver/nvidia/version"); err == nil {
+		t.Skip("the NVIDIA kernel driver is loaded here")
+	}
+	out, errOut, code := gpuinfo(t)
+	assertOneLine(t, out, errOut, code, "NVIDIA kernel driver not loaded")
+}
+
+// TestLibrariesRemoved runs the built command with the host's NVIDIA library
+// directory hidden under an empty tmpfs, in a private mount namespace: what
+// a node without the driver package sees.
+func TestLibrariesRemoved(t *testing.T) {
+	lib := testenv.RequireNVIDIALibraries(t)
+	testenv.RequireRoot(t)
+	real, err := filepath.EvalSymlinks(lib)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(t.TempDir(), "gpuinfo")
+	if b, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("build: %v\n%s", err, b)
+	}
+	script := `mount -t tmpfs none "$1" && exec "$2"`
+	cmd := exec.Command("unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh", filepath.Dir(real), bin)
+	var out, errOut bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	err = cmd.Run()
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	assertOneLine(t, out.String(), errOut.String(), code, "NVML library libnvidia-ml.so.1 not found")
+}
+
+func assertOneLine(t *testing.T, out, errOut string, code int, want string) {
+	t.Helper()
+	if code != 1 || out != "" {
+		t.Fatalf("exit %d, stdout %q: want exit 1 and nothing on stdout", code, out)
+	}
+	lines := strings.Split(strings.TrimRight(errOut, "\n"), "\n")
+	if len(lines) != 1 || !strings.Contains(lines[0], want) || !strings.Contains(lines[0], "--simulate") {
+		t.Fatalf("stderr = %q: want one line saying %q and suggesting --simulate", errOut, want)
+	}
+}
