@@ -62,4 +62,4 @@ if ! timeout 10 "$docker_cli" version >/dev/null 2>&1; then
     exit 1
   fi
 fi
-log "host ready: $(nvidia-smi --version 2>/dev/null | head -n 1 || echo 'nvidia-smi present'), docker $("$docker_cli" version --format '{{.Server.Version}}')"
+log "host ready: NVIDIA user-space driver $(dpkg-query -W -f='${Version}' libnvidia-ml1), docker $("$docker_cli" version --format '{{.Server.Version}}')"
