@@ -2,7 +2,10 @@
 
 package linux
 
-import "os"
+import (
+	"errors"
+	"os"
+)
 
 // StatDevice is not supported on this operating system.
 func StatDevice(string) (DeviceNumber, error) { return DeviceNumber{}, ErrNotSupported }
@@ -15,3 +18,15 @@ func FilesystemType(string) (int64, error) { return 0, ErrNotSupported }
 
 // IsRoot reports false: nothing privileged is supported here.
 func IsRoot() bool { return false }
+
+// BPFFAllowMulti has no meaning here.
+const BPFFAllowMulti = 0
+
+// ErrNoXattr is returned by GetXattr when the attribute is not set.
+var ErrNoXattr = errors.New("no such extended attribute")
+
+// SetXattr is not supported on this operating system.
+func SetXattr(string, string, []byte) error { return ErrNotSupported }
+
+// GetXattr is not supported on this operating system.
+func GetXattr(string, string) ([]byte, error) { return nil, ErrNotSupported }

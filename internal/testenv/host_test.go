@@ -1,14 +1,10 @@
 package testenv
 
 import (
-	"bufio"
-	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 
 	"github.com/containerd/cgroups/v3/cgroup1"
@@ -24,74 +20,15 @@ import (
 // the cgroup let the open through to a driver that is not there; EPERM means
 // the cgroup denied it.
 
-const childEnv = "GPUISO_TESTENV_CHILD"
+func TestMain(m *testing.M) { Main(m) }
 
-func TestMain(m *testing.M) {
-	if os.Getenv(childEnv) == "open" {
-		openChild()
-		return
-	}
-	os.Exit(m.Run())
-}
-
-// openChild waits for a line on stdin (the parent moves it into a cgroup
-// meanwhile), then opens each argument and prints "<path> <result>".
-func openChild() {
-	if _, err := bufio.NewReader(os.Stdin).ReadString('\n'); err != nil {
-		fmt.Println("stdin:", err)
-		os.Exit(2)
-	}
-	for _, p := range os.Args[1:] {
-		f, err := os.OpenFile(p, os.O_RDWR, 0)
-		switch {
-		case err == nil:
-			f.Close()
-			fmt.Println(p, "ok")
-		case errors.Is(err, syscall.ENXIO):
-			fmt.Println(p, "ENXIO")
-		case errors.Is(err, syscall.EPERM):
-			fmt.Println(p, "EPERM")
-		default:
-			fmt.Println(p, err)
-		}
-	}
-	os.Exit(0)
-}
-
-// openIn runs the child, lets enter move it into a cgroup, and returns what
+// openIn starts a prober, lets enter move it into a cgroup, and returns what
 // each open gave.
 func openIn(t *testing.T, enter func(pid int) error, paths ...string) map[string]string {
 	t.Helper()
-	exe, err := os.Executable()
+	got, err := StartProber(t, enter).OpenAll(paths...)
 	if err != nil {
 		t.Fatal(err)
-	}
-	cmd := exec.Command(exe, paths...)
-	cmd.Env = append(os.Environ(), childEnv+"=open")
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out strings.Builder
-	cmd.Stdout = &out
-	cmd.Stderr = &out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	if err := enter(cmd.Process.Pid); err != nil {
-		cmd.Process.Kill()
-		cmd.Wait()
-		t.Fatalf("move child into cgroup: %v", err)
-	}
-	fmt.Fprintln(stdin, "go")
-	stdin.Close()
-	if err := cmd.Wait(); err != nil {
-		t.Fatalf("child: %v\n%s", err, out.String())
-	}
-	got := map[string]string{}
-	for _, line := range strings.Split(strings.TrimSpace(out.String()), "\n") {
-		path, result, _ := strings.Cut(line, " ")
-		got[path] = result
 	}
 	return got
 }

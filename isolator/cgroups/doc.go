@@ -1,0 +1,22 @@
+// Package cgroups is gpuiso's native isolator back end: it confines each
+// container to the devices of its allow list with the kernel's device
+// cgroup, version 1 (the devices controller) or version 2 (an eBPF device
+// program).
+//
+// Each container (owner) gets the cgroup <parent>/<owner> (parent "gpuiso" by
+// default) under the devices controller's or the cgroup2 mount. The isolator
+// owns that cgroup: its rules, its device program and its removal.
+//
+// Rule changes on a live cgroup never open a window in which every device is
+// denied: on v1 only the difference against devices.list is written, then the
+// list is read back and verified; on v2 the container's single device program
+// is replaced atomically (BPF_F_REPLACE), never stacked, so updates can widen
+// as well as narrow access and never run into the kernel's limit of 64
+// programs. The v2 rule list is kept on the cgroup itself (an extended
+// attribute), so that, as with v1's devices.list, the kernel holds everything
+// recovery after a restart needs.
+//
+// [New] picks the version from the host (cgroups.Mode(): unified means v2,
+// hybrid and legacy mean v1, whose devices controller they have), or takes
+// one with [WithVersion].
+package cgroups
