@@ -1,0 +1,104 @@
+package isolator
+
+import (
+	"fmt"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/gpuiso/gpuiso/allocator"
+)
+
+// ContainerDevRoot is where device nodes appear inside a container.
+const ContainerDevRoot = "/dev"
+
+// Plan is everything a container must get for its GPUs, as plain data: the
+// back ends apply it (cgroup rules, a private /dev, Docker's host config, an
+// OCI spec) and never decide anything themselves.
+type Plan struct {
+	// Owner is the container's id.
+	Owner string `json:"owner"`
+	// GPUs are the devices the container owns.
+	GPUs []allocator.Device `json:"gpus"`
+	// Rules is the container's device allow list; everything else is denied.
+	Rules []Rule `json:"-"`
+	// Devices are the nodes the container's /dev must hold beyond the
+	// runtime's defaults: the control devices, then its GPUs.
+	Devices []DeviceNode `json:"devices"`
+	// Mounts are bind mounts into the container, such as the driver volume.
+	Mounts []specs.Mount `json:"mounts,omitempty"`
+	// Env are "KEY=value" settings the container's environment must have.
+	Env []string `json:"env"`
+}
+
+// DeviceNode is a device node a container gets: Path inside the container,
+// bound from HostPath (under the host's dev root).
+type DeviceNode struct {
+	Path     string `json:"path"`
+	HostPath string `json:"hostPath"`
+	Major    uint32 `json:"major"`
+	Minor    uint32 `json:"minor"`
+}
+
+// Environment variables naming a container's GPUs (their UUIDs).
+const (
+	EnvVisibleDevices     = "NVIDIA_VISIBLE_DEVICES"
+	EnvCUDAVisibleDevices = "CUDA_VISIBLE_DEVICES"
+)
+
+// NewPlan computes what owner's container must get to use gpus on the node
+// inv describes (whose GPU nodes live under devRoot), plus the given mounts
+// and environment (for instance the driver volume's). The GPUs must be
+// healthy devices of inv with known minors.
+func NewPlan(owner string, inv *allocator.Inventory, devRoot string, gpus []allocator.Device, mounts []specs.Mount, env []string) (*Plan, error) {
+	if err := ValidateOwner(owner); err != nil {
+		return nil, err
+	}
+	p := &Plan{Owner: owner}
+	for _, c := range inv.ControlDevices {
+		if c.Name == allocator.NVIDIAModeset {
+			continue
+		}
+		p.Devices = append(p.Devices, DeviceNode{Path: filepath.Join(ContainerDevRoot, c.Name), HostPath: c.Path, Major: c.Major, Minor: c.Minor})
+	}
+	var uuids []string
+	for _, g := range gpus {
+		known := slices.ContainsFunc(inv.Devices, func(d allocator.Device) bool { return d.UUID == g.UUID && d.Minor == g.Minor })
+		if !known || g.Minor < 0 || g.UUID == "" {
+			return nil, fmt.Errorf("plan for %s: GPU %d (%s) is not a device of this node", owner, g.Index, g.UUID)
+		}
+		p.GPUs = append(p.GPUs, g.Clone())
+		p.Devices = append(p.Devices, DeviceNode{
+			Path:     filepath.Join(ContainerDevRoot, g.NodeName()),
+			HostPath: filepath.Join(devRoot, g.NodeName()),
+			Major:    allocator.NVIDIAMajor, Minor: uint32(g.Minor),
+		})
+		uuids = append(uuids, g.UUID)
+	}
+	p.Rules = GPURules(inv.ControlDevices, gpus)
+	p.Mounts = slices.Clone(mounts)
+	visible := strings.Join(uuids, ",")
+	if visible == "" {
+		visible = "void"
+	}
+	p.Env = append([]string{EnvVisibleDevices + "=" + visible, EnvCUDAVisibleDevices + "=" + strings.Join(uuids, ",")}, env...)
+	return p, nil
+}
+
+// MergeEnv returns base with every "KEY=value" of over set, replacing the
+// base's value of the same key in place and appending new keys.
+func MergeEnv(base, over []string) []string {
+	out := slices.Clone(base)
+	for _, kv := range over {
+		key, _, _ := strings.Cut(kv, "=")
+		i := slices.IndexFunc(out, func(e string) bool { k, _, _ := strings.Cut(e, "="); return k == key })
+		if i >= 0 {
+			out[i] = kv
+		} else {
+			out = append(out, kv)
+		}
+	}
+	return out
+}
