@@ -39,6 +39,13 @@
 // link; Build checks a volume against it before trusting it
 // ([WithDeepVerify] also reads the copies).
 //
+// A volume is a cache of host files, rebuilt whenever it is found wanting,
+// so it needs no durability of its own: copied files and their manifest are
+// synced before the rename (their bytes exist nowhere else on disk), while a
+// build of hard links syncs nothing. After a power loss the rename may be
+// lost or the volume incomplete; either way Build sees it, by a missing or
+// unsealed manifest or a file that does not match, and builds it again.
+//
 // Where the root's file system is mounted noexec, Build mounts a tmpfs on the
 // root first, as Mesos does. The root and every volume directory must be owned
 // by the manager's user (root, in production) and not writable by group or

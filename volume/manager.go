@@ -430,7 +430,7 @@ func (m *Manager) install(tmp, dir string) error {
 	} else if err := os.Rename(tmp, dir); err != nil {
 		return err
 	}
-	return syncDir(m.cfg.root)
+	return nil
 }
 
 // fill places the files and links of c under tmp, through an os.Root so
@@ -450,6 +450,7 @@ func (m *Manager) fill(ctx context.Context, tmp string, c *Contents) (*Manifest,
 		}
 	}
 	mf := &Manifest{Schema: manifestSchema, Version: c.Version, Capabilities: c.Capabilities, Links: c.Links}
+	copied := false
 	for _, f := range c.Files {
 		if err := ctx.Err(); err != nil {
 			return nil, err
@@ -459,6 +460,7 @@ func (m *Manager) fill(ctx context.Context, tmp string, c *Contents) (*Manifest,
 			return nil, fmt.Errorf("%s: %w", f.Path, err)
 		}
 		mf.Files = append(mf.Files, entry)
+		copied = copied || !entry.Linked
 	}
 	for _, l := range c.Links {
 		if !validName(l.Target) {
@@ -483,7 +485,10 @@ func (m *Manager) fill(ctx context.Context, tmp string, c *Contents) (*Manifest,
 		out.Close()
 		return nil, err
 	}
-	if err := errors.Join(out.Sync(), out.Close()); err != nil {
+	if copied {
+		err = out.Sync()
+	}
+	if err := errors.Join(err, out.Close()); err != nil {
 		return nil, err
 	}
 	return mf, nil
@@ -536,6 +541,9 @@ func copyFile(r *os.Root, f File) (uint32, error) {
 	}
 	h := crc32.New(crc32.MakeTable(crc32.Castagnoli))
 	_, err = io.CopyBuffer(io.MultiWriter(dst, h), src, make([]byte, copyBuffer))
+	if err == nil {
+		err = dst.Sync() // a copy's bytes are only on disk once synced
+	}
 	if err = errors.Join(err, dst.Close()); err != nil {
 		return 0, err
 	}
@@ -543,14 +551,6 @@ func copyFile(r *os.Root, f File) (uint32, error) {
 		return 0, err
 	}
 	return h.Sum32(), nil
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	return errors.Join(d.Sync(), d.Close())
 }
 
 // volume describes the volume at dir.

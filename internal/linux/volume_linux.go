@@ -93,3 +93,13 @@ func Owner(fi fs.FileInfo) (uint32, bool) {
 	}
 	return st.Uid, true
 }
+
+// Inode returns the device and inode numbers of the file fi describes, which
+// tell whether two paths are hard links of one file.
+func Inode(fi fs.FileInfo) (dev, ino uint64, ok bool) {
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok {
+		return 0, 0, false
+	}
+	return uint64(st.Dev), st.Ino, true
+}

@@ -28,3 +28,6 @@ func Exchange(string, string) error { return ErrNotSupported }
 
 // Owner cannot tell a file's owner on this operating system.
 func Owner(fs.FileInfo) (uint32, bool) { return 0, false }
+
+// Inode cannot tell a file's inode on this operating system.
+func Inode(fs.FileInfo) (dev, ino uint64, ok bool) { return 0, 0, false }
