@@ -60,6 +60,10 @@ type Link struct {
 // belong are left out with a warning; it fails only when the cache cannot be
 // read or nothing of the driver is found.
 func (m *Manager) Contents(ctx context.Context, version string) (*Contents, error) {
+	return m.contents(ctx, version, m.cfg.caps)
+}
+
+func (m *Manager) contents(ctx context.Context, version string, caps []Capability) (*Contents, error) {
 	if err := ValidateVersion(version); err != nil {
 		return nil, err
 	}
@@ -70,7 +74,7 @@ func (m *Manager) Contents(ctx context.Context, version string) (*Contents, erro
 	if err != nil {
 		return nil, err
 	}
-	c := &collector{m: m, version: version, out: &Contents{Version: version, Capabilities: m.cfg.caps}, seen: map[string]string{}}
+	c := &collector{m: m, version: version, out: &Contents{Version: version, Capabilities: caps}, seen: map[string]string{}}
 	c.allowedLib = c.resolveDirs(m.cfg.libDirs)
 	c.allowedBin = append(c.resolveDirs(m.cfg.binDirs), c.allowedLib...)
 	for _, e := range cache.Entries {
@@ -79,14 +83,14 @@ func (m *Manager) Contents(ctx context.Context, version string) (*Contents, erro
 		}
 		c.library(e)
 	}
-	for _, cap := range m.cfg.caps {
-		for _, name := range binaries(cap) {
-			c.binary(cap, name)
+	for _, cp := range caps {
+		for _, name := range binaries(cp) {
+			c.binary(cp, name)
 		}
 	}
 	c.addCudaLinks()
 	if len(c.out.Files) == 0 {
-		return c.out, fmt.Errorf("driver %s under %s (capabilities %v): %w", version, m.cfg.driverRoot, m.cfg.caps, ErrNoDriver)
+		return c.out, fmt.Errorf("driver %s under %s (capabilities %v): %w", version, m.cfg.driverRoot, caps, ErrNoDriver)
 	}
 	slices.SortFunc(c.out.Files, func(a, b File) int { return strings.Compare(a.Path, b.Path) })
 	slices.SortFunc(c.out.Links, func(a, b Link) int { return strings.Compare(a.Path, b.Path) })
@@ -142,12 +146,12 @@ func (c *collector) capabilityOf(key string) (Capability, bool, bool) {
 	if !ok {
 		return "", false, false
 	}
-	for _, cap := range c.m.cfg.caps {
-		if slices.Contains(libraries(cap), stem) {
-			return cap, false, true
+	for _, cp := range c.out.Capabilities {
+		if slices.Contains(libraries(cp), stem) {
+			return cp, false, true
 		}
 	}
-	if slices.Contains(c.m.cfg.caps, Graphics) && slices.Contains(genericGL(), stem) {
+	if slices.Contains(c.out.Capabilities, Graphics) && slices.Contains(genericGL(), stem) {
 		return Graphics, true, true
 	}
 	return "", false, false
@@ -157,7 +161,7 @@ func (c *collector) library(e ldcache.Entry) {
 	if !e.IsELF() {
 		return
 	}
-	cap, generic, ok := c.capabilityOf(e.Key)
+	cp, generic, ok := c.capabilityOf(e.Key)
 	if !ok {
 		return
 	}
@@ -199,7 +203,7 @@ func (c *collector) library(e ldcache.Entry) {
 	switch f.Class {
 	case elf.ELFCLASS64:
 	case elf.ELFCLASS32:
-		if !slices.Contains(c.m.cfg.caps, Compat32) {
+		if !slices.Contains(c.out.Capabilities, Compat32) {
 			return
 		}
 		dir = LibDir
@@ -223,12 +227,12 @@ func (c *collector) library(e ldcache.Entry) {
 		c.warn("%s: name %q or soname %q rejected: %v", e.Key, name, soname, ErrInvalidName)
 		return
 	}
-	if c.addFile(File{Path: dir + "/" + name, Source: src, Capability: cap}) && soname != name {
+	if c.addFile(File{Path: dir + "/" + name, Source: src, Capability: cp}) && soname != name {
 		c.addLink(Link{Path: dir + "/" + soname, Target: name})
 	}
 }
 
-func (c *collector) binary(cap Capability, name string) {
+func (c *collector) binary(cp Capability, name string) {
 	for _, d := range c.m.cfg.binDirs {
 		p := path.Join(d, name)
 		resolved, err := resolve(c.m.cfg.driverRoot, p)
@@ -249,7 +253,7 @@ func (c *collector) binary(cap Capability, name string) {
 			c.warn("%s: %s is not an executable file", p, resolved)
 			continue
 		}
-		c.addFile(File{Path: BinDir + "/" + name, Source: src, Capability: cap})
+		c.addFile(File{Path: BinDir + "/" + name, Source: src, Capability: cp})
 		return
 	}
 }

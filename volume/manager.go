@@ -265,6 +265,7 @@ func (m *Manager) Build(ctx context.Context) (*Volume, error) {
 	}
 	defer unlock()
 	dir := filepath.Join(m.cfg.root, Prefix+version)
+	caps := m.cfg.caps
 	mf, err := m.existing(dir)
 	switch {
 	case err == nil && m.covers(mf):
@@ -273,13 +274,15 @@ func (m *Manager) Build(ctx context.Context) (*Volume, error) {
 		}
 		m.cfg.logger.WarnContext(ctx, "rebuilding damaged volume", "path", dir, "error", err)
 	case err == nil:
+		// Keep what the volume served: other managers may want it.
+		caps = normalizeCapabilities(append(slices.Clone(caps), mf.Capabilities...))
 		m.cfg.logger.InfoContext(ctx, "rebuilding volume for more capabilities", "path", dir, "has", mf.Capabilities, "want", m.cfg.caps)
 	case errors.Is(err, ErrUnsafe):
 		return nil, err
 	case !errors.Is(err, fs.ErrNotExist):
 		m.cfg.logger.WarnContext(ctx, "rebuilding unreadable volume", "path", dir, "error", err)
 	}
-	contents, err := m.Contents(ctx, version)
+	contents, err := m.contents(ctx, version, caps)
 	if err != nil {
 		return nil, err
 	}
@@ -336,7 +339,7 @@ func (m *Manager) checkDir(p string, fi fs.FileInfo) error {
 // lock makes the root safe to use and takes the flock on it. When the root's
 // file system is noexec, it first mounts a tmpfs there.
 func (m *Manager) lock(ctx context.Context) (func(), error) {
-	if err := os.MkdirAll(m.cfg.root, dirMode); err != nil {
+	if err := mkdirAll(m.cfg.root); err != nil {
 		return nil, fmt.Errorf("volume root: %w", err)
 	}
 	for {
@@ -455,6 +458,9 @@ func (m *Manager) fill(ctx context.Context, tmp string, c *Contents) (*Manifest,
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
+		if !validVolumePath(f.Path) {
+			return nil, fmt.Errorf("file %q: %w", f.Path, ErrInvalidName)
+		}
 		entry, err := m.place(r, tmp, f)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", f.Path, err)
@@ -463,7 +469,7 @@ func (m *Manager) fill(ctx context.Context, tmp string, c *Contents) (*Manifest,
 		copied = copied || !entry.Linked
 	}
 	for _, l := range c.Links {
-		if !validName(l.Target) {
+		if !validName(l.Target) || !validVolumePath(l.Path) {
 			return nil, fmt.Errorf("link %s -> %q: %w", l.Path, l.Target, ErrInvalidName)
 		}
 		if err := r.Symlink(l.Target, l.Path); err != nil {
@@ -575,4 +581,29 @@ func (m *Manager) volume(dir string, mf *Manifest, built bool, warnings []string
 func volumeVersion(name string) (string, bool) {
 	v, ok := strings.CutPrefix(name, Prefix)
 	return v, ok && ValidateVersion(v) == nil
+}
+
+// validVolumePath reports whether p names an entry of one of the volume's
+// directories, such as "lib64/libcuda.so.1".
+func validVolumePath(p string) bool {
+	dir, name, ok := strings.Cut(p, "/")
+	return ok && (dir == BinDir || dir == LibDir || dir == Lib64Dir) && validName(name)
+}
+
+// mkdirAll makes dir, and its missing parents, with dirMode whatever the
+// umask; an existing dir is left as it is (and checked by the caller).
+func mkdirAll(dir string) error {
+	if _, err := os.Lstat(dir); err == nil || !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	if err := mkdirAll(filepath.Dir(dir)); err != nil {
+		return err
+	}
+	if err := os.Mkdir(dir, dirMode); err != nil {
+		if errors.Is(err, fs.ErrExist) {
+			return nil // made meanwhile by another: checked by the caller
+		}
+		return err
+	}
+	return os.Chmod(dir, dirMode)
 }

@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -458,5 +459,82 @@ func TestBuildCancelled(t *testing.T) {
 	defer stop()
 	if _, err := m.Build(short); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Build while locked = %v, want context.DeadlineExceeded", err)
+	}
+}
+
+// TestFillStaysInside hands the builder contents naming paths outside the
+// volume: it refuses them and writes nothing outside its directory.
+func TestFillStaysInside(t *testing.T) {
+	tr := driverTree(t, "535.309.01")
+	m := tr.manager()
+	src := filepath.Join(tr.root, "usr/lib/nvidia/current/nvidia-smi")
+	tests := []struct {
+		name string
+		c    Contents
+	}{
+		{"file up", Contents{Files: []File{{Path: "lib64/../../escape", Source: src}}}},
+		{"file absolute", Contents{Files: []File{{Path: "/tmp/escape", Source: src}}}},
+		{"file in another directory", Contents{Files: []File{{Path: "etc/escape", Source: src}}}},
+		{"link up", Contents{Links: []Link{{Path: "lib64/../../escape", Target: "x"}}}},
+		{"link target outside", Contents{Links: []Link{{Path: "lib64/x", Target: "/etc/passwd"}}}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			base := t.TempDir()
+			tmp := filepath.Join(base, "a", "b")
+			must(t, os.MkdirAll(tmp, 0o700))
+			for _, links := range []bool{true, false} {
+				m.cfg.links = links
+				if _, err := m.fill(context.Background(), tmp, &tt.c); !errors.Is(err, ErrInvalidName) {
+					t.Fatalf("fill = %v, want ErrInvalidName", err)
+				}
+				must(t, os.RemoveAll(tmp))
+				must(t, os.MkdirAll(tmp, 0o700))
+			}
+			if got := listTree(t, base); len(got) != 3 {
+				t.Fatalf("something was written: %q", got)
+			}
+		})
+	}
+}
+
+func TestBuildKeepsCapabilities(t *testing.T) {
+	tr := driverTree(t, "535.309.01")
+	root := filepath.Join(t.TempDir(), "volumes")
+	ctx := context.Background()
+	utility := tr.manager(WithRoot(root), WithCapabilities(Utility))
+	compute := tr.manager(WithRoot(root), WithCapabilities(Compute))
+	v, err := utility.Build(ctx)
+	if err != nil || v.Files != 2 {
+		t.Fatalf("utility Build = %+v, %v", v, err)
+	}
+	v, err = compute.Build(ctx)
+	if err != nil || !v.Built || !slices.Equal(v.Capabilities, []Capability{Compute, Utility}) || v.Files != 5 {
+		t.Fatalf("compute Build over a utility volume = %+v, %v; want both", v, err)
+	}
+	for _, m := range []*Manager{utility, compute} {
+		if v, err := m.Build(ctx); err != nil || v.Built {
+			t.Fatalf("Build = %+v, %v; want the volume found", v, err)
+		}
+	}
+}
+
+func TestBuildIgnoresUmask(t *testing.T) {
+	old := syscall.Umask(0o002)
+	defer syscall.Umask(old)
+	tr := driverTree(t, "535.309.01")
+	m := tr.manager(WithLinks(false))
+	v, err := m.Build(context.Background())
+	must(t, err)
+	for _, p := range []string{m.Root(), v.Path, filepath.Join(v.Path, "lib64"), filepath.Join(v.Path, "lib64", "libcuda.so.535.309.01")} {
+		fi, err := os.Stat(p)
+		must(t, err)
+		if fi.Mode().Perm()&0o022 != 0 {
+			t.Errorf("%s: mode %v, writable by group or others", p, fi.Mode())
+		}
+	}
+	must(t, m.Acquire(context.Background(), v.Version, "c1"))
+	if _, err := m.Build(context.Background()); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -31,7 +31,7 @@ func (m *Manager) Acquire(ctx context.Context, version, user string) error {
 		return fmt.Errorf("acquire volume %s for %s: %w", version, user, err)
 	}
 	udir := filepath.Join(m.cfg.root, usersDir, version)
-	if err := os.MkdirAll(udir, dirMode); err != nil {
+	if err := mkdirAll(udir); err != nil {
 		return fmt.Errorf("acquire volume %s for %s: %w", version, user, err)
 	}
 	f, err := os.OpenFile(filepath.Join(udir, user), os.O_WRONLY|os.O_CREATE, 0o644)
