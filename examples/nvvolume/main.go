@@ -11,7 +11,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -132,12 +131,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 // driver it fails and the manager falls back to the library file's name.
 func nvmlVersion(context.Context) (string, error) {
 	if ret := nvml.Init(); ret != nvml.SUCCESS {
-		return "", errors.New(nvml.ErrorString(ret))
+		return "", fmt.Errorf("nvml: %s", nvml.ErrorString(ret))
 	}
 	defer nvml.Shutdown()
 	v, ret := nvml.SystemGetDriverVersion()
 	if ret != nvml.SUCCESS {
-		return "", errors.New(nvml.ErrorString(ret))
+		return "", fmt.Errorf("nvml: %s", nvml.ErrorString(ret))
 	}
 	return v, nil
 }
