@@ -94,6 +94,9 @@ type UnmetError struct {
 	Source string
 	// Expr is the requirement as written (or implied).
 	Expr string
+	// Failed holds, for each alternative of Expr, its first condition that
+	// does not hold.
+	Failed []Condition
 	// Driver and CUDA are the driver's version and its CUDA version ("" when
 	// unknown).
 	Driver, CUDA string
@@ -111,6 +114,13 @@ func (e *UnmetError) Error() string {
 	s := fmt.Sprintf("%s %q unmet by driver %s (cuda %s)", e.Source, e.Expr, e.Driver, cuda)
 	if e.GPU >= 0 {
 		s += fmt.Sprintf(" on gpu %d (arch %s, brand %s)", e.GPU, e.Arch, e.Brand)
+	}
+	var failed []string
+	for _, c := range e.Failed {
+		failed = append(failed, c.String())
+	}
+	if len(failed) > 0 {
+		s += ": " + strings.Join(failed, " and ") + " false"
 	}
 	return s
 }

@@ -155,15 +155,20 @@ type facts struct {
 // holds evaluates r. Conditions on a GPU property hold trivially when no
 // GPU is given (there is nothing to contradict them); conditions on an
 // unknown driver property fail.
-func (r Requirement) holds(f facts) bool {
-	return slices.ContainsFunc(r.Alternatives, func(conds []Condition) bool {
-		for _, c := range conds {
-			if !c.holds(f) {
-				return false
-			}
+func (r Requirement) holds(f facts) bool { return r.failed(f) == nil }
+
+// failed returns, when r does not hold, the first failing condition of each
+// alternative; nil when r holds.
+func (r Requirement) failed(f facts) []Condition {
+	var failed []Condition
+	for _, conds := range r.Alternatives {
+		i := slices.IndexFunc(conds, func(c Condition) bool { return !c.holds(f) })
+		if i < 0 {
+			return nil
 		}
-		return true
-	})
+		failed = append(failed, conds[i])
+	}
+	return failed
 }
 
 func (c Condition) holds(f facts) bool {
@@ -287,18 +292,18 @@ func Check(img Image, drv Driver, gpus []allocator.Device) error {
 	if drv.CUDA > 0 {
 		f.cuda = drv.CUDA.String()
 	}
-	unmet := func(r Requirement) *UnmetError {
-		return &UnmetError{Source: r.Source, Expr: r.Expr, Driver: drv.Version, CUDA: f.cuda, GPU: -1}
+	unmet := func(r Requirement, failed []Condition) *UnmetError {
+		return &UnmetError{Source: r.Source, Expr: r.Expr, Failed: failed, Driver: drv.Version, CUDA: f.cuda, GPU: -1}
 	}
 	for _, r := range reqs {
-		if !r.holds(f) { // the driver alone fails it, whatever the GPUs
-			return unmet(r)
+		if failed := r.failed(f); failed != nil { // the driver alone fails it, whatever the GPUs
+			return unmet(r, failed)
 		}
 		for _, g := range gpus {
 			gf := f
 			gf.gpu, gf.arch, gf.brand = true, g.ComputeCapability, g.Brand
-			if !r.holds(gf) {
-				e := unmet(r)
+			if failed := r.failed(gf); failed != nil {
+				e := unmet(r, failed)
 				e.GPU, e.Arch, e.Brand = g.Index, g.ComputeCapability, g.Brand
 				return e
 			}

@@ -111,6 +111,11 @@ func TestCheck(t *testing.T) {
 			}
 		})
 	}
+	err := Check(env("NVIDIA_REQUIRE_CUDA=cuda>=12.4 brand=tesla,driver>=535,driver<535.100"), drv, []allocator.Device{a100})
+	var ue *UnmetError
+	if !errors.As(err, &ue) || fmt.Sprint(ue.Failed) != "[cuda>=12.4 driver<535.100]" {
+		t.Errorf("Check = %v, want cuda>=12.4 and driver<535.100 named as false", err)
+	}
 	if err := Check(env("NVIDIA_REQUIRE_CUDA=cuda>>1"), drv, nil); !errors.Is(err, ErrInvalidRequirement) {
 		t.Errorf("Check(bad expression) = %v, want ErrInvalidRequirement", err)
 	}
@@ -123,7 +128,7 @@ func env(kv ...string) Image { return Image{Env: kv} }
 
 func TestUnmetErrorMessage(t *testing.T) {
 	err := Check(env("NVIDIA_REQUIRE_CUDA=cuda>=12.4"), Driver{Version: "535.309.01", CUDA: 12020}, nil)
-	want := `NVIDIA_REQUIRE_CUDA "cuda>=12.4" unmet by driver 535.309.01 (cuda 12.2)`
+	want := `NVIDIA_REQUIRE_CUDA "cuda>=12.4" unmet by driver 535.309.01 (cuda 12.2): cuda>=12.4 false`
 	if err == nil || err.Error() != want {
 		t.Fatalf("error %q, want %q", err, want)
 	}
