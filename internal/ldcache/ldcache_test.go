@@ -279,3 +279,41 @@ func FuzzParse(f *testing.F) {
 		}
 	})
 }
+
+// bigEndian rewrites a little-endian new-layout cache as a big-endian host's
+// ldconfig would write it.
+func bigEndian(t *testing.T, le []byte) []byte {
+	t.Helper()
+	b := bytes.Clone(le)
+	swap32 := func(off int) {
+		b[off], b[off+1], b[off+2], b[off+3] = b[off+3], b[off+2], b[off+1], b[off]
+	}
+	n := int(b[20]) | int(b[21])<<8 | int(b[22])<<16 | int(b[23])<<24
+	swap32(20)
+	swap32(24)
+	b[28] = endianBig
+	for i := range n {
+		e := newHeaderSize + i*newEntrySize
+		for _, off := range []int{0, 4, 8, 12} {
+			swap32(e + off)
+		}
+		for j := range 4 { // the uint64 hwcap
+			b[e+16+j], b[e+23-j] = b[e+23-j], b[e+16+j]
+		}
+	}
+	return b
+}
+
+func TestParseBigEndian(t *testing.T) {
+	le, err := Encode(encodedEntries, LayoutNew)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := Parse(bigEndian(t, le))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(c.Entries, encodedEntries) {
+		t.Fatalf("big-endian entries:\n got %+v\nwant %+v", c.Entries, encodedEntries)
+	}
+}
