@@ -267,6 +267,13 @@ func (m *Manager) Build(ctx context.Context) (*Volume, error) {
 	dir := filepath.Join(m.cfg.root, Prefix+version)
 	caps := m.cfg.caps
 	mf, err := m.existing(dir)
+	if err == nil && mf.Version != version {
+		err = &DamagedError{Path: dir, Problems: []string{"manifest of driver " + mf.Version}}
+	}
+	if err == nil {
+		// A rebuild keeps what the volume served: other managers may want it.
+		caps = normalizeCapabilities(append(slices.Clone(caps), mf.Capabilities...))
+	}
 	switch {
 	case err == nil && m.covers(mf):
 		if err = mf.verify(dir, m.cfg.deepVerify); err == nil {
@@ -274,8 +281,6 @@ func (m *Manager) Build(ctx context.Context) (*Volume, error) {
 		}
 		m.cfg.logger.WarnContext(ctx, "rebuilding damaged volume", "path", dir, "error", err)
 	case err == nil:
-		// Keep what the volume served: other managers may want it.
-		caps = normalizeCapabilities(append(slices.Clone(caps), mf.Capabilities...))
 		m.cfg.logger.InfoContext(ctx, "rebuilding volume for more capabilities", "path", dir, "has", mf.Capabilities, "want", m.cfg.caps)
 	case errors.Is(err, ErrUnsafe):
 		return nil, err

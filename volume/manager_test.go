@@ -538,3 +538,18 @@ func TestBuildIgnoresUmask(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+func TestRebuildOfDamagedKeepsCapabilities(t *testing.T) {
+	tr := driverTree(t, "535.309.01")
+	root := filepath.Join(t.TempDir(), "volumes")
+	ctx := context.Background()
+	all := tr.manager(WithRoot(root), WithLinks(false))
+	utility := tr.manager(WithRoot(root), WithLinks(false), WithCapabilities(Utility))
+	v, err := all.Build(ctx)
+	must(t, err)
+	must(t, os.Remove(filepath.Join(v.Path, "lib64", "libcuda.so.535.309.01")))
+	again, err := utility.Build(ctx)
+	if err != nil || !again.Built || again.Files != v.Files || !slices.Equal(again.Capabilities, v.Capabilities) {
+		t.Fatalf("rebuild by a utility manager = %+v, %v; want the whole volume back", again, err)
+	}
+}
