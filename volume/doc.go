@@ -1,0 +1,72 @@
+// Package volume gathers the host's NVIDIA driver into a versioned,
+// read-only volume for containers, decides which containers get it, and
+// checks an image's CUDA requirements against the driver and the GPUs.
+//
+// # The model
+//
+// A container's CUDA libraries must match the host's kernel driver exactly,
+// so the container takes the driver's user-space part from the host: the
+// volume nvidia_<version> under the [Manager]'s root (default [DefaultRoot])
+// holds bin/ (nvidia-smi, ...), lib/ (32-bit libraries) and lib64/ (64-bit
+// libraries) with their soname symlinks and libcuda.so -> libcuda.so.1. It is
+// mounted at /usr/local/nvidia, read-only, nosuid and nodev.
+//
+// What belongs in it ([Manager.Contents]) is worked out from the ld.so cache
+// (read with internal/ldcache): libraries are matched by name by capability
+// (utility, compute, video, graphics, compat32; display adds only a device
+// node), their symlink chains resolved inside the driver root (Debian reaches
+// its driver through /etc/alternatives), kept only when the file ends in
+// .so.<driver version> and lies in a library directory, and split into lib/
+// and lib64/ by the ELF class read from the file. Vendor-neutral libGL, libEGL
+// and libGLES* are taken only when the file needs NVIDIA's GL core or GLVND's
+// dispatcher, never Mesa's. Programs are looked up on the binary directories.
+// Every host path (driver root, ld.so cache, binary and library directories,
+// proc root, volume root) can be moved, with the real one as the default.
+//
+// # Building
+//
+// [Manager.Build] finds the driver version (given, from NVML, from
+// /proc/driver/nvidia/version, or from the libnvidia-ml.so.<version> file),
+// takes an flock on the root (so goroutines and processes build one volume:
+// the others wait and get it), and returns an intact volume as it is. A
+// missing or damaged one is built in a temporary directory beside its final
+// name, through an os.Root so that no symlink leads a write outside it, and
+// then renamed into place (exchanged atomically with a damaged one), so that
+// a crash never leaves a half volume under the final name. Files are
+// hard-linked from the driver where the root shares its file system, and
+// copied otherwise, file by file. The manifest in the volume records every
+// file (size, mode, time, the inode of a link, the CRC-32C of a copy) and
+// link; Build checks a volume against it before trusting it
+// ([WithDeepVerify] also reads the copies).
+//
+// A volume is a cache of host files, rebuilt whenever it is found wanting,
+// so it needs no durability of its own: copied files and their manifest are
+// synced before the rename (their bytes exist nowhere else on disk), while a
+// build of hard links syncs nothing. After a power loss the rename may be
+// lost or the volume incomplete; either way Build sees it, by a missing or
+// unsealed manifest or a file that does not match, and builds it again.
+//
+// Where the root's file system is mounted noexec, Build mounts a tmpfs on the
+// root first, as Mesos does. The root and every volume directory must be owned
+// by the manager's user (root, in production) and not writable by group or
+// others; otherwise the manager refuses them with an [*UnsafeError] and
+// changes nothing.
+//
+// # Lifecycle and ownership
+//
+// The manager owns everything under its root: the volumes, the users
+// directory .users/<version>/<container> that [Manager.Acquire] and
+// [Manager.Release] keep, and the tmpfs it may have mounted (never unmounted:
+// containers may still use it). Several versions live side by side;
+// [Manager.GC] removes those no container uses.
+//
+// # What a container gets
+//
+// [Image.NeedsVolume] decides from an image's labels and environment whether
+// its containers get the volume; [Check] evaluates its NVIDIA_REQUIRE_*
+// expressions (and the legacy CUDA_VERSION and com.nvidia.cuda.version
+// forms) against the [Driver] and the allocated GPUs; [Volume.Injection]
+// returns the mount and environment as plain data for the isolators.
+//
+// The package never logs unless given a logger with [WithLogger].
+package volume

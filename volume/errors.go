@@ -1,0 +1,129 @@
+package volume
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+)
+
+var (
+	// ErrInvalidVersion: a driver version is not digits separated by dots.
+	ErrInvalidVersion = errors.New("invalid driver version")
+	// ErrInvalidName: a name (a user, a capability, a library name from the
+	// ld.so cache) is not acceptable, e.g. it holds "/" or "..".
+	ErrInvalidName = errors.New("invalid name")
+	// ErrNoDriverVersion: no source could tell the driver's version.
+	ErrNoDriverVersion = errors.New("driver version unknown")
+	// ErrNoDriver: the driver root holds none of the driver's files.
+	ErrNoDriver = errors.New("no NVIDIA driver files found")
+	// ErrUnsafe: the root or a version directory could be changed by someone
+	// other than root (wrong owner, group- or other-writable, a symlink).
+	ErrUnsafe = errors.New("unsafe volume directory")
+	// ErrDamaged: a volume does not match its manifest.
+	ErrDamaged = errors.New("volume damaged")
+	// ErrNotFound: no volume of that version exists.
+	ErrNotFound = errors.New("volume not found")
+	// ErrInvalidRequirement: an NVIDIA_REQUIRE_* expression does not parse.
+	ErrInvalidRequirement = errors.New("invalid requirement")
+	// ErrRequirementUnmet: the driver or an allocated GPU does not meet an
+	// image's requirement.
+	ErrRequirementUnmet = errors.New("requirement unmet")
+)
+
+// UnsafeError is a directory the manager refuses to use or trust.
+type UnsafeError struct {
+	Path   string
+	Reason string
+}
+
+func (e *UnsafeError) Error() string { return fmt.Sprintf("unsafe %s: %s", e.Path, e.Reason) }
+
+// Is matches ErrUnsafe.
+func (e *UnsafeError) Is(target error) bool { return target == ErrUnsafe }
+
+// DamagedError is a volume that differs from its manifest.
+type DamagedError struct {
+	// Path is the volume's directory.
+	Path string
+	// Problems list what differs, one per file.
+	Problems []string
+}
+
+func (e *DamagedError) Error() string {
+	return fmt.Sprintf("volume %s damaged: %s", e.Path, strings.Join(e.Problems, "; "))
+}
+
+// Is matches ErrDamaged.
+func (e *DamagedError) Is(target error) bool { return target == ErrDamaged }
+
+// VersionError tells why no source could tell the driver's version.
+type VersionError struct {
+	// Tried holds the failure of each source, in the order tried.
+	Tried []error
+}
+
+func (e *VersionError) Error() string {
+	return fmt.Sprintf("driver version unknown: %v", errors.Join(e.Tried...))
+}
+
+// Is matches ErrNoDriverVersion.
+func (e *VersionError) Is(target error) bool { return target == ErrNoDriverVersion }
+
+// Unwrap returns the failures of the sources.
+func (e *VersionError) Unwrap() []error { return e.Tried }
+
+// SyntaxError is an NVIDIA_REQUIRE_* expression that does not parse.
+type SyntaxError struct {
+	// Expr is the whole expression; Token the part that is wrong.
+	Expr, Token string
+	// Reason says what is wrong with Token.
+	Reason string
+}
+
+func (e *SyntaxError) Error() string {
+	return fmt.Sprintf("requirement %q: %q: %s", e.Expr, e.Token, e.Reason)
+}
+
+// Is matches ErrInvalidRequirement.
+func (e *SyntaxError) Is(target error) bool { return target == ErrInvalidRequirement }
+
+// UnmetError is an image requirement the driver or a GPU does not meet.
+type UnmetError struct {
+	// Source names where the requirement came from: an environment
+	// variable ("NVIDIA_REQUIRE_CUDA", "CUDA_VERSION") or a label.
+	Source string
+	// Expr is the requirement as written (or implied).
+	Expr string
+	// Failed holds, for each alternative of Expr, its first condition that
+	// does not hold.
+	Failed []Condition
+	// Driver and CUDA are the driver's version and its CUDA version ("" when
+	// unknown).
+	Driver, CUDA string
+	// GPU is the NVML index of the GPU that fails the requirement, or -1 when
+	// the driver alone fails it. Arch and Brand are that GPU's.
+	GPU         int
+	Arch, Brand string
+}
+
+func (e *UnmetError) Error() string {
+	cuda := e.CUDA
+	if cuda == "" {
+		cuda = "unknown"
+	}
+	s := fmt.Sprintf("%s %q unmet by driver %s (cuda %s)", e.Source, e.Expr, e.Driver, cuda)
+	if e.GPU >= 0 {
+		s += fmt.Sprintf(" on gpu %d (arch %s, brand %s)", e.GPU, e.Arch, e.Brand)
+	}
+	var failed []string
+	for _, c := range e.Failed {
+		failed = append(failed, c.String())
+	}
+	if len(failed) > 0 {
+		s += ": " + strings.Join(failed, " and ") + " false"
+	}
+	return s
+}
+
+// Is matches ErrRequirementUnmet.
+func (e *UnmetError) Is(target error) bool { return target == ErrRequirementUnmet }

@@ -1,0 +1,614 @@
+package volume
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"github.com/gpuiso/gpuiso/internal/linux"
+)
+
+// DefaultRoot is where a Manager keeps its volumes unless told otherwise.
+const DefaultRoot = "/var/run/gpuiso/volumes"
+
+// Prefix is the name of a volume's directory before its driver version.
+const Prefix = "nvidia_"
+
+// Names inside the root that are not volumes.
+const (
+	usersDir   = ".users"
+	tmpPrefix  = ".tmp-"
+	trashName  = ".trash-"
+	dirMode    = 0o755
+	copyBuffer = 1 << 20
+)
+
+// Manager builds and keeps the driver volumes under one root directory.
+// Its methods may be called from several goroutines, and several managers
+// (in several processes) may share a root: a flock on the root serialises
+// them.
+type Manager struct {
+	cfg config
+}
+
+type config struct {
+	root          string
+	driverRoot    string
+	ldCache       string
+	binDirs       []string
+	libDirs       []string
+	procRoot      string
+	caps          []Capability
+	version       string
+	nvml          VersionFunc
+	links         bool
+	tmpfsOnNoexec bool
+	deepVerify    bool
+	owner         int
+	logger        *slog.Logger
+}
+
+// Option configures a Manager.
+type Option func(*config) error
+
+// WithRoot sets the directory holding the volumes (default DefaultRoot).
+func WithRoot(dir string) Option {
+	return func(c *config) error {
+		if !filepath.IsAbs(dir) {
+			return fmt.Errorf("root %q: not an absolute path: %w", dir, ErrInvalidName)
+		}
+		c.root = filepath.Clean(dir)
+		return nil
+	}
+}
+
+// WithDriverRoot sets the directory the driver is installed under (default
+// "/"): the ld.so cache, the binary directories and every path they name are
+// read below it.
+func WithDriverRoot(dir string) Option {
+	return func(c *config) error {
+		if !filepath.IsAbs(dir) {
+			return fmt.Errorf("driver root %q: not an absolute path: %w", dir, ErrInvalidName)
+		}
+		c.driverRoot = filepath.Clean(dir)
+		return nil
+	}
+}
+
+// WithLDCache sets the ld.so cache's path under the driver root (default
+// "/etc/ld.so.cache").
+func WithLDCache(p string) Option {
+	return func(c *config) error {
+		if !path.IsAbs(p) {
+			return fmt.Errorf("ld.so cache %q: not an absolute path: %w", p, ErrInvalidName)
+		}
+		c.ldCache = p
+		return nil
+	}
+}
+
+// WithBinDirs sets the directories under the driver root searched for the
+// driver's programs, in order (default /usr/bin, /usr/sbin, /bin, /sbin,
+// /usr/local/bin).
+func WithBinDirs(dirs ...string) Option {
+	return func(c *config) error { return absDirs("binary", dirs, &c.binDirs) }
+}
+
+// WithLibraryDirs sets the directories under the driver root that libraries
+// (and the programs' resolved files) may lie in once their symlinks are
+// followed (default /usr/lib, /usr/lib32, /usr/lib64, /lib, /lib32, /lib64,
+// /usr/local/lib).
+func WithLibraryDirs(dirs ...string) Option {
+	return func(c *config) error { return absDirs("library", dirs, &c.libDirs) }
+}
+
+func absDirs(what string, dirs []string, dst *[]string) error {
+	for _, d := range dirs {
+		if !path.IsAbs(d) {
+			return fmt.Errorf("%s directory %q: not an absolute path: %w", what, d, ErrInvalidName)
+		}
+	}
+	*dst = slices.Clone(dirs)
+	return nil
+}
+
+// WithProcRoot sets where proc is mounted (default "/proc"), read for the
+// loaded kernel driver's version.
+func WithProcRoot(dir string) Option {
+	return func(c *config) error {
+		c.procRoot = dir
+		return nil
+	}
+}
+
+// WithCapabilities sets the capabilities the volume serves (default all).
+func WithCapabilities(caps ...Capability) Option {
+	return func(c *config) error {
+		for _, cap := range caps {
+			if !slices.Contains(AllCapabilities(), cap) {
+				return fmt.Errorf("capability %q: %w", cap, ErrInvalidName)
+			}
+		}
+		c.caps = normalizeCapabilities(caps)
+		return nil
+	}
+}
+
+// WithDriverVersion fixes the driver version instead of detecting it.
+func WithDriverVersion(v string) Option {
+	return func(c *config) error {
+		if err := ValidateVersion(v); err != nil {
+			return err
+		}
+		c.version = v
+		return nil
+	}
+}
+
+// WithNVML sets the function asking the loaded driver for its version.
+func WithNVML(f VersionFunc) Option {
+	return func(c *config) error {
+		c.nvml = f
+		return nil
+	}
+}
+
+// WithLinks chooses whether files are hard-linked where the root and the
+// driver share a file system (the default, true) or always copied.
+func WithLinks(on bool) Option {
+	return func(c *config) error {
+		c.links = on
+		return nil
+	}
+}
+
+// WithTmpfsOnNoexec chooses whether a tmpfs is mounted on a root whose file
+// system is mounted noexec (default true), as Mesos does.
+func WithTmpfsOnNoexec(on bool) Option {
+	return func(c *config) error {
+		c.tmpfsOnNoexec = on
+		return nil
+	}
+}
+
+// WithDeepVerify makes Build read every copied file for its checksum, and
+// check that every linked file is still the host's, before trusting an
+// existing volume; by default Build checks names, types, sizes, modes,
+// times, inodes and link targets only.
+func WithDeepVerify(on bool) Option {
+	return func(c *config) error {
+		c.deepVerify = on
+		return nil
+	}
+}
+
+// WithLogger sets where the manager tells what it builds and removes
+// (default: nowhere).
+func WithLogger(l *slog.Logger) Option {
+	return func(c *config) error {
+		if l == nil {
+			return errors.New("nil logger")
+		}
+		c.logger = l
+		return nil
+	}
+}
+
+// New returns a manager. It touches nothing until a method is called.
+func New(opts ...Option) (*Manager, error) {
+	c := config{
+		root:          DefaultRoot,
+		driverRoot:    "/",
+		ldCache:       "/etc/ld.so.cache",
+		binDirs:       []string{"/usr/bin", "/usr/sbin", "/bin", "/sbin", "/usr/local/bin"},
+		libDirs:       []string{"/usr/lib", "/usr/lib32", "/usr/lib64", "/lib", "/lib32", "/lib64", "/usr/local/lib"},
+		procRoot:      "/proc",
+		caps:          normalizeCapabilities(AllCapabilities()),
+		links:         true,
+		tmpfsOnNoexec: true,
+		owner:         os.Geteuid(),
+		logger:        slog.New(slog.DiscardHandler),
+	}
+	for _, o := range opts {
+		if err := o(&c); err != nil {
+			return nil, fmt.Errorf("volume manager: %w", err)
+		}
+	}
+	return &Manager{cfg: c}, nil
+}
+
+// Root returns the directory holding the volumes.
+func (m *Manager) Root() string { return m.cfg.root }
+
+// Volume is a built volume of one driver version.
+type Volume struct {
+	// Version is the driver version.
+	Version string
+	// Path is the volume's directory on the host.
+	Path string
+	// Files is the number of files (programs and libraries) it holds.
+	Files int
+	// Links is the number of symlinks it holds.
+	Links int
+	// Capabilities are the capabilities it serves.
+	Capabilities []Capability
+	// Users are the users (containers) registered with Acquire.
+	Users []string
+	// Warnings are what was left out when it was built (empty when it was
+	// found intact rather than built).
+	Warnings []string
+	// Built is true when this call built it, false when it was found intact.
+	Built bool
+}
+
+// Build returns the volume of the driver's version, building it when it is
+// missing, damaged or lacks a capability asked for. Concurrent calls, in this
+// process or others, build it once: the others wait and get it.
+func (m *Manager) Build(ctx context.Context) (*Volume, error) {
+	version, err := m.DriverVersion(ctx)
+	if err != nil {
+		return nil, err
+	}
+	unlock, err := m.lock(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	dir := filepath.Join(m.cfg.root, Prefix+version)
+	caps := m.cfg.caps
+	mf, err := m.existing(dir)
+	if err == nil && mf.Version != version {
+		err = &DamagedError{Path: dir, Problems: []string{"manifest of driver " + mf.Version}}
+	}
+	if err == nil {
+		// A rebuild keeps what the volume served: other managers may want it.
+		caps = normalizeCapabilities(append(slices.Clone(caps), mf.Capabilities...))
+	}
+	switch {
+	case err == nil && m.covers(mf):
+		if err = mf.verify(dir, m.cfg.deepVerify); err == nil {
+			return m.volume(dir, mf, false, nil)
+		}
+		m.cfg.logger.WarnContext(ctx, "rebuilding damaged volume", "path", dir, "error", err)
+	case err == nil:
+		m.cfg.logger.InfoContext(ctx, "rebuilding volume for more capabilities", "path", dir, "has", mf.Capabilities, "want", m.cfg.caps)
+	case errors.Is(err, ErrUnsafe):
+		return nil, err
+	case !errors.Is(err, fs.ErrNotExist):
+		m.cfg.logger.WarnContext(ctx, "rebuilding unreadable volume", "path", dir, "error", err)
+	}
+	contents, err := m.contents(ctx, version, caps)
+	if err != nil {
+		return nil, err
+	}
+	mf, err = m.build(ctx, dir, contents)
+	if err != nil {
+		return nil, err
+	}
+	m.cfg.logger.InfoContext(ctx, "built volume", "path", dir, "files", len(mf.Files), "links", len(mf.Links))
+	return m.volume(dir, mf, true, contents.Warnings)
+}
+
+// covers reports whether a volume with manifest mf serves every capability
+// the manager is configured for.
+func (m *Manager) covers(mf *Manifest) bool {
+	for _, c := range m.cfg.caps {
+		if !slices.Contains(mf.Capabilities, c) {
+			return false
+		}
+	}
+	return true
+}
+
+// existing checks the directory of a volume and reads its manifest. A path
+// that does not exist gives fs.ErrNotExist; an unsafe one an *UnsafeError.
+func (m *Manager) existing(dir string) (*Manifest, error) {
+	fi, err := os.Lstat(dir)
+	if err != nil {
+		return nil, err
+	}
+	if err := m.checkDir(dir, fi); err != nil {
+		return nil, err
+	}
+	return readManifest(dir)
+}
+
+// checkDir refuses a directory that is a symlink, or that someone other than
+// the manager's user (root, when it runs as root) owns or may write to.
+func (m *Manager) checkDir(p string, fi fs.FileInfo) error {
+	if fi.Mode()&fs.ModeSymlink != 0 {
+		return &UnsafeError{Path: p, Reason: "a symlink"}
+	}
+	if !fi.IsDir() {
+		return &UnsafeError{Path: p, Reason: "not a directory"}
+	}
+	if fi.Mode().Perm()&0o022 != 0 {
+		return &UnsafeError{Path: p, Reason: fmt.Sprintf("writable by group or others (%v)", fi.Mode().Perm())}
+	}
+	if uid, ok := linux.Owner(fi); ok && int(uid) != m.cfg.owner {
+		return &UnsafeError{Path: p, Reason: fmt.Sprintf("owned by uid %d, not %d", uid, m.cfg.owner)}
+	}
+	return nil
+}
+
+// lock makes the root safe to use and takes the flock on it. When the root's
+// file system is noexec, it first mounts a tmpfs there.
+func (m *Manager) lock(ctx context.Context) (func(), error) {
+	if err := mkdirAll(m.cfg.root); err != nil {
+		return nil, fmt.Errorf("volume root: %w", err)
+	}
+	for {
+		f, err := os.Open(m.cfg.root)
+		if err != nil {
+			return nil, fmt.Errorf("volume root: %w", err)
+		}
+		if err := linux.Lock(ctx, f); err != nil {
+			f.Close()
+			return nil, fmt.Errorf("lock volume root: %w", err)
+		}
+		unlock := func() { linux.Unlock(f); f.Close() }
+		held, err1 := f.Stat()
+		now, err2 := os.Stat(m.cfg.root)
+		if err := errors.Join(err1, err2); err != nil {
+			unlock()
+			return nil, fmt.Errorf("volume root: %w", err)
+		}
+		if !os.SameFile(held, now) {
+			unlock() // a tmpfs was mounted meanwhile: lock that instead
+			continue
+		}
+		if err := m.checkDir(m.cfg.root, now); err != nil {
+			unlock()
+			return nil, err
+		}
+		noexec, err := linux.Noexec(m.cfg.root)
+		if err != nil || !noexec || !m.cfg.tmpfsOnNoexec {
+			if err != nil {
+				unlock()
+				return nil, fmt.Errorf("volume root: %w", err)
+			}
+			return unlock, nil
+		}
+		err = linux.MountTmpfs(m.cfg.root, dirMode)
+		unlock()
+		if err != nil {
+			return nil, fmt.Errorf("volume root %s is noexec: %w", m.cfg.root, err)
+		}
+		m.cfg.logger.InfoContext(ctx, "mounted a tmpfs on the noexec volume root", "path", m.cfg.root)
+	}
+}
+
+// build builds the volume of contents in a temporary directory beside dir,
+// then puts it in place of dir in one step.
+func (m *Manager) build(ctx context.Context, dir string, c *Contents) (*Manifest, error) {
+	tmp, err := os.MkdirTemp(m.cfg.root, tmpPrefix+filepath.Base(dir)+"-")
+	if err != nil {
+		return nil, fmt.Errorf("build %s: %w", dir, err)
+	}
+	keep := false
+	defer func() {
+		if !keep {
+			os.RemoveAll(tmp)
+		}
+	}()
+	mf, err := m.fill(ctx, tmp, c)
+	if err != nil {
+		return nil, fmt.Errorf("build %s: %w", dir, err)
+	}
+	if err := os.Chmod(tmp, dirMode); err != nil {
+		return nil, fmt.Errorf("build %s: %w", dir, err)
+	}
+	if err := m.install(tmp, dir); err != nil {
+		return nil, fmt.Errorf("build %s: %w", dir, err)
+	}
+	keep = true
+	return mf, nil
+}
+
+// install puts the built directory tmp in place of dir: an atomic exchange
+// when dir exists (containers holding the old one keep it), else a rename.
+func (m *Manager) install(tmp, dir string) error {
+	if _, err := os.Lstat(dir); err == nil {
+		err := linux.Exchange(tmp, dir)
+		if errors.Is(err, linux.ErrNotSupported) {
+			trash := filepath.Join(m.cfg.root, trashName+filepath.Base(tmp))
+			if err := os.Rename(dir, trash); err != nil {
+				return err
+			}
+			err = os.Rename(tmp, dir)
+			tmp = trash
+		}
+		if err != nil {
+			return err
+		}
+		// tmp now holds the old volume.
+		if err := os.RemoveAll(tmp); err != nil {
+			return err
+		}
+	} else if err := os.Rename(tmp, dir); err != nil {
+		return err
+	}
+	return nil
+}
+
+// fill places the files and links of c under tmp, through an os.Root so
+// that nothing is written outside tmp, and writes the manifest.
+func (m *Manager) fill(ctx context.Context, tmp string, c *Contents) (*Manifest, error) {
+	r, err := os.OpenRoot(tmp)
+	if err != nil {
+		return nil, err
+	}
+	defer r.Close()
+	for _, d := range []string{BinDir, LibDir, Lib64Dir} {
+		if err := r.Mkdir(d, dirMode); err != nil {
+			return nil, err
+		}
+		if err := r.Chmod(d, dirMode); err != nil { // whatever the umask
+			return nil, err
+		}
+	}
+	mf := &Manifest{Schema: manifestSchema, Version: c.Version, Capabilities: c.Capabilities, Links: c.Links}
+	copied := false
+	for _, f := range c.Files {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		if !validVolumePath(f.Path) {
+			return nil, fmt.Errorf("file %q: %w", f.Path, ErrInvalidName)
+		}
+		entry, err := m.place(r, tmp, f)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", f.Path, err)
+		}
+		mf.Files = append(mf.Files, entry)
+		copied = copied || !entry.Linked
+	}
+	for _, l := range c.Links {
+		if !validName(l.Target) || !validVolumePath(l.Path) {
+			return nil, fmt.Errorf("link %s -> %q: %w", l.Path, l.Target, ErrInvalidName)
+		}
+		if err := r.Symlink(l.Target, l.Path); err != nil {
+			return nil, err
+		}
+	}
+	if err := mf.seal(); err != nil {
+		return nil, err
+	}
+	b, err := json.MarshalIndent(mf, "", "\t")
+	if err != nil {
+		return nil, err
+	}
+	out, err := r.OpenFile(ManifestName, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := out.Write(append(b, '\n')); err != nil {
+		out.Close()
+		return nil, err
+	}
+	if copied {
+		err = out.Sync()
+	}
+	if err := errors.Join(err, out.Close()); err != nil {
+		return nil, err
+	}
+	return mf, nil
+}
+
+// place hard-links f's source into the volume, or copies it when linking
+// is off or fails (another file system), and describes the result.
+func (m *Manager) place(r *os.Root, tmp string, f File) (ManifestFile, error) {
+	entry := ManifestFile{File: f}
+	linked := false
+	if m.cfg.links {
+		// tmp is this call's own fresh directory (mode 0700) and link(2)
+		// never follows a symlink at its new path.
+		linked = os.Link(f.Source, filepath.Join(tmp, filepath.FromSlash(f.Path))) == nil
+	}
+	if !linked {
+		sum, err := copyFile(r, f)
+		if err != nil {
+			return entry, err
+		}
+		entry.CRC32C = sum
+	}
+	fi, err := r.Lstat(f.Path)
+	if err != nil {
+		return entry, err
+	}
+	entry.Size, entry.Mode, entry.ModTime = fi.Size(), fi.Mode(), fi.ModTime().UnixNano()
+	if linked {
+		entry.Linked = true
+		entry.Dev, entry.Inode, _ = linux.Inode(fi)
+	}
+	return entry, nil
+}
+
+// copyFile copies f's source into r and returns the CRC-32C of the bytes.
+func copyFile(r *os.Root, f File) (uint32, error) {
+	src, err := os.Open(f.Source)
+	if err != nil {
+		return 0, err
+	}
+	defer src.Close()
+	fi, err := src.Stat()
+	if err != nil {
+		return 0, err
+	}
+	mode := fi.Mode().Perm() & 0o755
+	dst, err := r.OpenFile(f.Path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, mode)
+	if err != nil {
+		return 0, err
+	}
+	h := crc32.New(crc32.MakeTable(crc32.Castagnoli))
+	_, err = io.CopyBuffer(io.MultiWriter(dst, h), src, make([]byte, copyBuffer))
+	if err == nil {
+		err = dst.Sync() // a copy's bytes are only on disk once synced
+	}
+	if err = errors.Join(err, dst.Close()); err != nil {
+		return 0, err
+	}
+	if err := r.Chmod(f.Path, mode); err != nil { // whatever the umask
+		return 0, err
+	}
+	return h.Sum32(), nil
+}
+
+// volume describes the volume at dir.
+func (m *Manager) volume(dir string, mf *Manifest, built bool, warnings []string) (*Volume, error) {
+	users, err := m.users(mf.Version)
+	if err != nil {
+		return nil, err
+	}
+	return &Volume{
+		Version:      mf.Version,
+		Path:         dir,
+		Files:        len(mf.Files),
+		Links:        len(mf.Links),
+		Capabilities: slices.Clone(mf.Capabilities),
+		Users:        users,
+		Warnings:     warnings,
+		Built:        built,
+	}, nil
+}
+
+// volumeVersion returns the version a root entry names, if it names one.
+func volumeVersion(name string) (string, bool) {
+	v, ok := strings.CutPrefix(name, Prefix)
+	return v, ok && ValidateVersion(v) == nil
+}
+
+// validVolumePath reports whether p names an entry of one of the volume's
+// directories, such as "lib64/libcuda.so.1".
+func validVolumePath(p string) bool {
+	dir, name, ok := strings.Cut(p, "/")
+	return ok && (dir == BinDir || dir == LibDir || dir == Lib64Dir) && validName(name)
+}
+
+// mkdirAll makes dir, and its missing parents, with dirMode whatever the
+// umask; an existing dir is left as it is (and checked by the caller).
+func mkdirAll(dir string) error {
+	if _, err := os.Lstat(dir); err == nil || !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	if err := mkdirAll(filepath.Dir(dir)); err != nil {
+		return err
+	}
+	if err := os.Mkdir(dir, dirMode); err != nil {
+		if errors.Is(err, fs.ErrExist) {
+			return nil // made meanwhile by another: checked by the caller
+		}
+		return err
+	}
+	return os.Chmod(dir, dirMode)
+}
