@@ -21,6 +21,7 @@ import (
 
 	"github.com/moby/moby/client"
 
+	"github.com/gpuiso/gpuiso/allocator/simnode"
 	"github.com/gpuiso/gpuiso/internal/linux"
 )
 
@@ -132,29 +133,17 @@ func RequireDocker(tb testing.TB) *client.Client {
 	return cli
 }
 
-// libraryDirs are the directories searched for the NVIDIA user-space driver.
-func libraryDirs() []string {
-	return []string{
-		"/usr/lib/x86_64-linux-gnu",
-		"/lib/x86_64-linux-gnu",
-		"/usr/lib/aarch64-linux-gnu",
-		"/usr/lib/powerpc64le-linux-gnu",
-		"/usr/lib64",
-		"/usr/lib",
-	}
-}
-
 // RequireNVIDIALibraries skips tb unless libnvidia-ml.so.1 is installed. It
 // returns the library's path.
 func RequireNVIDIALibraries(tb testing.TB) string {
 	tb.Helper()
-	for _, dir := range libraryDirs() {
+	for _, dir := range simnode.DefaultLibraryDirs() {
 		p := filepath.Join(dir, "libnvidia-ml.so.1")
 		if _, err := os.Stat(p); err == nil {
 			return p
 		}
 	}
-	skip(tb, NVIDIALibraries, "libnvidia-ml.so.1 not found in %s", strings.Join(libraryDirs(), ", "))
+	skip(tb, NVIDIALibraries, "libnvidia-ml.so.1 not found in %s", strings.Join(simnode.DefaultLibraryDirs(), ", "))
 	return ""
 }
 
