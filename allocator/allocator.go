@@ -99,7 +99,9 @@ func WithQuota(group string, gpus int) Setting {
 
 // WithShared makes the named GPUs (index, UUID or bus id) shareable by
 // memory: requests with MemoryBytes get a slice of one of them. A shareable
-// GPU is held either by shares or by one exclusive owner, never both.
+// GPU is held either by shares or by one exclusive owner, never both;
+// whole-GPU requests take shareable GPUs only when the others do not
+// suffice.
 func WithShared(devices ...string) Setting {
 	return func(s *settings) error {
 		s.shareable = append(s.shareable, devices...)
@@ -456,6 +458,17 @@ func (a *Allocator) usable() uint64 {
 	return m
 }
 
+// shareable is the mask of GPUs configured for shares.
+func (a *Allocator) shareable() uint64 {
+	var m uint64
+	for p := range a.n {
+		if a.shares[p] != nil {
+			m |= 1 << p
+		}
+	}
+	return m
+}
+
 // placeExclusive chooses c.count GPUs; held are GPUs the owner keeps (a
 // resize), which count toward c.count.
 func (a *Allocator) placeExclusive(c compiled, held uint64) (uint64, error) {
@@ -470,7 +483,12 @@ func (a *Allocator) placeExclusive(c compiled, held uint64) (uint64, error) {
 	if avail < c.count {
 		return 0, &InsufficientError{Requested: c.count, Free: bits.OnesCount64(free &^ held)}
 	}
-	set := a.choose(a.cfg.policy, free|must, must, c.count, c.affinity, c.hasAff)
+	// Keep shareable GPUs for shares while other GPUs can serve.
+	cands := free | must
+	if whole := cands &^ a.shareable() | must; bits.OnesCount64(whole) >= c.count {
+		cands = whole
+	}
+	set := a.choose(a.cfg.policy, cands, must, c.count, c.affinity, c.hasAff)
 	return set, nil
 }
 

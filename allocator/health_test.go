@@ -1,0 +1,154 @@
+package allocator_test
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/gpuiso/gpuiso/allocator"
+)
+
+func TestMarkUnhealthyHealthy(t *testing.T) {
+	ctx := context.Background()
+	a := newAllocator(t, "dgx1-volta")
+	mustAllocate(t, a, "job", allocator.Request{Devices: []string{"2", "3"}})
+	owners, err := a.MarkUnhealthy(ctx, "3", "XID 48")
+	if err != nil || !slices.Equal(owners, []string{"job"}) {
+		t.Fatalf("owners %v, err %v", owners, err)
+	}
+	if owners, err := a.MarkUnhealthy(ctx, "0", "test"); err != nil || len(owners) != 0 {
+		t.Fatalf("free GPU: owners %v, err %v", owners, err)
+	}
+	if h := a.Devices()[3].Health; h.Healthy || h.Reason != "XID 48" {
+		t.Fatalf("health %v", h)
+	}
+	// The owner keeps its GPU; it is not handed out after release.
+	if err := a.Release(ctx, "job"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Allocate(ctx, "x", allocator.Request{Devices: []string{"3"}}); !errors.Is(err, allocator.ErrDeviceUnavailable) {
+		t.Fatalf("unhealthy GPU handed out: %v", err)
+	}
+	if _, err := a.Allocate(ctx, "x", allocator.Request{Count: 7}); !errors.Is(err, allocator.ErrInsufficient) {
+		t.Fatalf("7 of 6 healthy: %v", err)
+	}
+	if err := a.MarkHealthy(ctx, "3"); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.MarkHealthy(ctx, "GPU-none"); !errors.Is(err, allocator.ErrUnknownDevice) {
+		t.Fatal(err)
+	}
+	mustAllocate(t, a, "x", allocator.Request{Count: 7})
+}
+
+func TestMonitor(t *testing.T) {
+	node := newNode(t, "dgx1-volta")
+	inv := inventory(t, "dgx1-volta")
+	a, err := allocator.New(inv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustAllocate(t, a, "job", allocator.Request{Devices: []string{"2", "3"}})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	events := make(chan allocator.HealthEvent, 8)
+	done := make(chan error, 1)
+	go func() { done <- a.Monitor(ctx, node.NVML(), func(e allocator.HealthEvent) { events <- e }) }()
+
+	next := func() allocator.HealthEvent {
+		t.Helper()
+		select {
+		case e := <-events:
+			return e
+		case err := <-done:
+			t.Fatalf("monitor stopped: %v", err)
+		case <-time.After(10 * time.Second):
+			t.Fatal("no health event")
+		}
+		return allocator.HealthEvent{}
+	}
+	// The monitor registers its event set asynchronously: repeat the
+	// application XID (ignored) until the critical one after it is seen.
+	deadline := time.Now().Add(10 * time.Second)
+	var e allocator.HealthEvent
+	for got := false; !got; {
+		if time.Now().After(deadline) {
+			t.Fatal("monitor never saw an event")
+		}
+		for _, xid := range []uint64{13, 31, 43, 45, 68, 109} {
+			if err := node.InjectXID(2, xid); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := node.InjectXID(2, 48); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case e = <-events:
+			got = true
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+	if e.Device.Index != 2 || e.XID != 48 || !slices.Equal(e.Owners, []string{"job"}) || e.Device.Health.Healthy || e.Err != nil {
+		t.Fatalf("event %+v", e)
+	}
+	// Drain repeats of XID 48 from the registration loop.
+	for len(events) > 0 {
+		<-events
+	}
+	if err := node.Lose(5); err != nil {
+		t.Fatal(err)
+	}
+	for e = next(); e.Device.Index == 2; e = next() {
+	}
+	if e.Device.Index != 5 || e.XID != 79 || len(e.Owners) != 0 {
+		t.Fatalf("lost GPU event %+v", e)
+	}
+	// Placement goes on for the others.
+	al := mustAllocate(t, a, "rest", allocator.Request{Count: 5})
+	for _, d := range al.Devices {
+		if d.Index == 2 || d.Index == 5 {
+			t.Fatalf("unhealthy GPU %d handed out", d.Index)
+		}
+	}
+	if err := node.Restore(5); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.MarkHealthy(context.Background(), "5"); err != nil {
+		t.Fatal(err)
+	}
+	if got := indexes(mustAllocate(t, a, "back", allocator.Request{Count: 1})); !slices.Equal(got, []int{5}) {
+		t.Fatalf("restored GPU not handed out: %v", got)
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("monitor returned %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("monitor ignores cancellation")
+	}
+}
+
+func TestApplicationXID(t *testing.T) {
+	for _, x := range []uint64{13, 31, 43, 45, 68, 109} {
+		if !allocator.ApplicationXID(x) {
+			t.Errorf("XID %d not an application error", x)
+		}
+	}
+	for _, x := range []uint64{48, 63, 64, 74, 79, 94, 95} {
+		if allocator.ApplicationXID(x) {
+			t.Errorf("XID %d taken for an application error", x)
+		}
+	}
+}
+
+func TestMonitorArguments(t *testing.T) {
+	a := newAllocator(t, "rtx8000x4")
+	if err := a.Monitor(context.Background(), nil, func(allocator.HealthEvent) {}); !errors.Is(err, allocator.ErrInvalidRequest) {
+		t.Fatal(err)
+	}
+}
