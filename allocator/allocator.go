@@ -485,7 +485,7 @@ func (a *Allocator) placeExclusive(c compiled, held uint64) (uint64, error) {
 	}
 	// Keep shareable GPUs for shares while other GPUs can serve.
 	cands := free | must
-	if whole := cands &^ a.shareable() | must; bits.OnesCount64(whole) >= c.count {
+	if whole := cands&^a.shareable() | must; bits.OnesCount64(whole) >= c.count {
 		cands = whole
 	}
 	set := a.choose(a.cfg.policy, cands, must, c.count, c.affinity, c.hasAff)
