@@ -31,6 +31,10 @@ type Allocator struct {
 	n      int
 	pair   []int64 // n*n link scores
 	maxLnk int64
+	all    uint64 // mask of every position
+	sw     []int  // by position: lowest position behind the same PCIe switch
+	numa   []int  // by position: dense NUMA group number
+	groups int    // number of NUMA groups
 	cfg    settings
 
 	mu        sync.Mutex
@@ -160,6 +164,21 @@ func New(inv *Inventory, opts ...Setting) (*Allocator, error) {
 			a.maxLnk = max(a.maxLnk, sc)
 		}
 	}
+	if n > 0 {
+		a.all = ^uint64(0) >> (64 - n)
+	}
+	a.sw = a.switchOf()
+	a.numa = make([]int, n)
+	ids := map[int]int{}
+	for p, d := range a.inv.Devices {
+		g, ok := ids[d.NUMANode]
+		if !ok {
+			g = len(ids)
+			ids[d.NUMANode] = g
+		}
+		a.numa[p] = g
+	}
+	a.groups = len(ids)
 	for _, ref := range s.shareable {
 		i, err := a.resolve(ref)
 		if err != nil {
@@ -233,12 +252,31 @@ type Request struct {
 	MemoryBytes uint64 `json:"memoryBytes,omitempty"`
 }
 
+// DeviceRef identifies an allocated GPU: what an isolator needs to expose
+// it to a container. The full Device is in Allocator.Devices.
+type DeviceRef struct {
+	// Index is NVML's index of the GPU.
+	Index int `json:"index"`
+	// Minor is the minor number of /dev/nvidia<Minor>, or NoMinor.
+	Minor int `json:"minor"`
+	// UUID is NVML's "GPU-..." identifier.
+	UUID string `json:"uuid,omitempty"`
+	// BusID is the PCI address, "0000:xx:yy.z".
+	BusID string `json:"busId,omitempty"`
+	// Model is the product name.
+	Model string `json:"model,omitempty"`
+}
+
+func refOf(d *Device) DeviceRef {
+	return DeviceRef{Index: d.Index, Minor: d.Minor, UUID: d.UUID, BusID: d.BusID, Model: d.Model}
+}
+
 // Allocation is what an owner holds.
 type Allocation struct {
 	Owner string `json:"owner"`
 	Group string `json:"group,omitempty"`
-	// Devices are the GPUs, in inventory order (copies).
-	Devices []Device `json:"devices"`
+	// Devices are the GPUs, in inventory order.
+	Devices []DeviceRef `json:"devices"`
 	// Shared tells whether this is a slice of one GPU's memory.
 	Shared bool `json:"shared,omitempty"`
 	// MemoryBytes is the memory of a shared allocation.
@@ -362,7 +400,13 @@ func (a *Allocator) compile(r Request) (compiled, error) {
 			return c, fmt.Errorf("%w: %w", ErrInvalidRequest, err)
 		}
 	}
-	c.affinity = make([]int64, a.n)
+	if model == "" && len(r.Constraints) == 0 && len(r.Affinities) == 0 {
+		c.match = a.all
+		return c, nil
+	}
+	if len(r.Affinities) > 0 {
+		c.affinity = make([]int64, a.n)
+	}
 	for p := range a.n {
 		d := &a.inv.Devices[p]
 		ok := model == "" || strings.EqualFold(d.Model, model)
@@ -443,7 +487,9 @@ func (a *Allocator) allocate(ctx context.Context, owner string, r Request) (Allo
 	if err := a.persist(ctx, func() { a.apply(owner, nil) }); err != nil {
 		return Allocation{}, err
 	}
-	a.cfg.logger.Debug("allocated", "owner", owner, "devices", a.positions(h.devices), "shared", h.shared, "memory", h.memory)
+	if a.cfg.logger.Enabled(ctx, slog.LevelDebug) {
+		a.cfg.logger.Debug("allocated", "owner", owner, "devices", a.positions(h.devices), "shared", h.shared, "memory", h.memory)
+	}
 	return a.allocation(owner, h), nil
 }
 
@@ -650,23 +696,27 @@ func (a *Allocator) name(p int) string {
 
 func (a *Allocator) allocation(owner string, h *holding) Allocation {
 	al := Allocation{Owner: owner, Group: h.group}
-	var uuids []string
 	if h.shared >= 0 {
 		al.Shared, al.MemoryBytes = true, h.memory
-		al.Devices = []Device{a.inv.Devices[h.shared].Clone()}
+		al.Devices = []DeviceRef{refOf(&a.inv.Devices[h.shared])}
 	} else {
-		for _, p := range a.positions(h.devices) {
-			al.Devices = append(al.Devices, a.inv.Devices[p].Clone())
+		al.Devices = make([]DeviceRef, 0, bits.OnesCount64(h.devices))
+		for m := h.devices; m != 0; m &= m - 1 {
+			al.Devices = append(al.Devices, refOf(&a.inv.Devices[bits.TrailingZeros64(m)]))
 		}
 	}
-	for _, d := range al.Devices {
-		id := d.UUID
-		if id == "" {
-			id = strconv.Itoa(d.Index)
+	var visible strings.Builder
+	for i, d := range al.Devices {
+		if i > 0 {
+			visible.WriteByte(',')
 		}
-		uuids = append(uuids, id)
+		if d.UUID != "" {
+			visible.WriteString(d.UUID)
+		} else {
+			visible.WriteString(strconv.Itoa(d.Index))
+		}
 	}
-	al.Env = map[string]string{"NVIDIA_VISIBLE_DEVICES": strings.Join(uuids, ",")}
+	al.Env = map[string]string{"NVIDIA_VISIBLE_DEVICES": visible.String()}
 	if al.Shared {
 		mib := max(h.memory>>20, 1)
 		al.Env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = "0=" + strconv.FormatUint(mib, 10) + "M"
@@ -696,7 +746,9 @@ func (a *Allocator) release(ctx context.Context, owner string) error {
 	if err := a.persist(ctx, func() { a.apply(owner, h) }); err != nil {
 		return err
 	}
-	a.cfg.logger.Debug("released", "owner", owner)
+	if a.cfg.logger.Enabled(ctx, slog.LevelDebug) {
+		a.cfg.logger.Debug("released", "owner", owner)
+	}
 	return nil
 }
 

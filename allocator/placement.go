@@ -249,20 +249,20 @@ func abs64(v int64) int64 {
 // before one that cannot, fuller NUMA nodes and PCIe switches first, then
 // position.
 func (a *Allocator) packKey(cands uint64) func(p, need int) [4]int {
-	numaFree := map[int]int{}
+	numaFree := make([]int, a.groups)
 	swFree := make([]int, a.n)
-	sw := a.switchOf()
-	for _, p := range a.positions(cands) {
-		numaFree[a.inv.Devices[p].NUMANode]++
-		swFree[sw[p]]++
+	for m := cands; m != 0; m &= m - 1 {
+		p := bits.TrailingZeros64(m)
+		numaFree[a.numa[p]]++
+		swFree[a.sw[p]]++
 	}
 	return func(p, need int) [4]int {
-		nf := numaFree[a.inv.Devices[p].NUMANode]
+		nf := numaFree[a.numa[p]]
 		fits := 1
 		if nf >= need {
 			fits = 0
 		}
-		return [4]int{fits, nf, swFree[sw[p]], p}
+		return [4]int{fits, nf, swFree[a.sw[p]], p}
 	}
 }
 
@@ -332,12 +332,14 @@ func cmpInt64(x, y int64) int {
 func (a *Allocator) spread(cands, must uint64, k int, aff []int64) uint64 {
 	set := must
 	left := cands &^ must
-	sw := a.switchOf()
+	sw := a.sw
+	numaLeft := make([]int, a.groups)
+	swLeft := make([]int, a.n)
 	for bits.OnesCount64(set) < k {
-		numaLeft := map[int]int{}
-		swLeft := make([]int, a.n)
+		clear(numaLeft)
+		clear(swLeft)
 		for _, p := range a.positions(left) {
-			numaLeft[a.inv.Devices[p].NUMANode]++
+			numaLeft[a.numa[p]]++
 			swLeft[sw[p]]++
 		}
 		best := -1
@@ -352,9 +354,9 @@ func (a *Allocator) spread(cands, must uint64, k int, aff []int64) uint64 {
 				}
 				continue
 			}
-			np, nb := a.inv.Devices[p].NUMANode, a.inv.Devices[best].NUMANode
+			np, nb := a.numa[p], a.numa[best]
 			switch {
-			case numaLeft[np] > numaLeft[nb], numaLeft[np] == numaLeft[nb] && np < nb:
+			case numaLeft[np] > numaLeft[nb], numaLeft[np] == numaLeft[nb] && a.inv.Devices[p].NUMANode < a.inv.Devices[best].NUMANode:
 				best = p
 			case np == nb && swLeft[sw[p]] > swLeft[sw[best]]:
 				best = p
