@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"unicode/utf8"
 )
 
 // MaxDevices is the most GPUs an Allocator manages.
@@ -288,8 +289,8 @@ type Allocation struct {
 }
 
 // ValidateOwner checks that an owner id can become part of a cgroup path:
-// not empty, at most MaxOwnerLen bytes, no "/", no "..", no control
-// characters.
+// not empty, at most MaxOwnerLen bytes of UTF-8, no "/", no "..", no
+// control characters.
 func ValidateOwner(owner string) error {
 	bad := func(why string) error { return &InvalidOwnerError{Owner: owner, Reason: why} }
 	switch {
@@ -303,6 +304,8 @@ func ValidateOwner(owner string) error {
 		return bad(`holds ".."`)
 	case owner == ".":
 		return bad(`is "."`)
+	case !utf8.ValidString(owner):
+		return bad("not valid UTF-8")
 	}
 	for _, r := range owner {
 		if r < 0x20 || r == 0x7f || (r >= 0x80 && r < 0xa0) {

@@ -102,7 +102,7 @@ func TestInsufficientError(t *testing.T) {
 
 func TestOwnerValidation(t *testing.T) {
 	a := newAllocator(t, "rtx8000x4")
-	for _, owner := range []string{"", "/", "a/b", "..", "x..y", ".", "tab\there", "nl\n", "del\x7f", strings.Repeat("a", 129)} {
+	for _, owner := range []string{"", "/", "a/b", "..", "x..y", ".", "tab\there", "nl\n", "del\x7f", "bad\xff", strings.Repeat("a", 129)} {
 		_, err := a.Allocate(context.Background(), owner, allocator.Request{Count: 1})
 		var oe *allocator.InvalidOwnerError
 		if !errors.As(err, &oe) || !errors.Is(err, allocator.ErrInvalidOwner) {
