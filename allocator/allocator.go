@@ -201,7 +201,7 @@ func New(inv *Inventory, opts ...Setting) (*Allocator, error) {
 		}
 		if saved != nil {
 			if err := a.restore(saved); err != nil {
-				return nil, fmt.Errorf("new allocator: %w", &StateError{File: st.path(), Err: fmt.Errorf("%w", err)})
+				return nil, fmt.Errorf("new allocator: %w", &StateError{File: st.path(), Err: err})
 			}
 		}
 	}
