@@ -12,7 +12,7 @@ import (
 )
 
 func TestAllocateRequests(t *testing.T) {
-	inv := inventory(t, "dgx1-volta")
+	inv := simInv(t, "dgx1-volta")
 	tests := []struct {
 		name string
 		req  allocator.Request
@@ -65,8 +65,8 @@ func TestAllocateRequests(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if tt.want != nil && !slices.Equal(indexes(al), tt.want) {
-				t.Fatalf("got %v, want %v", indexes(al), tt.want)
+			if tt.want != nil && !slices.Equal(allocIndexes(al), tt.want) {
+				t.Fatalf("got %v, want %v", allocIndexes(al), tt.want)
 			}
 			if al.Owner != "task-1" || len(al.Env["NVIDIA_VISIBLE_DEVICES"]) == 0 {
 				t.Fatalf("allocation %+v", al)
@@ -79,9 +79,9 @@ func TestAllocateRequests(t *testing.T) {
 }
 
 func TestInsufficientError(t *testing.T) {
-	a := newAllocator(t, "dgx1-volta")
+	a := newAlloc(t, "dgx1-volta")
 	ctx := context.Background()
-	mustAllocate(t, a, "a", allocator.Request{Count: 6})
+	allocOK(t, a, "a", allocator.Request{Count: 6})
 	_, err := a.Allocate(ctx, "b", allocator.Request{Count: 3})
 	var ie *allocator.InsufficientError
 	if !errors.As(err, &ie) || ie.Requested != 3 || ie.Free != 2 || !errors.Is(err, allocator.ErrInsufficient) {
@@ -101,7 +101,7 @@ func TestInsufficientError(t *testing.T) {
 }
 
 func TestOwnerValidation(t *testing.T) {
-	a := newAllocator(t, "rtx8000x4")
+	a := newAlloc(t, "rtx8000x4")
 	for _, owner := range []string{"", "/", "a/b", "..", "x..y", ".", "tab\there", "nl\n", "del\x7f", "bad\xff", strings.Repeat("a", 129)} {
 		_, err := a.Allocate(context.Background(), owner, allocator.Request{Count: 1})
 		var oe *allocator.InvalidOwnerError
@@ -121,9 +121,9 @@ func TestOwnerValidation(t *testing.T) {
 
 func TestReleaseResizeOwners(t *testing.T) {
 	ctx := context.Background()
-	a := newAllocator(t, "dgx1-volta")
-	al := mustAllocate(t, a, "job", allocator.Request{Count: 2})
-	if got := indexes(al); !slices.Equal(got, []int{2, 3}) {
+	a := newAlloc(t, "dgx1-volta")
+	al := allocOK(t, a, "job", allocator.Request{Count: 2})
+	if got := allocIndexes(al); !slices.Equal(got, []int{2, 3}) {
 		t.Fatalf("first pair %v", got)
 	}
 	owners, err := a.Owners("3")
@@ -141,7 +141,7 @@ func TestReleaseResizeOwners(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := indexes(al); !slices.Equal(got, []int{0, 1, 2, 3}) {
+	if got := allocIndexes(al); !slices.Equal(got, []int{0, 1, 2, 3}) {
 		t.Fatalf("grown %v", got)
 	}
 	// Shrink keeps the best-connected pair.
@@ -149,7 +149,7 @@ func TestReleaseResizeOwners(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := indexes(al); !slices.Equal(got, []int{2, 3}) {
+	if got := allocIndexes(al); !slices.Equal(got, []int{2, 3}) {
 		t.Fatalf("shrunk %v", got)
 	}
 	if _, err := a.Resize(ctx, "job", 9); !errors.Is(err, allocator.ErrInvalidRequest) {
@@ -158,11 +158,11 @@ func TestReleaseResizeOwners(t *testing.T) {
 	if _, err := a.Resize(ctx, "nobody", 1); !errors.Is(err, allocator.ErrUnknownOwner) {
 		t.Fatal(err)
 	}
-	mustAllocate(t, a, "other", allocator.Request{Count: 6})
+	allocOK(t, a, "other", allocator.Request{Count: 6})
 	if _, err := a.Resize(ctx, "job", 3); !errors.Is(err, allocator.ErrInsufficient) {
 		t.Fatalf("grow on a full node: %v", err)
 	}
-	if got := indexes(a.Allocations()[0]); !slices.Equal(got, []int{2, 3}) {
+	if got := allocIndexes(a.Allocations()[0]); !slices.Equal(got, []int{2, 3}) {
 		t.Fatalf("failed resize changed the allocation: %v", got)
 	}
 	if err := a.Release(ctx, "job"); err != nil {
@@ -185,8 +185,8 @@ func TestReleaseResizeOwners(t *testing.T) {
 
 func TestQuota(t *testing.T) {
 	ctx := context.Background()
-	a := newAllocator(t, "dgx1-volta", allocator.WithQuota("team-a", 3))
-	mustAllocate(t, a, "a1", allocator.Request{Count: 2, Group: "team-a"})
+	a := newAlloc(t, "dgx1-volta", allocator.WithQuota("team-a", 3))
+	allocOK(t, a, "a1", allocator.Request{Count: 2, Group: "team-a"})
 	_, err := a.Allocate(ctx, "a2", allocator.Request{Count: 2, Group: "team-a"})
 	var qe *allocator.QuotaError
 	if !errors.As(err, &qe) || qe.Limit != 3 || qe.Used != 2 || qe.Requested != 2 || !errors.Is(err, allocator.ErrQuotaExceeded) {
@@ -195,33 +195,33 @@ func TestQuota(t *testing.T) {
 	if len(a.Allocations()) != 1 || len(a.Free()) != 6 {
 		t.Fatal("quota error changed the allocator")
 	}
-	mustAllocate(t, a, "a2", allocator.Request{Count: 1, Group: "team-a"})
-	mustAllocate(t, a, "b1", allocator.Request{Count: 4, Group: "team-b"})
+	allocOK(t, a, "a2", allocator.Request{Count: 1, Group: "team-a"})
+	allocOK(t, a, "b1", allocator.Request{Count: 4, Group: "team-b"})
 	if _, err := a.Resize(ctx, "a2", 2); !errors.Is(err, allocator.ErrQuotaExceeded) {
 		t.Fatalf("resize over quota: %v", err)
 	}
-	if _, err := allocator.New(inventory(t, "dgx1-volta"), allocator.WithQuota("", 1)); err == nil {
+	if _, err := allocator.New(simInv(t, "dgx1-volta"), allocator.WithQuota("", 1)); err == nil {
 		t.Fatal("empty quota group accepted")
 	}
 }
 
 func TestSharedByMemory(t *testing.T) {
 	ctx := context.Background()
-	a := newAllocator(t, "rtx8000x4", allocator.WithShared("0", "1"))
+	a := newAlloc(t, "rtx8000x4", allocator.WithShared("0", "1"))
 	mem := a.Devices()[0].MemoryBytes
 	if mem == 0 {
 		t.Fatal("no memory in the inventory")
 	}
-	s1 := mustAllocate(t, a, "s1", allocator.Request{MemoryBytes: mem / 2})
+	s1 := allocOK(t, a, "s1", allocator.Request{MemoryBytes: mem / 2})
 	if !s1.Shared || s1.Devices[0].Index != 0 || s1.Env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] != fmt.Sprintf("0=%dM", mem/2>>20) {
 		t.Fatalf("s1 = %+v", s1)
 	}
 	// Best fit: the rest of GPU 0 before an empty GPU 1.
-	s2 := mustAllocate(t, a, "s2", allocator.Request{MemoryBytes: mem / 4})
+	s2 := allocOK(t, a, "s2", allocator.Request{MemoryBytes: mem / 4})
 	if s2.Devices[0].Index != 0 {
 		t.Fatalf("s2 on %d", s2.Devices[0].Index)
 	}
-	s3 := mustAllocate(t, a, "s3", allocator.Request{MemoryBytes: mem / 2})
+	s3 := allocOK(t, a, "s3", allocator.Request{MemoryBytes: mem / 2})
 	if s3.Devices[0].Index != 1 {
 		t.Fatalf("s3 on %d", s3.Devices[0].Index)
 	}
@@ -234,7 +234,7 @@ func TestSharedByMemory(t *testing.T) {
 	if !errors.Is(err, allocator.ErrDeviceUnavailable) {
 		t.Fatalf("exclusive on a shared GPU: %v", err)
 	}
-	mustAllocate(t, a, "whole", allocator.Request{Count: 2})
+	allocOK(t, a, "whole", allocator.Request{Count: 2})
 	_, err = a.Allocate(ctx, "s5", allocator.Request{MemoryBytes: 1, Devices: []string{"2"}})
 	if !errors.Is(err, allocator.ErrDeviceUnavailable) {
 		t.Fatalf("share of a non-shareable GPU: %v", err)
@@ -253,11 +253,11 @@ func TestSharedByMemory(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	mustAllocate(t, a, "all", allocator.Request{Count: 4})
+	allocOK(t, a, "all", allocator.Request{Count: 4})
 }
 
 func TestNodeAttributesAndLabels(t *testing.T) {
-	a := newAllocator(t, "dgx1-volta")
+	a := newAlloc(t, "dgx1-volta")
 	attrs := a.NodeAttributes()
 	want := map[string]string{"gpus": "8", "gpus_total": "8", "gpu_models": "Tesla V100-SXM2-16GB", "gpu_memory_mib": "16384", "driver_version": "535.104.05"}
 	for k, v := range want {
@@ -291,7 +291,7 @@ func TestNodeAttributesAndLabels(t *testing.T) {
 }
 
 func TestNewSettings(t *testing.T) {
-	inv := inventory(t, "dgx1-volta")
+	inv := simInv(t, "dgx1-volta")
 	for name, s := range map[string]allocator.Setting{
 		"bad policy":     allocator.WithPolicy("best"),
 		"empty dir":      allocator.WithStateDir(""),
@@ -309,7 +309,7 @@ func TestNewSettings(t *testing.T) {
 }
 
 func TestCanceledContext(t *testing.T) {
-	a := newAllocator(t, "rtx8000x4")
+	a := newAlloc(t, "rtx8000x4")
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	if _, err := a.Allocate(ctx, "x", allocator.Request{Count: 1}); !errors.Is(err, context.Canceled) {

@@ -94,7 +94,7 @@ type benchCase struct {
 	cands    []int
 }
 
-func positionsOf(m uint64) []int {
+func benchPositions(m uint64) []int {
 	var out []int
 	for m != 0 {
 		p := bits.TrailingZeros64(m)
@@ -111,13 +111,13 @@ func positionsOf(m uint64) []int {
 // are left out unless GPUISO_BENCH_SLOW=1.
 func BenchmarkPlace(b *testing.B) {
 	cases := []benchCase{
-		{"dgx1-volta", "all", positionsOf(0xff)},
-		{"dgx1-volta", "0-2,4-6", positionsOf(0x77)},
-		{"dgx1-volta", "1,3-6", positionsOf(0x7a)},
-		{"dgx1-volta", "1-6", positionsOf(0x7e)},
-		{"dgx2", "all", positionsOf(0xffff)},
-		{"dgx2", "odd", positionsOf(0xaaaa)},
-		{"2xdgx1-volta", "all", positionsOf(0xffff)},
+		{"dgx1-volta", "all", benchPositions(0xff)},
+		{"dgx1-volta", "0-2,4-6", benchPositions(0x77)},
+		{"dgx1-volta", "1,3-6", benchPositions(0x7a)},
+		{"dgx1-volta", "1-6", benchPositions(0x7e)},
+		{"dgx2", "all", benchPositions(0xffff)},
+		{"dgx2", "odd", benchPositions(0xaaaa)},
+		{"2xdgx1-volta", "all", benchPositions(0xffff)},
 	}
 	slow := os.Getenv("GPUISO_BENCH_SLOW") != ""
 	for _, c := range cases {
@@ -125,7 +125,7 @@ func BenchmarkPlace(b *testing.B) {
 		if c.topology == "2xdgx1-volta" {
 			a = newTwoDGX1(b)
 		} else {
-			a = newAllocator(b, c.topology)
+			a = newAlloc(b, c.topology)
 		}
 		devs := theirDevices(a.Topology())
 		sizes := []int{1, 2, 3, 4}
@@ -167,7 +167,7 @@ func BenchmarkPlaceLatency(b *testing.B) {
 			if name == "2xdgx1-volta" {
 				a = newTwoDGX1(b)
 			} else {
-				a = newAllocator(b, name)
+				a = newAlloc(b, name)
 			}
 			n := a.Topology().Len()
 			rng := rand.New(rand.NewPCG(1, 1))
@@ -177,7 +177,7 @@ func BenchmarkPlaceLatency(b *testing.B) {
 			}
 			inputs := make([]input, 4096)
 			for i := range inputs {
-				c := positionsOf(rng.Uint64N(1<<n-1) + 1)
+				c := benchPositions(rng.Uint64N(1<<n-1) + 1)
 				inputs[i] = input{c, 1 + rng.IntN(len(c))}
 			}
 			lat := make([]time.Duration, 0, len(inputs))
@@ -215,8 +215,8 @@ func BenchmarkAllocateRelease(b *testing.B) {
 				if durable {
 					opts = append(opts, allocator.WithStateDir(b.TempDir()))
 				}
-				a := newAllocator(b, "dgx1-volta", opts...)
-				mustAllocate(b, a, "resident", allocator.Request{Count: 3})
+				a := newAlloc(b, "dgx1-volta", opts...)
+				allocOK(b, a, "resident", allocator.Request{Count: 3})
 				req := allocator.Request{Count: 2}
 				for b.Loop() {
 					if _, err := a.Allocate(ctx, "task", req); err != nil {
@@ -238,11 +238,11 @@ func BenchmarkAllocateRelease(b *testing.B) {
 func TestScoreNotBelowGoGPUAllocator(t *testing.T) {
 	better := 0
 	for _, name := range []string{"dgx1-volta", "dgx1-pascal", "rtx8000x4"} {
-		a := newAllocator(t, name)
+		a := newAlloc(t, name)
 		devs := theirDevices(a.Topology())
 		n := a.Topology().Len()
 		for mask := uint64(1); mask < 1<<n; mask++ {
-			cands := positionsOf(mask)
+			cands := benchPositions(mask)
 			for k := 2; k <= min(4, len(cands)); k++ {
 				ours := allocator.Choose(a, allocator.PolicyTopology, cands, nil, k, nil)
 				theirs := theirChoice(devs, cands, k)

@@ -44,7 +44,7 @@ func FuzzAllocateRequest(f *testing.F) {
 		`{"memoryBytes":1073741824}`, `{"count":-3}`, `{"count":3,"group":"g"}`} {
 		f.Add([]byte(s))
 	}
-	inv := inventory(f, "dgx1-volta")
+	inv := simInv(f, "dgx1-volta")
 	f.Fuzz(func(t *testing.T, b []byte) {
 		var r allocator.Request
 		if json.Unmarshal(b, &r) != nil {

@@ -12,8 +12,8 @@ import (
 
 func TestMarkUnhealthyHealthy(t *testing.T) {
 	ctx := context.Background()
-	a := newAllocator(t, "dgx1-volta")
-	mustAllocate(t, a, "job", allocator.Request{Devices: []string{"2", "3"}})
+	a := newAlloc(t, "dgx1-volta")
+	allocOK(t, a, "job", allocator.Request{Devices: []string{"2", "3"}})
 	owners, err := a.MarkUnhealthy(ctx, "3", "XID 48")
 	if err != nil || !slices.Equal(owners, []string{"job"}) {
 		t.Fatalf("owners %v, err %v", owners, err)
@@ -40,17 +40,17 @@ func TestMarkUnhealthyHealthy(t *testing.T) {
 	if err := a.MarkHealthy(ctx, "GPU-none"); !errors.Is(err, allocator.ErrUnknownDevice) {
 		t.Fatal(err)
 	}
-	mustAllocate(t, a, "x", allocator.Request{Count: 7})
+	allocOK(t, a, "x", allocator.Request{Count: 7})
 }
 
 func TestMonitor(t *testing.T) {
 	node := newNode(t, "dgx1-volta")
-	inv := inventory(t, "dgx1-volta")
+	inv := simInv(t, "dgx1-volta")
 	a, err := allocator.New(inv)
 	if err != nil {
 		t.Fatal(err)
 	}
-	mustAllocate(t, a, "job", allocator.Request{Devices: []string{"2", "3"}})
+	allocOK(t, a, "job", allocator.Request{Devices: []string{"2", "3"}})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	events := make(chan allocator.HealthEvent, 8)
@@ -107,7 +107,7 @@ func TestMonitor(t *testing.T) {
 		t.Fatalf("lost GPU event %+v", e)
 	}
 	// Placement goes on for the others.
-	al := mustAllocate(t, a, "rest", allocator.Request{Count: 5})
+	al := allocOK(t, a, "rest", allocator.Request{Count: 5})
 	for _, d := range al.Devices {
 		if d.Index == 2 || d.Index == 5 {
 			t.Fatalf("unhealthy GPU %d handed out", d.Index)
@@ -119,7 +119,7 @@ func TestMonitor(t *testing.T) {
 	if err := a.MarkHealthy(context.Background(), "5"); err != nil {
 		t.Fatal(err)
 	}
-	if got := indexes(mustAllocate(t, a, "back", allocator.Request{Count: 1})); !slices.Equal(got, []int{5}) {
+	if got := allocIndexes(allocOK(t, a, "back", allocator.Request{Count: 1})); !slices.Equal(got, []int{5}) {
 		t.Fatalf("restored GPU not handed out: %v", got)
 	}
 	cancel()
@@ -147,7 +147,7 @@ func TestApplicationXID(t *testing.T) {
 }
 
 func TestMonitorArguments(t *testing.T) {
-	a := newAllocator(t, "rtx8000x4")
+	a := newAlloc(t, "rtx8000x4")
 	if err := a.Monitor(context.Background(), nil, func(allocator.HealthEvent) {}); !errors.Is(err, allocator.ErrInvalidRequest) {
 		t.Fatal(err)
 	}

@@ -42,7 +42,7 @@ func simInventory(name string) (*allocator.Inventory, error) {
 	return inv.Clone(), nil
 }
 
-func inventory(tb testing.TB, name string) *allocator.Inventory {
+func simInv(tb testing.TB, name string) *allocator.Inventory {
 	tb.Helper()
 	inv, err := simInventory(name)
 	if err != nil {
@@ -51,16 +51,16 @@ func inventory(tb testing.TB, name string) *allocator.Inventory {
 	return inv
 }
 
-func newAllocator(tb testing.TB, name string, opts ...allocator.Setting) *allocator.Allocator {
+func newAlloc(tb testing.TB, name string, opts ...allocator.Setting) *allocator.Allocator {
 	tb.Helper()
-	a, err := allocator.New(inventory(tb, name), opts...)
+	a, err := allocator.New(simInv(tb, name), opts...)
 	if err != nil {
 		tb.Fatal(err)
 	}
 	return a
 }
 
-func indexes(al allocator.Allocation) []int {
+func allocIndexes(al allocator.Allocation) []int {
 	out := make([]int, len(al.Devices))
 	for i, d := range al.Devices {
 		out[i] = d.Index
@@ -68,7 +68,7 @@ func indexes(al allocator.Allocation) []int {
 	return out
 }
 
-func mustAllocate(tb testing.TB, a *allocator.Allocator, owner string, r allocator.Request) allocator.Allocation {
+func allocOK(tb testing.TB, a *allocator.Allocator, owner string, r allocator.Request) allocator.Allocation {
 	tb.Helper()
 	al, err := a.Allocate(context.Background(), owner, r)
 	if err != nil {

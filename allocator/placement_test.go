@@ -12,9 +12,9 @@ import (
 
 // key is what the topology policy maximises, in order: affinity, link
 // score, then minus the links the set has to the other candidates.
-type key [3]int64
+type placeKey [3]int64
 
-func less(a, b key) bool {
+func placeLess(a, b placeKey) bool {
 	for i := range a {
 		if a[i] != b[i] {
 			return a[i] < b[i]
@@ -26,9 +26,9 @@ func less(a, b key) bool {
 // bruteForce enumerates every k-subset of cands (positions, ascending)
 // containing must, in lexicographic order, and returns the first with the
 // greatest key.
-func bruteForce(topo *allocator.Topology, cands, must []int, k int, aff []int64) ([]int, key) {
+func bruteForce(topo *allocator.Topology, cands, must []int, k int, aff []int64) ([]int, placeKey) {
 	var best []int
-	var bestKey key
+	var bestKey placeKey
 	var set []int
 	var rec func(from int)
 	rec = func(from int) {
@@ -38,7 +38,7 @@ func bruteForce(topo *allocator.Topology, cands, must []int, k int, aff []int64)
 					return
 				}
 			}
-			var kk key
+			var kk placeKey
 			for x, p := range set {
 				if aff != nil {
 					kk[0] += aff[p]
@@ -52,7 +52,7 @@ func bruteForce(topo *allocator.Topology, cands, must []int, k int, aff []int64)
 					}
 				}
 			}
-			if best == nil || less(bestKey, kk) {
+			if best == nil || placeLess(bestKey, kk) {
 				best, bestKey = slices.Clone(set), kk
 			}
 			return
@@ -85,14 +85,14 @@ func bruteSingle(topo *allocator.Topology, cands []int, aff []int64) int {
 			af = aff[p]
 		}
 		k := [3]int64{af, -mx, -sum}
-		if best < 0 || less(bk, k) {
+		if best < 0 || placeLess(bk, k) {
 			best, bk = p, k
 		}
 	}
 	return best
 }
 
-func maskPositions(m uint64) []int {
+func placePositions(m uint64) []int {
 	var out []int
 	for m != 0 {
 		p := bits.TrailingZeros64(m)
@@ -131,10 +131,10 @@ func checkPlacement(t *testing.T, a *allocator.Allocator, cands, must []int, k i
 func TestTopologyOptimalSmallNodes(t *testing.T) {
 	for _, name := range []string{"dgx1-volta", "dgx1-pascal", "dgx-a100", "hgx-h100", "rtx8000x4", "pcie8"} {
 		t.Run(name, func(t *testing.T) {
-			a := newAllocator(t, name)
+			a := newAlloc(t, name)
 			n := a.Topology().Len()
 			for mask := uint64(1); mask < 1<<n; mask++ {
-				cands := maskPositions(mask)
+				cands := placePositions(mask)
 				for k := 1; k <= len(cands); k++ {
 					checkPlacement(t, a, cands, nil, k, nil)
 				}
@@ -148,9 +148,9 @@ func TestTopologyOptimalSmallNodes(t *testing.T) {
 func TestTopologyOptimalWithMustAndAffinity(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	for _, name := range []string{"dgx1-volta", "dgx1-pascal", "pcie8"} {
-		a := newAllocator(t, name)
+		a := newAlloc(t, name)
 		for range 2000 {
-			cands := maskPositions(rng.Uint64N(255) + 1)
+			cands := placePositions(rng.Uint64N(255) + 1)
 			k := 1 + rng.IntN(len(cands))
 			var must []int
 			for _, p := range cands {
@@ -174,12 +174,12 @@ func TestTopologyOptimalWithMustAndAffinity(t *testing.T) {
 // DGX-2 and of a 16-GPU node made of two DGX-1 Volta halves.
 func TestTopologyOptimalDGX2(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 4))
-	a := newAllocator(t, "dgx2")
+	a := newAlloc(t, "dgx2")
 	if a.Topology().Len() != 16 {
 		t.Fatalf("dgx2 has %d GPUs", a.Topology().Len())
 	}
 	for range 3000 {
-		cands := maskPositions(rng.Uint64N(1<<16-1) + 1)
+		cands := placePositions(rng.Uint64N(1<<16-1) + 1)
 		k := 1 + rng.IntN(len(cands))
 		checkPlacement(t, a, cands, nil, k, nil)
 	}
@@ -189,7 +189,7 @@ func TestTopologyOptimalSixteenMixed(t *testing.T) {
 	rng := rand.New(rand.NewPCG(5, 6))
 	a := newTwoDGX1(t)
 	for range 3000 {
-		cands := maskPositions(rng.Uint64N(1<<16-1) + 1)
+		cands := placePositions(rng.Uint64N(1<<16-1) + 1)
 		k := 1 + rng.IntN(len(cands))
 		checkPlacement(t, a, cands, nil, k, nil)
 	}
@@ -209,7 +209,7 @@ func newTwoDGX1(t testing.TB) *allocator.Allocator {
 
 func twoDGX1Inventory(t testing.TB) *allocator.Inventory {
 	t.Helper()
-	base := inventory(t, "dgx1-volta")
+	base := simInv(t, "dgx1-volta")
 	links := make([][]allocator.Link, 16)
 	for i := range links {
 		links[i] = make([]allocator.Link, 16)
@@ -251,11 +251,11 @@ func TestDGX1VoltaSequences(t *testing.T) {
 		{4, [][]int{{0, 1, 2, 3}, {4, 5, 6, 7}}},
 		{8, [][]int{{0, 1, 2, 3, 4, 5, 6, 7}}},
 	} {
-		a := newAllocator(t, "dgx1-volta")
+		a := newAlloc(t, "dgx1-volta")
 		topo := a.Topology()
 		for i, want := range tt.want {
-			al := mustAllocate(t, a, "job-"+string(rune('a'+i)), allocator.Request{Count: tt.size})
-			got := indexes(al)
+			al := allocOK(t, a, "job-"+string(rune('a'+i)), allocator.Request{Count: tt.size})
+			got := allocIndexes(al)
 			if !slices.Equal(got, want) {
 				t.Errorf("size %d, job %d: got %v, want %v", tt.size, i, got, want)
 			}
@@ -270,10 +270,10 @@ func TestDGX1VoltaSequences(t *testing.T) {
 // the second 1-GPU request takes the partner of the first, where a lowest-
 // index choice would split the other pair.
 func TestSingleGPUKeepsNVLinkPairs(t *testing.T) {
-	a := newAllocator(t, "rtx8000x4")
+	a := newAlloc(t, "rtx8000x4")
 	var got []int
 	for i := range 4 {
-		got = append(got, indexes(mustAllocate(t, a, "one-"+string(rune('a'+i)), allocator.Request{Count: 1}))...)
+		got = append(got, allocIndexes(allocOK(t, a, "one-"+string(rune('a'+i)), allocator.Request{Count: 1}))...)
 	}
 	if !slices.Equal(got, []int{0, 3, 1, 2}) {
 		t.Fatalf("1-GPU sequence %v, want [0 3 1 2]", got)
@@ -282,15 +282,15 @@ func TestSingleGPUKeepsNVLinkPairs(t *testing.T) {
 
 func TestPackAndSpread(t *testing.T) {
 	ctx := context.Background()
-	pack := newAllocator(t, "dgx1-volta", allocator.WithPolicy(allocator.PolicyPack))
-	spread := newAllocator(t, "dgx1-volta", allocator.WithPolicy(allocator.PolicySpread))
+	pack := newAlloc(t, "dgx1-volta", allocator.WithPolicy(allocator.PolicyPack))
+	spread := newAlloc(t, "dgx1-volta", allocator.WithPolicy(allocator.PolicySpread))
 	if pack.Policy() != allocator.PolicyPack {
 		t.Fatal("policy not set")
 	}
 	var p, s []int
 	for i := range 3 {
-		p = append(p, indexes(mustAllocate(t, pack, "p"+string(rune('a'+i)), allocator.Request{Count: 1}))...)
-		s = append(s, indexes(mustAllocate(t, spread, "s"+string(rune('a'+i)), allocator.Request{Count: 1}))...)
+		p = append(p, allocIndexes(allocOK(t, pack, "p"+string(rune('a'+i)), allocator.Request{Count: 1}))...)
+		s = append(s, allocIndexes(allocOK(t, spread, "s"+string(rune('a'+i)), allocator.Request{Count: 1}))...)
 	}
 	// Pack fills NUMA node 0, switch by switch.
 	if !slices.Equal(p, []int{0, 1, 2}) {
@@ -301,11 +301,11 @@ func TestPackAndSpread(t *testing.T) {
 		t.Errorf("spread %v", s)
 	}
 	// Best fit: a 4-GPU job goes to the empty NUMA node.
-	if got := indexes(mustAllocate(t, pack, "quad", allocator.Request{Count: 4})); !slices.Equal(got, []int{4, 5, 6, 7}) {
+	if got := allocIndexes(allocOK(t, pack, "quad", allocator.Request{Count: 4})); !slices.Equal(got, []int{4, 5, 6, 7}) {
 		t.Errorf("pack quad %v", got)
 	}
 	// A 1-GPU job then fills the last GPU of NUMA node 0.
-	if got := indexes(mustAllocate(t, pack, "last", allocator.Request{Count: 1})); !slices.Equal(got, []int{3}) {
+	if got := allocIndexes(allocOK(t, pack, "last", allocator.Request{Count: 1})); !slices.Equal(got, []int{3}) {
 		t.Errorf("pack last %v", got)
 	}
 	if _, err := pack.Allocate(ctx, "none", allocator.Request{Count: 1}); err == nil {
@@ -315,10 +315,10 @@ func TestPackAndSpread(t *testing.T) {
 
 func TestPlacementDeterministic(t *testing.T) {
 	rng := rand.New(rand.NewPCG(7, 8))
-	a := newAllocator(t, "dgx2")
-	b := newAllocator(t, "dgx2")
+	a := newAlloc(t, "dgx2")
+	b := newAlloc(t, "dgx2")
 	for range 200 {
-		cands := maskPositions(rng.Uint64N(1<<16-1) + 1)
+		cands := placePositions(rng.Uint64N(1<<16-1) + 1)
 		k := 1 + rng.IntN(len(cands))
 		for _, pol := range allocator.Policies() {
 			x := allocator.Choose(a, pol, cands, nil, k, nil)

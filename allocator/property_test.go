@@ -19,7 +19,7 @@ import (
 // operations changing nothing of the caller's.
 func TestConcurrentRandomOperations(t *testing.T) {
 	const workers, steps = 8, 10_000
-	a := newAllocator(t, "dgx1-volta", allocator.WithShared("7"))
+	a := newAlloc(t, "dgx1-volta", allocator.WithShared("7"))
 	mem := a.Devices()[7].MemoryBytes
 	var health sync.RWMutex // health changes exclude allocations, so these can be checked
 	var wg sync.WaitGroup
@@ -28,7 +28,7 @@ func TestConcurrentRandomOperations(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			errs <- worker(a, &health, w, steps, mem)
+			errs <- propertyWorker(a, &health, w, steps, mem)
 		}()
 	}
 	wg.Wait()
@@ -40,7 +40,7 @@ func TestConcurrentRandomOperations(t *testing.T) {
 	}
 }
 
-func worker(a *allocator.Allocator, health *sync.RWMutex, w, steps int, mem uint64) error {
+func propertyWorker(a *allocator.Allocator, health *sync.RWMutex, w, steps int, mem uint64) error {
 	ctx := context.Background()
 	rng := rand.New(rand.NewPCG(uint64(w), 42))
 	mine := map[string]int{} // owner -> GPUs held (0: a share)

@@ -5,7 +5,7 @@ import (
 	"testing"
 )
 
-func fuzzInventory(t testing.TB) *Inventory {
+func stateFuzzInventory(t testing.TB) *Inventory {
 	links := make([][]Link, 4)
 	for i := range links {
 		links[i] = make([]Link, 4)
@@ -32,7 +32,7 @@ func fuzzInventory(t testing.TB) *Inventory {
 // allocator or is refused with ErrCorruptState, then re-encodes to a state
 // that decodes to the same thing.
 func FuzzDecodeState(f *testing.F) {
-	inv := fuzzInventory(f)
+	inv := stateFuzzInventory(f)
 	a, err := New(inv, WithShared("3"))
 	if err != nil {
 		f.Fatal(err)

@@ -32,14 +32,14 @@ func TestMain(m *testing.M) {
 func TestStateSurvivesRestart(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()
-	inv := inventory(t, "dgx1-volta")
+	inv := simInv(t, "dgx1-volta")
 	a, err := allocator.New(inv, allocator.WithStateDir(dir), allocator.WithShared("7"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	mustAllocate(t, a, "a", allocator.Request{Count: 2, Group: "g"})
-	mustAllocate(t, a, "b", allocator.Request{Count: 4})
-	mustAllocate(t, a, "s", allocator.Request{MemoryBytes: 1 << 30})
+	allocOK(t, a, "a", allocator.Request{Count: 2, Group: "g"})
+	allocOK(t, a, "b", allocator.Request{Count: 4})
+	allocOK(t, a, "s", allocator.Request{MemoryBytes: 1 << 30})
 	if _, err := a.MarkUnhealthy(ctx, "6", "XID 79"); err != nil {
 		t.Fatal(err)
 	}
@@ -74,19 +74,19 @@ func TestStateSurvivesRestart(t *testing.T) {
 func equalAllocations(x, y []allocator.Allocation) bool {
 	return slices.EqualFunc(x, y, func(a, b allocator.Allocation) bool {
 		return a.Owner == b.Owner && a.Group == b.Group && a.Shared == b.Shared && a.MemoryBytes == b.MemoryBytes &&
-			slices.Equal(indexes(a), indexes(b)) && maps.Equal(a.Env, b.Env)
+			slices.Equal(allocIndexes(a), allocIndexes(b)) && maps.Equal(a.Env, b.Env)
 	})
 }
 
 func TestCorruptStateRefused(t *testing.T) {
-	inv := inventory(t, "dgx1-volta")
+	inv := simInv(t, "dgx1-volta")
 	good := func(t *testing.T) (string, []byte) {
 		dir := t.TempDir()
 		a, err := allocator.New(inv, allocator.WithStateDir(dir))
 		if err != nil {
 			t.Fatal(err)
 		}
-		mustAllocate(t, a, "a", allocator.Request{Count: 2})
+		allocOK(t, a, "a", allocator.Request{Count: 2})
 		b, err := os.ReadFile(filepath.Join(dir, allocator.StateFile))
 		if err != nil {
 			t.Fatal(err)
@@ -127,11 +127,11 @@ func TestCorruptStateRefused(t *testing.T) {
 func TestStateWriteFailureChangesNothing(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()
-	a, err := allocator.New(inventory(t, "dgx1-volta"), allocator.WithStateDir(dir))
+	a, err := allocator.New(simInv(t, "dgx1-volta"), allocator.WithStateDir(dir))
 	if err != nil {
 		t.Fatal(err)
 	}
-	mustAllocate(t, a, "a", allocator.Request{Count: 2})
+	allocOK(t, a, "a", allocator.Request{Count: 2})
 	// A directory where the state file was makes every rename fail.
 	path := filepath.Join(dir, allocator.StateFile)
 	if err := os.Remove(path); err != nil {
@@ -161,13 +161,13 @@ func TestStateWriteFailureChangesNothing(t *testing.T) {
 func TestReconcile(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()
-	inv := inventory(t, "dgx1-volta")
+	inv := simInv(t, "dgx1-volta")
 	a, err := allocator.New(inv, allocator.WithStateDir(dir))
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, o := range []string{"alive-1", "dead-1", "alive-2", "dead-2"} {
-		mustAllocate(t, a, o, allocator.Request{Count: 2})
+		allocOK(t, a, o, allocator.Request{Count: 2})
 	}
 	kept := []allocator.Allocation{a.Allocations()[0], a.Allocations()[1]}
 	// After a crash: a new allocator loads the state, the isolators report
@@ -201,12 +201,12 @@ func TestReconcile(t *testing.T) {
 
 func TestStateDropsVanishedGPU(t *testing.T) {
 	dir := t.TempDir()
-	inv := inventory(t, "dgx1-volta")
+	inv := simInv(t, "dgx1-volta")
 	a, err := allocator.New(inv, allocator.WithStateDir(dir))
 	if err != nil {
 		t.Fatal(err)
 	}
-	mustAllocate(t, a, "a", allocator.Request{Devices: []string{"0", "3"}})
+	allocOK(t, a, "a", allocator.Request{Devices: []string{"0", "3"}})
 	// The node comes back with GPU 3 gone (replaced by another UUID).
 	changed := inv.Clone()
 	changed.Devices[3].UUID = "GPU-replaced"
@@ -214,7 +214,7 @@ func TestStateDropsVanishedGPU(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := indexes(b.Allocations()[0]); !slices.Equal(got, []int{0}) || len(b.Warnings()) != 1 {
+	if got := allocIndexes(b.Allocations()[0]); !slices.Equal(got, []int{0}) || len(b.Warnings()) != 1 {
 		t.Fatalf("allocation %v, warnings %v", got, b.Warnings())
 	}
 }
@@ -244,26 +244,26 @@ func crashChild(dir string) int {
 			owner, count := fmt.Sprintf("o-%d-%d", seed, n), 1+rng.IntN(4)
 			fmt.Printf("B alloc %s %d\n", owner, count)
 			al, err := a.Allocate(ctx, owner, allocator.Request{Count: count})
-			report(al, err)
+			crashReport(al, err)
 		case op == 1:
 			owner := owners[rng.IntN(len(owners))].Owner
 			fmt.Printf("B release %s 0\n", owner)
-			report(allocator.Allocation{}, a.Release(ctx, owner))
+			crashReport(allocator.Allocation{}, a.Release(ctx, owner))
 		default:
 			owner, count := owners[rng.IntN(len(owners))].Owner, 1+rng.IntN(4)
 			fmt.Printf("B resize %s %d\n", owner, count)
 			al, err := a.Resize(ctx, owner, count)
-			report(al, err)
+			crashReport(al, err)
 		}
 	}
 }
 
-func report(al allocator.Allocation, err error) {
+func crashReport(al allocator.Allocation, err error) {
 	if err != nil {
 		fmt.Println("D err")
 		return
 	}
-	fmt.Printf("D ok %s\n", strings.Trim(strings.Join(strings.Fields(fmt.Sprint(indexes(al))), ","), "[]"))
+	fmt.Printf("D ok %s\n", strings.Trim(strings.Join(strings.Fields(fmt.Sprint(allocIndexes(al))), ","), "[]"))
 }
 
 type crashOp struct {
@@ -284,7 +284,7 @@ func TestCrashConsistency(t *testing.T) {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
-	inv := inventory(t, "dgx1-volta")
+	inv := simInv(t, "dgx1-volta")
 	rng := rand.New(rand.NewPCG(11, 12))
 	model := map[string][]int{}
 	inFlightSeen := 0
@@ -343,7 +343,7 @@ func TestCrashConsistency(t *testing.T) {
 		}
 		got := map[string][]int{}
 		for _, al := range a.Allocations() {
-			got[al.Owner] = indexes(al)
+			got[al.Owner] = allocIndexes(al)
 		}
 		if !equalModel(got, model) {
 			if pending == nil || !pendingApplied(got, model, *pending) {

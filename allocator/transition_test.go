@@ -92,11 +92,11 @@ func TestDeviceTransitions(t *testing.T) {
 	for from, row := range matrix {
 		for ev, want := range row {
 			t.Run(string(from)+"/"+ev, func(t *testing.T) {
-				a := newAllocator(t, "rtx8000x4", allocator.WithShared("0"))
+				a := newAlloc(t, "rtx8000x4", allocator.WithShared("0"))
 				if err := enter[from](a); err != nil {
 					t.Fatal(err)
 				}
-				if got := stateOf(t, a); got != from {
+				if got := deviceStateOf(t, a); got != from {
 					t.Fatalf("set-up reached %s", got)
 				}
 				before := a.Allocations()
@@ -104,7 +104,7 @@ func TestDeviceTransitions(t *testing.T) {
 				if !errors.Is(err, want.err) || (want.err == nil) != (err == nil) {
 					t.Fatalf("err = %v, want %v", err, want.err)
 				}
-				if got := stateOf(t, a); got != want.next {
+				if got := deviceStateOf(t, a); got != want.next {
 					t.Fatalf("state %s, want %s", got, want.next)
 				}
 				if err != nil && !equalAllocations(a.Allocations(), before) {
@@ -121,7 +121,7 @@ func TestDeviceTransitions(t *testing.T) {
 	}
 }
 
-func stateOf(t *testing.T, a *allocator.Allocator) deviceState {
+func deviceStateOf(t *testing.T, a *allocator.Allocator) deviceState {
 	t.Helper()
 	healthy := a.Devices()[0].Health.Healthy
 	owners, err := a.Owners("0")
