@@ -80,10 +80,12 @@ const monitorPoll = 100 * time.Millisecond
 // Monitor watches lib's XID critical-error and double-bit ECC events for
 // the node's GPUs until ctx is done. An event that is not an application
 // XID marks the GPU unhealthy (so it is not handed out again until
-// MarkHealthy) and is reported to notify with the GPU's owners. NVML is
-// initialised for the monitor's lifetime. GPUs that cannot be watched are
-// reported by the returned error only when none can; the others are still
-// watched. It returns ctx's error when ctx ends.
+// MarkHealthy) and is reported to notify with the GPU's owners. A GPU
+// found lost (fallen off the bus) when the monitor starts or while it waits
+// is handled the same way. NVML is initialised for the monitor's lifetime.
+// GPUs that cannot be watched are logged, and fail the monitor only when
+// none can; the others are still watched. It returns ctx's error when ctx
+// ends.
 func (a *Allocator) Monitor(ctx context.Context, lib nvml.Interface, notify func(HealthEvent)) error {
 	if lib == nil || notify == nil {
 		return fmt.Errorf("monitor: nil NVML or callback: %w", ErrInvalidRequest)
@@ -98,26 +100,40 @@ func (a *Allocator) Monitor(ctx context.Context, lib nvml.Interface, notify func
 	}
 	defer set.Free()
 
+	// mark marks GPU p unhealthy and tells the caller.
+	mark := func(p int, xid uint64, reason string) {
+		a.mu.Lock()
+		owners, err := a.setHealthLocked(ctx, p, Unhealthy(reason))
+		dev := a.inv.Devices[p].Clone()
+		dev.Health = a.health[p]
+		a.mu.Unlock()
+		notify(HealthEvent{Device: dev, XID: xid, Owners: owners, Err: err})
+	}
 	handles := make([]nvml.Device, a.n)
 	var problems []error
-	watched := 0
+	watched, gone := 0, 0
 	for p, d := range a.inv.Devices {
 		h, ret := a.handle(lib, d)
-		if ret != nvml.SUCCESS {
-			problems = append(problems, nvmlError("get handle", d.Index, ret))
-			continue
-		}
-		types := uint64(nvml.EventTypeXidCriticalError | nvml.EventTypeDoubleBitEccError)
-		if ret := h.RegisterEvents(types, set); ret != nvml.SUCCESS {
-			if ret = h.RegisterEvents(nvml.EventTypeXidCriticalError, set); ret != nvml.SUCCESS {
-				problems = append(problems, nvmlError("register events", d.Index, ret))
-				continue
+		if ret == nvml.SUCCESS {
+			types := uint64(nvml.EventTypeXidCriticalError | nvml.EventTypeDoubleBitEccError)
+			if ret = h.RegisterEvents(types, set); ret != nvml.SUCCESS && ret != nvml.ERROR_GPU_IS_LOST {
+				ret = h.RegisterEvents(nvml.EventTypeXidCriticalError, set)
 			}
 		}
-		handles[p] = h
-		watched++
+		switch ret {
+		case nvml.SUCCESS:
+			handles[p] = h
+			watched++
+		case nvml.ERROR_GPU_IS_LOST:
+			gone++
+			if a.Devices()[p].Health.Healthy {
+				mark(p, 0, ErrGPULost.Error())
+			}
+		default:
+			problems = append(problems, nvmlError("watch events", d.Index, ret))
+		}
 	}
-	if watched == 0 && a.n > 0 {
+	if watched == 0 && gone < a.n {
 		return fmt.Errorf("monitor: no GPU can be watched: %w", errors.Join(problems...))
 	}
 	for _, err := range problems {
@@ -131,6 +147,19 @@ func (a *Allocator) Monitor(ctx context.Context, lib nvml.Interface, notify func
 		switch ret {
 		case nvml.SUCCESS:
 		case nvml.ERROR_TIMEOUT:
+			continue
+		case nvml.ERROR_GPU_IS_LOST:
+			// A watched GPU fell off the bus without saying which: ask
+			// each, and stop watching the lost ones.
+			for p, h := range handles {
+				if h == nil {
+					continue
+				}
+				if _, ret := h.GetUUID(); ret == nvml.ERROR_GPU_IS_LOST {
+					handles[p] = nil
+					mark(p, 0, ErrGPULost.Error())
+				}
+			}
 			continue
 		default:
 			if err := ctx.Err(); err != nil {
@@ -155,12 +184,7 @@ func (a *Allocator) Monitor(ctx context.Context, lib nvml.Interface, notify func
 		default:
 			continue
 		}
-		a.mu.Lock()
-		owners, err := a.setHealthLocked(ctx, p, Unhealthy(reason))
-		dev := a.inv.Devices[p].Clone()
-		dev.Health = a.health[p]
-		a.mu.Unlock()
-		notify(HealthEvent{Device: dev, XID: xid, Owners: owners, Err: err})
+		mark(p, xid, reason)
 	}
 }
 

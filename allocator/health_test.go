@@ -4,8 +4,12 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
 
 	"github.com/gpuiso/gpuiso/allocator"
 )
@@ -149,6 +153,138 @@ func TestApplicationXID(t *testing.T) {
 func TestMonitorArguments(t *testing.T) {
 	a := newAlloc(t, "rtx8000x4")
 	if err := a.Monitor(context.Background(), nil, func(allocator.HealthEvent) {}); !errors.Is(err, allocator.ErrInvalidRequest) {
+		t.Fatal(err)
+	}
+}
+
+// fakeLostNVML answers as a node whose GPU lost falls off the bus while
+// watched: the event wait reports ERROR_GPU_IS_LOST without an event, and
+// from then on the GPU answers ERROR_GPU_IS_LOST.
+func fakeLostNVML(inv *allocator.Inventory, lost int) nvml.Interface {
+	var mu sync.Mutex
+	gone := false
+	devs := make([]*mock.Device, len(inv.Devices))
+	for i, d := range inv.Devices {
+		devs[i] = &mock.Device{
+			RegisterEventsFunc: func(uint64, nvml.EventSet) nvml.Return { return nvml.SUCCESS },
+			GetUUIDFunc: func() (string, nvml.Return) {
+				mu.Lock()
+				defer mu.Unlock()
+				if gone && i == lost {
+					return "", nvml.ERROR_GPU_IS_LOST
+				}
+				return d.UUID, nvml.SUCCESS
+			},
+		}
+	}
+	set := &mock.EventSet{
+		WaitFunc: func(ms uint32) (nvml.EventData, nvml.Return) {
+			mu.Lock()
+			defer mu.Unlock()
+			if !gone {
+				gone = true
+				return nvml.EventData{}, nvml.ERROR_GPU_IS_LOST
+			}
+			time.Sleep(time.Duration(ms) * time.Millisecond)
+			return nvml.EventData{}, nvml.ERROR_TIMEOUT
+		},
+		FreeFunc: func() nvml.Return { return nvml.SUCCESS },
+	}
+	return &mock.Interface{
+		InitFunc:           func() nvml.Return { return nvml.SUCCESS },
+		ShutdownFunc:       func() nvml.Return { return nvml.SUCCESS },
+		EventSetCreateFunc: func() (nvml.EventSet, nvml.Return) { return set, nvml.SUCCESS },
+		DeviceGetHandleByUUIDFunc: func(uuid string) (nvml.Device, nvml.Return) {
+			for i, d := range inv.Devices {
+				if d.UUID == uuid {
+					return devs[i], nvml.SUCCESS
+				}
+			}
+			return nil, nvml.ERROR_NOT_FOUND
+		},
+	}
+}
+
+// TestMonitorLostWhileWaiting: NVML's wait says a GPU is lost without
+// naming it; the monitor finds which, marks it, tells its owner and goes on.
+func TestMonitorLostWhileWaiting(t *testing.T) {
+	inv := simInv(t, "dgx1-volta")
+	a, err := allocator.New(inv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	allocOK(t, a, "victim", allocator.Request{Devices: []string{"6", "7"}})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	events := make(chan allocator.HealthEvent, 8)
+	done := make(chan error, 1)
+	go func() { done <- a.Monitor(ctx, fakeLostNVML(inv, 6), func(e allocator.HealthEvent) { events <- e }) }()
+	select {
+	case e := <-events:
+		if e.Device.Index != 6 || !slices.Equal(e.Owners, []string{"victim"}) || e.Device.Health.Healthy {
+			t.Fatalf("event %+v", e)
+		}
+	case err := <-done:
+		t.Fatalf("monitor stopped: %v", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("no event for the lost GPU")
+	}
+	select {
+	case err := <-done:
+		t.Fatalf("monitor stopped after a lost GPU: %v", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatal(err)
+	}
+	if !a.Devices()[7].Health.Healthy {
+		t.Fatal("the other GPU was marked too")
+	}
+}
+
+// TestMonitorLostGPUs: a GPU lost before the monitor starts is marked and
+// its owner told; the others are still watched.
+func TestMonitorLostGPUs(t *testing.T) {
+	node := newNode(t, "dgx1-volta")
+	a := newAlloc(t, "dgx1-volta")
+	allocOK(t, a, "victim", allocator.Request{Devices: []string{"4"}})
+	if err := node.Lose(4); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	events := make(chan allocator.HealthEvent, 64)
+	done := make(chan error, 1)
+	go func() { done <- a.Monitor(ctx, node.NVML(), func(e allocator.HealthEvent) { events <- e }) }()
+	select {
+	case e := <-events:
+		if e.Device.Index != 4 || !slices.Equal(e.Owners, []string{"victim"}) || e.Device.Health.Reason != allocator.ErrGPULost.Error() {
+			t.Fatalf("event %+v", e)
+		}
+	case err := <-done:
+		t.Fatalf("monitor stopped: %v", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("no event for the lost GPU")
+	}
+	// The others are still watched.
+	deadline := time.After(10 * time.Second)
+	for seen := false; !seen; {
+		if err := node.InjectXID(1, 94); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case e := <-events:
+			seen = e.Device.Index == 1 && e.XID == 94
+		case err := <-done:
+			t.Fatalf("monitor stopped: %v", err)
+		case <-deadline:
+			t.Fatal("monitor stopped watching")
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
 		t.Fatal(err)
 	}
 }
