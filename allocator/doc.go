@@ -21,4 +21,63 @@
 // each can be moved to a test tree with [WithDevRoot], [WithProcRoot] and
 // [WithSysRoot]. Package simnode builds a complete simulated node (NVML and
 // host tree) for tests and demos on machines without a GPU.
+//
+// # Allocation
+//
+// [New] builds an [Allocator] over an inventory: the single truth of which
+// owner (a container id, later part of cgroup paths, so checked by
+// [ValidateOwner]) holds which GPU. [Allocator.Allocate] takes a [Request]:
+// a count, explicit devices (index, UUID or bus id), or both; a model
+// ("nvidia/gpu/<model>"), Nomad-style [Constraint]s and weighted
+// [Affinity]s on device attributes ("memory >= 16 GiB", units compared in
+// base units); a quota group ([WithQuota]); or, on GPUs made shareable with
+// [WithShared], an amount of memory, with the MPS limit the container should
+// get in the allocation's environment. [Allocator.Release],
+// [Allocator.Resize] (a live update), [Allocator.Owners] and
+// [Allocator.Allocations] (copies) complete it. Every change is all or
+// nothing: no GPU is held twice, an unhealthy GPU is never handed out, a
+// failed call changes nothing. Errors are typed: [InsufficientError],
+// [QuotaError], [InvalidOwnerError], and sentinels such as
+// [ErrUnknownOwner], [ErrUnknownDevice], [ErrDuplicateDevice],
+// [ErrDeviceUnavailable] and [ErrInvalidRequest].
+//
+// # Placement
+//
+// [PolicyTopology], the default, chooses the set with the highest link
+// score (NVLink 100 per link, PCIe 10 across sockets up to 60 on one board,
+// summed over the set's pairs), exactly for nodes of up to 16 GPUs: a branch
+// and bound over the free GPUs with precomputed pair scores, which takes
+// microseconds. Ties go to the set with the least link to the free GPUs left
+// behind, then to the lowest positions, so decisions are deterministic. A
+// 1-GPU request takes the GPU whose strongest link to another free GPU is
+// weakest, so NVLink pairs stay whole. [PolicyPack] fills a NUMA node and a
+// PCIe switch before the next (best fit); [PolicySpread] spreads across NUMA
+// nodes.
+//
+// # Health
+//
+// [Allocator.MarkUnhealthy] and [Allocator.MarkHealthy] take a GPU out of and
+// back into service; its owners keep it and are returned, to be told.
+// [Allocator.Monitor] does the same from NVML's XID and double-bit ECC
+// events, ignoring the XIDs of application faults (13, 31, 43, 45, 68, 109),
+// and calls back with the owners affected. One lost GPU never stops
+// placement on the others.
+//
+// # Durable state
+//
+// With [WithStateDir], every change is in the state file ([StateFile])
+// before the call returns: written to a temporary file in the same
+// directory, synced, renamed over the old file, and the directory synced.
+// The file is JSON with a format name, a version and a SHA-256 checksum. New
+// loads it; a truncated, corrupt or foreign file fails New with a
+// [StateError] naming it (matching [ErrCorruptState]) and is left as it is,
+// never silently reset. After a crash, [Allocator.Reconcile] takes the
+// owners the isolators still see and releases every other.
+//
+// # Node attributes
+//
+// [Allocator.NodeAttributes] (Mesos agent attributes, see
+// [FormatMesosAttributes]) and [Allocator.Labels] (Kubernetes node labels,
+// named as GPU feature discovery names them) describe the node's GPUs to
+// schedulers: count, models, memory, driver and CUDA versions.
 package allocator

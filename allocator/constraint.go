@@ -1,0 +1,419 @@
+package allocator
+
+import (
+	"fmt"
+	"math"
+	"regexp"
+	"strconv"
+	"strings"
+)
+
+// Operator compares a device attribute with a constraint's value, with
+// Nomad's semantics.
+type Operator string
+
+// Operators.
+const (
+	OpEqual        Operator = "="
+	OpNotEqual     Operator = "!="
+	OpLess         Operator = "<"
+	OpLessEqual    Operator = "<="
+	OpGreater      Operator = ">"
+	OpGreaterEqual Operator = ">="
+	// OpRegexp matches the attribute's text against a regular expression.
+	OpRegexp Operator = "regexp"
+	// OpVersion holds when the attribute, read as a version, meets every
+	// comma-separated condition of the value (">= 535, < 550").
+	OpVersion Operator = "version"
+	// OpSetContains holds when the attribute, a comma-separated list,
+	// holds every comma-separated item of the value.
+	OpSetContains Operator = "set_contains"
+	// OpIsSet holds when the device has the attribute; it takes no value.
+	OpIsSet Operator = "is_set"
+	// OpIsNotSet holds when the device lacks the attribute.
+	OpIsNotSet Operator = "is_not_set"
+)
+
+var operators = []Operator{OpEqual, OpNotEqual, OpLess, OpLessEqual, OpGreater, OpGreaterEqual,
+	OpRegexp, OpVersion, OpSetContains, OpIsSet, OpIsNotSet}
+
+// Constraint restricts the devices a request may get: the named attribute
+// compared with Value by Operator must hold. Attribute names are those of
+// Device.Attributes (memory, power, driver_version, ...) and the device's
+// own fields: model, brand, architecture, compute_capability, uuid, bus_id,
+// numa_node, index, minor, mig. Nomad's spellings ${device.attr.memory} and
+// ${device.model} are accepted. A numeric value may carry a unit ("4 GiB",
+// "250 W"); it is compared with the attribute in base units.
+type Constraint struct {
+	Attribute string   `json:"attribute"`
+	Operator  Operator `json:"operator"`
+	Value     string   `json:"value,omitempty"`
+}
+
+// Affinity steers placement toward (positive Weight) or away from (negative
+// Weight) devices on which its constraint holds. Weights lie in -100..100,
+// as in Nomad.
+type Affinity struct {
+	Constraint
+	Weight int `json:"weight"`
+}
+
+// MaxAffinityWeight bounds the magnitude of an affinity's weight.
+const MaxAffinityWeight = 100
+
+// ParseConstraint reads "<attribute> <operator> [value]", for example
+// "memory >= 16 GiB", "model regexp V100", "mig is_not_set".
+func ParseConstraint(s string) (Constraint, error) {
+	fields := strings.Fields(s)
+	if len(fields) < 2 {
+		return Constraint{}, fmt.Errorf("constraint %q: want <attribute> <operator> [value]: %w", s, ErrInvalidConstraint)
+	}
+	c := Constraint{Attribute: fields[0], Operator: Operator(fields[1]), Value: strings.Join(fields[2:], " ")}
+	if err := c.Validate(); err != nil {
+		return Constraint{}, err
+	}
+	return c, nil
+}
+
+// String writes the constraint as ParseConstraint reads it.
+func (c Constraint) String() string {
+	return strings.TrimSpace(c.Attribute + " " + string(c.Operator) + " " + c.Value)
+}
+
+// Validate checks the operator, the attribute name and that the value suits
+// the operator.
+func (c Constraint) Validate() error {
+	bad := func(why string) error {
+		return fmt.Errorf("constraint %q: %s: %w", c.String(), why, ErrInvalidConstraint)
+	}
+	if attributeName(c.Attribute) == "" || strings.ContainsAny(attributeName(c.Attribute), " \t\r\n") {
+		return bad("no attribute")
+	}
+	known := false
+	for _, op := range operators {
+		known = known || op == c.Operator
+	}
+	if !known {
+		return bad("unknown operator")
+	}
+	switch c.Operator {
+	case OpIsSet, OpIsNotSet:
+		if c.Value != "" {
+			return bad("operator takes no value")
+		}
+	case OpRegexp:
+		if _, err := regexp.Compile(c.Value); err != nil {
+			return bad(err.Error())
+		}
+	case OpVersion:
+		if _, err := parseVersionConditions(c.Value); err != nil {
+			return bad(err.Error())
+		}
+	default:
+		if c.Value == "" {
+			return bad("operator needs a value")
+		}
+	}
+	return nil
+}
+
+// Validate checks the constraint and the weight.
+func (a Affinity) Validate() error {
+	if a.Weight == 0 || a.Weight < -MaxAffinityWeight || a.Weight > MaxAffinityWeight {
+		return fmt.Errorf("affinity %q: weight %d not in -100..100 or zero: %w", a.String(), a.Weight, ErrInvalidConstraint)
+	}
+	return a.Constraint.Validate()
+}
+
+// attributeName strips Nomad's ${device.attr.X} / ${device.X} spelling.
+func attributeName(s string) string {
+	s = strings.TrimSpace(s)
+	if strings.HasPrefix(s, "${") && strings.HasSuffix(s, "}") {
+		s = s[2 : len(s)-1]
+	}
+	s = strings.TrimPrefix(s, "device.")
+	s = strings.TrimPrefix(s, "attr.")
+	return s
+}
+
+// lookup returns the attribute of d named name.
+func lookup(d *Device, name string) (Attribute, bool) {
+	str := func(v string) (Attribute, bool) { return StringAttribute(v), v != "" }
+	num := func(v int64, ok bool) (Attribute, bool) { return IntAttribute(v, ""), ok }
+	switch name {
+	case "model":
+		return str(d.Model)
+	case "brand":
+		return str(d.Brand)
+	case "architecture":
+		return str(d.Architecture)
+	case "compute_capability":
+		return str(d.ComputeCapability)
+	case "uuid":
+		return str(d.UUID)
+	case "bus_id":
+		return str(d.BusID)
+	case "mig":
+		return str(string(d.MIG))
+	case "numa_node":
+		return num(int64(d.NUMANode), d.NUMANode != NoNUMANode)
+	case "index":
+		return num(int64(d.Index), true)
+	case "minor":
+		return num(int64(d.Minor), d.Minor != NoMinor)
+	case "vendor":
+		return str("nvidia")
+	case "type":
+		return str("gpu")
+	}
+	a, ok := d.Attributes[name]
+	return a, ok
+}
+
+// Matches tells whether the constraint holds on d. A constraint that cannot
+// be evaluated (a unit of another dimension, a bad version) does not hold.
+func (c Constraint) Matches(d *Device) bool {
+	a, ok := lookup(d, attributeName(c.Attribute))
+	switch c.Operator {
+	case OpIsSet:
+		return ok
+	case OpIsNotSet:
+		return !ok
+	}
+	if !ok {
+		return false
+	}
+	switch c.Operator {
+	case OpRegexp:
+		re, err := regexp.Compile(c.Value)
+		return err == nil && re.MatchString(a.Format())
+	case OpVersion:
+		conds, err := parseVersionConditions(c.Value)
+		if err != nil {
+			return false
+		}
+		v, err := parseVersion(a.Format())
+		if err != nil {
+			return false
+		}
+		for _, cond := range conds {
+			if !cond.op.holds(compareVersions(v, cond.v)) {
+				return false
+			}
+		}
+		return true
+	case OpSetContains:
+		have := map[string]bool{}
+		for _, item := range strings.Split(a.Format(), ",") {
+			have[strings.TrimSpace(item)] = true
+		}
+		for _, item := range strings.Split(c.Value, ",") {
+			if !have[strings.TrimSpace(item)] {
+				return false
+			}
+		}
+		return true
+	}
+	cmp, ok := compareAttribute(a, c.Value)
+	return ok && c.Operator.holds(cmp)
+}
+
+func (op Operator) holds(cmp int) bool {
+	switch op {
+	case OpEqual:
+		return cmp == 0
+	case OpNotEqual:
+		return cmp != 0
+	case OpLess:
+		return cmp < 0
+	case OpLessEqual:
+		return cmp <= 0
+	case OpGreater:
+		return cmp > 0
+	case OpGreaterEqual:
+		return cmp >= 0
+	}
+	return false
+}
+
+// compareAttribute compares a with the constraint value v: numbers in base
+// units, booleans as such, text as text (numbers in text compare as numbers).
+func compareAttribute(a Attribute, v string) (int, bool) {
+	switch {
+	case a.Int != nil:
+		have, ok := toBase(float64(*a.Int), a.Unit)
+		if !ok {
+			return 0, false
+		}
+		want, ok := parseQuantity(v, a.Unit)
+		if !ok {
+			return 0, false
+		}
+		return cmpFloat(have, want), true
+	case a.Bool != nil:
+		b, err := strconv.ParseBool(strings.TrimSpace(v))
+		if err != nil {
+			return 0, false
+		}
+		if *a.Bool == b {
+			return 0, true
+		}
+		return 1, true
+	case a.String != nil:
+		s := *a.String
+		if x, err := strconv.ParseFloat(s, 64); err == nil {
+			if y, err := strconv.ParseFloat(strings.TrimSpace(v), 64); err == nil {
+				return cmpFloat(x, y), true
+			}
+		}
+		return strings.Compare(s, v), true
+	}
+	return 0, false
+}
+
+func cmpFloat(x, y float64) int {
+	switch {
+	case x < y:
+		return -1
+	case x > y:
+		return 1
+	}
+	return 0
+}
+
+// unit is a unit's dimension and factor to the dimension's base unit.
+type unit struct {
+	dim    string
+	factor float64
+}
+
+var units = map[string]unit{
+	"B": {"bytes", 1}, "KB": {"bytes", 1e3}, "kB": {"bytes", 1e3}, "MB": {"bytes", 1e6}, "GB": {"bytes", 1e9}, "TB": {"bytes", 1e12},
+	"KiB": {"bytes", 1 << 10}, "MiB": {"bytes", 1 << 20}, "GiB": {"bytes", 1 << 30}, "TiB": {"bytes", 1 << 40},
+	"B/s": {"bytes/s", 1}, "KB/s": {"bytes/s", 1e3}, "kB/s": {"bytes/s", 1e3}, "MB/s": {"bytes/s", 1e6}, "GB/s": {"bytes/s", 1e9},
+	"KiB/s": {"bytes/s", 1 << 10}, "MiB/s": {"bytes/s", 1 << 20}, "GiB/s": {"bytes/s", 1 << 30},
+	"mW": {"watts", 1e-3}, "W": {"watts", 1}, "kW": {"watts", 1e3},
+	"Hz": {"hertz", 1}, "kHz": {"hertz", 1e3}, "KHz": {"hertz", 1e3}, "MHz": {"hertz", 1e6}, "GHz": {"hertz", 1e9},
+}
+
+func toBase(v float64, unitName string) (float64, bool) {
+	if unitName == "" {
+		return v, true
+	}
+	u, ok := units[unitName]
+	if !ok {
+		return 0, false
+	}
+	return v * u.factor, true
+}
+
+// parseQuantity reads "16", "16GiB" or "16 GiB" in base units of attrUnit's
+// dimension; a bare number is in attrUnit.
+func parseQuantity(s, attrUnit string) (float64, bool) {
+	s = strings.TrimSpace(s)
+	end := 0
+	for end < len(s) && (s[end] == '-' || s[end] == '+' || s[end] == '.' || s[end] == 'e' && end > 0 || s[end] >= '0' && s[end] <= '9') {
+		end++
+	}
+	num, err := strconv.ParseFloat(s[:end], 64)
+	if err != nil || math.IsNaN(num) || math.IsInf(num, 0) {
+		return 0, false
+	}
+	name := strings.TrimSpace(s[end:])
+	if name == "" {
+		return toBase(num, attrUnit)
+	}
+	u, ok := units[name]
+	if !ok {
+		return 0, false
+	}
+	if attrUnit != "" {
+		if au, ok := units[attrUnit]; !ok || au.dim != u.dim {
+			return 0, false
+		}
+	}
+	return num * u.factor, true
+}
+
+// A version is its numeric components: "535.104.05" is [535 104 5].
+type version []uint64
+
+func parseVersion(s string) (version, error) {
+	s = strings.TrimPrefix(strings.TrimSpace(s), "v")
+	if s == "" {
+		return nil, fmt.Errorf("empty version")
+	}
+	var v version
+	for _, part := range strings.Split(s, ".") {
+		n, err := strconv.ParseUint(part, 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("version %q: component %q is not a number", s, part)
+		}
+		v = append(v, n)
+	}
+	return v, nil
+}
+
+func compareVersions(a, b version) int {
+	for i := 0; i < max(len(a), len(b)); i++ {
+		var x, y uint64
+		if i < len(a) {
+			x = a[i]
+		}
+		if i < len(b) {
+			y = b[i]
+		}
+		if x != y {
+			if x < y {
+				return -1
+			}
+			return 1
+		}
+	}
+	return 0
+}
+
+type versionCondition struct {
+	op Operator
+	v  version
+}
+
+// parseVersionConditions reads ">= 1.2, < 2" (no operator means "=").
+func parseVersionConditions(s string) ([]versionCondition, error) {
+	var out []versionCondition
+	for _, part := range strings.Split(s, ",") {
+		part = strings.TrimSpace(part)
+		op := OpEqual
+		for _, cand := range []Operator{OpGreaterEqual, OpLessEqual, OpNotEqual, OpGreater, OpLess, OpEqual} {
+			if strings.HasPrefix(part, string(cand)) {
+				op, part = cand, strings.TrimSpace(part[len(cand):])
+				break
+			}
+		}
+		v, err := parseVersion(part)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, versionCondition{op, v})
+	}
+	return out, nil
+}
+
+// modelName reads a request's model: "nvidia/gpu/<model>", "nvidia/gpu",
+// "gpu" (any model) or a bare model name. It returns "" for any model.
+func modelName(s string) (string, error) {
+	s = strings.TrimSpace(s)
+	if s == "" || s == "gpu" || s == "nvidia/gpu" {
+		return "", nil
+	}
+	if rest, ok := strings.CutPrefix(s, "nvidia/gpu/"); ok {
+		if strings.TrimSpace(rest) == "" {
+			return "", fmt.Errorf("model %q: empty model name: %w", s, ErrInvalidRequest)
+		}
+		return strings.TrimSpace(rest), nil
+	}
+	if strings.Count(s, "/") > 0 {
+		return "", fmt.Errorf("model %q: want nvidia/gpu/<model>: %w", s, ErrInvalidRequest)
+	}
+	return s, nil
+}

@@ -1,0 +1,327 @@
+package allocator
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+)
+
+// StateFile is the name of the state file in the state directory.
+const StateFile = "allocations.json"
+
+// State file format: a JSON envelope naming the format and its version,
+// with a SHA-256 checksum of the state's exact bytes.
+const (
+	stateFormat  = "gpuiso.allocator.state"
+	stateVersion = 1
+	maxStateSize = 64 << 20
+)
+
+type envelope struct {
+	Format   string          `json:"format"`
+	Version  int             `json:"version"`
+	Checksum string          `json:"checksum"`
+	State    json.RawMessage `json:"state"`
+}
+
+// savedState is what the state file holds. Devices are named by UUID and
+// bus id, which are stable across restarts; the index is informative.
+type savedState struct {
+	Owners    []savedOwner  `json:"owners"`
+	Unhealthy []savedHealth `json:"unhealthy,omitempty"`
+}
+
+type savedDevice struct {
+	Index int    `json:"index"`
+	UUID  string `json:"uuid,omitempty"`
+	BusID string `json:"busId,omitempty"`
+}
+
+type savedOwner struct {
+	Owner       string        `json:"owner"`
+	Group       string        `json:"group,omitempty"`
+	Devices     []savedDevice `json:"devices,omitempty"`
+	Shared      *savedDevice  `json:"shared,omitempty"`
+	MemoryBytes uint64        `json:"memoryBytes,omitempty"`
+}
+
+type savedHealth struct {
+	Device savedDevice `json:"device"`
+	Reason string      `json:"reason"`
+}
+
+// encodeState writes s in the file format.
+func encodeState(s *savedState) ([]byte, error) {
+	body, err := json.Marshal(s)
+	if err != nil {
+		return nil, err
+	}
+	sum := sha256.Sum256(body)
+	out, err := json.Marshal(envelope{Format: stateFormat, Version: stateVersion, Checksum: "sha256:" + hex.EncodeToString(sum[:]), State: body})
+	if err != nil {
+		return nil, err
+	}
+	return append(out, '\n'), nil
+}
+
+// decodeState reads the file format; every defect is an ErrCorruptState.
+func decodeState(b []byte) (*savedState, error) {
+	corrupt := func(format string, args ...any) error {
+		return fmt.Errorf("%s: %w", fmt.Sprintf(format, args...), ErrCorruptState)
+	}
+	if len(bytes.TrimSpace(b)) == 0 {
+		return nil, corrupt("empty")
+	}
+	var env envelope
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&env); err != nil {
+		return nil, corrupt("truncated or not JSON: %v", err)
+	}
+	if dec.More() {
+		return nil, corrupt("data after the state")
+	}
+	if env.Format != stateFormat {
+		return nil, corrupt("format %q, want %q", env.Format, stateFormat)
+	}
+	if env.Version != stateVersion {
+		return nil, corrupt("format version %d, this program reads %d", env.Version, stateVersion)
+	}
+	sum := sha256.Sum256(env.State)
+	if env.Checksum != "sha256:"+hex.EncodeToString(sum[:]) {
+		return nil, corrupt("checksum mismatch")
+	}
+	var s savedState
+	dec = json.NewDecoder(bytes.NewReader(env.State))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&s); err != nil {
+		return nil, corrupt("state: %v", err)
+	}
+	seen := map[string]bool{}
+	for _, o := range s.Owners {
+		if err := ValidateOwner(o.Owner); err != nil {
+			return nil, corrupt("%v", err)
+		}
+		if seen[o.Owner] {
+			return nil, corrupt("owner %s listed twice", o.Owner)
+		}
+		seen[o.Owner] = true
+		if (len(o.Devices) == 0) == (o.Shared == nil) {
+			return nil, corrupt("owner %s must hold either whole GPUs or one share", o.Owner)
+		}
+		if o.Shared != nil && o.MemoryBytes == 0 {
+			return nil, corrupt("owner %s holds a share of no memory", o.Owner)
+		}
+	}
+	return &s, nil
+}
+
+// snapshot is the allocator's state to save. The caller holds a.mu.
+func (a *Allocator) snapshot() *savedState {
+	s := &savedState{Owners: make([]savedOwner, 0, len(a.owners))}
+	for o, h := range a.owners {
+		so := savedOwner{Owner: o, Group: h.group}
+		for _, p := range a.positions(h.devices) {
+			so.Devices = append(so.Devices, a.saved(p))
+		}
+		if h.shared >= 0 {
+			d := a.saved(h.shared)
+			so.Shared, so.MemoryBytes = &d, h.memory
+		}
+		s.Owners = append(s.Owners, so)
+	}
+	sort.Slice(s.Owners, func(i, j int) bool { return s.Owners[i].Owner < s.Owners[j].Owner })
+	for p := range a.n {
+		if !a.health[p].Healthy && a.inv.Devices[p].Health.Healthy {
+			s.Unhealthy = append(s.Unhealthy, savedHealth{Device: a.saved(p), Reason: a.health[p].Reason})
+		}
+	}
+	return s
+}
+
+func (a *Allocator) saved(p int) savedDevice {
+	d := a.inv.Devices[p]
+	return savedDevice{Index: d.Index, UUID: d.UUID, BusID: d.BusID}
+}
+
+// find maps a saved device to a position: by UUID, else by bus id.
+func (a *Allocator) find(d savedDevice) (int, bool) {
+	for p, dev := range a.inv.Devices {
+		if d.UUID != "" && dev.UUID == d.UUID {
+			return p, true
+		}
+	}
+	if d.UUID == "" && d.BusID != "" {
+		for p, dev := range a.inv.Devices {
+			if dev.BusID == d.BusID {
+				return p, true
+			}
+		}
+	}
+	return 0, false
+}
+
+// restore loads s into an empty allocator. A device no longer in the
+// inventory is dropped with a warning; anything contradictory is an error.
+func (a *Allocator) restore(s *savedState) error {
+	warn := func(format string, args ...any) {
+		msg := fmt.Sprintf(format, args...)
+		a.warnings = append(a.warnings, msg)
+		a.cfg.logger.Warn(msg)
+	}
+	for _, so := range s.Owners {
+		h := &holding{group: so.Group, shared: -1}
+		for _, d := range so.Devices {
+			p, ok := a.find(d)
+			if !ok {
+				warn("owner %s: gpu %d (%s) is not in the inventory: dropped", so.Owner, d.Index, d.UUID)
+				continue
+			}
+			if a.exclusive[p] != "" || h.devices&(1<<p) != 0 || len(a.shares[p]) > 0 {
+				return fmt.Errorf("%s held twice: %w", a.name(p), ErrCorruptState)
+			}
+			h.devices |= 1 << p
+			a.exclusive[p] = so.Owner
+		}
+		if so.Shared != nil {
+			p, ok := a.find(*so.Shared)
+			if !ok {
+				warn("owner %s: shared gpu %d (%s) is not in the inventory: dropped", so.Owner, so.Shared.Index, so.Shared.UUID)
+			} else {
+				if a.exclusive[p] != "" {
+					return fmt.Errorf("%s both shared and exclusive: %w", a.name(p), ErrCorruptState)
+				}
+				if a.shares[p] == nil {
+					warn("owner %s: %s holds shares but is not configured shareable", so.Owner, a.name(p))
+					a.shares[p] = map[string]uint64{}
+				}
+				a.shares[p][so.Owner] = so.MemoryBytes
+				if a.sharedSum(p) > a.inv.Devices[p].MemoryBytes {
+					return fmt.Errorf("%s shares more memory than it has: %w", a.name(p), ErrCorruptState)
+				}
+				h.shared, h.memory = p, so.MemoryBytes
+			}
+		}
+		if h.devices == 0 && h.shared < 0 {
+			continue
+		}
+		a.owners[so.Owner] = h
+	}
+	for _, u := range s.Unhealthy {
+		if p, ok := a.find(u.Device); ok {
+			a.health[p] = Unhealthy(u.Reason)
+		}
+	}
+	return nil
+}
+
+func (a *Allocator) sharedSum(p int) uint64 {
+	var s uint64
+	for _, m := range a.shares[p] {
+		if s+m < s {
+			return ^uint64(0)
+		}
+		s += m
+	}
+	return s
+}
+
+// store keeps the state file of a state directory.
+type store struct {
+	dir string
+}
+
+func openStore(dir string) (*store, error) {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return nil, fmt.Errorf("state directory %s: %w", dir, err)
+	}
+	if err := os.MkdirAll(abs, 0o700); err != nil {
+		return nil, fmt.Errorf("state directory: %w", err)
+	}
+	// Temporary files of writes that never reached their rename.
+	if old, err := filepath.Glob(filepath.Join(abs, "."+StateFile+".*.tmp")); err == nil {
+		for _, f := range old {
+			_ = os.Remove(f)
+		}
+	}
+	return &store{dir: abs}, nil
+}
+
+func (s *store) path() string { return filepath.Join(s.dir, StateFile) }
+
+// load reads the state file: nil when there is none.
+func (s *store) load() (*savedState, error) {
+	f, err := os.Open(s.path())
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read state: %w", err)
+	}
+	defer f.Close()
+	var buf bytes.Buffer
+	if _, err := buf.ReadFrom(io.LimitReader(f, maxStateSize+1)); err != nil {
+		return nil, fmt.Errorf("read state: %w", err)
+	}
+	if buf.Len() > maxStateSize {
+		return nil, &StateError{File: s.path(), Err: fmt.Errorf("larger than %d bytes: %w", maxStateSize, ErrCorruptState)}
+	}
+	st, err := decodeState(buf.Bytes())
+	if err != nil {
+		return nil, &StateError{File: s.path(), Err: err}
+	}
+	return st, nil
+}
+
+// save writes the state atomically: a temporary file in the same
+// directory, written and synced, renamed over the old one, and the
+// directory synced.
+func (s *store) save(st *savedState) error {
+	b, err := encodeState(st)
+	if err != nil {
+		return fmt.Errorf("encode state: %w", err)
+	}
+	tmp, err := os.CreateTemp(s.dir, "."+StateFile+".*.tmp")
+	if err != nil {
+		return fmt.Errorf("write state: %w", err)
+	}
+	name := tmp.Name()
+	ok := false
+	defer func() {
+		if !ok {
+			tmp.Close()
+			os.Remove(name)
+		}
+	}()
+	if _, err := tmp.Write(b); err != nil {
+		return fmt.Errorf("write state: %w", err)
+	}
+	if err := tmp.Sync(); err != nil {
+		return fmt.Errorf("sync state: %w", err)
+	}
+	if err := tmp.Close(); err != nil {
+		return fmt.Errorf("close state: %w", err)
+	}
+	if err := os.Rename(name, s.path()); err != nil {
+		return fmt.Errorf("rename state: %w", err)
+	}
+	ok = true
+	d, err := os.Open(s.dir)
+	if err != nil {
+		return fmt.Errorf("sync state directory: %w", err)
+	}
+	defer d.Close()
+	if err := d.Sync(); err != nil {
+		return fmt.Errorf("sync state directory: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,99 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+)
+
+// withoutLatency drops the two latency columns, the only ones that vary
+// between runs of one seed.
+func withoutLatency(out string) string {
+	var b strings.Builder
+	for _, line := range strings.Split(out, "\n") {
+		f := strings.Fields(line)
+		if len(f) > 2 && (f[0] == "topology" || f[0] == "pack" || f[0] == "spread") {
+			f = f[:len(f)-2]
+		}
+		b.WriteString(strings.Join(f, " ") + "\n")
+	}
+	return b.String()
+}
+
+func TestRun(t *testing.T) {
+	for _, topo := range []string{"dgx1-volta", "dgx2", "rtx8000x4"} {
+		t.Run(topo, func(t *testing.T) {
+			var out, errOut bytes.Buffer
+			args := []string{"-topology", topo, "-jobs", "400", "-seed", "7"}
+			if rc := run(context.Background(), args, &out, &errOut); rc != 0 {
+				t.Fatalf("rc %d: %s", rc, errOut.String())
+			}
+			for _, want := range []string{"node " + topo, "accepted", "NVLink-complete k=2", "p99 latency"} {
+				if !strings.Contains(out.String(), want) {
+					t.Fatalf("no %q in\n%s", want, out.String())
+				}
+			}
+			rows := 0
+			for _, line := range strings.Split(out.String(), "\n") {
+				f := strings.Fields(line)
+				if len(f) > 0 && (f[0] == "topology" || f[0] == "pack" || f[0] == "spread") {
+					rows++
+				}
+			}
+			if rows != 3 {
+				t.Fatalf("%d policy rows in\n%s", rows, out.String())
+			}
+			var again bytes.Buffer
+			run(context.Background(), args, &again, &errOut)
+			if withoutLatency(out.String()) != withoutLatency(again.String()) {
+				t.Fatalf("one seed, two results:\n%s\n%s", out.String(), again.String())
+			}
+		})
+	}
+}
+
+func TestRunBadArguments(t *testing.T) {
+	for _, args := range [][]string{{"-topology", "nope"}, {"-policies", "best"}, {"-jobs", "0"}, {"extra"}, {"-nosuchflag"}} {
+		var out, errOut bytes.Buffer
+		if rc := run(context.Background(), args, &out, &errOut); rc != 2 || errOut.Len() == 0 {
+			t.Errorf("%v: rc %d, stderr %q", args, rc, errOut.String())
+		}
+	}
+}
+
+func TestRunCanceled(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	var out, errOut bytes.Buffer
+	if rc := run(ctx, []string{"-jobs", "10"}, &out, &errOut); rc == 0 {
+		t.Fatal("canceled run succeeded")
+	}
+}
+
+func TestMaxClique(t *testing.T) {
+	// 0-1-2 a triangle, 3 linked to 2 only.
+	adj := []uint64{0b0110, 0b0101, 0b1011, 0b0100}
+	for _, tt := range []struct {
+		cand uint64
+		want int
+	}{{0b1111, 3}, {0b1011, 2}, {0b1001, 1}, {0, 0}} {
+		if got := maxClique(adj, tt.cand); got != tt.want {
+			t.Errorf("cand %04b: %d, want %d", tt.cand, got, tt.want)
+		}
+	}
+}
+
+func TestWorkload(t *testing.T) {
+	jobs := workload(3, 1000, 4, 0.5)
+	seen := map[int]bool{}
+	for i, j := range jobs {
+		if j.size > 4 || j.duration < 0 || i > 0 && j.arrive < jobs[i-1].arrive {
+			t.Fatalf("job %d: %+v", i, j)
+		}
+		seen[j.size] = true
+	}
+	if !seen[1] || !seen[2] || !seen[4] || seen[8] {
+		t.Fatalf("sizes %v", seen)
+	}
+}
