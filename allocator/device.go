@@ -147,3 +147,6 @@ func (a Attribute) Format() string {
 	}
 	return ""
 }
+
+// Ref is the device's identity as allocations carry it.
+func (d Device) Ref() DeviceRef { return refOf(&d) }

@@ -10,6 +10,4 @@ var (
 	ErrNotSupported = errors.New("not supported")
 	// ErrUnknownContainer: no container of that owner exists in the back end.
 	ErrUnknownContainer = errors.New("unknown container")
-	// ErrInvalidOwner: an owner id cannot name a container's kernel objects.
-	ErrInvalidOwner = errors.New("invalid owner id")
 )

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/opencontainers/runtime-spec/specs-go"
@@ -21,7 +22,7 @@ type Plan struct {
 	// Owner is the container's id.
 	Owner string `json:"owner"`
 	// GPUs are the devices the container owns.
-	GPUs []allocator.Device `json:"gpus"`
+	GPUs []allocator.DeviceRef `json:"gpus"`
 	// Rules is the container's device allow list; everything else is denied.
 	Rules []Rule `json:"-"`
 	// Devices are the nodes the container's /dev must hold beyond the
@@ -48,12 +49,12 @@ const (
 	EnvCUDAVisibleDevices = "CUDA_VISIBLE_DEVICES"
 )
 
-// NewPlan computes what owner's container must get to use gpus on the node
-// inv describes (whose GPU nodes live under devRoot), plus the given mounts
-// and environment (for instance the driver volume's). The GPUs must be
-// healthy devices of inv with known minors.
-func NewPlan(owner string, inv *allocator.Inventory, devRoot string, gpus []allocator.Device, mounts []specs.Mount, env []string) (*Plan, error) {
-	if err := ValidateOwner(owner); err != nil {
+// NewPlan computes what owner's container must get to use gpus (as an
+// allocation names them) on the node inv describes, whose GPU nodes live
+// under devRoot, plus the given mounts and environment (for instance the
+// driver volume's). The GPUs must be devices of inv with known minors.
+func NewPlan(owner string, inv *allocator.Inventory, devRoot string, gpus []allocator.DeviceRef, mounts []specs.Mount, env []string) (*Plan, error) {
+	if err := allocator.ValidateOwner(owner); err != nil {
 		return nil, err
 	}
 	p := &Plan{Owner: owner}
@@ -69,10 +70,10 @@ func NewPlan(owner string, inv *allocator.Inventory, devRoot string, gpus []allo
 		if !known || g.Minor < 0 || g.UUID == "" {
 			return nil, fmt.Errorf("plan for %s: GPU %d (%s) is not a device of this node", owner, g.Index, g.UUID)
 		}
-		p.GPUs = append(p.GPUs, g.Clone())
+		p.GPUs = append(p.GPUs, g)
 		p.Devices = append(p.Devices, DeviceNode{
-			Path:     filepath.Join(ContainerDevRoot, g.NodeName()),
-			HostPath: filepath.Join(devRoot, g.NodeName()),
+			Path:     filepath.Join(ContainerDevRoot, nodeName(g.Minor)),
+			HostPath: filepath.Join(devRoot, nodeName(g.Minor)),
 			Major:    allocator.NVIDIAMajor, Minor: uint32(g.Minor),
 		})
 		uuids = append(uuids, g.UUID)
@@ -86,6 +87,8 @@ func NewPlan(owner string, inv *allocator.Inventory, devRoot string, gpus []allo
 	p.Env = append([]string{EnvVisibleDevices + "=" + visible, EnvCUDAVisibleDevices + "=" + strings.Join(uuids, ",")}, env...)
 	return p, nil
 }
+
+func nodeName(minor int) string { return "nvidia" + strconv.Itoa(minor) }
 
 // MergeEnv returns base with every "KEY=value" of over set, replacing the
 // base's value of the same key in place and appending new keys.

@@ -140,7 +140,7 @@ func DefaultRules() []Rule {
 // GPURules is the allow list of a GPU container: the defaults, the control
 // devices every GPU container needs (nvidiactl, nvidia-uvm,
 // nvidia-uvm-tools), then one rule per owned GPU (c 195:<minor> rwm).
-func GPURules(control []allocator.ControlDevice, gpus []allocator.Device) []Rule {
+func GPURules(control []allocator.ControlDevice, gpus []allocator.DeviceRef) []Rule {
 	rules := DefaultRules()
 	for _, c := range control {
 		if c.Name == allocator.NVIDIAModeset {

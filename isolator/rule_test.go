@@ -47,7 +47,7 @@ func TestGPURules(t *testing.T) {
 		{Name: allocator.NVIDIAUVMTools, Major: 236, Minor: 1},
 		{Name: allocator.NVIDIAModeset, Major: 195, Minor: 254},
 	}
-	gpus := []allocator.Device{{Index: 3, Minor: 3}, {Index: 1, Minor: 1}, {Index: 5, Minor: allocator.NoMinor}}
+	gpus := []allocator.DeviceRef{{Index: 3, Minor: 3}, {Index: 1, Minor: 1}, {Index: 5, Minor: allocator.NoMinor}}
 	var got []string
 	for _, r := range GPURules(control, gpus) {
 		got = append(got, r.String())
@@ -71,19 +71,6 @@ func TestParseDevicesList(t *testing.T) {
 	}
 	if _, err := ParseDevicesList(strings.NewReader("c 1:3 rwm\ngarbage\n")); !errors.Is(err, ErrInvalidRule) {
 		t.Fatalf("ParseDevicesList(garbage) = %v", err)
-	}
-}
-
-func TestValidateOwner(t *testing.T) {
-	for _, ok := range []string{"task-1", "job.7_a", "ü-container", strings.Repeat("x", MaxOwnerLen)} {
-		if err := ValidateOwner(ok); err != nil {
-			t.Errorf("ValidateOwner(%q) = %v", ok, err)
-		}
-	}
-	for _, bad := range []string{"", ".", "..", "../x", "a/b", "/", "tab\there", "nul\x00", "\xff", strings.Repeat("x", MaxOwnerLen+1)} {
-		if err := ValidateOwner(bad); !errors.Is(err, ErrInvalidOwner) {
-			t.Errorf("ValidateOwner(%q) = %v, want ErrInvalidOwner", bad, err)
-		}
 	}
 }
 

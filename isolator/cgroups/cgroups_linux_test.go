@@ -58,9 +58,9 @@ func newFixture(t testing.TB, v cgroups.Version) *fixture {
 }
 
 func (f *fixture) rules(gpus ...int) []isolator.Rule {
-	var devs []allocator.Device
+	var devs []allocator.DeviceRef
 	for _, i := range gpus {
-		devs = append(devs, f.inv.Devices[i])
+		devs = append(devs, f.inv.Devices[i].Ref())
 	}
 	return isolator.GPURules(f.inv.ControlDevices, devs)
 }
@@ -191,7 +191,7 @@ func TestRejectsBadInput(t *testing.T) {
 		f := newFixture(t, v)
 		ctx := context.Background()
 		for _, owner := range []string{"../x", "", "a/b", string(make([]byte, 200))} {
-			if err := f.iso.Apply(ctx, owner, f.rules(0)); !errors.Is(err, isolator.ErrInvalidOwner) {
+			if err := f.iso.Apply(ctx, owner, f.rules(0)); !errors.Is(err, allocator.ErrInvalidOwner) {
 				t.Errorf("Apply(%q) = %v, want ErrInvalidOwner", owner, err)
 			}
 		}
