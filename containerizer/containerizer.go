@@ -1,0 +1,106 @@
+package containerizer
+
+import (
+	"context"
+	"errors"
+	"io"
+
+	"github.com/gpuiso/gpuiso/allocator"
+)
+
+// Containerizer runs containers with GPUs. Implementations: package native
+// (a process in its own mount namespace and device cgroup) and package docker
+// (a container of the Docker daemon); Composite puts both behind this one
+// interface.
+type Containerizer interface {
+	// Launch allocates the container's GPUs, prepares its isolation and
+	// starts it. On error nothing is left: no allocation, no cgroup, no
+	// container.
+	Launch(ctx context.Context, spec Spec) (Container, error)
+	// Wait blocks until the container exits and returns its status.
+	Wait(ctx context.Context, id string) (ExitStatus, error)
+	// Update changes the number of GPUs of a running container.
+	Update(ctx context.Context, id string, gpus int) (Container, error)
+	// Destroy stops the container and releases everything it held. Destroying
+	// a container that is already gone is not an error.
+	Destroy(ctx context.Context, id string) error
+	// Recover re-adopts the containers that survived a restart of the
+	// containerizer (with their GPUs) and cleans up those that did not.
+	Recover(ctx context.Context) ([]Container, error)
+	// Containers lists the containers (copies).
+	Containers() []Container
+}
+
+// Spec describes a container to launch.
+type Spec struct {
+	// ID names the container; it is also the owner of its GPUs in the
+	// allocator (see allocator.ValidateOwner for what it may hold).
+	ID string `json:"id"`
+	// Image, when set, is a Docker image to run; empty means a native
+	// container running Command on the host.
+	Image string `json:"image,omitempty"`
+	// Command is the program and its arguments; for an image it replaces
+	// the image's CMD.
+	Command []string `json:"command,omitempty"`
+	// Env is added to the container's environment ("KEY=value").
+	Env []string `json:"env,omitempty"`
+	// Dir is the working directory of a native container.
+	Dir string `json:"dir,omitempty"`
+	// GPUs is what the container asks of the allocator.
+	GPUs allocator.Request `json:"gpus"`
+	// Stdout and Stderr receive the container's output; nil discards it.
+	Stdout io.Writer `json:"-"`
+	Stderr io.Writer `json:"-"`
+}
+
+// Kind is a containerizer back end.
+type Kind string
+
+// Kinds.
+const (
+	KindNative Kind = "native"
+	KindDocker Kind = "docker"
+)
+
+// State is where a container is in its life.
+type State string
+
+// States.
+const (
+	StateRunning State = "running"
+	StateExited  State = "exited"
+)
+
+// Container describes a launched container.
+type Container struct {
+	ID   string `json:"id"`
+	Kind Kind   `json:"kind"`
+	// GPUs are the devices the container owns.
+	GPUs []allocator.DeviceRef `json:"gpus"`
+	// Volume is the host path of the driver volume mounted at
+	// /usr/local/nvidia, or "" when the container has none.
+	Volume string `json:"volume,omitempty"`
+	// Pid is the host pid of a native container's first process.
+	Pid int `json:"pid,omitempty"`
+	// RuntimeID is the Docker container id.
+	RuntimeID string `json:"runtimeId,omitempty"`
+	State     State  `json:"state"`
+}
+
+// ExitStatus is how a container ended: its exit code, or 128+N when killed
+// by signal N (as shells report it).
+type ExitStatus struct {
+	Code int `json:"code"`
+}
+
+var (
+	// ErrUnknownContainer: no container has that id.
+	ErrUnknownContainer = errors.New("unknown container")
+	// ErrContainerExists: a container with that id already runs.
+	ErrContainerExists = errors.New("container already exists")
+	// ErrNotSupported: the back end cannot do what was asked (for instance,
+	// Docker cannot change the devices of a running container).
+	ErrNotSupported = errors.New("not supported")
+	// ErrInvalidSpec: a Spec is incomplete or contradicts itself.
+	ErrInvalidSpec = errors.New("invalid container spec")
+)
