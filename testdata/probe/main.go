@@ -8,6 +8,7 @@
 //	probe ls DIR          the names in DIR, one a line
 //	probe env NAME...     "<name>=<value>" for each variable that is set
 //	probe exit CODE       exits with CODE
+//	probe sleep SECONDS   sleeps, then exits 0 (a container that keeps running)
 package main
 
 import (
@@ -16,11 +17,12 @@ import (
 	"os"
 	"strconv"
 	"syscall"
+	"time"
 )
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: probe open|write|ls|env|exit ARGS...")
+		fmt.Fprintln(os.Stderr, "usage: probe open|write|ls|env|exit|sleep ARGS...")
 		os.Exit(2)
 	}
 	args := os.Args[2:]
@@ -61,6 +63,12 @@ func main() {
 			code, _ = strconv.Atoi(args[0])
 		}
 		os.Exit(code)
+	case "sleep":
+		secs := 0
+		if len(args) > 0 {
+			secs, _ = strconv.Atoi(args[0])
+		}
+		time.Sleep(time.Duration(secs) * time.Second)
 	default:
 		fmt.Fprintf(os.Stderr, "probe: unknown command %q\n", os.Args[1])
 		os.Exit(2)
