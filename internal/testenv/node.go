@@ -1,0 +1,32 @@
+package testenv
+
+import (
+	"context"
+	"testing"
+
+	"github.com/gpuiso/gpuiso/allocator"
+	"github.com/gpuiso/gpuiso/allocator/simnode"
+)
+
+// SimulatedNode builds the shipped simulated node name with its host tree
+// (device nodes with NVIDIA's numbers) in a temporary directory of tb, and
+// returns the node, its host and the inventory Discover reads from them.
+// It needs root for the device nodes and calls RequireRoot.
+func SimulatedNode(tb testing.TB, name string) (*simnode.Node, *simnode.Host, *allocator.Inventory) {
+	tb.Helper()
+	RequireRoot(tb)
+	node, err := simnode.New(name)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	host, err := node.MakeHost(tb.TempDir())
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { host.Remove() })
+	inv, err := allocator.Discover(context.Background(), node.DiscoverOptions(host)...)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return node, host, inv
+}
