@@ -1,0 +1,51 @@
+// Package docker runs GPU containers through the Docker daemon's API, with
+// gpuiso's allocator, driver volume and Docker isolator: the devices and the
+// driver are injected by the containerizer itself, so no NVIDIA runtime hook
+// is needed on the daemon's host.
+//
+// # Launch
+//
+// [Containerizer.Launch] inspects the image first (its labels and
+// environment; an image's configuration may be empty) and decides there,
+// before anything is created or held for good, whether the container gets
+// the driver volume (the com.nvidia.volumes.needed label, or
+// NVIDIA_VISIBLE_DEVICES set) and whether the driver meets the image's
+// NVIDIA_REQUIRE_* requirements: an image the driver cannot serve is refused
+// with an error matching volume.ErrRequirementUnmet, and no container is
+// created and no GPU held. The requirements that concern the GPUs themselves
+// (arch, brand) are checked on the GPUs the allocator chose, which are
+// released again when they fail. The container is then created with the
+// Docker isolator's configuration (package isolator/docker: device mappings
+// with "rwm", the volume read-only at /usr/local/nvidia, the environment)
+// and labels recording its owner, its GPUs, the volume and the
+// containerizer's namespace; its output is demultiplexed onto the spec's
+// writers from an attach made before it starts, so none is lost.
+//
+// # Lifecycle
+//
+// [Containerizer.Wait] returns the exit status (128+N for a signal) once the
+// output is copied. [Containerizer.Destroy] stops (after a grace period) and
+// removes the container, releases its GPUs and its use of the volume.
+// [Containerizer.Update] returns an error matching
+// containerizer.ErrNotSupported and changes nothing: the daemon cannot
+// change the device rules of a created container (moby #42255).
+//
+// # Recovery
+//
+// Everything needed to find a container again is in its labels and the
+// allocator's durable state. [Containerizer.Recover], run by a new
+// containerizer over the same daemon and allocator state, lists the
+// containers of its namespace, re-adopts each with its GPUs (allocating its
+// recorded devices again where the allocator lost them), and releases what
+// it held for containers that vanished; unless the allocator is shared with
+// other containerizers ([WithSharedAllocator]), it reconciles the allocator
+// against the live containers. Output writers are not re-attached.
+//
+// When the daemon does not answer, calls fail with a [*DaemonError]
+// (matching [ErrDaemonUnavailable]) and change nothing; once it is back,
+// the same calls, or Recover, succeed. A daemon without live-restore stops
+// its containers when it stops: they are found exited, keep their GPUs
+// until destroyed, and Wait reports how they ended.
+//
+// The containerizer never logs unless given a logger with [WithLogger].
+package docker

@@ -1,0 +1,635 @@
+package docker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"maps"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	cerrdefs "github.com/containerd/errdefs"
+	"github.com/moby/moby/api/pkg/stdcopy"
+	"github.com/moby/moby/api/types/container"
+	"github.com/moby/moby/client"
+	"github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/gpuiso/gpuiso/allocator"
+	"github.com/gpuiso/gpuiso/containerizer"
+	"github.com/gpuiso/gpuiso/isolator"
+	isodocker "github.com/gpuiso/gpuiso/isolator/docker"
+	"github.com/gpuiso/gpuiso/volume"
+)
+
+// Labels the containerizer adds to those of the Docker isolator (owner and
+// GPUs).
+const (
+	// LabelNamespace holds the namespace of the containerizer that created
+	// the container; Recover adopts only its own namespace's containers.
+	LabelNamespace = "io.gpuiso.namespace"
+	// LabelVolume holds the driver version of the volume the container
+	// mounts, when it mounts one.
+	LabelVolume = "io.gpuiso.volume"
+)
+
+// DefaultNamespace is the namespace of a containerizer built without
+// WithNamespace.
+const DefaultNamespace = "default"
+
+// Client is what the containerizer asks of the Docker API; a
+// *client.Client from github.com/moby/moby/client has it.
+type Client interface {
+	ImageInspect(ctx context.Context, image string, opts ...client.ImageInspectOption) (client.ImageInspectResult, error)
+	ContainerCreate(ctx context.Context, opts client.ContainerCreateOptions) (client.ContainerCreateResult, error)
+	ContainerAttach(ctx context.Context, id string, opts client.ContainerAttachOptions) (client.ContainerAttachResult, error)
+	ContainerStart(ctx context.Context, id string, opts client.ContainerStartOptions) (client.ContainerStartResult, error)
+	ContainerWait(ctx context.Context, id string, opts client.ContainerWaitOptions) client.ContainerWaitResult
+	ContainerInspect(ctx context.Context, id string, opts client.ContainerInspectOptions) (client.ContainerInspectResult, error)
+	ContainerStop(ctx context.Context, id string, opts client.ContainerStopOptions) (client.ContainerStopResult, error)
+	ContainerRemove(ctx context.Context, id string, opts client.ContainerRemoveOptions) (client.ContainerRemoveResult, error)
+	ContainerList(ctx context.Context, opts client.ContainerListOptions) (client.ContainerListResult, error)
+}
+
+var _ Client = (*client.Client)(nil)
+
+// Option configures a Containerizer.
+type Option func(*config) error
+
+type config struct {
+	devRoot     string
+	volumes     *volume.Manager
+	namespace   string
+	stopTimeout time.Duration
+	shared      bool
+	logger      *slog.Logger
+}
+
+// WithDevRoot sets the host directory holding the GPUs' device nodes
+// (default /dev; a simulated node's dev root in tests).
+func WithDevRoot(dir string) Option {
+	return func(c *config) error {
+		if !filepath.IsAbs(dir) {
+			return fmt.Errorf("dev root %q: not an absolute path", dir)
+		}
+		c.devRoot = filepath.Clean(dir)
+		return nil
+	}
+}
+
+// WithVolumes gives the containerizer the driver volume manager; without
+// it, images that need the volume are refused with ErrNoVolume.
+func WithVolumes(m *volume.Manager) Option {
+	return func(c *config) error {
+		c.volumes = m
+		return nil
+	}
+}
+
+// WithNamespace sets the value of LabelNamespace, so that several
+// containerizers can share one daemon without adopting each other's
+// containers. It must be a valid owner id (see allocator.ValidateOwner).
+func WithNamespace(ns string) Option {
+	return func(c *config) error {
+		if err := allocator.ValidateOwner(ns); err != nil {
+			return fmt.Errorf("namespace: %w", err)
+		}
+		c.namespace = ns
+		return nil
+	}
+}
+
+// WithStopTimeout sets how long Destroy lets a container stop on SIGTERM
+// before it is killed (default 10 s).
+func WithStopTimeout(d time.Duration) Option {
+	return func(c *config) error {
+		if d < 0 {
+			return fmt.Errorf("stop timeout %v: negative", d)
+		}
+		c.stopTimeout = d
+		return nil
+	}
+}
+
+// WithSharedAllocator says that other containerizers (a native one, under
+// containerizer.Composite) hold GPUs of the same allocator: Recover then
+// leaves the owners it does not know alone, and whoever composes the
+// containerizers reconciles the allocator against all of them.
+func WithSharedAllocator() Option {
+	return func(c *config) error {
+		c.shared = true
+		return nil
+	}
+}
+
+// WithLogger sets the logger (default: none).
+func WithLogger(l *slog.Logger) Option {
+	return func(c *config) error {
+		if l == nil {
+			return errors.New("nil logger")
+		}
+		c.logger = l
+		return nil
+	}
+}
+
+// Containerizer runs containers through the Docker daemon (see the package
+// documentation). It is safe for concurrent use.
+type Containerizer struct {
+	cli   Client
+	alloc *allocator.Allocator
+	inv   *allocator.Inventory
+	cfg   config
+
+	mu         sync.Mutex
+	containers map[string]*entry
+}
+
+var _ containerizer.Containerizer = (*Containerizer)(nil)
+
+// entry is a container the containerizer knows of. While launching is true
+// its id is reserved and nothing else about it is settled.
+type entry struct {
+	c         containerizer.Container
+	launching bool
+	version   string // driver volume version, "" for none
+	exit      *containerizer.ExitStatus
+	streamed  chan struct{} // closed when the output is copied; nil when not attached
+}
+
+// New returns a containerizer that runs containers on the daemon cli talks
+// to, with GPUs of alloc, whose node inv describes.
+func New(cli Client, alloc *allocator.Allocator, inv *allocator.Inventory, opts ...Option) (*Containerizer, error) {
+	if cli == nil || alloc == nil || inv == nil {
+		return nil, errors.New("docker containerizer: nil client, allocator or inventory")
+	}
+	cfg := config{
+		devRoot:     allocator.DefaultDevRoot,
+		namespace:   DefaultNamespace,
+		stopTimeout: 10 * time.Second,
+		logger:      slog.New(slog.DiscardHandler),
+	}
+	for _, o := range opts {
+		if err := o(&cfg); err != nil {
+			return nil, fmt.Errorf("docker containerizer: %w", err)
+		}
+	}
+	return &Containerizer{cli: cli, alloc: alloc, inv: inv.Clone(), cfg: cfg, containers: map[string]*entry{}}, nil
+}
+
+// Namespace returns the containerizer's namespace (see WithNamespace).
+func (z *Containerizer) Namespace() string { return z.cfg.namespace }
+
+// cleanupCtx is a context for undoing work after ctx may have ended.
+func cleanupCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+}
+
+// Launch runs spec.Image with its GPUs (see the package documentation). On
+// error nothing is left: no container, no allocation, no volume use.
+func (z *Containerizer) Launch(ctx context.Context, spec containerizer.Spec) (c containerizer.Container, err error) {
+	if err := allocator.ValidateOwner(spec.ID); err != nil {
+		return c, fmt.Errorf("launch %q: %w: %w", spec.ID, containerizer.ErrInvalidSpec, err)
+	}
+	if spec.Image == "" {
+		return c, fmt.Errorf("launch %s: %w: no image", spec.ID, containerizer.ErrInvalidSpec)
+	}
+	z.mu.Lock()
+	if _, ok := z.containers[spec.ID]; ok {
+		z.mu.Unlock()
+		return c, fmt.Errorf("launch %s: %w", spec.ID, containerizer.ErrContainerExists)
+	}
+	e := &entry{launching: true}
+	z.containers[spec.ID] = e
+	z.mu.Unlock()
+
+	var undo []func(context.Context)
+	defer func() {
+		if err == nil {
+			return
+		}
+		cctx, cancel := cleanupCtx(ctx)
+		defer cancel()
+		for _, f := range slices.Backward(undo) {
+			f(cctx)
+		}
+		z.mu.Lock()
+		delete(z.containers, spec.ID)
+		z.mu.Unlock()
+	}()
+
+	// Decide from the image, before anything is held.
+	insp, err := z.cli.ImageInspect(ctx, spec.Image)
+	if err != nil {
+		return c, fmt.Errorf("launch %s: %w", spec.ID, daemonErr("inspect image "+spec.Image, err))
+	}
+	img := volume.Image{}
+	if insp.Config != nil {
+		img.Labels, img.Env = insp.Config.Labels, insp.Config.Env
+	}
+	img.Env = isolator.MergeEnv(img.Env, spec.Env)
+	needsVolume := img.NeedsVolume()
+	if needsVolume && z.cfg.volumes == nil {
+		return c, fmt.Errorf("launch %s: image %s: %w", spec.ID, spec.Image, ErrNoVolume)
+	}
+	drv := volume.Driver{Version: z.inv.DriverVersion, CUDA: z.inv.CUDAVersion}
+	if err := volume.Check(img, drv, nil); err != nil {
+		return c, fmt.Errorf("launch %s: image %s: %w", spec.ID, spec.Image, err)
+	}
+
+	var alloc allocator.Allocation
+	if !noGPUs(spec.GPUs) {
+		alloc, err = z.alloc.Allocate(ctx, spec.ID, spec.GPUs)
+		if err != nil {
+			return c, fmt.Errorf("launch %s: %w", spec.ID, err)
+		}
+		undo = append(undo, func(ctx context.Context) { z.alloc.Release(ctx, spec.ID) })
+	}
+	if err := volume.Check(img, drv, z.devices(alloc.Devices)); err != nil {
+		return c, fmt.Errorf("launch %s: image %s: %w", spec.ID, spec.Image, err)
+	}
+
+	var mounts []specs.Mount
+	var env []string
+	var vol *volume.Volume
+	if needsVolume {
+		vol, err = z.cfg.volumes.Build(ctx)
+		if err != nil {
+			return c, fmt.Errorf("launch %s: %w", spec.ID, err)
+		}
+		if err := z.cfg.volumes.Acquire(ctx, vol.Version, spec.ID); err != nil {
+			return c, fmt.Errorf("launch %s: %w", spec.ID, err)
+		}
+		undo = append(undo, func(ctx context.Context) { z.cfg.volumes.Release(ctx, vol.Version, spec.ID) })
+		inj := vol.Injection(img.Env)
+		mounts = []specs.Mount{{Source: inj.Mount.Source, Destination: inj.Mount.Destination, Type: inj.Mount.Type, Options: inj.Mount.Options}}
+		env = inj.Env
+	}
+	for _, k := range slices.Sorted(maps.Keys(alloc.Env)) {
+		if k != isolator.EnvVisibleDevices {
+			env = append(env, k+"="+alloc.Env[k])
+		}
+	}
+	plan, err := isolator.NewPlan(spec.ID, z.inv, z.cfg.devRoot, alloc.Devices, mounts, env)
+	if err != nil {
+		return c, fmt.Errorf("launch %s: %w", spec.ID, err)
+	}
+	dcfg, err := isodocker.New(plan)
+	if err != nil {
+		return c, fmt.Errorf("launch %s: %w", spec.ID, err)
+	}
+	cfg := &container.Config{
+		Image:      spec.Image,
+		Cmd:        slices.Clone(spec.Command),
+		Env:        slices.Clone(spec.Env),
+		WorkingDir: spec.Dir,
+		Labels:     map[string]string{LabelNamespace: z.cfg.namespace},
+	}
+	if vol != nil {
+		cfg.Labels[LabelVolume] = vol.Version
+	}
+	hc := &container.HostConfig{}
+	if err := dcfg.Apply(cfg, hc); err != nil {
+		return c, fmt.Errorf("launch %s: %w", spec.ID, err)
+	}
+
+	created, err := z.cli.ContainerCreate(ctx, client.ContainerCreateOptions{Config: cfg, HostConfig: hc})
+	if err != nil {
+		return c, fmt.Errorf("launch %s: %w", spec.ID, daemonErr("create container", err))
+	}
+	undo = append(undo, func(ctx context.Context) {
+		z.cli.ContainerRemove(ctx, created.ID, client.ContainerRemoveOptions{Force: true})
+	})
+
+	var streamed chan struct{}
+	if spec.Stdout != nil || spec.Stderr != nil {
+		att, err := z.cli.ContainerAttach(ctx, created.ID, client.ContainerAttachOptions{Stream: true, Stdout: true, Stderr: true})
+		if err != nil {
+			return c, fmt.Errorf("launch %s: %w", spec.ID, daemonErr("attach container", err))
+		}
+		streamed = make(chan struct{})
+		go copyOutput(att.HijackedResponse, spec.Stdout, spec.Stderr, streamed)
+		undo = append(undo, func(context.Context) { att.Close() })
+	}
+	if _, err := z.cli.ContainerStart(ctx, created.ID, client.ContainerStartOptions{}); err != nil {
+		return c, fmt.Errorf("launch %s: %w", spec.ID, daemonErr("start container", err))
+	}
+
+	c = containerizer.Container{ID: spec.ID, Kind: containerizer.KindDocker, GPUs: slices.Clone(alloc.Devices), RuntimeID: created.ID, State: containerizer.StateRunning}
+	if vol != nil {
+		c.Volume = vol.Path
+	}
+	z.mu.Lock()
+	*e = entry{c: c, streamed: streamed}
+	if vol != nil {
+		e.version = vol.Version
+	}
+	z.mu.Unlock()
+	z.cfg.logger.InfoContext(ctx, "launched", "id", spec.ID, "container", created.ID, "gpus", len(c.GPUs), "volume", c.Volume)
+	return copyContainer(c), nil
+}
+
+// noGPUs reports whether r asks for nothing: such a container gets the
+// control devices and no GPU, and holds nothing in the allocator.
+func noGPUs(r allocator.Request) bool {
+	return r.Count == 0 && len(r.Devices) == 0 && r.MemoryBytes == 0
+}
+
+// copyOutput demultiplexes a container's attached output onto its writers.
+func copyOutput(att client.HijackedResponse, stdout, stderr io.Writer, done chan<- struct{}) {
+	defer close(done)
+	defer att.Close()
+	if stdout == nil {
+		stdout = io.Discard
+	}
+	if stderr == nil {
+		stderr = io.Discard
+	}
+	stdcopy.StdCopy(stdout, stderr, att.Reader)
+}
+
+// devices returns the inventory's devices of refs, for requirement checks.
+func (z *Containerizer) devices(refs []allocator.DeviceRef) []allocator.Device {
+	var out []allocator.Device
+	for _, r := range refs {
+		for _, d := range z.inv.Devices {
+			if d.UUID == r.UUID {
+				out = append(out, d)
+			}
+		}
+	}
+	return out
+}
+
+func copyContainer(c containerizer.Container) containerizer.Container {
+	c.GPUs = slices.Clone(c.GPUs)
+	return c
+}
+
+// lookup returns the settled entry of id.
+func (z *Containerizer) lookup(id string) (*entry, containerizer.Container, error) {
+	z.mu.Lock()
+	defer z.mu.Unlock()
+	e, ok := z.containers[id]
+	if !ok || e.launching {
+		return nil, containerizer.Container{}, fmt.Errorf("%s: %w", id, containerizer.ErrUnknownContainer)
+	}
+	return e, copyContainer(e.c), nil
+}
+
+// Wait blocks until the container exits and its output is copied, and
+// returns its exit status.
+func (z *Containerizer) Wait(ctx context.Context, id string) (containerizer.ExitStatus, error) {
+	e, c, err := z.lookup(id)
+	if err != nil {
+		return containerizer.ExitStatus{}, fmt.Errorf("wait: %w", err)
+	}
+	z.mu.Lock()
+	exit, streamed := e.exit, e.streamed
+	z.mu.Unlock()
+	if exit != nil {
+		return *exit, nil
+	}
+	res := z.cli.ContainerWait(ctx, c.RuntimeID, client.ContainerWaitOptions{Condition: container.WaitConditionNotRunning})
+	var status containerizer.ExitStatus
+	select {
+	case r := <-res.Result:
+		if r.Error != nil && r.Error.Message != "" {
+			return status, fmt.Errorf("wait %s: %s", id, r.Error.Message)
+		}
+		status.Code = int(r.StatusCode)
+	case err := <-res.Error:
+		return status, fmt.Errorf("wait %s: %w", id, daemonErr("wait container", err))
+	}
+	if streamed != nil {
+		select {
+		case <-streamed:
+		case <-ctx.Done():
+			return status, fmt.Errorf("wait %s: output: %w", id, ctx.Err())
+		}
+	}
+	z.mu.Lock()
+	e.exit = &status
+	e.c.State = containerizer.StateExited
+	z.mu.Unlock()
+	return status, nil
+}
+
+// Update always fails with an error matching containerizer.ErrNotSupported
+// (or ErrUnknownContainer) and changes nothing: the Docker daemon cannot
+// change the device rules of a created container (moby #42255). Destroy the
+// container and launch it again with the new count instead.
+func (z *Containerizer) Update(ctx context.Context, id string, gpus int) (containerizer.Container, error) {
+	if _, _, err := z.lookup(id); err != nil {
+		return containerizer.Container{}, fmt.Errorf("update: %w", err)
+	}
+	return containerizer.Container{}, fmt.Errorf("update %s to %d gpus: docker cannot change the devices of a created container (moby #42255): %w", id, gpus, containerizer.ErrNotSupported)
+}
+
+// Destroy stops and removes the container and releases its GPUs and its use
+// of the volume. An unknown container is not an error. When the daemon does
+// not answer, the error matches ErrDaemonUnavailable and the container is
+// still known, to be destroyed again later.
+func (z *Containerizer) Destroy(ctx context.Context, id string) error {
+	e, c, err := z.lookup(id)
+	if err != nil {
+		return nil
+	}
+	z.mu.Lock()
+	exited := e.exit != nil
+	version := e.version
+	z.mu.Unlock()
+	if !exited {
+		secs := int(z.cfg.stopTimeout / time.Second)
+		_, err := z.cli.ContainerStop(ctx, c.RuntimeID, client.ContainerStopOptions{Timeout: &secs})
+		if err != nil && !cerrdefs.IsNotFound(err) {
+			return fmt.Errorf("destroy %s: %w", id, daemonErr("stop container", err))
+		}
+	}
+	_, err = z.cli.ContainerRemove(ctx, c.RuntimeID, client.ContainerRemoveOptions{Force: true})
+	if err != nil && !cerrdefs.IsNotFound(err) {
+		return fmt.Errorf("destroy %s: %w", id, daemonErr("remove container", err))
+	}
+	if err := z.release(ctx, id, version); err != nil {
+		return fmt.Errorf("destroy %s: %w", id, err)
+	}
+	z.mu.Lock()
+	if z.containers[id] == e {
+		delete(z.containers, id)
+	}
+	z.mu.Unlock()
+	z.cfg.logger.InfoContext(ctx, "destroyed", "id", id, "container", c.RuntimeID)
+	return nil
+}
+
+// release gives back what owner held: its GPUs and its use of the volume.
+func (z *Containerizer) release(ctx context.Context, owner, version string) error {
+	var errs []error
+	if err := z.alloc.Release(ctx, owner); err != nil && !errors.Is(err, allocator.ErrUnknownOwner) {
+		errs = append(errs, err)
+	}
+	if version != "" && z.cfg.volumes != nil {
+		errs = append(errs, z.cfg.volumes.Release(ctx, version, owner))
+	}
+	return errors.Join(errs...)
+}
+
+// Recover adopts the containers of the containerizer's namespace that the
+// daemon still has, with their GPUs, and releases what was held for those
+// that vanished (see the package documentation). A container that cannot be
+// adopted is left alone and reported in the joined error (matching
+// ErrNotManaged); the others are adopted all the same.
+func (z *Containerizer) Recover(ctx context.Context) ([]containerizer.Container, error) {
+	list, err := z.cli.ContainerList(ctx, client.ContainerListOptions{
+		All:     true,
+		Filters: make(client.Filters).Add("label", LabelNamespace+"="+z.cfg.namespace),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("recover: %w", daemonErr("list containers", err))
+	}
+	var errs []error
+	found := map[string]*entry{}
+	listed := map[string]bool{} // owners with a container, adopted or not
+	for _, s := range list.Items {
+		owner, gpus, err := isodocker.ParseLabels(s.Labels)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("recover container %s: %w: %w", s.ID, ErrNotManaged, err))
+			continue
+		}
+		listed[owner] = true
+		if _, dup := found[owner]; dup {
+			errs = append(errs, fmt.Errorf("recover container %s: %w: owner %s has another container", s.ID, ErrNotManaged, owner))
+			continue
+		}
+		if err := z.reclaim(ctx, owner, gpus); err != nil {
+			errs = append(errs, fmt.Errorf("recover container %s: %w: %w", s.ID, ErrNotManaged, err))
+			continue
+		}
+		e := &entry{c: containerizer.Container{ID: owner, Kind: containerizer.KindDocker, GPUs: gpus, RuntimeID: s.ID, State: containerizer.StateRunning}}
+		if v := s.Labels[LabelVolume]; v != "" && z.cfg.volumes != nil {
+			e.version = v
+			e.c.Volume = filepath.Join(z.cfg.volumes.Root(), volume.Prefix+v)
+			if err := z.cfg.volumes.Acquire(ctx, v, owner); err != nil {
+				errs = append(errs, fmt.Errorf("recover %s: %w", owner, err))
+			}
+		}
+		switch s.State {
+		case container.StateRunning, container.StatePaused, container.StateRestarting:
+		default:
+			insp, err := z.cli.ContainerInspect(ctx, s.ID, client.ContainerInspectOptions{})
+			if err != nil {
+				if cerrdefs.IsNotFound(err) {
+					continue // removed meanwhile: released below
+				}
+				return nil, fmt.Errorf("recover: %w", daemonErr("inspect container", err))
+			}
+			if st := insp.Container.State; st != nil && !st.Running {
+				e.exit = &containerizer.ExitStatus{Code: st.ExitCode}
+				e.c.State = containerizer.StateExited
+			}
+		}
+		found[owner] = e
+	}
+
+	z.mu.Lock()
+	var vanished []*entry
+	for id, e := range z.containers {
+		if e.launching {
+			continue
+		}
+		if f, ok := found[id]; !ok || f.c.RuntimeID != e.c.RuntimeID {
+			if !listed[id] {
+				vanished = append(vanished, e)
+			}
+			delete(z.containers, id)
+		}
+	}
+	for id, f := range found {
+		if old, ok := z.containers[id]; ok && old.c.RuntimeID == f.c.RuntimeID {
+			// Known already: keep its output stream and exit status.
+			old.c.GPUs, old.version = f.c.GPUs, f.version
+			if f.exit != nil && old.exit == nil {
+				old.exit, old.c.State = f.exit, f.c.State
+			}
+			continue
+		}
+		z.containers[id] = f
+	}
+	z.mu.Unlock()
+	for _, e := range vanished {
+		if err := z.release(ctx, e.c.ID, e.version); err != nil {
+			errs = append(errs, fmt.Errorf("recover: release vanished %s: %w", e.c.ID, err))
+		}
+	}
+	if !z.cfg.shared {
+		live := slices.Collect(maps.Keys(listed))
+		z.mu.Lock()
+		for id, e := range z.containers {
+			if e.launching {
+				live = append(live, id)
+			}
+		}
+		z.mu.Unlock()
+		if _, err := z.alloc.Reconcile(ctx, live); err != nil {
+			errs = append(errs, fmt.Errorf("recover: %w", err))
+		}
+	}
+	return z.Containers(), errors.Join(errs...)
+}
+
+// reclaim makes sure the allocator holds gpus for owner, allocating them
+// again (as explicit devices) when it lost them.
+func (z *Containerizer) reclaim(ctx context.Context, owner string, gpus []allocator.DeviceRef) error {
+	held, err := z.alloc.Allocation(owner)
+	if err == nil {
+		if !sameDevices(held.Devices, gpus) {
+			return fmt.Errorf("owner %s holds %v in the allocator, its labels say %v", owner, uuids(held.Devices), uuids(gpus))
+		}
+		return nil
+	}
+	if !errors.Is(err, allocator.ErrUnknownOwner) {
+		return err
+	}
+	if len(gpus) == 0 {
+		return nil
+	}
+	if _, err := z.alloc.Allocate(ctx, owner, allocator.Request{Devices: uuids(gpus)}); err != nil {
+		return err
+	}
+	return nil
+}
+
+func uuids(refs []allocator.DeviceRef) []string {
+	out := make([]string, len(refs))
+	for i, r := range refs {
+		out[i] = r.UUID
+	}
+	return out
+}
+
+func sameDevices(a, b []allocator.DeviceRef) bool {
+	x, y := uuids(a), uuids(b)
+	sort.Strings(x)
+	sort.Strings(y)
+	return slices.Equal(x, y)
+}
+
+// Containers lists the containers the containerizer knows of, by id
+// (copies).
+func (z *Containerizer) Containers() []containerizer.Container {
+	z.mu.Lock()
+	defer z.mu.Unlock()
+	var out []containerizer.Container
+	for _, e := range z.containers {
+		if !e.launching {
+			out = append(out, copyContainer(e.c))
+		}
+	}
+	slices.SortFunc(out, func(a, b containerizer.Container) int { return strings.Compare(a.ID, b.ID) })
+	return out
+}

@@ -1,0 +1,64 @@
+package docker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"syscall"
+
+	"github.com/moby/moby/client"
+)
+
+var (
+	// ErrDaemonUnavailable: the Docker daemon does not answer (stopped,
+	// restarting, or its socket is gone). What was asked did not happen; the
+	// containerizer's state is as it was, and the call may be repeated once
+	// the daemon is back.
+	ErrDaemonUnavailable = errors.New("docker daemon unavailable")
+	// ErrNoVolume: the image asks for the driver volume but the
+	// containerizer has no volume manager (see WithVolumes).
+	ErrNoVolume = errors.New("image needs the driver volume but none is configured")
+	// ErrNotManaged: a container the daemon lists carries gpuiso's labels
+	// but cannot be adopted (its labels do not parse, or its GPUs are held
+	// by another owner).
+	ErrNotManaged = errors.New("container cannot be adopted")
+)
+
+// DaemonError is a call the Docker daemon did not answer.
+type DaemonError struct {
+	// Op is what was asked ("inspect image", "create container", ...).
+	Op string
+	// Err is the client's error.
+	Err error
+}
+
+func (e *DaemonError) Error() string {
+	return fmt.Sprintf("%s: docker daemon unavailable: %v", e.Op, e.Err)
+}
+
+// Is matches ErrDaemonUnavailable.
+func (e *DaemonError) Is(target error) bool { return target == ErrDaemonUnavailable }
+
+// Unwrap returns the client's error.
+func (e *DaemonError) Unwrap() error { return e.Err }
+
+// daemonErr turns an error of the client into a *DaemonError when it says
+// that the daemon could not be reached or dropped the connection; other
+// errors (not found, conflict, bad request) come back as they are.
+func daemonErr(op string, err error) error {
+	if err == nil {
+		return nil
+	}
+	var netErr *net.OpError
+	unreachable := client.IsErrConnectionFailed(err) ||
+		errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) ||
+		errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.EPIPE) ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		(errors.As(err, &netErr) && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded))
+	if unreachable {
+		return &DaemonError{Op: op, Err: err}
+	}
+	return fmt.Errorf("%s: %w", op, err)
+}
