@@ -1,0 +1,204 @@
+package containerizer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+
+	"github.com/gpuiso/gpuiso/allocator"
+)
+
+// Composite puts a native and a Docker containerizer behind one
+// Containerizer: a spec with an Image goes to Docker, one without to the
+// native back end. Both back ends must be built over the same
+// *allocator.Allocator, the one given to NewComposite, so that they never
+// hand out the same GPU; the Docker one with its shared-allocator option, so
+// that its own recovery leaves the native containers' GPUs alone.
+//
+// Container ids are unique across both back ends. Recover recovers both and
+// then reconciles the allocator against the union of their live containers.
+// Composite is safe for concurrent use.
+type Composite struct {
+	alloc    *allocator.Allocator
+	backends map[Kind]Containerizer
+
+	mu     sync.Mutex
+	routes map[string]Kind // container id -> back end; "" while launching
+}
+
+var _ Containerizer = (*Composite)(nil)
+
+// NewComposite returns a Composite over native and docker, which share
+// alloc. Either back end may be nil: specs routed to it are refused with
+// ErrNotSupported.
+func NewComposite(alloc *allocator.Allocator, native, docker Containerizer) (*Composite, error) {
+	if alloc == nil {
+		return nil, errors.New("composite containerizer: nil allocator")
+	}
+	if native == nil && docker == nil {
+		return nil, errors.New("composite containerizer: no back end")
+	}
+	c := &Composite{alloc: alloc, backends: map[Kind]Containerizer{}, routes: map[string]Kind{}}
+	if native != nil {
+		c.backends[KindNative] = native
+	}
+	if docker != nil {
+		c.backends[KindDocker] = docker
+	}
+	return c, nil
+}
+
+// Route returns the back end a spec goes to: Docker when it names an image.
+func Route(spec Spec) Kind {
+	if spec.Image != "" {
+		return KindDocker
+	}
+	return KindNative
+}
+
+// Launch launches spec on its back end. An id already used by either back
+// end is refused with ErrContainerExists.
+func (c *Composite) Launch(ctx context.Context, spec Spec) (Container, error) {
+	kind := Route(spec)
+	b, ok := c.backends[kind]
+	if !ok {
+		return Container{}, fmt.Errorf("launch %s: no %s containerizer: %w", spec.ID, kind, ErrNotSupported)
+	}
+	c.mu.Lock()
+	if _, ok := c.routes[spec.ID]; ok {
+		c.mu.Unlock()
+		return Container{}, fmt.Errorf("launch %s: %w", spec.ID, ErrContainerExists)
+	}
+	c.routes[spec.ID] = "" // reserved
+	c.mu.Unlock()
+	ctr, err := b.Launch(ctx, spec)
+	c.mu.Lock()
+	if err != nil {
+		delete(c.routes, spec.ID)
+	} else {
+		c.routes[spec.ID] = kind
+	}
+	c.mu.Unlock()
+	return ctr, err
+}
+
+// backend returns the back end of a launched container.
+func (c *Composite) backend(id string) (Containerizer, error) {
+	c.mu.Lock()
+	kind, ok := c.routes[id]
+	c.mu.Unlock()
+	if !ok || kind == "" {
+		return nil, fmt.Errorf("%s: %w", id, ErrUnknownContainer)
+	}
+	return c.backends[kind], nil
+}
+
+// Wait waits for the container on its back end.
+func (c *Composite) Wait(ctx context.Context, id string) (ExitStatus, error) {
+	b, err := c.backend(id)
+	if err != nil {
+		return ExitStatus{}, fmt.Errorf("wait: %w", err)
+	}
+	return b.Wait(ctx, id)
+}
+
+// Update asks the container's back end to change its GPUs (Docker cannot:
+// ErrNotSupported).
+func (c *Composite) Update(ctx context.Context, id string, gpus int) (Container, error) {
+	b, err := c.backend(id)
+	if err != nil {
+		return Container{}, fmt.Errorf("update: %w", err)
+	}
+	return b.Update(ctx, id, gpus)
+}
+
+// Destroy destroys the container on its back end; an unknown one is not an
+// error.
+func (c *Composite) Destroy(ctx context.Context, id string) error {
+	b, err := c.backend(id)
+	if err != nil {
+		return nil
+	}
+	if err := b.Destroy(ctx, id); err != nil {
+		return err
+	}
+	c.mu.Lock()
+	delete(c.routes, id)
+	c.mu.Unlock()
+	return nil
+}
+
+// Recover recovers both back ends (a failure of one does not stop the
+// other) and, when both succeeded, reconciles the allocator against the
+// union of their live containers, so that GPUs held for containers neither
+// knows are released. Should a back end's own recovery have released GPUs of
+// the other's containers, those are allocated again by the other's recovery
+// or reported by the reconciliation as unknown owners, in the error.
+func (c *Composite) Recover(ctx context.Context) ([]Container, error) {
+	var all []Container
+	var errs []error
+	ok := true
+	routes := map[string]Kind{}
+	for _, kind := range []Kind{KindNative, KindDocker} {
+		b, has := c.backends[kind]
+		if !has {
+			continue
+		}
+		cs, err := b.Recover(ctx)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("recover %s: %w", kind, err))
+			ok = false
+		}
+		for _, ctr := range cs {
+			if other, dup := routes[ctr.ID]; dup {
+				errs = append(errs, fmt.Errorf("recover: container %s is both %s and %s: %w", ctr.ID, other, kind, ErrContainerExists))
+				ok = false
+				continue
+			}
+			routes[ctr.ID] = kind
+			all = append(all, ctr)
+		}
+	}
+	c.mu.Lock()
+	for id, kind := range c.routes {
+		if kind == "" {
+			routes[id] = "" // a launch in flight keeps its reservation
+		}
+	}
+	c.routes = routes
+	c.mu.Unlock()
+	if ok {
+		live := make([]string, 0, len(routes))
+		for id := range routes {
+			live = append(live, id)
+		}
+		res, err := c.alloc.Reconcile(ctx, live)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("recover: %w", err))
+		}
+		for _, owner := range res.Unknown {
+			for _, ctr := range all {
+				if ctr.ID == owner && len(ctr.GPUs) > 0 {
+					errs = append(errs, fmt.Errorf("recover: container %s runs with GPUs the allocator does not hold for it", owner))
+				}
+			}
+		}
+	}
+	slices.SortFunc(all, func(a, b Container) int { return strings.Compare(a.ID, b.ID) })
+	return all, errors.Join(errs...)
+}
+
+// Containers lists the containers of both back ends, by id (copies).
+func (c *Composite) Containers() []Container {
+	var all []Container
+	for _, kind := range []Kind{KindNative, KindDocker} {
+		if b, ok := c.backends[kind]; ok {
+			all = append(all, b.Containers()...)
+		}
+	}
+	slices.SortFunc(all, func(a, b Container) int { return strings.Compare(a.ID, b.ID) })
+	return all
+}

@@ -1,0 +1,138 @@
+package containerizer_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/moby/moby/client"
+
+	"github.com/gpuiso/gpuiso/allocator"
+	"github.com/gpuiso/gpuiso/containerizer"
+	"github.com/gpuiso/gpuiso/containerizer/docker"
+	"github.com/gpuiso/gpuiso/internal/testenv"
+)
+
+// TestCompositeWithDocker runs a native container (the in-test back end)
+// and a Docker container side by side through one Composite over one
+// allocator: their GPUs are disjoint, the Docker container sees only its
+// own, and a restarted Composite recovers both.
+func TestCompositeWithDocker(t *testing.T) {
+	testenv.RequireRoot(t)
+	cli := testenv.RequireDocker(t)
+	testenv.LockDocker(t, false)
+	node, host, inv := testenv.SimulatedNode(t, "pcie8")
+	img := testenv.BuildProbeImage(t, cli, testenv.ProbeImage{})
+	ns := fmt.Sprintf("test-composite-%d", time.Now().UnixNano())
+	t.Cleanup(func() { removeNamespace(cli, ns) })
+	stateDir := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+
+	build := func(native *fakeBackend) (*containerizer.Composite, *allocator.Allocator, *fakeBackend) {
+		t.Helper()
+		alloc, err := allocator.New(inv, allocator.WithStateDir(stateDir))
+		if err != nil {
+			t.Fatal(err)
+		}
+		dz, err := docker.New(cli, alloc, inv, docker.WithDevRoot(host.DevRoot), docker.WithNamespace(ns), docker.WithSharedAllocator(), docker.WithStopTimeout(time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if native == nil {
+			native = newFake(containerizer.KindNative, alloc)
+		} else {
+			native = native.restarted(alloc)
+		}
+		c, err := containerizer.NewComposite(alloc, native, dz)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c, alloc, native
+	}
+	c, _, native := build(nil)
+
+	n1, err := c.Launch(ctx, containerizer.Spec{ID: "n1", Command: []string{"sleep", "60"}, GPUs: allocator.Request{Count: 4}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var all []string
+	for i := range node.Len() {
+		all = append(all, fmt.Sprintf("/dev/nvidia%d", node.Minor(i)))
+	}
+	var out bytes.Buffer
+	d1, err := c.Launch(ctx, containerizer.Spec{ID: "d1", Image: img, Command: append([]string{"open"}, all...), GPUs: allocator.Request{Count: 4}, Stdout: &out})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n1.Kind != containerizer.KindNative || d1.Kind != containerizer.KindDocker {
+		t.Fatalf("kinds %s and %s", n1.Kind, d1.Kind)
+	}
+	for _, g := range d1.GPUs {
+		if slices.ContainsFunc(n1.GPUs, func(h allocator.DeviceRef) bool { return h.UUID == g.UUID }) {
+			t.Fatalf("GPU %s given to both n1 and d1", g.UUID)
+		}
+	}
+	if st, err := c.Wait(ctx, "d1"); err != nil || st.Code != 0 {
+		t.Fatalf("Wait(d1) = %+v, %v", st, err)
+	}
+	for l := range strings.Lines(out.String()) {
+		path, res, _ := strings.Cut(strings.TrimSpace(l), " ")
+		own := slices.ContainsFunc(d1.GPUs, func(g allocator.DeviceRef) bool { return path == fmt.Sprintf("/dev/nvidia%d", g.Minor) })
+		if want := map[bool]string{true: "ENXIO", false: "ENOENT"}[own]; res != want {
+			t.Errorf("in d1, open %s = %s, want %s", path, res, want)
+		}
+	}
+	if n := strings.Count(out.String(), "\n"); n != len(all) {
+		t.Fatalf("d1 answered %d opens, want %d:\n%s", n, len(all), out.String())
+	}
+
+	// Restarted: a new allocator over the same state, a new Docker
+	// containerizer over the same daemon, the native containers as they were.
+	c2, alloc2, _ := build(native)
+	cs, err := c2.Recover(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cs) != 2 || cs[0].ID != "d1" || cs[0].Kind != containerizer.KindDocker || cs[1].ID != "n1" || cs[1].Kind != containerizer.KindNative {
+		t.Fatalf("recovered %+v, want d1 (docker) and n1 (native)", cs)
+	}
+	for _, want := range []containerizer.Container{n1, d1} {
+		a, err := alloc2.Allocation(want.ID)
+		if err != nil || fmt.Sprint(a.Devices) != fmt.Sprint(want.GPUs) {
+			t.Fatalf("allocation of %s after recovery = %+v, %v; want %+v", want.ID, a.Devices, err, want.GPUs)
+		}
+	}
+	if st, err := c2.Wait(ctx, "d1"); err != nil || st.Code != 0 {
+		t.Fatalf("Wait(d1) after recovery = %+v, %v", st, err)
+	}
+	for _, id := range []string{"n1", "d1"} {
+		if err := c2.Destroy(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if a := alloc2.Allocations(); len(a) != 0 {
+		t.Fatalf("allocations left: %+v", a)
+	}
+	list, err := cli.ContainerList(ctx, client.ContainerListOptions{All: true, Filters: make(client.Filters).Add("label", docker.LabelNamespace+"="+ns)})
+	if err != nil || len(list.Items) != 0 {
+		t.Fatalf("containers left: %+v, %v", list.Items, err)
+	}
+}
+
+// removeNamespace removes the containers a failed test left in ns.
+func removeNamespace(cli *client.Client, ns string) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	list, err := cli.ContainerList(ctx, client.ContainerListOptions{All: true, Filters: make(client.Filters).Add("label", docker.LabelNamespace+"="+ns)})
+	if err != nil {
+		return
+	}
+	for _, s := range list.Items {
+		cli.ContainerRemove(ctx, s.ID, client.ContainerRemoveOptions{Force: true})
+	}
+}
