@@ -48,6 +48,8 @@ type Spec struct {
 	Dir string `json:"dir,omitempty"`
 	// GPUs is what the container asks of the allocator.
 	GPUs allocator.Request `json:"gpus"`
+	// Stdin feeds the container's standard input; nil means none.
+	Stdin io.Reader `json:"-"`
 	// Stdout and Stderr receive the container's output; nil discards it.
 	Stdout io.Writer `json:"-"`
 	Stderr io.Writer `json:"-"`
