@@ -51,6 +51,9 @@ type Spec struct {
 	// Stdin feeds the container's standard input; nil means none.
 	Stdin io.Reader `json:"-"`
 	// Stdout and Stderr receive the container's output; nil discards it.
+	// An *os.File is handed to the container as it is; any other writer is
+	// fed by a goroutine, so it must be safe to use alongside the caller's
+	// own writes.
 	Stdout io.Writer `json:"-"`
 	Stderr io.Writer `json:"-"`
 }

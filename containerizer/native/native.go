@@ -224,9 +224,8 @@ func (c *Containerizer) launch(ctx context.Context, spec containerizer.Spec, ct 
 		return err
 	}
 	undo = append(undo, func() { c.cfg.Isolator.Destroy(bg, spec.ID) })
-	if err := writeJSON(c.recPath(spec.ID), ct.rec); err != nil {
-		return fmt.Errorf("record: %w", err)
-	}
+	// The record is written once the init's pid is known. A crash before
+	// leaves a state directory without one, which Recover tears down.
 	return c.start(ctx, spec, ct, plan)
 }
 
@@ -247,13 +246,26 @@ func (c *Containerizer) start(ctx context.Context, spec containerizer.Spec, ct *
 	cmd.ExtraFiles = []*os.File{r}
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = spec.Stdin, spec.Stdout, spec.Stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: linux.CloneNewNS, Setsid: true}
+	inCgroup := false
+	if c.cfg.Isolator.Version() == cgroups.V2 {
+		// Born inside its cgroup (clone3 CLONE_INTO_CGROUP).
+		cg, err := c.cfg.Isolator.OpenCgroup(spec.ID)
+		if err != nil {
+			return err
+		}
+		defer cg.Close()
+		cmd.SysProcAttr.UseCgroupFD, cmd.SysProcAttr.CgroupFD = true, int(cg.Fd())
+		inCgroup = true
+	}
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("start init: %w", err)
 	}
 	kill := func() { cmd.Process.Kill(); cmd.Wait() }
-	if err := c.cfg.Isolator.AddProcess(ctx, spec.ID, cmd.Process.Pid); err != nil {
-		kill()
-		return err
+	if !inCgroup {
+		if err := c.cfg.Isolator.AddProcess(ctx, spec.ID, cmd.Process.Pid); err != nil {
+			kill()
+			return err
+		}
 	}
 	start, err := startTime(c.cfg.ProcRoot, cmd.Process.Pid)
 	if err != nil {

@@ -78,7 +78,8 @@ func (c *Containerizer) recoverOne(ctx context.Context, id string) (*container, 
 		return nil, fmt.Errorf("record %s: version %d, id %q: not a record this containerizer wrote", c.recPath(id), rec.Version, rec.ID)
 	}
 	procs, perr := c.cfg.Isolator.Processes(ctx, id)
-	if !alive(c.cfg.ProcRoot, rec.Pid, rec.Start) || perr != nil || !slices.Contains(procs, rec.Pid) {
+	_, exitErr := os.Stat(c.exitPath(id)) // the command's exit is recorded
+	if exitErr == nil || !alive(c.cfg.ProcRoot, rec.Pid, rec.Start) || perr != nil || !slices.Contains(procs, rec.Pid) {
 		c.cfg.Logger.Info("cleaning up a container that did not survive", "id", id)
 		return nil, c.teardown(ctx, id, rec)
 	}

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"syscall"
 	"testing"
@@ -85,7 +86,15 @@ func TestRecoverAfterSIGKILL(t *testing.T) {
 			t.Fatal(err)
 		}
 		agent.Wait()
-		time.Sleep(500 * time.Millisecond) // "short" exits meanwhile
+		// "short" exits while no containerizer runs; its init records that.
+		for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+			if _, err := os.Stat(filepath.Join(n.dirs.State, "short", "exit.json")); err == nil {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("the short container never exited")
+			}
+		}
 
 		// A fresh containerizer over the same state, as after a restart.
 		if n.c = mustOpen(t, n).c; n.c == nil {
