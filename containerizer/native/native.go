@@ -16,6 +16,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/gpuiso/gpuiso/allocator"
@@ -41,6 +42,9 @@ type Config struct {
 	Isolator *cgroups.Isolator
 	// Volumes provides the driver volume; nil means containers get none.
 	Volumes *volume.Manager
+	// NVML reports the containers' GPU usage (see Usage); nil means usage
+	// is not supported.
+	NVML nvml.Interface
 	// DevRoot holds the host's device nodes (default /dev).
 	DevRoot string
 	// ProcRoot is the proc file system (default /proc).
@@ -442,4 +446,34 @@ func (c *Containerizer) describe(id string, ct *container) containerizer.Contain
 		ID: id, Kind: containerizer.KindNative, GPUs: slices.Clone(ct.rec.GPUs),
 		Volume: ct.rec.Volume, Pid: ct.rec.Pid, State: ct.state,
 	}
+}
+
+// Usage reports what the container's processes use of its GPUs, as NVML
+// tells: memory per GPU and, where the driver keeps samples, utilisation.
+// Without NVML (Config.NVML) it fails with an error matching
+// isolator.ErrNotSupported.
+func (c *Containerizer) Usage(ctx context.Context, id string) (isolator.Usage, error) {
+	ct, err := c.get(id)
+	if err != nil {
+		return isolator.Usage{}, fmt.Errorf("usage of %s: %w", id, err)
+	}
+	if c.cfg.NVML == nil {
+		return isolator.Usage{}, fmt.Errorf("usage of %s: no NVML: %w", id, isolator.ErrNotSupported)
+	}
+	if ret := c.cfg.NVML.Init(); ret != nvml.SUCCESS {
+		return isolator.Usage{}, fmt.Errorf("usage of %s: nvml init: %s", id, nvml.ErrorString(ret))
+	}
+	defer c.cfg.NVML.Shutdown()
+	pids, err := c.cfg.Isolator.Processes(ctx, id)
+	if err != nil {
+		return isolator.Usage{}, fmt.Errorf("usage of %s: %w", id, err)
+	}
+	c.mu.Lock()
+	gpus := slices.Clone(ct.rec.GPUs)
+	c.mu.Unlock()
+	u, err := isolator.ReadUsage(ctx, c.cfg.NVML, gpus, pids)
+	if err != nil {
+		return u, fmt.Errorf("usage of %s: %w", id, err)
+	}
+	return u, nil
 }

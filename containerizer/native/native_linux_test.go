@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+
 	"github.com/gpuiso/gpuiso/allocator"
 	"github.com/gpuiso/gpuiso/allocator/simnode"
 	"github.com/gpuiso/gpuiso/containerizer"
@@ -117,7 +119,7 @@ func open(d dirs, v cgroups.Version, parent string, makeHost bool) (*node, error
 	if n.vols, err = volume.New(volume.WithRoot(d.Volumes)); err != nil {
 		return nil, err
 	}
-	n.c, err = native.New(native.Config{Allocator: n.alloc, Inventory: n.inv, Isolator: n.iso, Volumes: n.vols, DevRoot: n.host.DevRoot, StateDir: d.State})
+	n.c, err = native.New(native.Config{Allocator: n.alloc, Inventory: n.inv, Isolator: n.iso, Volumes: n.vols, NVML: n.sim.NVML(), DevRoot: n.host.DevRoot, StateDir: d.State})
 	return n, err
 }
 
@@ -380,4 +382,28 @@ func TestBadInput(t *testing.T) {
 			t.Errorf("containers listed: %v", n.c.Containers())
 		}
 	})
+}
+
+// TestUsage: the container's processes on its GPU, as the (simulated) driver
+// lists them, and nobody else's.
+func TestUsage(t *testing.T) {
+	n := newNode(t, cgroups.V1)
+	ctx := context.Background()
+	ct, err := n.c.Launch(ctx, containerizer.Spec{ID: "busy", Command: []string{"/bin/sleep", "1000"}, GPUs: allocator.Request{Devices: []string{"4"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.sim.SetProcesses(4, nvml.ProcessInfo{Pid: uint32(ct.Pid), UsedGpuMemory: 3 << 30}, nvml.ProcessInfo{Pid: 1, UsedGpuMemory: 5 << 30})
+	n.sim.SetProcessUtilization(4, nvml.ProcessUtilizationSample{Pid: uint32(ct.Pid), SmUtil: 87, MemUtil: 40}, nvml.ProcessUtilizationSample{Pid: 1, SmUtil: 99})
+	u, err := n.c.Usage(ctx, "busy")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(u.GPUs) != 1 || u.GPUs[0].MemoryBytes != 3<<30 || !slices.Equal(u.GPUs[0].Processes, []int{ct.Pid}) ||
+		u.GPUs[0].SMUtilization == nil || *u.GPUs[0].SMUtilization != 87 {
+		t.Fatalf("usage = %+v", u)
+	}
+	if _, err := n.c.Usage(ctx, "nobody"); !errors.Is(err, containerizer.ErrUnknownContainer) {
+		t.Fatalf("usage of an unknown container: %v", err)
+	}
 }
