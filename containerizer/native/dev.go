@@ -25,12 +25,18 @@ func pseudoDevices() []pseudoDevice {
 
 // makeDev mounts a tmpfs at dir and fills it as the container's /dev: the
 // default pseudo devices, /proc/self/fd links, mount points for pts and shm,
-// and nodes (the control devices and the container's GPUs).
+// and nodes (the control devices and the container's GPUs) bind-mounted from
+// the host's dev root. The tmpfs is a shared mount: the container's /dev is
+// a slave of it, so nodes bound or unbound here later (a live update) appear
+// and disappear there too.
 func makeDev(dir string, nodes []isolator.DeviceNode) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
 	if err := linux.MountDevTmpfs(dir); err != nil {
+		return err
+	}
+	if err := linux.MakeShared(dir); err != nil {
 		return err
 	}
 	for _, d := range pseudoDevices() {
@@ -60,29 +66,40 @@ func makeDev(dir string, nodes []isolator.DeviceNode) error {
 	return nil
 }
 
-// addNode creates one device node in a container's /dev with the number,
-// permissions and ownership of the host's node.
+// addNode binds the host's node n.HostPath into a container's /dev under its
+// own name, after checking that it is the character device the plan says.
 func addNode(dir string, n isolator.DeviceNode) error {
-	perm := os.FileMode(0o666)
-	if fi, err := os.Stat(n.HostPath); err == nil {
-		perm = fi.Mode().Perm()
-	}
 	p := filepath.Join(dir, filepath.Base(n.Path))
-	err := linux.Mknod(p, perm, linux.DeviceNumber{Char: true, Major: n.Major, Minor: n.Minor})
-	if errors.Is(err, fs.ErrExist) {
-		if have, serr := linux.StatDevice(p); serr == nil && have.Major == n.Major && have.Minor == n.Minor {
-			return nil
-		}
+	if have, err := linux.StatDevice(p); err == nil && have.Major == n.Major && have.Minor == n.Minor {
+		return nil // already there
 	}
+	host, err := linux.StatDevice(n.HostPath)
 	if err != nil {
+		return fmt.Errorf("device node %s: %w", n.Path, err)
+	}
+	if !host.Char || host.Major != n.Major || host.Minor != n.Minor {
+		return fmt.Errorf("device node %s: %s is %d:%d, want %d:%d", n.Path, n.HostPath, host.Major, host.Minor, n.Major, n.Minor)
+	}
+	f, err := os.OpenFile(p, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600) // the mount point
+	if err != nil {
+		return fmt.Errorf("device node %s: %w", n.Path, err)
+	}
+	f.Close()
+	if err := linux.BindMount(n.HostPath, p, false); err != nil {
+		os.Remove(p)
 		return fmt.Errorf("device node %s: %w", n.Path, err)
 	}
 	return nil
 }
 
-// removeNode deletes a node from a container's /dev.
+// removeNode unbinds a node from a container's /dev and deletes its mount
+// point.
 func removeNode(dir string, n isolator.DeviceNode) error {
-	err := os.Remove(filepath.Join(dir, filepath.Base(n.Path)))
+	p := filepath.Join(dir, filepath.Base(n.Path))
+	if err := linux.DetachUnmount(p); err != nil && !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, syscall.EINVAL) {
+		return err
+	}
+	err := os.Remove(p)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil
 	}

@@ -8,8 +8,9 @@
 //   - its own device cgroup (package isolator/cgroups, v1 or v2) allowing the
 //     runtime's default devices, the driver's control devices and exactly the
 //     GPUs the allocator gave it;
-//   - a private /dev: a tmpfs holding the usual pseudo devices, the control
-//     devices and only its own GPU nodes (names and numbers as on the host);
+//   - a private /dev: a tmpfs holding the usual pseudo devices, and the
+//     control devices and only its own GPU nodes, bind-mounted from the
+//     host's dev root under their own names;
 //   - the driver volume read-only (nosuid, nodev) at /usr/local/nvidia when the
 //     host has a driver;
 //   - NVIDIA_VISIBLE_DEVICES and CUDA_VISIBLE_DEVICES set to its GPUs' UUIDs,

@@ -48,3 +48,6 @@ func DetachUnmount(string) error { return ErrNotSupported }
 
 // CloneNewNS has no meaning here.
 const CloneNewNS = 0
+
+// MakeShared is not supported on this operating system.
+func MakeShared(string) error { return ErrNotSupported }

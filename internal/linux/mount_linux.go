@@ -60,3 +60,12 @@ func DetachUnmount(path string) error {
 
 // CloneNewNS is the clone flag of a new mount namespace.
 const CloneNewNS = unix.CLONE_NEWNS
+
+// MakeShared makes the mount at path shared: mounts made under it later
+// propagate to its copies in other mount namespaces (and to their slaves).
+func MakeShared(path string) error {
+	if err := unix.Mount("", path, "", unix.MS_SHARED, ""); err != nil {
+		return &fs.PathError{Op: "make shared", Path: path, Err: err}
+	}
+	return nil
+}
