@@ -54,6 +54,11 @@ type Config struct {
 	// InitPath is the binary started as each container's init; it must call
 	// Init first thing (default: this process's own binary).
 	InitPath string
+	// ReconcileAllocator says the allocator serves this containerizer alone:
+	// Recover then also releases allocations of owners it has no container
+	// for. Leave it false when the allocator is shared (containerizer.Composite
+	// reconciles against every back end's containers).
+	ReconcileAllocator bool
 	// Logger receives what the containerizer does (default: nothing).
 	Logger *slog.Logger
 }
@@ -183,6 +188,12 @@ func (c *Containerizer) launch(ctx context.Context, spec containerizer.Spec, ct 
 		return fmt.Errorf("%w: state of an earlier container %s is left (run Recover)", containerizer.ErrContainerExists, spec.ID)
 	}
 
+	// The state directory comes first: a crash at any later point leaves
+	// it behind for Recover, which then gives back whatever was taken.
+	if err := os.Mkdir(c.dir(spec.ID), 0o700); err != nil {
+		return err
+	}
+	undo = append(undo, func() { os.RemoveAll(c.dir(spec.ID)) })
 	al, err := c.cfg.Allocator.Allocate(ctx, spec.ID, spec.GPUs)
 	if err != nil {
 		return err
@@ -215,10 +226,6 @@ func (c *Containerizer) launch(ctx context.Context, spec containerizer.Spec, ct 
 	}
 	ct.plan, ct.rec.Mounts, ct.rec.Env = plan, mounts, env
 
-	if err := os.Mkdir(c.dir(spec.ID), 0o700); err != nil {
-		return err
-	}
-	undo = append(undo, func() { os.RemoveAll(c.dir(spec.ID)) })
 	if err := makeDev(c.devDir(spec.ID), plan.Devices); err != nil {
 		removeDev(c.devDir(spec.ID))
 		return fmt.Errorf("private /dev: %w", err)

@@ -119,7 +119,7 @@ func open(d dirs, v cgroups.Version, parent string, makeHost bool) (*node, error
 	if n.vols, err = volume.New(volume.WithRoot(d.Volumes)); err != nil {
 		return nil, err
 	}
-	n.c, err = native.New(native.Config{Allocator: n.alloc, Inventory: n.inv, Isolator: n.iso, Volumes: n.vols, NVML: n.sim.NVML(), DevRoot: n.host.DevRoot, StateDir: d.State})
+	n.c, err = native.New(native.Config{Allocator: n.alloc, Inventory: n.inv, Isolator: n.iso, Volumes: n.vols, NVML: n.sim.NVML(), DevRoot: n.host.DevRoot, StateDir: d.State, ReconcileAllocator: true})
 	return n, err
 }
 

@@ -59,6 +59,18 @@ func (c *Containerizer) Recover(ctx context.Context) ([]containerizer.Container,
 			}
 		}
 	}
+	if c.cfg.ReconcileAllocator {
+		live := make([]string, 0, len(adopted))
+		for _, ct := range c.Containers() {
+			live = append(live, ct.ID)
+		}
+		res, err := c.cfg.Allocator.Reconcile(ctx, live)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("recover: %w", err))
+		} else if len(res.Released) > 0 {
+			c.cfg.Logger.Info("released allocations of containers that are gone", "owners", res.Released)
+		}
+	}
 	return adopted, errors.Join(errs...)
 }
 

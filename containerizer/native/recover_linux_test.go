@@ -47,6 +47,11 @@ func runAgent() int {
 		ids = append(ids, id)
 	}
 	slices.Sort(ids)
+	// An allocation no container stands for, as a crash could leave.
+	if _, err := n.alloc.Allocate(context.Background(), "stray", allocator.Request{Count: 1}); err != nil {
+		fmt.Println("agent:", err)
+		return 1
+	}
 	for _, id := range ids {
 		if _, err := n.c.Launch(context.Background(), containerizer.Spec{ID: id, Command: []string{"/bin/sh", "-c", cfg.Launch[id]}, GPUs: allocator.Request{Count: 2}}); err != nil {
 			fmt.Println("agent:", err)
@@ -122,14 +127,19 @@ func TestRecoverAfterSIGKILL(t *testing.T) {
 		if !slices.Equal(ids, []string{"long-a", "long-b"}) {
 			t.Fatalf("re-adopted %v, want long-a and long-b", ids)
 		}
-		if _, err := n.alloc.Allocation("short"); !errors.Is(err, allocator.ErrUnknownOwner) {
-			t.Errorf("the exited container's GPUs are still allocated: %v", err)
+		for _, gone := range []string{"short", "stray"} {
+			if _, err := n.alloc.Allocation(gone); !errors.Is(err, allocator.ErrUnknownOwner) {
+				t.Errorf("%s's GPUs are still allocated: %v", gone, err)
+			}
 		}
 		if _, err := os.Stat(n.iso.Path("short")); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("the exited container's cgroup is left: %v", err)
 		}
 		if _, err := n.c.Launch(ctx, containerizer.Spec{ID: "greedy", Command: []string{"/bin/true"}, GPUs: allocator.Request{Count: 5}}); !errors.Is(err, allocator.ErrInsufficient) {
 			t.Fatalf("5 GPUs with 4 re-adopted = %v, want ErrInsufficient", err)
+		}
+		if _, err := os.Stat(filepath.Join(n.dirs.State, "greedy")); !errors.Is(err, os.ErrNotExist) {
+			t.Fatalf("a refused launch left its state directory: %v", err)
 		}
 		ct, err := n.c.Launch(ctx, containerizer.Spec{ID: "rest", Command: []string{"/bin/sleep", "1000"}, GPUs: allocator.Request{Count: 4}})
 		if err != nil {
