@@ -26,6 +26,7 @@ import (
 	"github.com/gpuiso/gpuiso/allocator/simnode"
 	"github.com/gpuiso/gpuiso/containerizer"
 	"github.com/gpuiso/gpuiso/containerizer/native"
+	"github.com/gpuiso/gpuiso/internal/cli"
 	"github.com/gpuiso/gpuiso/isolator/cgroups"
 	"github.com/gpuiso/gpuiso/volume"
 )
@@ -135,7 +136,7 @@ func node(ctx context.Context, simulate string) (inv *allocator.Inventory, devRo
 	if simulate == "" {
 		inv, err = allocator.Discover(ctx)
 		if err != nil {
-			return nil, "", "", cleanup, errors.New(explain(err))
+			return nil, "", "", cleanup, errors.New(cli.ExplainDiscover(err))
 		}
 		return inv, allocator.DefaultDevRoot, "", cleanup, nil
 	}
@@ -181,18 +182,6 @@ func describe(gpus []allocator.DeviceRef) string {
 		uuids = append(uuids, g.UUID)
 	}
 	return fmt.Sprintf("GPUs %s (%s)", strings.Join(idx, ","), strings.Join(uuids, ","))
-}
-
-// explain turns a discovery error into the line a person needs.
-func explain(err error) string {
-	const hint = "; use --simulate dgx1-volta (or another shipped topology) to run on a simulated node"
-	switch {
-	case errors.Is(err, allocator.ErrLibraryNotFound):
-		return "NVML library libnvidia-ml.so.1 not found: the NVIDIA driver is not installed on this host" + hint
-	case errors.Is(err, allocator.ErrDriverNotLoaded):
-		return "NVIDIA kernel driver not loaded: the NVML library is installed but no driver answers" + hint
-	}
-	return err.Error()
 }
 
 func volumeNote(path, none string) string {
