@@ -280,7 +280,7 @@ func TestLiveUpdate(t *testing.T) {
 			}
 		}
 		if n.version == cgroups.V2 {
-			if k, err := n.iso.Programs("live"); err != nil || k != 1 {
+			if k, err := n.iso.Programs(ctx, "live"); err != nil || k != 1 {
 				t.Fatalf("%d device programs after 200 updates (%v), want 1", k, err)
 			}
 		}

@@ -1,6 +1,7 @@
 package cgroups
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -151,7 +152,10 @@ func (i *Isolator) rulesV2(owner string) ([]isolator.Rule, error) {
 
 // Programs counts the device programs attached to owner's cgroup (v2 only):
 // one after any number of updates.
-func (i *Isolator) Programs(owner string) (int, error) {
+func (i *Isolator) Programs(ctx context.Context, owner string) (int, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
 	if i.version != V2 {
 		return 0, fmt.Errorf("device programs: cgroup %s: %w", i.version, isolator.ErrNotSupported)
 	}
