@@ -8,7 +8,7 @@ export PATH := $(PATH):/usr/local/go/bin
 # go-nvml's cgo prolog names every deprecated NVML call; keep build logs readable.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
-.PHONY: all test provision check unit gpuinfo
+.PHONY: all test provision check unit gpurun gpuinfo
 
 all: check unit
 
@@ -28,6 +28,10 @@ check:
 ## unit: the suites that need nothing of the host (privileged ones skip)
 unit:
 	$(GO) test -count=1 ./...
+
+## gpurun: run a command as a GPU container on a simulated node (root)
+gpurun:
+	$(GO) run ./examples/gpurun --simulate $(or $(SIM),dgx1-volta) --gpus 2 -- ls -l /dev
 
 ## gpuinfo: what this node has (SIM=dgx1-volta to use a simulated node)
 gpuinfo:

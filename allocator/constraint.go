@@ -197,7 +197,7 @@ func (c Constraint) Matches(d *Device) bool {
 			return false
 		}
 		for _, cond := range conds {
-			if !cond.op.holds(compareVersions(v, cond.v)) {
+			if !cond.op.Holds(compareVersions(v, cond.v)) {
 				return false
 			}
 		}
@@ -215,10 +215,13 @@ func (c Constraint) Matches(d *Device) bool {
 		return true
 	}
 	cmp, ok := compareAttribute(a, c.Value)
-	return ok && c.Operator.holds(cmp)
+	return ok && c.Operator.Holds(cmp)
 }
 
-func (op Operator) holds(cmp int) bool {
+// Holds reports whether a comparison result (negative, zero or positive, as
+// from cmp.Compare) satisfies the operator. Operators that do not compare
+// (regexp, set_contains, is_set, ...) never hold here.
+func (op Operator) Holds(cmp int) bool {
 	switch op {
 	case OpEqual:
 		return cmp == 0

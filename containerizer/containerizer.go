@@ -48,7 +48,12 @@ type Spec struct {
 	Dir string `json:"dir,omitempty"`
 	// GPUs is what the container asks of the allocator.
 	GPUs allocator.Request `json:"gpus"`
+	// Stdin feeds the container's standard input; nil means none.
+	Stdin io.Reader `json:"-"`
 	// Stdout and Stderr receive the container's output; nil discards it.
+	// An *os.File is handed to the container as it is; any other writer is
+	// fed by a goroutine, so it must be safe to use alongside the caller's
+	// own writes.
 	Stdout io.Writer `json:"-"`
 	Stderr io.Writer `json:"-"`
 }

@@ -193,22 +193,8 @@ func (c Condition) holds(f facts) bool {
 	if have == "" {
 		return false
 	}
-	cmp := compareVersions(have, c.Value)
-	switch c.Op {
-	case OpEqual:
-		return cmp == 0
-	case OpNotEqual:
-		return cmp != 0
-	case OpLess:
-		return cmp < 0
-	case OpLessEqual:
-		return cmp <= 0
-	case OpGreater:
-		return cmp > 0
-	case OpGreaterEqual:
-		return cmp >= 0
-	}
-	return false
+	// The requirement operators are the allocator's comparison operators.
+	return allocator.Operator(c.Op).Holds(compareVersions(have, c.Value))
 }
 
 // Requirements returns the image's requirements: every NVIDIA_REQUIRE_*

@@ -121,6 +121,11 @@ func (n *Node) newDevice(i int) *mock.Device {
 		return nvml.NVLINK_DEVICE_TYPE_GPU, ret
 	}
 
+	// Processes using the GPU, as tests set them.
+	d.GetComputeRunningProcessesFunc = func() ([]nvml.ProcessInfo, nvml.Return) { return n.processes(i), nvml.SUCCESS }
+	d.GetGraphicsRunningProcessesFunc = func() ([]nvml.ProcessInfo, nvml.Return) { return nil, nvml.SUCCESS }
+	d.GetProcessUtilizationFunc = func(uint64) ([]nvml.ProcessUtilizationSample, nvml.Return) { return n.utilization(i) }
+
 	// Health events.
 	d.GetSupportedEventTypesFunc = func() (uint64, nvml.Return) { return supportedEvents, nvml.SUCCESS }
 	d.RegisterEventsFunc = func(types uint64, set nvml.EventSet) nvml.Return { return n.register(i, types, set) }

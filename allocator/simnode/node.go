@@ -23,10 +23,12 @@ type Node struct {
 	lib     *mock.Interface
 	devices []*mock.Device
 
-	mu     sync.Mutex
-	lost   []bool
-	sets   []*eventSet
-	inited int
+	mu      sync.Mutex
+	lost    []bool
+	sets    []*eventSet
+	inited  int
+	procs   [][]nvml.ProcessInfo
+	samples [][]nvml.ProcessUtilizationSample
 }
 
 // Option configures New.
@@ -105,6 +107,8 @@ func NewFromSpec(spec *Spec, opts ...Option) (*Node, error) {
 		driverVersion: o.driverVersion,
 		cudaVersion:   o.cudaVersion,
 		lost:          make([]bool, len(spec.GPUs)),
+		procs:         make([][]nvml.ProcessInfo, len(spec.GPUs)),
+		samples:       make([][]nvml.ProcessUtilizationSample, len(spec.GPUs)),
 	}
 	for i := range n.spec.GPUs {
 		n.devices = append(n.devices, n.newDevice(i))
@@ -293,4 +297,43 @@ func guardLost(d *mock.Device, lost func() bool) {
 			return out
 		}))
 	}
+}
+
+// SetProcesses sets the compute processes NVML lists on GPU i (and their
+// memory), as a driver would for programs using it.
+func (n *Node) SetProcesses(i int, procs ...nvml.ProcessInfo) error {
+	if i < 0 || i >= n.Len() {
+		return fmt.Errorf("set processes of GPU %d of %d: %w", i, n.Len(), ErrNoSuchGPU)
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.procs[i] = slices.Clone(procs)
+	return nil
+}
+
+// SetProcessUtilization sets the per-process utilisation samples NVML
+// reports for GPU i.
+func (n *Node) SetProcessUtilization(i int, samples ...nvml.ProcessUtilizationSample) error {
+	if i < 0 || i >= n.Len() {
+		return fmt.Errorf("set utilisation of GPU %d of %d: %w", i, n.Len(), ErrNoSuchGPU)
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.samples[i] = slices.Clone(samples)
+	return nil
+}
+
+func (n *Node) processes(i int) []nvml.ProcessInfo {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return slices.Clone(n.procs[i])
+}
+
+func (n *Node) utilization(i int) ([]nvml.ProcessUtilizationSample, nvml.Return) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if len(n.samples[i]) == 0 {
+		return nil, nvml.ERROR_NOT_FOUND // no samples since the last query
+	}
+	return slices.Clone(n.samples[i]), nvml.SUCCESS
 }

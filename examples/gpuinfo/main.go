@@ -13,7 +13,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -26,6 +25,7 @@ import (
 
 	"github.com/gpuiso/gpuiso/allocator"
 	"github.com/gpuiso/gpuiso/allocator/simnode"
+	"github.com/gpuiso/gpuiso/internal/cli"
 )
 
 func main() {
@@ -80,7 +80,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 
 	inv, err := allocator.Discover(ctx, opts...)
 	if err != nil {
-		fmt.Fprintln(stderr, "gpuinfo: "+explain(err))
+		fmt.Fprintln(stderr, "gpuinfo: "+cli.ExplainDiscover(err))
 		return 1
 	}
 	if *asJSON {
@@ -94,18 +94,6 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	printInventory(stdout, inv, *simulate)
 	return 0
-}
-
-// explain turns a discovery error into the one line a person needs.
-func explain(err error) string {
-	const hint = "; run with --simulate dgx1-volta (or another shipped topology) to try gpuiso without a GPU"
-	switch {
-	case errors.Is(err, allocator.ErrLibraryNotFound):
-		return "NVML library libnvidia-ml.so.1 not found: the NVIDIA driver is not installed on this host" + hint
-	case errors.Is(err, allocator.ErrDriverNotLoaded):
-		return "NVIDIA kernel driver not loaded: the NVML library is installed but no driver answers (no GPU, or the module is not loaded)" + hint
-	}
-	return err.Error()
 }
 
 func printInventory(w io.Writer, inv *allocator.Inventory, simulated string) {

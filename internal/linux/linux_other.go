@@ -30,3 +30,24 @@ func SetXattr(string, string, []byte) error { return ErrNotSupported }
 
 // GetXattr is not supported on this operating system.
 func GetXattr(string, string) ([]byte, error) { return nil, ErrNotSupported }
+
+// MountDevTmpfs is not supported on this operating system.
+func MountDevTmpfs(string) error { return ErrNotSupported }
+
+// MakeRSlave is not supported on this operating system.
+func MakeRSlave(string) error { return ErrNotSupported }
+
+// BindMount is not supported on this operating system.
+func BindMount(string, string, bool) error { return ErrNotSupported }
+
+// MountDevpts is not supported on this operating system.
+func MountDevpts(string) error { return ErrNotSupported }
+
+// DetachUnmount is not supported on this operating system.
+func DetachUnmount(string) error { return ErrNotSupported }
+
+// CloneNewNS has no meaning here.
+const CloneNewNS = 0
+
+// MakeShared is not supported on this operating system.
+func MakeShared(string) error { return ErrNotSupported }

@@ -67,7 +67,7 @@ func TestHostCgroupV1DevicesEnforce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer cg.Delete()
+	t.Cleanup(func() { cg.Delete() }) // after the prober is gone
 	got := openIn(t, func(pid int) error { return cg.Add(cgroup1.Process{Pid: pid}) }, nodes...)
 	if got[nodes[0]] != "ENXIO" || got[nodes[1]] != "EPERM" {
 		t.Fatalf("opens in v1 devices cgroup = %v, want %s ENXIO and %s EPERM", got, nodes[0], nodes[1])
@@ -82,7 +82,7 @@ func TestHostCgroupV2DevicesEnforce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer m.Delete()
+	t.Cleanup(func() { m.Delete() }) // after the prober is gone
 	got := openIn(t, func(pid int) error { return m.AddProc(uint64(pid)) }, nodes...)
 	if got[nodes[0]] != "ENXIO" || got[nodes[1]] != "EPERM" {
 		t.Fatalf("opens in cgroup2 with device program = %v, want %s ENXIO and %s EPERM", got, nodes[0], nodes[1])

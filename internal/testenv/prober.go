@@ -4,12 +4,15 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
+
+	"github.com/gpuiso/gpuiso/internal/linux"
 )
 
 // proberEnv switches a test binary into the prober child (see Main).
@@ -24,20 +27,44 @@ func Main(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// serveProber answers each path read from stdin with the result of a
-// read-write open: "ok", "ENXIO", "EPERM", "ENOENT" or the error.
+// serveProber answers each request read from stdin: a path gets the result
+// of a read-write open ("ok", "ENXIO", "EPERM", "ENOENT" or the error);
+// "mknod PATH MAJOR MINOR" the result of creating that character node.
 func serveProber() {
 	in := bufio.NewScanner(os.Stdin)
 	out := bufio.NewWriter(os.Stdout)
 	for in.Scan() {
-		f, err := os.OpenFile(in.Text(), os.O_RDWR, 0)
-		if err == nil {
-			f.Close()
+		var err error
+		var path string
+		var major, minor uint32
+		if n, _ := fmt.Sscanf(in.Text(), "mknod %s %d %d", &path, &major, &minor); n == 3 {
+			err = linux.Mknod(path, 0o666, linux.DeviceNumber{Char: true, Major: major, Minor: minor})
+		} else {
+			var f *os.File
+			if f, err = os.OpenFile(in.Text(), os.O_RDWR, 0); err == nil {
+				f.Close()
+			}
 		}
 		fmt.Fprintln(out, OpenResult(err))
 		out.Flush()
 	}
 	os.Exit(0)
+}
+
+// ProberCommand is the command and environment that run a prober: this test
+// binary again, with the variable that makes Main serve requests on stdin.
+// Use it to run a prober inside a container; NewProber talks to it.
+func ProberCommand(tb testing.TB) (args []string, env string) {
+	exe, err := os.Executable()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return []string{exe, "-test.run=^$"}, proberEnv + "=1"
+}
+
+// NewProber talks to a prober through its stdin and stdout.
+func NewProber(stdin io.Writer, stdout io.Reader) *Prober {
+	return &Prober{in: bufio.NewWriter(stdin), out: bufio.NewScanner(stdout)}
 }
 
 // OpenResult names the outcome of an open as the probes report it.
@@ -59,12 +86,12 @@ func OpenResult(err error) string {
 // Prober is a child process that opens device nodes on request, from inside
 // whatever cgroup the test moved it into.
 type Prober struct {
+	// Pid is the prober's process id (0 when made by NewProber).
 	Pid int
 
 	mu  sync.Mutex
 	in  *bufio.Writer
 	out *bufio.Scanner
-	cmd *exec.Cmd
 }
 
 // StartProber starts a prober child (the test binary again; its TestMain
@@ -100,7 +127,9 @@ func StartProber(tb testing.TB, enter func(pid int) error) *Prober {
 			tb.Fatalf("move prober %d into its cgroup: %v", cmd.Process.Pid, err)
 		}
 	}
-	return &Prober{Pid: cmd.Process.Pid, in: bufio.NewWriter(stdin), out: bufio.NewScanner(stdout), cmd: cmd}
+	p := NewProber(stdin, stdout)
+	p.Pid = cmd.Process.Pid
+	return p
 }
 
 // Open asks the prober to open path read-write and returns the result
@@ -119,6 +148,11 @@ func (p *Prober) Open(path string) (string, error) {
 		return "", fmt.Errorf("prober exited: %v", p.out.Err())
 	}
 	return p.out.Text(), nil
+}
+
+// Mknod asks the prober to create the character node major:minor at path.
+func (p *Prober) Mknod(path string, major, minor uint32) (string, error) {
+	return p.Open(fmt.Sprintf("mknod %s %d %d", path, major, minor))
 }
 
 // OpenAll opens each path and returns the results by path.

@@ -179,7 +179,7 @@ func TestLiveUpdate(t *testing.T) {
 			t.Fatalf("the always-allowed GPU was denied %d times in %d opens during updates", denied.Load(), opens.Load())
 		}
 		if v == cgroups.V2 {
-			if n, err := f.iso.Programs(owner); err != nil || n != 1 {
+			if n, err := f.iso.Programs(ctx, owner); err != nil || n != 1 {
 				t.Fatalf("%d device programs attached after 200 updates (%v), want exactly 1", n, err)
 			}
 		}

@@ -16,6 +16,10 @@
 // attribute), so that, as with v1's devices.list, the kernel holds everything
 // recovery after a restart needs.
 //
+// containerd/cgroups provides the mode detection and the eBPF device filter;
+// the v1 rules are written here, because its v1 devices controller rewrites
+// the whole list on every update.
+//
 // [New] picks the version from the host (cgroups.Mode(): unified means v2,
 // hybrid and legacy mean v1, whose devices controller they have), or takes
 // one with [WithVersion].

@@ -6,6 +6,7 @@
 //	probe open PATH...    "<path> ok|ENXIO|EPERM|ENOENT|<error>" for each read-write open
 //	probe write PATH...   "<path> ok|EROFS|<error>" for each file creation
 //	probe ls DIR          the names in DIR, one a line
+//	probe mknod PATH MAJOR MINOR   "<path> ok|EPERM|<error>" for a character node
 //	probe env NAME...     "<name>=<value>" for each variable that is set
 //	probe exit CODE       exits with CODE
 //	probe sleep SECONDS   sleeps, then exits 0 (a container that keeps running)
@@ -51,6 +52,16 @@ func main() {
 				fmt.Println(e.Name())
 			}
 		}
+	case "mknod":
+		if len(args) != 3 {
+			fmt.Fprintln(os.Stderr, "usage: probe mknod PATH MAJOR MINOR")
+			os.Exit(2)
+		}
+		major, _ := strconv.Atoi(args[1])
+		minor, _ := strconv.Atoi(args[2])
+		dev := minor&0xff | (major&0xfff)<<8 | (minor&^0xff)<<12 // Linux's encoding
+		err := syscall.Mknod(args[0], syscall.S_IFCHR|0o666, dev)
+		fmt.Println(args[0], result(err))
 	case "env":
 		for _, name := range args {
 			if v, ok := os.LookupEnv(name); ok {

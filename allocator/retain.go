@@ -1,0 +1,58 @@
+package allocator
+
+import (
+	"context"
+	"fmt"
+)
+
+// Retain shrinks owner's exclusive allocation to keep, a non-empty subset of
+// the GPUs it holds (indexes, UUIDs or bus ids), and frees the rest.
+//
+// Unlike Resize, the caller chooses what stays: an isolator can first deny
+// the container the GPUs that go, and only then free them, so that no GPU is
+// ever reachable from two containers.
+func (a *Allocator) Retain(ctx context.Context, owner string, keep []string) (Allocation, error) {
+	al, err := a.retain(ctx, owner, keep)
+	if err != nil {
+		return Allocation{}, fmt.Errorf("retain %d gpus for %s: %w", len(keep), owner, err)
+	}
+	return al, nil
+}
+
+func (a *Allocator) retain(ctx context.Context, owner string, keep []string) (Allocation, error) {
+	if err := ctx.Err(); err != nil {
+		return Allocation{}, err
+	}
+	if len(keep) == 0 {
+		return Allocation{}, fmt.Errorf("nothing to keep (use Release): %w", ErrInvalidRequest)
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	h, ok := a.owners[owner]
+	if !ok {
+		return Allocation{}, ErrUnknownOwner
+	}
+	if h.shared >= 0 {
+		return Allocation{}, fmt.Errorf("shared allocation: %w", ErrInvalidRequest)
+	}
+	var set uint64
+	for _, ref := range keep {
+		p, err := a.resolve(ref)
+		if err != nil {
+			return Allocation{}, err
+		}
+		if set&(1<<p) != 0 {
+			return Allocation{}, fmt.Errorf("%s: %w", ref, ErrDuplicateDevice)
+		}
+		if h.devices&(1<<p) == 0 {
+			return Allocation{}, fmt.Errorf("%s is not held by %s: %w", ref, owner, ErrInvalidRequest)
+		}
+		set |= 1 << p
+	}
+	next := &holding{group: h.group, devices: set, shared: -1}
+	a.apply(owner, next)
+	if err := a.persist(ctx, func() { a.apply(owner, h) }); err != nil {
+		return Allocation{}, err
+	}
+	return a.allocation(owner, next), nil
+}

@@ -1,0 +1,116 @@
+package native
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"syscall"
+
+	"github.com/gpuiso/gpuiso/internal/linux"
+	"github.com/gpuiso/gpuiso/isolator"
+)
+
+type pseudoDevice struct {
+	name         string
+	major, minor uint32
+}
+
+// pseudoDevices are the nodes every container's /dev holds (the runtime's
+// default allow list lets them through).
+func pseudoDevices() []pseudoDevice {
+	return []pseudoDevice{{"null", 1, 3}, {"zero", 1, 5}, {"full", 1, 7}, {"random", 1, 8}, {"urandom", 1, 9}, {"tty", 5, 0}}
+}
+
+// makeDev mounts a tmpfs at dir and fills it as the container's /dev: the
+// default pseudo devices, /proc/self/fd links, mount points for pts and shm,
+// and nodes (the control devices and the container's GPUs) bind-mounted from
+// the host's dev root. The tmpfs is a shared mount: the container's /dev is
+// a slave of it, so nodes bound or unbound here later (a live update) appear
+// and disappear there too.
+func makeDev(dir string, nodes []isolator.DeviceNode) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	if err := linux.MountDevTmpfs(dir); err != nil {
+		return err
+	}
+	if err := linux.MakeShared(dir); err != nil {
+		return err
+	}
+	for _, d := range pseudoDevices() {
+		if err := linux.Mknod(filepath.Join(dir, d.name), 0o666, linux.DeviceNumber{Char: true, Major: d.major, Minor: d.minor}); err != nil {
+			return err
+		}
+	}
+	for _, sub := range []string{"pts", "shm"} {
+		if err := os.Mkdir(filepath.Join(dir, sub), 0o755); err != nil {
+			return err
+		}
+	}
+	links := map[string]string{
+		"fd": "/proc/self/fd", "stdin": "/proc/self/fd/0", "stdout": "/proc/self/fd/1", "stderr": "/proc/self/fd/2",
+		"ptmx": "pts/ptmx", "core": "/proc/kcore",
+	}
+	for name, target := range links {
+		if err := os.Symlink(target, filepath.Join(dir, name)); err != nil {
+			return err
+		}
+	}
+	for _, n := range nodes {
+		if err := addNode(dir, n); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// addNode binds the host's node n.HostPath into a container's /dev under its
+// own name, after checking that it is the character device the plan says.
+func addNode(dir string, n isolator.DeviceNode) error {
+	p := filepath.Join(dir, filepath.Base(n.Path))
+	if have, err := linux.StatDevice(p); err == nil && have.Major == n.Major && have.Minor == n.Minor {
+		return nil // already there
+	}
+	host, err := linux.StatDevice(n.HostPath)
+	if err != nil {
+		return fmt.Errorf("device node %s: %w", n.Path, err)
+	}
+	if !host.Char || host.Major != n.Major || host.Minor != n.Minor {
+		return fmt.Errorf("device node %s: %s is %d:%d, want %d:%d", n.Path, n.HostPath, host.Major, host.Minor, n.Major, n.Minor)
+	}
+	f, err := os.OpenFile(p, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600) // the mount point
+	if err != nil {
+		return fmt.Errorf("device node %s: %w", n.Path, err)
+	}
+	f.Close()
+	if err := linux.BindMount(n.HostPath, p, false); err != nil {
+		os.Remove(p)
+		return fmt.Errorf("device node %s: %w", n.Path, err)
+	}
+	return nil
+}
+
+// removeNode unbinds a node from a container's /dev and deletes its mount
+// point.
+func removeNode(dir string, n isolator.DeviceNode) error {
+	p := filepath.Join(dir, filepath.Base(n.Path))
+	if err := linux.DetachUnmount(p); err != nil && !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, syscall.EINVAL) {
+		return err
+	}
+	err := os.Remove(p)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	return err
+}
+
+// removeDev unmounts a container's /dev and removes its directory.
+func removeDev(dir string) error {
+	// EINVAL: not mounted (any more); ENOENT: never made.
+	if err := linux.DetachUnmount(dir); err != nil && !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, syscall.EINVAL) {
+		return err
+	}
+	return os.RemoveAll(dir)
+}

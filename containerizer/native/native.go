@@ -1,0 +1,486 @@
+package native
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/gpuiso/gpuiso/allocator"
+	"github.com/gpuiso/gpuiso/containerizer"
+	"github.com/gpuiso/gpuiso/internal/linux"
+	"github.com/gpuiso/gpuiso/isolator"
+	"github.com/gpuiso/gpuiso/isolator/cgroups"
+	"github.com/gpuiso/gpuiso/volume"
+)
+
+// DefaultStateDir is where containers' records, /dev and exit statuses live.
+const DefaultStateDir = "/run/gpuiso/native"
+
+// Config is what a Containerizer works with. Allocator, Inventory and
+// Isolator are required; zero values of the rest mean their defaults.
+type Config struct {
+	// Allocator hands out the GPUs; share it with any other containerizer
+	// on the node.
+	Allocator *allocator.Allocator
+	// Inventory is the node the allocator was made for.
+	Inventory *allocator.Inventory
+	// Isolator confines each container to its devices.
+	Isolator *cgroups.Isolator
+	// Volumes provides the driver volume; nil means containers get none.
+	Volumes *volume.Manager
+	// NVML reports the containers' GPU usage (see Usage); nil means usage
+	// is not supported.
+	NVML nvml.Interface
+	// DevRoot holds the host's device nodes (default /dev).
+	DevRoot string
+	// ProcRoot is the proc file system (default /proc).
+	ProcRoot string
+	// StateDir holds the containers' state (default DefaultStateDir).
+	StateDir string
+	// InitPath is the binary started as each container's init; it must call
+	// Init first thing (default: this process's own binary).
+	InitPath string
+	// ReconcileAllocator says the allocator serves this containerizer alone:
+	// Recover then also releases allocations of owners it has no container
+	// for. Leave it false when the allocator is shared (containerizer.Composite
+	// reconciles against every back end's containers).
+	ReconcileAllocator bool
+	// Logger receives what the containerizer does (default: nothing).
+	Logger *slog.Logger
+}
+
+// Containerizer runs native GPU containers; see the package documentation.
+// It is safe for concurrent use.
+type Containerizer struct {
+	cfg Config
+
+	mu         sync.Mutex
+	containers map[string]*container
+}
+
+var _ containerizer.Containerizer = (*Containerizer)(nil)
+
+// container is the containerizer's view of one container.
+type container struct {
+	rec   record
+	plan  *isolator.Plan
+	state containerizer.State
+	// exited is closed once the exit status is known.
+	exited chan struct{}
+	status containerizer.ExitStatus
+	// child is set when this process started the init (not after a recovery).
+	child *exec.Cmd
+	// busy serialises Update and Destroy on the container.
+	busy sync.Mutex
+}
+
+// New returns a containerizer. Call Recover before launching containers when
+// the containerizer may have run before.
+func New(cfg Config) (*Containerizer, error) {
+	if cfg.Allocator == nil || cfg.Inventory == nil || cfg.Isolator == nil {
+		return nil, errors.New("native containerizer: Allocator, Inventory and Isolator are required")
+	}
+	if cfg.DevRoot == "" {
+		cfg.DevRoot = allocator.DefaultDevRoot
+	}
+	if cfg.ProcRoot == "" {
+		cfg.ProcRoot = allocator.DefaultProcRoot
+	}
+	if cfg.StateDir == "" {
+		cfg.StateDir = DefaultStateDir
+	}
+	if cfg.InitPath == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return nil, fmt.Errorf("native containerizer: own binary for the init: %w", err)
+		}
+		cfg.InitPath = exe
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	for _, p := range []string{cfg.DevRoot, cfg.ProcRoot, cfg.StateDir, cfg.InitPath} {
+		if !filepath.IsAbs(p) {
+			return nil, fmt.Errorf("native containerizer: %q must be an absolute path", p)
+		}
+	}
+	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
+		return nil, fmt.Errorf("native containerizer: %w", err)
+	}
+	return &Containerizer{cfg: cfg, containers: map[string]*container{}}, nil
+}
+
+func (c *Containerizer) dir(id string) string     { return filepath.Join(c.cfg.StateDir, id) }
+func (c *Containerizer) devDir(id string) string  { return filepath.Join(c.dir(id), "dev") }
+func (c *Containerizer) recPath(id string) string { return filepath.Join(c.dir(id), "container.json") }
+func (c *Containerizer) exitPath(id string) string {
+	return filepath.Join(c.dir(id), "exit.json")
+}
+
+// Launch starts spec's command as a container; see the package documentation
+// for what it gets. On error everything already done is undone.
+func (c *Containerizer) Launch(ctx context.Context, spec containerizer.Spec) (containerizer.Container, error) {
+	if err := validate(spec); err != nil {
+		return containerizer.Container{}, fmt.Errorf("launch %s: %w", spec.ID, err)
+	}
+	c.mu.Lock()
+	if _, ok := c.containers[spec.ID]; ok {
+		c.mu.Unlock()
+		return containerizer.Container{}, fmt.Errorf("launch %s: %w", spec.ID, containerizer.ErrContainerExists)
+	}
+	ct := &container{state: containerizer.StateRunning, exited: make(chan struct{})}
+	ct.busy.Lock()
+	c.containers[spec.ID] = ct // reserves the id
+	c.mu.Unlock()
+	defer ct.busy.Unlock()
+
+	if err := c.launch(ctx, spec, ct); err != nil {
+		c.mu.Lock()
+		delete(c.containers, spec.ID)
+		c.mu.Unlock()
+		return containerizer.Container{}, fmt.Errorf("launch %s: %w", spec.ID, err)
+	}
+	return c.describe(spec.ID, ct), nil
+}
+
+func validate(spec containerizer.Spec) error {
+	if err := allocator.ValidateOwner(spec.ID); err != nil {
+		return err
+	}
+	switch {
+	case spec.Image != "":
+		return fmt.Errorf("%w: an image needs the Docker containerizer", containerizer.ErrInvalidSpec)
+	case len(spec.Command) == 0 || spec.Command[0] == "":
+		return fmt.Errorf("%w: no command", containerizer.ErrInvalidSpec)
+	case spec.Dir != "" && !filepath.IsAbs(spec.Dir):
+		return fmt.Errorf("%w: working directory %q is not absolute", containerizer.ErrInvalidSpec, spec.Dir)
+	}
+	return nil
+}
+
+// launch does the work of Launch; each step registers its undo.
+func (c *Containerizer) launch(ctx context.Context, spec containerizer.Spec, ct *container) (err error) {
+	var undo []func()
+	defer func() {
+		if err != nil {
+			for _, u := range slices.Backward(undo) {
+				u()
+			}
+		}
+	}()
+	// Undo runs even when ctx is cancelled.
+	bg := context.WithoutCancel(ctx)
+	if _, statErr := os.Stat(c.dir(spec.ID)); statErr == nil {
+		return fmt.Errorf("%w: state of an earlier container %s is left (run Recover)", containerizer.ErrContainerExists, spec.ID)
+	}
+
+	// The state directory comes first: a crash at any later point leaves
+	// it behind for Recover, which then gives back whatever was taken.
+	if err := os.Mkdir(c.dir(spec.ID), 0o700); err != nil {
+		return err
+	}
+	undo = append(undo, func() { os.RemoveAll(c.dir(spec.ID)) })
+	al, err := c.cfg.Allocator.Allocate(ctx, spec.ID, spec.GPUs)
+	if err != nil {
+		return err
+	}
+	undo = append(undo, func() { c.cfg.Allocator.Release(bg, spec.ID) })
+	ct.rec = record{Version: recordVersion, ID: spec.ID, GPUs: al.Devices}
+
+	var mounts []specs.Mount
+	env := isolator.MergeEnv(defaultEnv(), spec.Env)
+	if c.cfg.Volumes != nil {
+		vol, err := c.cfg.Volumes.Build(ctx)
+		if err != nil {
+			return fmt.Errorf("driver volume: %w", err)
+		}
+		if err := c.cfg.Volumes.Acquire(ctx, vol.Version, spec.ID); err != nil {
+			return fmt.Errorf("driver volume: %w", err)
+		}
+		undo = append(undo, func() { c.cfg.Volumes.Release(bg, vol.Version, spec.ID) })
+		inj := vol.Injection(env)
+		mounts = append(mounts, specs.Mount{Source: inj.Mount.Source, Destination: inj.Mount.Destination, Type: inj.Mount.Type, Options: inj.Mount.Options})
+		env = isolator.MergeEnv(env, inj.Env)
+		ct.rec.Volume, ct.rec.VolumeVersion = vol.Path, vol.Version
+		if err := os.MkdirAll(inj.Mount.Destination, 0o755); err != nil {
+			return fmt.Errorf("driver volume mount point: %w", err)
+		}
+	}
+	plan, err := isolator.NewPlan(spec.ID, c.cfg.Inventory, c.cfg.DevRoot, al.Devices, mounts, env)
+	if err != nil {
+		return err
+	}
+	ct.plan, ct.rec.Mounts, ct.rec.Env = plan, mounts, env
+
+	if err := makeDev(c.devDir(spec.ID), plan.Devices); err != nil {
+		removeDev(c.devDir(spec.ID))
+		return fmt.Errorf("private /dev: %w", err)
+	}
+	undo = append(undo, func() { removeDev(c.devDir(spec.ID)) })
+	if err := c.cfg.Isolator.Apply(ctx, spec.ID, plan.Rules); err != nil {
+		return err
+	}
+	undo = append(undo, func() { c.cfg.Isolator.Destroy(bg, spec.ID) })
+	// The record is written once the init's pid is known. A crash before
+	// leaves a state directory without one, which Recover tears down.
+	return c.start(ctx, spec, ct, plan)
+}
+
+func defaultEnv() []string {
+	return []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+}
+
+// start runs the init, moves it into the cgroup, and only then lets it go on.
+func (c *Containerizer) start(ctx context.Context, spec containerizer.Spec, ct *container, plan *isolator.Plan) error {
+	r, w, err := os.Pipe()
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	defer w.Close()
+	cmd := exec.Command(c.cfg.InitPath)
+	cmd.Env = []string{initEnv + "=1"}
+	cmd.ExtraFiles = []*os.File{r}
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = spec.Stdin, spec.Stdout, spec.Stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: linux.CloneNewNS, Setsid: true}
+	inCgroup := false
+	if c.cfg.Isolator.Version() == cgroups.V2 {
+		// Born inside its cgroup (clone3 CLONE_INTO_CGROUP).
+		cg, err := c.cfg.Isolator.OpenCgroup(spec.ID)
+		if err != nil {
+			return err
+		}
+		defer cg.Close()
+		cmd.SysProcAttr.UseCgroupFD, cmd.SysProcAttr.CgroupFD = true, int(cg.Fd())
+		inCgroup = true
+	}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start init: %w", err)
+	}
+	kill := func() { cmd.Process.Kill(); cmd.Wait() }
+	if !inCgroup {
+		if err := c.cfg.Isolator.AddProcess(ctx, spec.ID, cmd.Process.Pid); err != nil {
+			kill()
+			return err
+		}
+	}
+	start, err := startTime(c.cfg.ProcRoot, cmd.Process.Pid)
+	if err != nil {
+		kill()
+		return err
+	}
+	ct.rec.Pid, ct.rec.Start = cmd.Process.Pid, start
+	if err := writeJSON(c.recPath(spec.ID), ct.rec); err != nil {
+		kill()
+		return fmt.Errorf("record: %w", err)
+	}
+	cfg := initConfig{Args: spec.Command, Env: plan.Env, Dir: spec.Dir, DevDir: c.devDir(spec.ID), Mounts: plan.Mounts, ExitFile: c.exitPath(spec.ID)}
+	if err := writeConfig(w, cfg); err != nil {
+		kill()
+		return fmt.Errorf("configure init: %w", err)
+	}
+	ct.child = cmd
+	go c.reap(spec.ID, ct)
+	c.cfg.Logger.Info("container launched", "id", spec.ID, "pid", cmd.Process.Pid, "gpus", len(ct.rec.GPUs), "volume", ct.rec.Volume)
+	return nil
+}
+
+func writeConfig(w io.WriteCloser, cfg initConfig) error {
+	b, err := json.Marshal(cfg)
+	if err != nil {
+		return err
+	}
+	if _, err := w.Write(b); err != nil {
+		return err
+	}
+	return w.Close()
+}
+
+// reap waits for an init this process started and records how it ended.
+func (c *Containerizer) reap(id string, ct *container) {
+	err := ct.child.Wait()
+	code := 0
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		code = ee.ExitCode()
+		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			code = 128 + int(ws.Signal())
+		}
+	}
+	c.exit(ct, code)
+}
+
+// watch polls an adopted init (not a child of this process) until it ends,
+// then takes the status the init recorded.
+func (c *Containerizer) watch(id string, ct *container) {
+	for alive(c.cfg.ProcRoot, ct.rec.Pid, ct.rec.Start) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	code := 128 + int(syscall.SIGKILL) // killed before it could record anything
+	var ex exitRecord
+	if err := readJSON(c.exitPath(id), &ex); err == nil {
+		code = ex.Code
+	}
+	c.exit(ct, code)
+}
+
+func (c *Containerizer) exit(ct *container, code int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if ct.state == containerizer.StateExited {
+		return
+	}
+	ct.state, ct.status = containerizer.StateExited, containerizer.ExitStatus{Code: code}
+	close(ct.exited)
+}
+
+// Wait blocks until the container's command has exited.
+func (c *Containerizer) Wait(ctx context.Context, id string) (containerizer.ExitStatus, error) {
+	ct, err := c.get(id)
+	if err != nil {
+		return containerizer.ExitStatus{}, fmt.Errorf("wait for %s: %w", id, err)
+	}
+	select {
+	case <-ct.exited:
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return ct.status, nil
+	case <-ctx.Done():
+		return containerizer.ExitStatus{}, fmt.Errorf("wait for %s: %w", id, ctx.Err())
+	}
+}
+
+func (c *Containerizer) get(id string) (*container, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	ct, ok := c.containers[id]
+	if !ok {
+		return nil, containerizer.ErrUnknownContainer
+	}
+	return ct, nil
+}
+
+// Destroy kills every process of the container, removes its cgroup, /dev and
+// state, and releases its GPUs and volume. A container already gone is not
+// an error.
+func (c *Containerizer) Destroy(ctx context.Context, id string) error {
+	if err := allocator.ValidateOwner(id); err != nil {
+		return fmt.Errorf("destroy %s: %w", id, err)
+	}
+	ct, err := c.get(id)
+	if err != nil {
+		return nil
+	}
+	ct.busy.Lock()
+	defer ct.busy.Unlock()
+	if err := c.teardown(ctx, id, ct.rec); err != nil {
+		return fmt.Errorf("destroy %s: %w", id, err)
+	}
+	if ct.child != nil {
+		<-ct.exited // reaped: the cgroup's processes are gone
+	} else {
+		c.exit(ct, 128+int(syscall.SIGKILL))
+	}
+	c.mu.Lock()
+	delete(c.containers, id)
+	c.mu.Unlock()
+	c.cfg.Logger.Info("container destroyed", "id", id)
+	return nil
+}
+
+// teardown gives back everything a container held, in the reverse order of
+// launch. Every step tolerates what is already gone.
+func (c *Containerizer) teardown(ctx context.Context, id string, rec record) error {
+	if err := c.cfg.Isolator.Destroy(ctx, id); err != nil {
+		return err
+	}
+	var errs []error
+	if err := removeDev(c.devDir(id)); err != nil {
+		errs = append(errs, err)
+	}
+	if c.cfg.Volumes != nil && rec.VolumeVersion != "" {
+		if err := c.cfg.Volumes.Release(ctx, rec.VolumeVersion, id); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	if err := c.cfg.Allocator.Release(ctx, id); err != nil && !errors.Is(err, allocator.ErrUnknownOwner) {
+		errs = append(errs, err)
+	}
+	if len(errs) == 0 {
+		if err := os.RemoveAll(c.dir(id)); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Containers lists the containers.
+func (c *Containerizer) Containers() []containerizer.Container {
+	c.mu.Lock()
+	ids := make([]string, 0, len(c.containers))
+	for id := range c.containers {
+		ids = append(ids, id)
+	}
+	c.mu.Unlock()
+	slices.Sort(ids)
+	var out []containerizer.Container
+	for _, id := range ids {
+		if ct, err := c.get(id); err == nil {
+			out = append(out, c.describe(id, ct))
+		}
+	}
+	return out
+}
+
+func (c *Containerizer) describe(id string, ct *container) containerizer.Container {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return containerizer.Container{
+		ID: id, Kind: containerizer.KindNative, GPUs: slices.Clone(ct.rec.GPUs),
+		Volume: ct.rec.Volume, Pid: ct.rec.Pid, State: ct.state,
+	}
+}
+
+// Usage reports what the container's processes use of its GPUs, as NVML
+// tells: memory per GPU and, where the driver keeps samples, utilisation.
+// Without NVML (Config.NVML) it fails with an error matching
+// isolator.ErrNotSupported.
+func (c *Containerizer) Usage(ctx context.Context, id string) (isolator.Usage, error) {
+	ct, err := c.get(id)
+	if err != nil {
+		return isolator.Usage{}, fmt.Errorf("usage of %s: %w", id, err)
+	}
+	if c.cfg.NVML == nil {
+		return isolator.Usage{}, fmt.Errorf("usage of %s: no NVML: %w", id, isolator.ErrNotSupported)
+	}
+	if ret := c.cfg.NVML.Init(); ret != nvml.SUCCESS {
+		return isolator.Usage{}, fmt.Errorf("usage of %s: nvml init: %s", id, nvml.ErrorString(ret))
+	}
+	defer c.cfg.NVML.Shutdown()
+	pids, err := c.cfg.Isolator.Processes(ctx, id)
+	if err != nil {
+		return isolator.Usage{}, fmt.Errorf("usage of %s: %w", id, err)
+	}
+	c.mu.Lock()
+	gpus := slices.Clone(ct.rec.GPUs)
+	c.mu.Unlock()
+	u, err := isolator.ReadUsage(ctx, c.cfg.NVML, gpus, pids)
+	if err != nil {
+		return u, fmt.Errorf("usage of %s: %w", id, err)
+	}
+	return u, nil
+}

@@ -1,0 +1,125 @@
+package native
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/gpuiso/gpuiso/allocator"
+)
+
+// record is what survives a restart of the containerizer: one per container,
+// in <state dir>/<id>/container.json.
+type record struct {
+	Version int                   `json:"version"`
+	ID      string                `json:"id"`
+	GPUs    []allocator.DeviceRef `json:"gpus"`
+	// Mounts and Env are what the container got beside its GPUs (the driver
+	// volume, the command's environment): what a plan is rebuilt from.
+	Mounts []specs.Mount `json:"mounts,omitempty"`
+	Env    []string      `json:"env,omitempty"`
+	// Volume and VolumeVersion name the driver volume the container uses.
+	Volume        string `json:"volume,omitempty"`
+	VolumeVersion string `json:"volumeVersion,omitempty"`
+	// Pid and Start identify the init process: its pid and its start time
+	// (clock ticks since boot), which guards against pid reuse.
+	Pid   int    `json:"pid,omitempty"`
+	Start uint64 `json:"start,omitempty"`
+}
+
+const recordVersion = 1
+
+// exitRecord is written by the init when the command exits.
+type exitRecord struct {
+	Code int `json:"code"`
+}
+
+// writeJSON writes v to path atomically: temp file in the same directory,
+// fsync, rename, fsync of the directory.
+func writeJSON(path string, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	dir := filepath.Dir(path)
+	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".*")
+	if err != nil {
+		return err
+	}
+	tmp := f.Name()
+	_, err = f.Write(b)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
+
+func readJSON(path string, v any) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	if err := json.Unmarshal(b, v); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	return nil
+}
+
+// startTime reads a process's start time from /proc/<pid>/stat (field 22).
+func startTime(procRoot string, pid int) (uint64, error) {
+	b, err := os.ReadFile(filepath.Join(procRoot, strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return 0, err
+	}
+	// The command name (field 2) may hold spaces and parentheses: fields
+	// are counted from the last ')'.
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return 0, fmt.Errorf("/proc/%d/stat: no command name", pid)
+	}
+	f := strings.Fields(s[i+1:])
+	if len(f) < 20 {
+		return 0, fmt.Errorf("/proc/%d/stat: %d fields", pid, len(f)+2)
+	}
+	return strconv.ParseUint(f[19], 10, 64)
+}
+
+// alive reports whether the process pid is still the one that started at
+// start (and has not exited).
+func alive(procRoot string, pid int, start uint64) bool {
+	if pid <= 0 {
+		return false
+	}
+	st, err := startTime(procRoot, pid)
+	if err != nil || st != start {
+		return false
+	}
+	b, err := os.ReadFile(filepath.Join(procRoot, strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return false
+	}
+	s := string(b)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+	return len(f) > 0 && f[0] != "Z" && f[0] != "X" // not a zombie
+}

@@ -1,0 +1,129 @@
+package native
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"slices"
+
+	"github.com/gpuiso/gpuiso/allocator"
+	"github.com/gpuiso/gpuiso/containerizer"
+	"github.com/gpuiso/gpuiso/isolator"
+)
+
+// Recover rebuilds the containerizer's view after a restart from what the
+// state directory and the kernel hold. A container whose init still runs
+// (same pid, same start time) and whose cgroup exists is re-adopted with its
+// GPUs: re-allocated by identity if the allocator has lost them. Any other
+// is torn down and its GPUs released, as are cgroups no record explains.
+// It returns the re-adopted containers. Errors are joined: one container
+// that cannot be recovered does not stop the others.
+func (c *Containerizer) Recover(ctx context.Context) ([]containerizer.Container, error) {
+	entries, err := os.ReadDir(c.cfg.StateDir)
+	if err != nil {
+		return nil, fmt.Errorf("recover: %w", err)
+	}
+	var adopted []containerizer.Container
+	var errs []error
+	seen := map[string]bool{}
+	for _, e := range entries {
+		id := e.Name()
+		if !e.IsDir() || allocator.ValidateOwner(id) != nil {
+			continue
+		}
+		seen[id] = true
+		if _, err := c.get(id); err == nil {
+			continue // already known to this process
+		}
+		ct, err := c.recoverOne(ctx, id)
+		switch {
+		case err != nil:
+			errs = append(errs, fmt.Errorf("recover %s: %w", id, err))
+		case ct != nil:
+			adopted = append(adopted, c.describe(id, ct))
+		}
+	}
+	owners, err := c.cfg.Isolator.Owners(ctx)
+	if err != nil {
+		errs = append(errs, fmt.Errorf("recover: %w", err))
+	}
+	for _, id := range owners {
+		if !seen[id] {
+			if _, err := c.get(id); errors.Is(err, containerizer.ErrUnknownContainer) {
+				c.cfg.Logger.Info("removing a cgroup no container record explains", "id", id)
+				if err := c.cfg.Isolator.Destroy(ctx, id); err != nil {
+					errs = append(errs, fmt.Errorf("recover: orphan cgroup %s: %w", id, err))
+				}
+			}
+		}
+	}
+	if c.cfg.ReconcileAllocator {
+		live := make([]string, 0, len(adopted))
+		for _, ct := range c.Containers() {
+			live = append(live, ct.ID)
+		}
+		res, err := c.cfg.Allocator.Reconcile(ctx, live)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("recover: %w", err))
+		} else if len(res.Released) > 0 {
+			c.cfg.Logger.Info("released allocations of containers that are gone", "owners", res.Released)
+		}
+	}
+	return adopted, errors.Join(errs...)
+}
+
+// recoverOne re-adopts container id, or tears it down when it is gone; it
+// returns nil, nil for a container torn down.
+func (c *Containerizer) recoverOne(ctx context.Context, id string) (*container, error) {
+	var rec record
+	err := readJSON(c.recPath(id), &rec)
+	if errors.Is(err, fs.ErrNotExist) {
+		// Crashed between its state directory and its first record.
+		return nil, c.teardown(ctx, id, record{ID: id})
+	}
+	if err != nil {
+		return nil, err
+	}
+	if rec.Version != recordVersion || rec.ID != id {
+		return nil, fmt.Errorf("record %s: version %d, id %q: not a record this containerizer wrote", c.recPath(id), rec.Version, rec.ID)
+	}
+	procs, perr := c.cfg.Isolator.Processes(ctx, id)
+	_, exitErr := os.Stat(c.exitPath(id)) // the command's exit is recorded
+	if exitErr == nil || !alive(c.cfg.ProcRoot, rec.Pid, rec.Start) || perr != nil || !slices.Contains(procs, rec.Pid) {
+		c.cfg.Logger.Info("cleaning up a container that did not survive", "id", id)
+		return nil, c.teardown(ctx, id, rec)
+	}
+	if err := c.reclaim(ctx, rec); err != nil {
+		return nil, err
+	}
+	plan, err := isolator.NewPlan(id, c.cfg.Inventory, c.cfg.DevRoot, rec.GPUs, rec.Mounts, rec.Env)
+	if err != nil {
+		return nil, err
+	}
+	ct := &container{rec: rec, plan: plan, state: containerizer.StateRunning, exited: make(chan struct{})}
+	c.mu.Lock()
+	c.containers[id] = ct
+	c.mu.Unlock()
+	go c.watch(id, ct)
+	c.cfg.Logger.Info("container re-adopted", "id", id, "pid", rec.Pid, "gpus", len(rec.GPUs))
+	return ct, nil
+}
+
+// reclaim makes the allocator agree that the container owns its GPUs.
+func (c *Containerizer) reclaim(ctx context.Context, rec record) error {
+	want := uuids(rec.GPUs)
+	al, err := c.cfg.Allocator.Allocation(rec.ID)
+	if err == nil {
+		if slices.Equal(uuids(al.Devices), want) {
+			return nil
+		}
+		return fmt.Errorf("the allocator gives %s GPUs %v, its record says %v", rec.ID, uuids(al.Devices), want)
+	}
+	if !errors.Is(err, allocator.ErrUnknownOwner) {
+		return err
+	}
+	_, err = c.cfg.Allocator.Allocate(ctx, rec.ID, allocator.Request{Devices: want})
+	return err
+}

@@ -1,0 +1,192 @@
+// Command gpurun runs a command as a GPU container: in its own mount
+// namespace and device cgroup, with a private /dev holding only its GPUs, the
+// driver volume read-only at /usr/local/nvidia, and NVIDIA_VISIBLE_DEVICES /
+// CUDA_VISIBLE_DEVICES naming its GPUs. It exits with the command's status.
+//
+//	gpurun [--simulate NAME] [--gpus N | --devices LIST] [--policy P] [--state-dir DIR]
+//	       [--cgroup v1|v2] [--quiet] -- CMD [ARGS...]
+//
+// --simulate runs on a simulated node: real cgroups and real device nodes
+// with NVIDIA's numbers, under a temporary directory. gpurun needs root.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+
+	"github.com/gpuiso/gpuiso/allocator"
+	"github.com/gpuiso/gpuiso/allocator/simnode"
+	"github.com/gpuiso/gpuiso/containerizer"
+	"github.com/gpuiso/gpuiso/containerizer/native"
+	"github.com/gpuiso/gpuiso/internal/cli"
+	"github.com/gpuiso/gpuiso/isolator/cgroups"
+	"github.com/gpuiso/gpuiso/volume"
+)
+
+func main() {
+	native.Init() // gpurun's own binary is each container's init
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// Exit codes of gpurun itself; anything else is the command's.
+const (
+	exitFailed = 125
+	exitUsage  = 2
+)
+
+func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("gpurun", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	simulate := fs.String("simulate", "", "run on a simulated node: "+strings.Join(simnode.Names(), ", "))
+	gpus := fs.Int("gpus", 1, "number of GPUs")
+	devices := fs.String("devices", "", "comma-separated GPUs (indexes, UUIDs or bus ids) instead of --gpus")
+	policy := fs.String("policy", string(allocator.PolicyTopology), "placement policy: topology, pack or spread")
+	stateDir := fs.String("state-dir", "", "keep the allocator's state in DIR (default: in memory)")
+	version := fs.String("cgroup", "", "cgroup version for devices: v1 or v2 (default: the host's)")
+	quiet := fs.Bool("quiet", false, "do not print which GPUs and volume the command got")
+	if err := fs.Parse(args); err != nil {
+		return exitUsage
+	}
+	if fs.NArg() == 0 {
+		fmt.Fprintln(stderr, "gpurun: no command (gpurun [flags] -- CMD [ARGS...])")
+		return exitUsage
+	}
+	req := allocator.Request{Count: *gpus}
+	if *devices != "" {
+		req = allocator.Request{Devices: strings.Split(*devices, ",")}
+	}
+	settings := []allocator.Setting{allocator.WithPolicy(allocator.Policy(*policy))}
+	if *stateDir != "" {
+		settings = append(settings, allocator.WithStateDir(*stateDir))
+	}
+	var isoOpts []cgroups.Option
+	switch *version {
+	case "":
+	case "v1":
+		isoOpts = append(isoOpts, cgroups.WithVersion(cgroups.V1))
+	case "v2":
+		isoOpts = append(isoOpts, cgroups.WithVersion(cgroups.V2))
+	default:
+		fmt.Fprintf(stderr, "gpurun: --cgroup %q: want v1 or v2\n", *version)
+		return exitUsage
+	}
+
+	// The node: the host's, or a simulated one under a temporary directory.
+	inv, devRoot, where, cleanup, err := node(ctx, *simulate)
+	if err != nil {
+		fmt.Fprintln(stderr, "gpurun: "+err.Error())
+		return exitFailed
+	}
+	defer cleanup()
+	alloc, err := allocator.New(inv, settings...)
+	if err != nil {
+		fmt.Fprintf(stderr, "gpurun: %v\n", err)
+		return exitUsage
+	}
+	iso, err := cgroups.New(isoOpts...)
+	if err != nil {
+		fmt.Fprintf(stderr, "gpurun: %v\n", err)
+		return exitFailed
+	}
+	vols, volNote := driverVolume(ctx)
+	state, err := os.MkdirTemp("", "gpurun-")
+	if err != nil {
+		fmt.Fprintf(stderr, "gpurun: %v\n", err)
+		return exitFailed
+	}
+	defer os.RemoveAll(state)
+	c, err := native.New(native.Config{Allocator: alloc, Inventory: inv, Isolator: iso, Volumes: vols, DevRoot: devRoot, StateDir: state})
+	if err != nil {
+		fmt.Fprintf(stderr, "gpurun: %v\n", err)
+		return exitFailed
+	}
+
+	id := fmt.Sprintf("gpurun-%d", os.Getpid())
+	ct, err := c.Launch(ctx, containerizer.Spec{ID: id, Command: fs.Args(), GPUs: req, Stdin: stdin, Stdout: stdout, Stderr: stderr})
+	if err != nil {
+		fmt.Fprintf(stderr, "gpurun: %v\n", err)
+		return exitFailed
+	}
+	defer c.Destroy(context.WithoutCancel(ctx), id)
+	if !*quiet {
+		fmt.Fprintf(stderr, "gpurun: %s%s; %s\n", describe(ct.GPUs), where, volumeNote(ct.Volume, volNote))
+	}
+	st, err := c.Wait(ctx, id)
+	if err != nil { // interrupted: Destroy (deferred) stops the container
+		fmt.Fprintf(stderr, "gpurun: %v\n", err)
+		return 128 + int(syscall.SIGINT)
+	}
+	return st.Code
+}
+
+// node discovers the host's GPUs, or builds a simulated node.
+func node(ctx context.Context, simulate string) (inv *allocator.Inventory, devRoot, where string, cleanup func(), err error) {
+	cleanup = func() {}
+	if simulate == "" {
+		inv, err = allocator.Discover(ctx)
+		if err != nil {
+			return nil, "", "", cleanup, errors.New(cli.ExplainDiscover(err))
+		}
+		return inv, allocator.DefaultDevRoot, "", cleanup, nil
+	}
+	sim, err := simnode.New(simulate)
+	if err != nil {
+		return nil, "", "", cleanup, err
+	}
+	dir, err := os.MkdirTemp("", "gpurun-node-")
+	if err != nil {
+		return nil, "", "", cleanup, err
+	}
+	cleanup = func() { os.RemoveAll(dir) }
+	host, err := sim.MakeHost(filepath.Join(dir, "host"))
+	if err != nil {
+		cleanup()
+		return nil, "", "", func() {}, fmt.Errorf("simulated node (needs root): %w", err)
+	}
+	inv, err = allocator.Discover(ctx, sim.DiscoverOptions(host)...)
+	if err != nil {
+		cleanup()
+		return nil, "", "", func() {}, err
+	}
+	return inv, host.DevRoot, " of simulated " + simulate, cleanup, nil
+}
+
+// driverVolume builds (or finds) the host's driver volume; without a driver
+// the container gets none, and the note says why.
+func driverVolume(ctx context.Context) (*volume.Manager, string) {
+	m, err := volume.New()
+	if err == nil {
+		_, err = m.Build(ctx)
+	}
+	if err != nil {
+		return nil, "no driver volume (" + err.Error() + ")"
+	}
+	return m, ""
+}
+
+func describe(gpus []allocator.DeviceRef) string {
+	var idx, uuids []string
+	for _, g := range gpus {
+		idx = append(idx, fmt.Sprint(g.Index))
+		uuids = append(uuids, g.UUID)
+	}
+	return fmt.Sprintf("GPUs %s (%s)", strings.Join(idx, ","), strings.Join(uuids, ","))
+}
+
+func volumeNote(path, none string) string {
+	if path == "" {
+		return none
+	}
+	return "driver volume " + path + " at /usr/local/nvidia"
+}

@@ -1,0 +1,107 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/gpuiso/gpuiso/containerizer/native"
+	"github.com/gpuiso/gpuiso/internal/testenv"
+)
+
+func TestMain(m *testing.M) {
+	native.Init() // this test binary is the containers' init
+	os.Exit(m.Run())
+}
+
+// lockedBuffer is written by gpurun and by the copy of the container's
+// output at once.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+func gpurun(args ...string) (stdout, stderr string, code int) {
+	var out, errOut lockedBuffer
+	code = run(context.Background(), args, strings.NewReader(""), &out, &errOut)
+	return out.String(), errOut.String(), code
+}
+
+// TestSimulated runs a command on GPUs 1 and 3 of a simulated DGX-1, for
+// each cgroup version: it sees exactly its GPU nodes, and gpurun exits with
+// its status after one line saying what it got.
+func TestSimulated(t *testing.T) {
+	testenv.RequireRoot(t)
+	testenv.RequireCgroupV1Devices(t)
+	testenv.RequireCgroupV2(t)
+	for _, v := range []string{"v1", "v2"} {
+		t.Run(v, func(t *testing.T) {
+			out, errOut, code := gpurun("--simulate", "dgx1-volta", "--devices", "1,3", "--cgroup", v, "--",
+				"/bin/sh", "-c", `ls /dev | grep '^nvidia[0-9]'; echo "$NVIDIA_VISIBLE_DEVICES"; exit 7`)
+			if code != 7 {
+				t.Fatalf("exit %d, want the command's 7\nstdout: %s\nstderr: %s", code, out, errOut)
+			}
+			lines := strings.Split(strings.TrimSpace(out), "\n")
+			if len(lines) != 3 || lines[0] != "nvidia1" || lines[1] != "nvidia3" || strings.Count(lines[2], "GPU-") != 2 {
+				t.Fatalf("the command saw %q", lines)
+			}
+			info := strings.Split(strings.TrimSpace(errOut), "\n")
+			if len(info) != 1 || !strings.HasPrefix(info[0], "gpurun: GPUs 1,3 (") || !strings.Contains(info[0], "simulated dgx1-volta") {
+				t.Fatalf("stderr = %q, want one line naming GPUs 1,3 (stdout %q)", errOut, out)
+			}
+			if _, _, code := gpurun("--simulate", "pcie8", "--gpus", "2", "--quiet", "--cgroup", v, "--", "/bin/true"); code != 0 {
+				t.Fatalf("--quiet run exited %d", code)
+			}
+		})
+	}
+}
+
+// TestNoDriver: on this host's real node (no kernel driver) gpurun says so
+// in one line and exits non-zero.
+func TestNoDriver(t *testing.T) {
+	testenv.RequireNVIDIALibraries(t)
+	if _, err := os.Stat("/proc/driver/nvidia/version"); err == nil {
+		t.Skip("the NVIDIA kernel driver is loaded here")
+	}
+	out, errOut, code := gpurun("--", "/bin/true")
+	lines := strings.Split(strings.TrimSpace(errOut), "\n")
+	if code == 0 || out != "" || len(lines) != 1 || !strings.Contains(lines[0], "driver not loaded") || !strings.Contains(lines[0], "--simulate") {
+		t.Fatalf("exit %d, stderr %q: want one line about the driver", code, errOut)
+	}
+}
+
+func TestUsage(t *testing.T) {
+	for name, args := range map[string][]string{
+		"no command":     {"--simulate", "pcie8"},
+		"bad cgroup":     {"--cgroup", "v3", "--", "true"},
+		"unknown flag":   {"--gpu", "1", "--", "true"},
+		"bad policy":     {"--simulate", "pcie8", "--policy", "random", "--", "true"},
+		"unknown node":   {"--simulate", "dgx-z9", "--", "true"},
+		"too many GPUs":  {"--simulate", "pcie8", "--gpus", "9", "--", "true"},
+		"unknown device": {"--simulate", "pcie8", "--devices", "42", "--", "true"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			if name == "too many GPUs" || name == "unknown device" || name == "bad policy" || name == "unknown node" {
+				testenv.RequireRoot(t) // gets as far as the simulated host
+			}
+			if _, errOut, code := gpurun(args...); code == 0 || errOut == "" {
+				t.Fatalf("gpurun %q: exit %d, stderr %q", args, code, errOut)
+			}
+		})
+	}
+}

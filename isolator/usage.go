@@ -1,0 +1,97 @@
+package isolator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+
+	"github.com/gpuiso/gpuiso/allocator"
+)
+
+// Usage is what a container uses of its GPUs, as NVML reports it.
+type Usage struct {
+	GPUs []GPUUsage `json:"gpus"`
+}
+
+// GPUUsage is one GPU's share used by the container's processes.
+type GPUUsage struct {
+	UUID string `json:"uuid"`
+	// Processes are the container's processes NVML lists on the GPU.
+	Processes []int `json:"processes,omitempty"`
+	// MemoryBytes is the GPU memory those processes hold.
+	MemoryBytes uint64 `json:"memoryBytes"`
+	// SMUtilization and MemoryUtilization are the processes' busiest recent
+	// sample, in percent; nil where NVML keeps no per-process samples.
+	SMUtilization     *uint32 `json:"smUtilization,omitempty"`
+	MemoryUtilization *uint32 `json:"memoryUtilization,omitempty"`
+}
+
+// ReadUsage asks NVML (initialised by the caller) what the processes pids
+// use of gpus. A driver that cannot list a GPU's processes gives an error
+// matching ErrNotSupported; other GPUs' usage is still returned.
+func ReadUsage(ctx context.Context, lib nvml.Interface, gpus []allocator.DeviceRef, pids []int) (Usage, error) {
+	var u Usage
+	var errs []error
+	for _, g := range gpus {
+		if err := ctx.Err(); err != nil {
+			return u, err
+		}
+		gu, err := gpuUsage(lib, g, pids)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("usage of GPU %d (%s): %w", g.Index, g.UUID, err))
+			continue
+		}
+		u.GPUs = append(u.GPUs, gu)
+	}
+	return u, errors.Join(errs...)
+}
+
+func gpuUsage(lib nvml.Interface, g allocator.DeviceRef, pids []int) (GPUUsage, error) {
+	gu := GPUUsage{UUID: g.UUID}
+	h, ret := lib.DeviceGetHandleByUUID(g.UUID)
+	if ret != nvml.SUCCESS {
+		return gu, nvmlErr("get handle", ret)
+	}
+	mine := func(pid uint32) bool { return slices.Contains(pids, int(pid)) }
+	listed := false
+	for _, list := range []func() ([]nvml.ProcessInfo, nvml.Return){h.GetComputeRunningProcesses, h.GetGraphicsRunningProcesses} {
+		procs, ret := list()
+		if ret == nvml.ERROR_NOT_SUPPORTED {
+			continue
+		}
+		if ret != nvml.SUCCESS {
+			return gu, nvmlErr("list processes", ret)
+		}
+		listed = true
+		for _, p := range procs {
+			if mine(p.Pid) && !slices.Contains(gu.Processes, int(p.Pid)) {
+				gu.Processes = append(gu.Processes, int(p.Pid))
+				gu.MemoryBytes += p.UsedGpuMemory
+			}
+		}
+	}
+	if !listed {
+		return gu, fmt.Errorf("list processes: %w", ErrNotSupported)
+	}
+	samples, ret := h.GetProcessUtilization(0)
+	if ret == nvml.SUCCESS {
+		var sm, mem uint32
+		for _, s := range samples {
+			if mine(s.Pid) {
+				sm, mem = max(sm, s.SmUtil), max(mem, s.MemUtil)
+			}
+		}
+		gu.SMUtilization, gu.MemoryUtilization = &sm, &mem
+	}
+	return gu, nil
+}
+
+func nvmlErr(op string, ret nvml.Return) error {
+	if ret == nvml.ERROR_NOT_SUPPORTED {
+		return fmt.Errorf("%s: %w", op, ErrNotSupported)
+	}
+	return fmt.Errorf("%s: %s", op, nvml.ErrorString(ret))
+}
