@@ -15,8 +15,9 @@ import (
 // Containerizer: a spec with an Image goes to Docker, one without to the
 // native back end. Both back ends must be built over the same
 // *allocator.Allocator, the one given to NewComposite, so that they never
-// hand out the same GPU; the Docker one with its shared-allocator option, so
-// that its own recovery leaves the native containers' GPUs alone.
+// hand out the same GPU, and without reconciling it on their own (the
+// native Config.ReconcileAllocator and docker.WithReconcileAllocator left
+// out), so that neither's recovery releases the other's GPUs.
 //
 // Container ids are unique across both back ends. Recover recovers both and
 // then reconciles the allocator against the union of their live containers.
@@ -132,11 +133,11 @@ func (c *Composite) Destroy(ctx context.Context, id string) error {
 }
 
 // Recover recovers both back ends (a failure of one does not stop the
-// other) and, when both succeeded, reconciles the allocator against the
-// union of their live containers, so that GPUs held for containers neither
-// knows are released. Should a back end's own recovery have released GPUs of
-// the other's containers, those are allocated again by the other's recovery
-// or reported by the reconciliation as unknown owners, in the error.
+// other) and returns every container they know afterwards; when both
+// succeeded it reconciles the allocator against the union of their
+// containers, so that GPUs held for containers neither knows are released.
+// A container that runs with GPUs the allocator does not hold for it (a back
+// end that reconciled on its own released them) is reported in the error.
 func (c *Composite) Recover(ctx context.Context) ([]Container, error) {
 	var all []Container
 	var errs []error
@@ -147,12 +148,13 @@ func (c *Composite) Recover(ctx context.Context) ([]Container, error) {
 		if !has {
 			continue
 		}
-		cs, err := b.Recover(ctx)
-		if err != nil {
+		if _, err := b.Recover(ctx); err != nil {
 			errs = append(errs, fmt.Errorf("recover %s: %w", kind, err))
 			ok = false
 		}
-		for _, ctr := range cs {
+		// Every container the back end knows now, re-adopted or known
+		// before.
+		for _, ctr := range b.Containers() {
 			if other, dup := routes[ctr.ID]; dup {
 				errs = append(errs, fmt.Errorf("recover: container %s is both %s and %s: %w", ctr.ID, other, kind, ErrContainerExists))
 				ok = false

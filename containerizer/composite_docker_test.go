@@ -39,7 +39,7 @@ func TestCompositeWithDocker(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		dz, err := docker.New(cli, alloc, inv, docker.WithDevRoot(host.DevRoot), docker.WithNamespace(ns), docker.WithSharedAllocator(), docker.WithStopTimeout(time.Second))
+		dz, err := docker.New(cli, alloc, inv, docker.WithDevRoot(host.DevRoot), docker.WithNamespace(ns), docker.WithStopTimeout(time.Second))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -37,9 +37,10 @@
 // containerizer over the same daemon and allocator state, lists the
 // containers of its namespace, re-adopts each with its GPUs (allocating its
 // recorded devices again where the allocator lost them), and releases what
-// it held for containers that vanished; unless the allocator is shared with
-// other containerizers ([WithSharedAllocator]), it reconciles the allocator
-// against the live containers. Output writers are not re-attached.
+// it held for containers that vanished; when the allocator serves it alone
+// ([WithReconcileAllocator]) it also reconciles the allocator against the
+// live containers, releasing the GPUs of containers that vanished while no
+// containerizer ran. Output writers are not re-attached.
 //
 // When the daemon does not answer, calls fail with a [*DaemonError]
 // (matching [ErrDaemonUnavailable]) and change nothing; once it is back,

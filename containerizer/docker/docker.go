@@ -66,7 +66,7 @@ type config struct {
 	volumes     *volume.Manager
 	namespace   string
 	stopTimeout time.Duration
-	shared      bool
+	reconcile   bool
 	logger      *slog.Logger
 }
 
@@ -116,13 +116,14 @@ func WithStopTimeout(d time.Duration) Option {
 	}
 }
 
-// WithSharedAllocator says that other containerizers (a native one, under
-// containerizer.Composite) hold GPUs of the same allocator: Recover then
-// leaves the owners it does not know alone, and whoever composes the
-// containerizers reconciles the allocator against all of them.
-func WithSharedAllocator() Option {
+// WithReconcileAllocator says that the allocator serves this containerizer
+// alone: Recover then also releases the allocations of owners it has no
+// container for (those that vanished while no containerizer ran). Leave it
+// out when the allocator is shared: containerizer.Composite reconciles
+// against every back end's containers.
+func WithReconcileAllocator() Option {
 	return func(c *config) error {
-		c.shared = true
+		c.reconcile = true
 		return nil
 	}
 }
@@ -566,7 +567,7 @@ func (z *Containerizer) Recover(ctx context.Context) ([]containerizer.Container,
 			errs = append(errs, fmt.Errorf("recover: release vanished %s: %w", e.c.ID, err))
 		}
 	}
-	if !z.cfg.shared {
+	if z.cfg.reconcile {
 		live := slices.Collect(maps.Keys(listed))
 		z.mu.Lock()
 		for id, e := range z.containers {
