@@ -191,14 +191,20 @@ func cleanupCtx(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 }
 
-// Launch runs spec.Image with its GPUs (see the package documentation). On
-// error nothing is left: no container, no allocation, no volume use.
+// Launch runs spec.Image with its GPUs (see the package documentation).
+// spec.Command replaces the image's CMD, spec.Env is set over the image's
+// environment, spec.Dir is the working directory; a spec with Stdin is
+// refused (ErrNotSupported): the containerizer attaches output only. On error
+// nothing is left: no container, no allocation, no volume use.
 func (z *Containerizer) Launch(ctx context.Context, spec containerizer.Spec) (c containerizer.Container, err error) {
 	if err := allocator.ValidateOwner(spec.ID); err != nil {
 		return c, fmt.Errorf("launch %q: %w: %w", spec.ID, containerizer.ErrInvalidSpec, err)
 	}
 	if spec.Image == "" {
 		return c, fmt.Errorf("launch %s: %w: no image", spec.ID, containerizer.ErrInvalidSpec)
+	}
+	if spec.Stdin != nil {
+		return c, fmt.Errorf("launch %s: standard input for a docker container: %w", spec.ID, containerizer.ErrNotSupported)
 	}
 	z.mu.Lock()
 	if _, ok := z.containers[spec.ID]; ok {

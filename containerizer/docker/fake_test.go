@@ -3,6 +3,7 @@ package docker_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 
@@ -85,6 +86,7 @@ func TestLaunchRefuses(t *testing.T) {
 		{"empty id", containerizer.Spec{Image: "plain"}, containerizer.ErrInvalidSpec},
 		{"id with slash", containerizer.Spec{ID: "../x", Image: "plain"}, allocator.ErrInvalidOwner},
 		{"no image", containerizer.Spec{ID: "a"}, containerizer.ErrInvalidSpec},
+		{"stdin", containerizer.Spec{ID: "a", Image: "plain", Stdin: strings.NewReader("x")}, containerizer.ErrNotSupported},
 		{"unknown image", containerizer.Spec{ID: "a", Image: "missing"}, nil},
 		{"volume without manager", containerizer.Spec{ID: "a", Image: "needs-volume", GPUs: allocator.Request{Count: 1}}, docker.ErrNoVolume},
 		{"visible devices without manager", containerizer.Spec{ID: "a", Image: "visible-all", GPUs: allocator.Request{Count: 1}}, docker.ErrNoVolume},
