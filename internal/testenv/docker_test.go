@@ -15,6 +15,7 @@ import (
 // project gets its images.
 func TestHostDockerScratchImage(t *testing.T) {
 	cli := RequireDocker(t)
+	LockDocker(t, false)
 	tag := BuildProbeImage(t, cli, ProbeImage{
 		Labels: map[string]string{"com.nvidia.volumes.needed": "nvidia_driver"},
 		Env:    map[string]string{"NVIDIA_VISIBLE_DEVICES": "all"},
