@@ -19,7 +19,9 @@
 // with "rwm", the volume read-only at /usr/local/nvidia, the environment)
 // and labels recording its owner, its GPUs, the volume and the
 // containerizer's namespace; its output is demultiplexed onto the spec's
-// writers from an attach made before it starts, so none is lost.
+// writers from an attach made before it starts, so none is lost (standard
+// input is not passed: a spec with Stdin is refused). A spec asking for no
+// GPU gets the control devices only and holds nothing in the allocator.
 //
 // # Lifecycle
 //
