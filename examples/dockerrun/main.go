@@ -21,7 +21,6 @@ import (
 	"io"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
@@ -33,7 +32,6 @@ import (
 	"github.com/gpuiso/gpuiso/containerizer"
 	"github.com/gpuiso/gpuiso/containerizer/docker"
 	"github.com/gpuiso/gpuiso/internal/cli"
-	"github.com/gpuiso/gpuiso/volume"
 )
 
 func main() {
@@ -87,12 +85,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return exitFailed
 	}
 
-	inv, devRoot, where, cleanup, err := node(ctx, *simulate)
+	nd, err := cli.OpenNode(ctx, *simulate)
 	if err != nil {
 		fmt.Fprintln(stderr, "dockerrun: "+err.Error())
 		return exitFailed
 	}
-	defer cleanup()
+	defer nd.Close()
+	inv, devRoot, where := nd.Inventory, nd.DevRoot, nd.Where
 	alloc, err := allocator.New(inv)
 	if err != nil {
 		fmt.Fprintf(stderr, "dockerrun: %v\n", err)
@@ -100,7 +99,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	id := fmt.Sprintf("dockerrun-%d", os.Getpid())
 	opts := []docker.Option{docker.WithDevRoot(devRoot), docker.WithNamespace(id)}
-	vols, volNote := driverVolume(ctx)
+	vols, volNote := cli.DriverVolume(ctx)
 	if vols != nil {
 		opts = append(opts, docker.WithVolumes(vols))
 	}
@@ -120,7 +119,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	defer z.Destroy(context.WithoutCancel(ctx), id)
 	if !*quiet {
-		fmt.Fprintf(stderr, "dockerrun: %s%s; %s; container %.12s\n", describe(ct.GPUs), where, volumeNote(ct.Volume), ct.RuntimeID)
+		fmt.Fprintf(stderr, "dockerrun: %s%s; %s; container %.12s\n", cli.DescribeGPUs(ct.GPUs), where, volumeNote(ct.Volume), ct.RuntimeID)
 	}
 	st, err := z.Wait(ctx, id)
 	if err != nil { // interrupted: Destroy (deferred) stops the container
@@ -128,63 +127,6 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 128 + int(syscall.SIGINT)
 	}
 	return st.Code
-}
-
-// node discovers the host's GPUs, or builds a simulated node.
-func node(ctx context.Context, simulate string) (inv *allocator.Inventory, devRoot, where string, cleanup func(), err error) {
-	cleanup = func() {}
-	if simulate == "" {
-		inv, err = allocator.Discover(ctx)
-		if err != nil {
-			return nil, "", "", cleanup, errors.New(cli.ExplainDiscover(err))
-		}
-		return inv, allocator.DefaultDevRoot, "", cleanup, nil
-	}
-	sim, err := simnode.New(simulate)
-	if err != nil {
-		return nil, "", "", cleanup, err
-	}
-	dir, err := os.MkdirTemp("", "dockerrun-node-")
-	if err != nil {
-		return nil, "", "", cleanup, err
-	}
-	cleanup = func() { os.RemoveAll(dir) }
-	host, err := sim.MakeHost(filepath.Join(dir, "host"))
-	if err != nil {
-		cleanup()
-		return nil, "", "", func() {}, fmt.Errorf("simulated node (needs root): %w", err)
-	}
-	inv, err = allocator.Discover(ctx, sim.DiscoverOptions(host)...)
-	if err != nil {
-		cleanup()
-		return nil, "", "", func() {}, err
-	}
-	return inv, host.DevRoot, " of simulated " + simulate, cleanup, nil
-}
-
-// driverVolume builds (or finds) the host's driver volume; without a driver
-// there is none, and the note says why.
-func driverVolume(ctx context.Context) (*volume.Manager, string) {
-	m, err := volume.New()
-	if err == nil {
-		_, err = m.Build(ctx)
-	}
-	if err != nil {
-		return nil, "no driver volume: " + err.Error()
-	}
-	return m, ""
-}
-
-func describe(gpus []allocator.DeviceRef) string {
-	if len(gpus) == 0 {
-		return "no GPUs"
-	}
-	var idx, uuids []string
-	for _, g := range gpus {
-		idx = append(idx, fmt.Sprint(g.Index))
-		uuids = append(uuids, g.UUID)
-	}
-	return fmt.Sprintf("GPUs %s (%s)", strings.Join(idx, ","), strings.Join(uuids, ","))
 }
 
 func volumeNote(path string) string {

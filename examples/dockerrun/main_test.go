@@ -1,38 +1,17 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/gpuiso/gpuiso/internal/testenv"
 	"github.com/gpuiso/gpuiso/volume"
 )
 
-// lockedBuffer is written by dockerrun and by the copy of the container's
-// output at once.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 func dockerrun(args ...string) (stdout, stderr string, code int) {
-	var out, errOut lockedBuffer
+	var out, errOut testenv.Buffer
 	code = run(context.Background(), args, &out, &errOut)
 	return out.String(), errOut.String(), code
 }

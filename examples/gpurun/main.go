@@ -12,13 +12,11 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"strings"
 	"syscall"
 
@@ -28,7 +26,6 @@ import (
 	"github.com/gpuiso/gpuiso/containerizer/native"
 	"github.com/gpuiso/gpuiso/internal/cli"
 	"github.com/gpuiso/gpuiso/isolator/cgroups"
-	"github.com/gpuiso/gpuiso/volume"
 )
 
 func main() {
@@ -83,12 +80,13 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	}
 
 	// The node: the host's, or a simulated one under a temporary directory.
-	inv, devRoot, where, cleanup, err := node(ctx, *simulate)
+	nd, err := cli.OpenNode(ctx, *simulate)
 	if err != nil {
 		fmt.Fprintln(stderr, "gpurun: "+err.Error())
 		return exitFailed
 	}
-	defer cleanup()
+	defer nd.Close()
+	inv, devRoot, where := nd.Inventory, nd.DevRoot, nd.Where
 	alloc, err := allocator.New(inv, settings...)
 	if err != nil {
 		fmt.Fprintf(stderr, "gpurun: %v\n", err)
@@ -99,7 +97,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		fmt.Fprintf(stderr, "gpurun: %v\n", err)
 		return exitFailed
 	}
-	vols, volNote := driverVolume(ctx)
+	vols, volNote := cli.DriverVolume(ctx)
 	state, err := os.MkdirTemp("", "gpurun-")
 	if err != nil {
 		fmt.Fprintf(stderr, "gpurun: %v\n", err)
@@ -120,7 +118,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	}
 	defer c.Destroy(context.WithoutCancel(ctx), id)
 	if !*quiet {
-		fmt.Fprintf(stderr, "gpurun: %s%s; %s\n", describe(ct.GPUs), where, volumeNote(ct.Volume, volNote))
+		fmt.Fprintf(stderr, "gpurun: %s%s; %s\n", cli.DescribeGPUs(ct.GPUs), where, volumeNote(ct.Volume, volNote))
 	}
 	st, err := c.Wait(ctx, id)
 	if err != nil { // interrupted: Destroy (deferred) stops the container
@@ -128,60 +126,6 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		return 128 + int(syscall.SIGINT)
 	}
 	return st.Code
-}
-
-// node discovers the host's GPUs, or builds a simulated node.
-func node(ctx context.Context, simulate string) (inv *allocator.Inventory, devRoot, where string, cleanup func(), err error) {
-	cleanup = func() {}
-	if simulate == "" {
-		inv, err = allocator.Discover(ctx)
-		if err != nil {
-			return nil, "", "", cleanup, errors.New(cli.ExplainDiscover(err))
-		}
-		return inv, allocator.DefaultDevRoot, "", cleanup, nil
-	}
-	sim, err := simnode.New(simulate)
-	if err != nil {
-		return nil, "", "", cleanup, err
-	}
-	dir, err := os.MkdirTemp("", "gpurun-node-")
-	if err != nil {
-		return nil, "", "", cleanup, err
-	}
-	cleanup = func() { os.RemoveAll(dir) }
-	host, err := sim.MakeHost(filepath.Join(dir, "host"))
-	if err != nil {
-		cleanup()
-		return nil, "", "", func() {}, fmt.Errorf("simulated node (needs root): %w", err)
-	}
-	inv, err = allocator.Discover(ctx, sim.DiscoverOptions(host)...)
-	if err != nil {
-		cleanup()
-		return nil, "", "", func() {}, err
-	}
-	return inv, host.DevRoot, " of simulated " + simulate, cleanup, nil
-}
-
-// driverVolume builds (or finds) the host's driver volume; without a driver
-// the container gets none, and the note says why.
-func driverVolume(ctx context.Context) (*volume.Manager, string) {
-	m, err := volume.New()
-	if err == nil {
-		_, err = m.Build(ctx)
-	}
-	if err != nil {
-		return nil, "no driver volume (" + err.Error() + ")"
-	}
-	return m, ""
-}
-
-func describe(gpus []allocator.DeviceRef) string {
-	var idx, uuids []string
-	for _, g := range gpus {
-		idx = append(idx, fmt.Sprint(g.Index))
-		uuids = append(uuids, g.UUID)
-	}
-	return fmt.Sprintf("GPUs %s (%s)", strings.Join(idx, ","), strings.Join(uuids, ","))
 }
 
 func volumeNote(path, none string) string {

@@ -1,11 +1,9 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/gpuiso/gpuiso/containerizer/native"
@@ -17,27 +15,8 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// lockedBuffer is written by gpurun and by the copy of the container's
-// output at once.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 func gpurun(args ...string) (stdout, stderr string, code int) {
-	var out, errOut lockedBuffer
+	var out, errOut testenv.Buffer
 	code = run(context.Background(), args, strings.NewReader(""), &out, &errOut)
 	return out.String(), errOut.String(), code
 }

@@ -1,11 +1,19 @@
-// Package cli holds what gpuiso's example programs share: the one line a
-// person reads when a node has no usable driver.
+// Package cli holds what gpuiso's example programs share: the node they run
+// on (real or simulated), the driver volume, and the lines a person reads.
 package cli
 
 import (
+	"context"
 	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
 
 	"github.com/gpuiso/gpuiso/allocator"
+	"github.com/gpuiso/gpuiso/allocator/simnode"
+	"github.com/gpuiso/gpuiso/volume"
 )
 
 // ExplainDiscover turns a discovery error into one line naming the cause
@@ -19,4 +27,82 @@ func ExplainDiscover(err error) string {
 		return "NVIDIA kernel driver not loaded: the NVML library is installed but no driver answers (no GPU, or the module is not loaded)" + hint
 	}
 	return err.Error()
+}
+
+// Node is the node an example program runs on: the host's, or a simulated
+// one whose host tree lives under a temporary directory until Close.
+type Node struct {
+	Inventory *allocator.Inventory
+	// DevRoot holds the node's device nodes.
+	DevRoot string
+	// Where says which node it is, for the programs' one-line reports:
+	// "" for the host, " of simulated NAME" otherwise.
+	Where string
+	dir   string
+}
+
+// OpenNode discovers the host's GPUs (simulate == "") or builds the
+// simulated node of that name, which needs root for its device nodes. A
+// host without a usable driver gives the ExplainDiscover line as error.
+func OpenNode(ctx context.Context, simulate string) (*Node, error) {
+	if simulate == "" {
+		inv, err := allocator.Discover(ctx)
+		if err != nil {
+			return nil, errors.New(ExplainDiscover(err))
+		}
+		return &Node{Inventory: inv, DevRoot: allocator.DefaultDevRoot}, nil
+	}
+	sim, err := simnode.New(simulate)
+	if err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "gpuiso-node-")
+	if err != nil {
+		return nil, err
+	}
+	host, err := sim.MakeHost(filepath.Join(dir, "host"))
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, fmt.Errorf("simulated node (needs root): %w", err)
+	}
+	inv, err := allocator.Discover(ctx, sim.DiscoverOptions(host)...)
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	return &Node{Inventory: inv, DevRoot: host.DevRoot, Where: " of simulated " + simulate, dir: dir}, nil
+}
+
+// Close removes a simulated node's host tree.
+func (n *Node) Close() error {
+	if n.dir == "" {
+		return nil
+	}
+	return os.RemoveAll(n.dir)
+}
+
+// DriverVolume builds (or finds) the host's driver volume. Without a driver
+// there is none, and the note says why.
+func DriverVolume(ctx context.Context) (*volume.Manager, string) {
+	m, err := volume.New()
+	if err == nil {
+		_, err = m.Build(ctx)
+	}
+	if err != nil {
+		return nil, "no driver volume (" + err.Error() + ")"
+	}
+	return m, ""
+}
+
+// DescribeGPUs writes GPUs as the programs report them: "GPUs 1,3 (GPU-...,GPU-...)".
+func DescribeGPUs(gpus []allocator.DeviceRef) string {
+	if len(gpus) == 0 {
+		return "no GPUs"
+	}
+	var idx, uuids []string
+	for _, g := range gpus {
+		idx = append(idx, strconv.Itoa(g.Index))
+		uuids = append(uuids, g.UUID)
+	}
+	return fmt.Sprintf("GPUs %s (%s)", strings.Join(idx, ","), strings.Join(uuids, ","))
 }
