@@ -20,10 +20,17 @@ test: provision check
 provision:
 	bash .ci/provision.sh
 
-## check: formatting and vet
+# The packages that neither talk to NVML nor need Linux: the node model, the
+# allocator, volume logic, the isolation plans and renderings, the Docker
+# back end. They must build without cgo and for another GOOS.
+PURE := ./node ./allocator ./volume ./isolator/... ./containerizer ./containerizer/docker ./internal/ldcache ./internal/linux
+
+## check: formatting, vet, and the pure packages built without cgo and for darwin
 check:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
+	CGO_ENABLED=0 $(GO) build $(PURE)
+	CGO_ENABLED=0 GOOS=darwin $(GO) build $(PURE)
 
 ## unit: the suites that need nothing of the host (privileged ones skip)
 unit:

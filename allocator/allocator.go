@@ -12,7 +12,8 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"unicode/utf8"
+
+	"github.com/gpuiso/gpuiso/node"
 )
 
 // MaxDevices is the most GPUs an Allocator manages.
@@ -21,14 +22,11 @@ const MaxDevices = 64
 // MaxAffinities is the most affinities a request may carry.
 const MaxAffinities = 32
 
-// MaxOwnerLen is the longest owner id accepted, in bytes.
-const MaxOwnerLen = 128
-
 // Allocator is the single truth of which owner (a container) holds which
 // GPU of a node. It is safe for concurrent use. Every change is all or
 // nothing, and with a state directory it is on disk before the call returns.
 type Allocator struct {
-	inv    *Inventory
+	inv    *node.Inventory
 	n      int
 	pair   []int64 // n*n link scores
 	maxLnk int64
@@ -42,7 +40,7 @@ type Allocator struct {
 	owners    map[string]*holding
 	exclusive []string            // by device: the exclusive owner, or ""
 	shares    []map[string]uint64 // by device: shared owner -> bytes
-	health    []Health
+	health    []node.Health
 	store     *store
 	warnings  []string
 }
@@ -55,8 +53,8 @@ type holding struct {
 	memory  uint64 // bytes on the shared GPU
 }
 
-// Setting configures New.
-type Setting func(*settings) error
+// Option configures New.
+type Option func(*settings) error
 
 type settings struct {
 	stateDir  string
@@ -69,7 +67,7 @@ type settings struct {
 // WithStateDir makes the allocator durable: its state lives in a file in
 // dir, every change is written (atomically, checksummed) before the call
 // that makes it returns, and New loads what is there.
-func WithStateDir(dir string) Setting {
+func WithStateDir(dir string) Option {
 	return func(s *settings) error {
 		if dir == "" {
 			return errors.New("empty state directory")
@@ -80,7 +78,7 @@ func WithStateDir(dir string) Setting {
 }
 
 // WithPolicy sets the placement policy (default PolicyTopology).
-func WithPolicy(p Policy) Setting {
+func WithPolicy(p Policy) Option {
 	return func(s *settings) error {
 		if !p.valid() {
 			return fmt.Errorf("policy %q: want topology, pack or spread", p)
@@ -92,7 +90,7 @@ func WithPolicy(p Policy) Setting {
 
 // WithQuota limits the GPUs that the owners of group may hold together. A
 // GPU counts once for a group however many of the group's shares it holds.
-func WithQuota(group string, gpus int) Setting {
+func WithQuota(group string, gpus int) Option {
 	return func(s *settings) error {
 		if group == "" || gpus < 0 {
 			return fmt.Errorf("quota %q: %d: want a group name and a limit >= 0", group, gpus)
@@ -107,7 +105,7 @@ func WithQuota(group string, gpus int) Setting {
 // GPU is held either by shares or by one exclusive owner, never both;
 // whole-GPU requests take shareable GPUs only when the others do not
 // suffice.
-func WithShared(devices ...string) Setting {
+func WithShared(devices ...string) Option {
 	return func(s *settings) error {
 		s.shareable = append(s.shareable, devices...)
 		return nil
@@ -116,7 +114,7 @@ func WithShared(devices ...string) Setting {
 
 // WithLogger sets where the allocator reports what it does (default:
 // nowhere).
-func WithLogger(l *slog.Logger) Setting {
+func WithLogger(l *slog.Logger) Option {
 	return func(s *settings) error {
 		if l == nil {
 			return errors.New("nil logger")
@@ -130,7 +128,7 @@ func WithLogger(l *slog.Logger) Setting {
 // are never handed out until marked healthy. With WithStateDir it loads the
 // saved state; a state file that cannot be trusted fails New with a
 // *StateError, never a silent reset.
-func New(inv *Inventory, opts ...Setting) (*Allocator, error) {
+func New(inv *node.Inventory, opts ...Option) (*Allocator, error) {
 	s := settings{policy: PolicyTopology, quotas: map[string]int{}, logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	for _, opt := range opts {
 		if err := opt(&s); err != nil {
@@ -142,10 +140,10 @@ func New(inv *Inventory, opts ...Setting) (*Allocator, error) {
 	}
 	n := len(inv.Devices)
 	if n > MaxDevices {
-		return nil, fmt.Errorf("new allocator: %d GPUs, at most %d: %w", n, MaxDevices, ErrNotSupported)
+		return nil, fmt.Errorf("new allocator: %d GPUs, at most %d: %w", n, MaxDevices, node.ErrNotSupported)
 	}
 	if inv.Topology.Len() != n {
-		return nil, fmt.Errorf("new allocator: topology of %d GPUs for %d devices: %w", inv.Topology.Len(), n, ErrInvalidTopology)
+		return nil, fmt.Errorf("new allocator: topology of %d GPUs for %d devices: %w", inv.Topology.Len(), n, node.ErrInvalidTopology)
 	}
 	a := &Allocator{
 		inv:       inv.Clone(),
@@ -155,7 +153,7 @@ func New(inv *Inventory, opts ...Setting) (*Allocator, error) {
 		owners:    map[string]*holding{},
 		exclusive: make([]string, n),
 		shares:    make([]map[string]uint64, n),
-		health:    make([]Health, n),
+		health:    make([]node.Health, n),
 	}
 	for i := range n {
 		a.health[i] = a.inv.Devices[i].Health
@@ -253,31 +251,12 @@ type Request struct {
 	MemoryBytes uint64 `json:"memoryBytes,omitempty"`
 }
 
-// DeviceRef identifies an allocated GPU: what an isolator needs to expose
-// it to a container. The full Device is in Allocator.Devices.
-type DeviceRef struct {
-	// Index is NVML's index of the GPU.
-	Index int `json:"index"`
-	// Minor is the minor number of /dev/nvidia<Minor>, or NoMinor.
-	Minor int `json:"minor"`
-	// UUID is NVML's "GPU-..." identifier.
-	UUID string `json:"uuid,omitempty"`
-	// BusID is the PCI address, "0000:xx:yy.z".
-	BusID string `json:"busId,omitempty"`
-	// Model is the product name.
-	Model string `json:"model,omitempty"`
-}
-
-func refOf(d *Device) DeviceRef {
-	return DeviceRef{Index: d.Index, Minor: d.Minor, UUID: d.UUID, BusID: d.BusID, Model: d.Model}
-}
-
 // Allocation is what an owner holds.
 type Allocation struct {
 	Owner string `json:"owner"`
 	Group string `json:"group,omitempty"`
 	// Devices are the GPUs, in inventory order.
-	Devices []DeviceRef `json:"devices"`
+	Devices []node.DeviceRef `json:"devices"`
 	// Shared tells whether this is a slice of one GPU's memory.
 	Shared bool `json:"shared,omitempty"`
 	// MemoryBytes is the memory of a shared allocation.
@@ -286,33 +265,6 @@ type Allocation struct {
 	// NVIDIA_VISIBLE_DEVICES and, for a shared GPU, the MPS memory limit
 	// CUDA_MPS_PINNED_DEVICE_MEM_LIMIT.
 	Env map[string]string `json:"env,omitempty"`
-}
-
-// ValidateOwner checks that an owner id can become part of a cgroup path:
-// not empty, at most MaxOwnerLen bytes of UTF-8, no "/", no "..", no
-// control characters.
-func ValidateOwner(owner string) error {
-	bad := func(why string) error { return &InvalidOwnerError{Owner: owner, Reason: why} }
-	switch {
-	case owner == "":
-		return bad("empty")
-	case len(owner) > MaxOwnerLen:
-		return bad("longer than " + strconv.Itoa(MaxOwnerLen) + " bytes")
-	case strings.Contains(owner, "/"):
-		return bad(`holds "/"`)
-	case strings.Contains(owner, ".."):
-		return bad(`holds ".."`)
-	case owner == ".":
-		return bad(`is "."`)
-	case !utf8.ValidString(owner):
-		return bad("not valid UTF-8")
-	}
-	for _, r := range owner {
-		if r < 0x20 || r == 0x7f || (r >= 0x80 && r < 0xa0) {
-			return bad("holds a control character")
-		}
-	}
-	return nil
 }
 
 // resolve turns a device reference into a position.
@@ -331,7 +283,7 @@ func (a *Allocator) resolve(ref string) (int, error) {
 			return p, nil
 		}
 	}
-	if bus, err := NormalizeBusID(ref); err == nil {
+	if bus, err := node.NormalizeBusID(ref); err == nil {
 		for p, d := range a.inv.Devices {
 			if d.BusID == bus {
 				return p, nil
@@ -383,8 +335,8 @@ func (a *Allocator) compile(r Request) (compiled, error) {
 	case c.count > a.n:
 		return c, fmt.Errorf("%d GPUs on a node of %d: %w", c.count, a.n, ErrInvalidRequest)
 	}
-	if len(r.Group) > MaxOwnerLen {
-		return c, fmt.Errorf("group name longer than %d bytes: %w", MaxOwnerLen, ErrInvalidRequest)
+	if len(r.Group) > node.MaxOwnerLen {
+		return c, fmt.Errorf("group name longer than %d bytes: %w", node.MaxOwnerLen, ErrInvalidRequest)
 	}
 	model, err := modelName(r.Model)
 	if err != nil {
@@ -457,7 +409,7 @@ func (a *Allocator) allocate(ctx context.Context, owner string, r Request) (Allo
 	if err := ctx.Err(); err != nil {
 		return Allocation{}, err
 	}
-	if err := ValidateOwner(owner); err != nil {
+	if err := node.ValidateOwner(owner); err != nil {
 		return Allocation{}, err
 	}
 	c, err := a.compile(r)
@@ -701,11 +653,11 @@ func (a *Allocator) allocation(owner string, h *holding) Allocation {
 	al := Allocation{Owner: owner, Group: h.group}
 	if h.shared >= 0 {
 		al.Shared, al.MemoryBytes = true, h.memory
-		al.Devices = []DeviceRef{refOf(&a.inv.Devices[h.shared])}
+		al.Devices = []node.DeviceRef{a.inv.Devices[h.shared].Ref()}
 	} else {
-		al.Devices = make([]DeviceRef, 0, bits.OnesCount64(h.devices))
+		al.Devices = make([]node.DeviceRef, 0, bits.OnesCount64(h.devices))
 		for m := h.devices; m != 0; m &= m - 1 {
-			al.Devices = append(al.Devices, refOf(&a.inv.Devices[bits.TrailingZeros64(m)]))
+			al.Devices = append(al.Devices, a.inv.Devices[bits.TrailingZeros64(m)].Ref())
 		}
 	}
 	var visible strings.Builder
@@ -869,10 +821,10 @@ func (a *Allocator) Allocations() []Allocation {
 }
 
 // Devices returns copies of the node's devices with their current health.
-func (a *Allocator) Devices() []Device {
+func (a *Allocator) Devices() []node.Device {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	out := make([]Device, a.n)
+	out := make([]node.Device, a.n)
 	for p := range a.n {
 		out[p] = a.inv.Devices[p].Clone()
 		out[p].Health = a.health[p]
@@ -891,7 +843,7 @@ func (a *Allocator) Free() []int {
 func (a *Allocator) Policy() Policy { return a.cfg.policy }
 
 // Topology is the node's topology.
-func (a *Allocator) Topology() *Topology { return a.inv.Topology }
+func (a *Allocator) Topology() *node.Topology { return a.inv.Topology }
 
 // Warnings are what New found in the saved state and could not keep, one
 // a line (for instance a GPU that is no longer in the inventory).

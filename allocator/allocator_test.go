@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/gpuiso/gpuiso/allocator"
+	"github.com/gpuiso/gpuiso/node"
 )
 
 func TestAllocateRequests(t *testing.T) {
@@ -28,7 +29,7 @@ func TestAllocateRequests(t *testing.T) {
 		{"must-include plus count 4", allocator.Request{Count: 4, Devices: []string{"4"}}, []int{4, 5, 6, 7}, nil},
 		{"model in Nomad form", allocator.Request{Count: 1, Model: "nvidia/gpu/Tesla V100-SXM2-16GB"}, nil, nil},
 		{"any nvidia gpu", allocator.Request{Count: 2, Model: "nvidia/gpu"}, nil, nil},
-		{"other model", allocator.Request{Count: 1, Model: "nvidia/gpu/A100"}, nil, allocator.ErrInsufficient},
+		{"other model", allocator.Request{Count: 1, Model: "nvidia/gpu/A100"}, nil, node.ErrInsufficient},
 		{"bad model form", allocator.Request{Count: 1, Model: "amd/gpu/x"}, nil, allocator.ErrInvalidRequest},
 		{"negative", allocator.Request{Count: -1}, nil, allocator.ErrInvalidRequest},
 		{"zero", allocator.Request{}, nil, allocator.ErrInvalidRequest},
@@ -38,13 +39,13 @@ func TestAllocateRequests(t *testing.T) {
 		{"unknown uuid", allocator.Request{Devices: []string{"GPU-nope"}}, nil, allocator.ErrUnknownDevice},
 		{"duplicate by two names", allocator.Request{Devices: []string{"0", inv.Devices[0].UUID}}, nil, allocator.ErrDuplicateDevice},
 		{"constraint holds", allocator.Request{Count: 2, Constraints: []allocator.Constraint{{Attribute: "memory", Operator: ">=", Value: "16 GiB"}}}, nil, nil},
-		{"constraint fails", allocator.Request{Count: 1, Constraints: []allocator.Constraint{{Attribute: "memory", Operator: ">", Value: "16 GiB"}}}, nil, allocator.ErrInsufficient},
+		{"constraint fails", allocator.Request{Count: 1, Constraints: []allocator.Constraint{{Attribute: "memory", Operator: ">", Value: "16 GiB"}}}, nil, node.ErrInsufficient},
 		{"bad constraint", allocator.Request{Count: 1, Constraints: []allocator.Constraint{{Attribute: "memory", Operator: "~", Value: "1"}}}, nil, allocator.ErrInvalidRequest},
 		{"constraint excludes named device", allocator.Request{Devices: []string{"0"}, Constraints: []allocator.Constraint{{Attribute: "numa_node", Operator: "=", Value: "1"}}}, nil, allocator.ErrDeviceUnavailable},
 		{"constraint numa", allocator.Request{Count: 2, Constraints: []allocator.Constraint{{Attribute: "numa_node", Operator: "=", Value: "1"}}}, []int{6, 7}, nil},
 		{"affinity pulls", allocator.Request{Count: 1, Affinities: []allocator.Affinity{{Constraint: allocator.Constraint{Attribute: "index", Operator: "=", Value: "6"}, Weight: 50}}}, []int{6}, nil},
 		{"bad affinity weight", allocator.Request{Count: 1, Affinities: []allocator.Affinity{{Constraint: allocator.Constraint{Attribute: "index", Operator: "=", Value: "6"}, Weight: 500}}}, nil, allocator.ErrInvalidRequest},
-		{"shared on a non-shareable node", allocator.Request{MemoryBytes: 1 << 30}, nil, allocator.ErrInsufficient},
+		{"shared on a non-shareable node", allocator.Request{MemoryBytes: 1 << 30}, nil, node.ErrInsufficient},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -84,7 +85,7 @@ func TestInsufficientError(t *testing.T) {
 	allocOK(t, a, "a", allocator.Request{Count: 6})
 	_, err := a.Allocate(ctx, "b", allocator.Request{Count: 3})
 	var ie *allocator.InsufficientError
-	if !errors.As(err, &ie) || ie.Requested != 3 || ie.Free != 2 || !errors.Is(err, allocator.ErrInsufficient) {
+	if !errors.As(err, &ie) || ie.Requested != 3 || ie.Free != 2 || !errors.Is(err, node.ErrInsufficient) {
 		t.Fatalf("err = %v (%+v)", err, ie)
 	}
 	if !strings.HasPrefix(err.Error(), "allocate 3 gpus for b: ") {
@@ -102,15 +103,15 @@ func TestInsufficientError(t *testing.T) {
 
 func TestOwnerValidation(t *testing.T) {
 	a := newAlloc(t, "rtx8000x4")
-	for _, owner := range []string{"", "/", "a/b", "..", "x..y", ".", "tab\there", "nl\n", "del\x7f", "bad\xff", strings.Repeat("a", 129)} {
+	for _, owner := range []string{"", "/", "a/b", "..", ".", "a b", "gpu-\u00e9", ".hidden", "-x", "cgroup.procs", "tasks", "devices.allow", "memory.max", "a:b", "tab\there", "nl\n", "del\x7f", "bad\xff", strings.Repeat("a", 129)} {
 		_, err := a.Allocate(context.Background(), owner, allocator.Request{Count: 1})
-		var oe *allocator.InvalidOwnerError
-		if !errors.As(err, &oe) || !errors.Is(err, allocator.ErrInvalidOwner) {
+		var oe *node.InvalidOwnerError
+		if !errors.As(err, &oe) || !errors.Is(err, node.ErrInvalidOwner) {
 			t.Errorf("owner %q: err = %v", owner, err)
 		}
 	}
-	for _, owner := range []string{"task-1", "9f3c1d2e", "a.b_c-d:e", strings.Repeat("a", 128)} {
-		if err := allocator.ValidateOwner(owner); err != nil {
+	for _, owner := range []string{"task-1", "9f3c1d2e", "a.b_c-d", "x..y", "Task_7", strings.Repeat("a", 128)} {
+		if err := node.ValidateOwner(owner); err != nil {
 			t.Errorf("owner %q: %v", owner, err)
 		}
 	}
@@ -159,7 +160,7 @@ func TestReleaseResizeOwners(t *testing.T) {
 		t.Fatal(err)
 	}
 	allocOK(t, a, "other", allocator.Request{Count: 6})
-	if _, err := a.Resize(ctx, "job", 3); !errors.Is(err, allocator.ErrInsufficient) {
+	if _, err := a.Resize(ctx, "job", 3); !errors.Is(err, node.ErrInsufficient) {
 		t.Fatalf("grow on a full node: %v", err)
 	}
 	if got := allocIndexes(a.Allocations()[0]); !slices.Equal(got, []int{2, 3}) {
@@ -226,7 +227,7 @@ func TestSharedByMemory(t *testing.T) {
 		t.Fatalf("s3 on %d", s3.Devices[0].Index)
 	}
 	_, err := a.Allocate(ctx, "s4", allocator.Request{MemoryBytes: mem/2 + 1})
-	if !errors.Is(err, allocator.ErrInsufficient) {
+	if !errors.Is(err, node.ErrInsufficient) {
 		t.Fatalf("over memory: %v", err)
 	}
 	// Shared GPUs are not handed out whole; whole ones are not shared.
@@ -292,7 +293,7 @@ func TestNodeAttributesAndLabels(t *testing.T) {
 
 func TestNewSettings(t *testing.T) {
 	inv := simInv(t, "dgx1-volta")
-	for name, s := range map[string]allocator.Setting{
+	for name, s := range map[string]allocator.Option{
 		"bad policy":     allocator.WithPolicy("best"),
 		"empty dir":      allocator.WithStateDir(""),
 		"nil logger":     allocator.WithLogger(nil),

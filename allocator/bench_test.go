@@ -14,13 +14,14 @@ import (
 	"github.com/NVIDIA/go-gpuallocator/gpuallocator"
 
 	"github.com/gpuiso/gpuiso/allocator"
+	"github.com/gpuiso/gpuiso/node"
 )
 
 // theirDevices builds go-gpuallocator's devices for a topology, the way its
 // NewDevices does from NVML: one P2PLink for the PCIe level and one for the
 // NVLink count of every pair, with its link types (PCIe levels 1..6, then
 // 1..18 NVLinks).
-func theirDevices(topo *allocator.Topology) []*gpuallocator.Device {
+func theirDevices(topo *node.Topology) []*gpuallocator.Device {
 	n := topo.Len()
 	devs := make([]*gpuallocator.Device, n)
 	for i := range devs {
@@ -38,13 +39,13 @@ func theirDevices(topo *allocator.Topology) []*gpuallocator.Device {
 				continue
 			}
 			l := topo.Link(i, j)
-			if l.PCIe != allocator.PCIeUnknown {
+			if l.PCIe != node.PCIeUnknown {
 				p := linkType(int(l.PCIe)) // same order as go-gpuallocator's P2PLinkCrossCPU..SameBoard
 				p.GPU = devs[j]
 				devs[i].Links[j] = append(devs[i].Links[j], p)
 			}
 			if l.NVLinks > 0 {
-				p := linkType(int(allocator.PCIeSameBoard) + l.NVLinks)
+				p := linkType(int(node.PCIeSameBoard) + l.NVLinks)
 				p.GPU = devs[j]
 				devs[i].Links[j] = append(devs[i].Links[j], p)
 			}
@@ -61,10 +62,10 @@ func theirScore(devs []*gpuallocator.Device, set []int) int {
 		for _, j := range set[x+1:] {
 			for _, l := range devs[i].Links[j] {
 				t := int(l.Type)
-				if t <= int(allocator.PCIeSameBoard) {
+				if t <= int(node.PCIeSameBoard) {
 					s += 10 * t
 				} else {
-					s += 100 * (t - int(allocator.PCIeSameBoard))
+					s += 100 * (t - int(node.PCIeSameBoard))
 				}
 			}
 		}
@@ -211,7 +212,7 @@ func BenchmarkAllocateRelease(b *testing.B) {
 				state = "disk"
 			}
 			b.Run(fmt.Sprintf("policy=%s/state=%s", pol, state), func(b *testing.B) {
-				opts := []allocator.Setting{allocator.WithPolicy(pol)}
+				opts := []allocator.Option{allocator.WithPolicy(pol)}
 				if durable {
 					opts = append(opts, allocator.WithStateDir(b.TempDir()))
 				}

@@ -6,6 +6,8 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+
+	"github.com/gpuiso/gpuiso/node"
 )
 
 // Operator compares a device attribute with a constraint's value, with
@@ -137,9 +139,9 @@ func attributeName(s string) string {
 }
 
 // lookup returns the attribute of d named name.
-func lookup(d *Device, name string) (Attribute, bool) {
-	str := func(v string) (Attribute, bool) { return StringAttribute(v), v != "" }
-	num := func(v int64, ok bool) (Attribute, bool) { return IntAttribute(v, ""), ok }
+func lookup(d *node.Device, name string) (node.Attribute, bool) {
+	str := func(v string) (node.Attribute, bool) { return node.StringAttribute(v), v != "" }
+	num := func(v int64, ok bool) (node.Attribute, bool) { return node.IntAttribute(v, ""), ok }
 	switch name {
 	case "model":
 		return str(d.Model)
@@ -156,11 +158,11 @@ func lookup(d *Device, name string) (Attribute, bool) {
 	case "mig":
 		return str(string(d.MIG))
 	case "numa_node":
-		return num(int64(d.NUMANode), d.NUMANode != NoNUMANode)
+		return num(int64(d.NUMANode), d.NUMANode != node.NoNUMANode)
 	case "index":
 		return num(int64(d.Index), true)
 	case "minor":
-		return num(int64(d.Minor), d.Minor != NoMinor)
+		return num(int64(d.Minor), d.Minor != node.NoMinor)
 	case "vendor":
 		return str("nvidia")
 	case "type":
@@ -172,7 +174,7 @@ func lookup(d *Device, name string) (Attribute, bool) {
 
 // Matches tells whether the constraint holds on d. A constraint that cannot
 // be evaluated (a unit of another dimension, a bad version) does not hold.
-func (c Constraint) Matches(d *Device) bool {
+func (c Constraint) Matches(d *node.Device) bool {
 	a, ok := lookup(d, attributeName(c.Attribute))
 	switch c.Operator {
 	case OpIsSet:
@@ -241,10 +243,10 @@ func (op Operator) Holds(cmp int) bool {
 
 // compareAttribute compares a with the constraint value v: numbers in base
 // units, booleans as such, text as text (numbers in text compare as numbers).
-func compareAttribute(a Attribute, v string) (int, bool) {
-	switch {
-	case a.Int != nil:
-		have, ok := toBase(float64(*a.Int), a.Unit)
+func compareAttribute(a node.Attribute, v string) (int, bool) {
+	switch a.Kind {
+	case node.KindInt:
+		have, ok := toBase(float64(a.Int), a.Unit)
 		if !ok {
 			return 0, false
 		}
@@ -253,17 +255,17 @@ func compareAttribute(a Attribute, v string) (int, bool) {
 			return 0, false
 		}
 		return cmpFloat(have, want), true
-	case a.Bool != nil:
+	case node.KindBool:
 		b, err := strconv.ParseBool(strings.TrimSpace(v))
 		if err != nil {
 			return 0, false
 		}
-		if *a.Bool == b {
+		if a.Bool == b {
 			return 0, true
 		}
 		return 1, true
-	case a.String != nil:
-		s := *a.String
+	case node.KindString:
+		s := a.String
 		if x, err := strconv.ParseFloat(s, 64); err == nil {
 			if y, err := strconv.ParseFloat(strings.TrimSpace(v), 64); err == nil {
 				return cmpFloat(x, y), true

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/gpuiso/gpuiso/allocator"
+	"github.com/gpuiso/gpuiso/node"
 )
 
 // FuzzParseConstraint: parsing never panics, a parsed constraint
@@ -30,7 +31,7 @@ func FuzzParseConstraint(f *testing.F) {
 			t.Fatalf("%q: %q does not parse back: %v", s, c.String(), err)
 		}
 		c.Matches(d)
-		c.Matches(&allocator.Device{})
+		c.Matches(&node.Device{})
 	})
 }
 

@@ -5,20 +5,21 @@ import (
 	"testing"
 
 	"github.com/gpuiso/gpuiso/allocator"
+	"github.com/gpuiso/gpuiso/node"
 )
 
-func v100() *allocator.Device {
-	return &allocator.Device{
+func v100() *node.Device {
+	return &node.Device{
 		Index: 3, Minor: 3, UUID: "GPU-1", BusID: "0000:0b:00.0", Model: "Tesla V100-SXM2-16GB", Brand: "Tesla",
 		Architecture: "volta", ComputeCapability: "7.0", MemoryBytes: 16 << 30, NUMANode: 0,
-		Attributes: allocator.Attributes{
-			allocator.AttrMemory:          allocator.IntAttribute(16384, allocator.UnitMiB),
-			allocator.AttrPower:           allocator.IntAttribute(300, allocator.UnitW),
-			allocator.AttrCoresClock:      allocator.IntAttribute(1530, allocator.UnitMHz),
-			allocator.AttrDriverVersion:   allocator.StringAttribute("535.104.05"),
-			allocator.AttrPersistenceMode: allocator.StringAttribute("Enabled"),
-			"ecc":                         allocator.BoolAttribute(true),
-			"features":                    allocator.StringAttribute("nvlink,ecc,mps"),
+		Attributes: node.Attributes{
+			node.AttrMemory:          node.IntAttribute(16384, node.UnitMiB),
+			node.AttrPower:           node.IntAttribute(300, node.UnitW),
+			node.AttrCoresClock:      node.IntAttribute(1530, node.UnitMHz),
+			node.AttrDriverVersion:   node.StringAttribute("535.104.05"),
+			node.AttrPersistenceMode: node.StringAttribute("Enabled"),
+			"ecc":                    node.BoolAttribute(true),
+			"features":               node.StringAttribute("nvlink,ecc,mps"),
 		},
 	}
 }

@@ -2,31 +2,16 @@
 //
 // # The model
 //
-// [Discover] reads, once, what the node has: an [Inventory] of [Device]
-// values (identity, model, memory, NUMA node, health and Nomad-style
-// fingerprint [Attributes]), the [Topology] linking every pair of GPUs (PCIe
-// level and NVLink count; NVSwitch systems are one all-to-all group) and the
-// driver's control device nodes. NVML (github.com/NVIDIA/go-nvml) is loaded
-// at run time, so one binary serves nodes with and without GPUs: on a node
-// without the library Discover fails with an error matching
-// [ErrLibraryNotFound], on one whose kernel driver is not loaded with
-// [ErrDriverNotLoaded]. A GPU NVML cannot read (for instance one that fell off
-// the bus) is reported unhealthy with the reason, beside the others.
-//
-// Placement works on the inventory alone and never calls NVML again.
-//
-// # Host paths
-//
-// Discover reads the dev root (/dev), proc root (/proc) and sys root (/sys);
-// each can be moved to a test tree with [WithDevRoot], [WithProcRoot] and
-// [WithSysRoot]. Package simnode builds a complete simulated node (NVML and
-// host tree) for tests and demos on machines without a GPU.
+// The allocator works on a node.Inventory (package node: devices, topology,
+// control devices), which package nvmlnode discovers through NVML and
+// package simnode simulates. Placement works on the inventory alone and never
+// calls NVML. The package needs no cgo and builds for any GOOS.
 //
 // # Allocation
 //
 // [New] builds an [Allocator] over an inventory: the single truth of which
 // owner (a container id, later part of cgroup paths, so checked by
-// [ValidateOwner]) holds which GPU. [Allocator.Allocate] takes a [Request]:
+// node.ValidateOwner) holds which GPU. [Allocator.Allocate] takes a [Request]:
 // a count, explicit devices (index, UUID or bus id), or both; a model
 // ("nvidia/gpu/<model>"), Nomad-style [Constraint]s and weighted
 // [Affinity]s on device attributes ("memory >= 16 GiB", units compared in
@@ -37,7 +22,7 @@
 // [Allocator.Allocations] (copies) complete it. Every change is all or
 // nothing: no GPU is held twice, an unhealthy GPU is never handed out, a
 // failed call changes nothing. Errors are typed: [InsufficientError],
-// [QuotaError], [InvalidOwnerError], and sentinels such as
+// [QuotaError], node.InvalidOwnerError, and sentinels such as
 // [ErrUnknownOwner], [ErrUnknownDevice], [ErrDuplicateDevice],
 // [ErrDeviceUnavailable] and [ErrInvalidRequest].
 //
@@ -58,7 +43,7 @@
 //
 // [Allocator.MarkUnhealthy] and [Allocator.MarkHealthy] take a GPU out of and
 // back into service; its owners keep it and are returned, to be told.
-// [Allocator.Monitor] does the same from NVML's XID and double-bit ECC
+// nvmlnode.Monitor does the same from NVML's XID and double-bit ECC
 // events, ignoring the XIDs of application faults (13, 31, 43, 45, 68, 109),
 // and calls back with the owners affected. One lost GPU never stops
 // placement on the others.

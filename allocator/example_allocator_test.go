@@ -7,13 +7,15 @@ import (
 	"os"
 
 	"github.com/gpuiso/gpuiso/allocator"
-	"github.com/gpuiso/gpuiso/allocator/simnode"
+	"github.com/gpuiso/gpuiso/node"
+	"github.com/gpuiso/gpuiso/node/nvmlnode"
+	"github.com/gpuiso/gpuiso/node/simnode"
 )
 
-// discoverExample discovers a simulated DGX-1 (Volta); on a real node,
-// allocator.Discover(ctx) with no options reads the host.
-func discoverExample(ctx context.Context) (*allocator.Inventory, func(), error) {
-	node, err := simnode.New("dgx1-volta")
+// discoverExample discovers a simulated DGX-1 (Volta); on a real sim,
+// nvmlnode.Discover(ctx) with no options reads the host.
+func discoverExample(ctx context.Context) (*node.Inventory, func(), error) {
+	sim, err := simnode.New("dgx1-volta")
 	if err != nil {
 		return nil, nil, err
 	}
@@ -21,8 +23,8 @@ func discoverExample(ctx context.Context) (*allocator.Inventory, func(), error) 
 	if err != nil {
 		return nil, nil, err
 	}
-	inv, err := allocator.Discover(ctx, allocator.WithNVML(node.NVML()),
-		allocator.WithDevRoot(dir), allocator.WithProcRoot(dir), allocator.WithSysRoot(dir))
+	inv, err := nvmlnode.Discover(ctx, nvmlnode.WithNVML(sim.NVML()),
+		nvmlnode.WithDevRoot(dir), nvmlnode.WithProcRoot(dir), nvmlnode.WithSysRoot(dir))
 	return inv, func() { os.RemoveAll(dir) }, err
 }
 

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"strings"
 	"testing"
+
+	"github.com/gpuiso/gpuiso/node"
 )
 
 func FuzzNormalizeBusID(f *testing.F) {
@@ -11,11 +13,11 @@ func FuzzNormalizeBusID(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
-		got, err := NormalizeBusID(s)
+		got, err := node.NormalizeBusID(s)
 		if err != nil {
 			return
 		}
-		again, err := NormalizeBusID(got)
+		again, err := node.NormalizeBusID(got)
 		if err != nil || again != got {
 			t.Fatalf("NormalizeBusID(%q) = %q, which normalises to %q, %v", s, got, again, err)
 		}
@@ -30,7 +32,7 @@ func FuzzParseProcDevices(f *testing.F) {
 	f.Add([]byte("Character devices:\n"))
 	f.Add([]byte("Block devices:\n259 blkext\n"))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		got, err := ParseProcDevices(bytes.NewReader(b))
+		got, err := node.ParseProcDevices(bytes.NewReader(b))
 		if err != nil {
 			return
 		}

@@ -2,27 +2,15 @@ package allocator
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"slices"
-	"time"
 
-	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/gpuiso/gpuiso/node"
 )
-
-// ApplicationXIDs are the XIDs that an application's own faults raise
-// (graphics engine exception, MMU fault, reset channel, preemptive cleanup,
-// video processor exception, ...): they leave the GPU healthy.
-var applicationXIDs = []uint64{13, 31, 43, 45, 68, 109}
-
-// ApplicationXID tells whether xid is an application error that leaves the
-// GPU healthy (13, 31, 43, 45, 68, 109).
-func ApplicationXID(xid uint64) bool { return slices.Contains(applicationXIDs, xid) }
 
 // MarkUnhealthy stops device (index, UUID or bus id) from being handed out,
 // with reason, and returns its owners, who keep it until they release it.
 func (a *Allocator) MarkUnhealthy(ctx context.Context, device, reason string) ([]string, error) {
-	owners, err := a.setHealth(ctx, device, Unhealthy(reason))
+	owners, err := a.setHealth(ctx, device, node.Unhealthy(reason))
 	if err != nil {
 		return nil, fmt.Errorf("mark %s unhealthy: %w", device, err)
 	}
@@ -31,13 +19,13 @@ func (a *Allocator) MarkUnhealthy(ctx context.Context, device, reason string) ([
 
 // MarkHealthy lets device be handed out again.
 func (a *Allocator) MarkHealthy(ctx context.Context, device string) error {
-	if _, err := a.setHealth(ctx, device, Healthy); err != nil {
+	if _, err := a.setHealth(ctx, device, node.Healthy()); err != nil {
 		return fmt.Errorf("mark %s healthy: %w", device, err)
 	}
 	return nil
 }
 
-func (a *Allocator) setHealth(ctx context.Context, device string, h Health) ([]string, error) {
+func (a *Allocator) setHealth(ctx context.Context, device string, h node.Health) ([]string, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -50,7 +38,7 @@ func (a *Allocator) setHealth(ctx context.Context, device string, h Health) ([]s
 	return a.setHealthLocked(ctx, p, h)
 }
 
-func (a *Allocator) setHealthLocked(ctx context.Context, p int, h Health) ([]string, error) {
+func (a *Allocator) setHealthLocked(ctx context.Context, p int, h node.Health) ([]string, error) {
 	old := a.health[p]
 	a.health[p] = h
 	if err := a.persist(ctx, func() { a.health[p] = old }); err != nil {
@@ -58,158 +46,4 @@ func (a *Allocator) setHealthLocked(ctx context.Context, p int, h Health) ([]str
 	}
 	a.cfg.logger.Info("device health", "device", a.inv.Devices[p].Index, "health", h.String())
 	return a.ownersOf(p), nil
-}
-
-// HealthEvent is what the monitor saw and did.
-type HealthEvent struct {
-	// Device is the GPU, as it is now (unhealthy).
-	Device Device
-	// XID is the XID error, or 0 for a double-bit ECC error.
-	XID uint64
-	// Owners are those holding the GPU: their containers are affected.
-	Owners []string
-	// Err is set when the event could not be acted on (the device stays as
-	// it was).
-	Err error
-}
-
-// monitorPoll is how long one NVML wait lasts, bounding how long
-// cancellation takes to be noticed.
-const monitorPoll = 100 * time.Millisecond
-
-// Monitor watches lib's XID critical-error and double-bit ECC events for
-// the node's GPUs until ctx is done. An event that is not an application
-// XID marks the GPU unhealthy (so it is not handed out again until
-// MarkHealthy) and is reported to notify with the GPU's owners. A GPU
-// found lost (fallen off the bus) when the monitor starts or while it waits
-// is handled the same way. NVML is initialised for the monitor's lifetime.
-// GPUs that cannot be watched are logged, and fail the monitor only when
-// none can; the others are still watched. It returns ctx's error when ctx
-// ends.
-func (a *Allocator) Monitor(ctx context.Context, lib nvml.Interface, notify func(HealthEvent)) error {
-	if lib == nil || notify == nil {
-		return fmt.Errorf("monitor: nil NVML or callback: %w", ErrInvalidRequest)
-	}
-	if ret := lib.Init(); ret != nvml.SUCCESS {
-		return fmt.Errorf("monitor: %w", nvmlError("init", -1, ret))
-	}
-	defer lib.Shutdown()
-	set, ret := lib.EventSetCreate()
-	if ret != nvml.SUCCESS {
-		return fmt.Errorf("monitor: %w", nvmlError("create event set", -1, ret))
-	}
-	defer set.Free()
-
-	// mark marks GPU p unhealthy and tells the caller.
-	mark := func(p int, xid uint64, reason string) {
-		a.mu.Lock()
-		owners, err := a.setHealthLocked(ctx, p, Unhealthy(reason))
-		dev := a.inv.Devices[p].Clone()
-		dev.Health = a.health[p]
-		a.mu.Unlock()
-		notify(HealthEvent{Device: dev, XID: xid, Owners: owners, Err: err})
-	}
-	handles := make([]nvml.Device, a.n)
-	var problems []error
-	watched, gone := 0, 0
-	for p, d := range a.inv.Devices {
-		h, ret := a.handle(lib, d)
-		if ret == nvml.SUCCESS {
-			types := uint64(nvml.EventTypeXidCriticalError | nvml.EventTypeDoubleBitEccError)
-			if ret = h.RegisterEvents(types, set); ret != nvml.SUCCESS && ret != nvml.ERROR_GPU_IS_LOST {
-				ret = h.RegisterEvents(nvml.EventTypeXidCriticalError, set)
-			}
-		}
-		switch ret {
-		case nvml.SUCCESS:
-			handles[p] = h
-			watched++
-		case nvml.ERROR_GPU_IS_LOST:
-			gone++
-			if a.Devices()[p].Health.Healthy {
-				mark(p, 0, ErrGPULost.Error())
-			}
-		default:
-			problems = append(problems, nvmlError("watch events", d.Index, ret))
-		}
-	}
-	if watched == 0 && gone < a.n {
-		return fmt.Errorf("monitor: no GPU can be watched: %w", errors.Join(problems...))
-	}
-	for _, err := range problems {
-		a.cfg.logger.Warn("gpu not watched", "err", err)
-	}
-	for {
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		e, ret := set.Wait(uint32(monitorPoll / time.Millisecond))
-		switch ret {
-		case nvml.SUCCESS:
-		case nvml.ERROR_TIMEOUT:
-			continue
-		case nvml.ERROR_GPU_IS_LOST:
-			// A watched GPU fell off the bus without saying which: ask
-			// each, and stop watching the lost ones.
-			for p, h := range handles {
-				if h == nil {
-					continue
-				}
-				if _, ret := h.GetUUID(); ret == nvml.ERROR_GPU_IS_LOST {
-					handles[p] = nil
-					mark(p, 0, ErrGPULost.Error())
-				}
-			}
-			continue
-		default:
-			if err := ctx.Err(); err != nil {
-				return err
-			}
-			return fmt.Errorf("monitor: %w", nvmlError("wait for events", -1, ret))
-		}
-		p := slices.IndexFunc(handles, func(h nvml.Device) bool { return h != nil && sameDevice(h, e.Device) })
-		if p < 0 {
-			continue
-		}
-		xid := e.EventData
-		var reason string
-		switch {
-		case e.EventType&nvml.EventTypeXidCriticalError != 0:
-			if ApplicationXID(xid) {
-				continue
-			}
-			reason = fmt.Sprintf("XID %d", xid)
-		case e.EventType&nvml.EventTypeDoubleBitEccError != 0:
-			xid, reason = 0, "double-bit ECC error"
-		default:
-			continue
-		}
-		mark(p, xid, reason)
-	}
-}
-
-// handle finds the NVML handle of d: by UUID, then bus id, then index.
-func (a *Allocator) handle(lib nvml.Interface, d Device) (nvml.Device, nvml.Return) {
-	if d.UUID != "" {
-		if h, ret := lib.DeviceGetHandleByUUID(d.UUID); ret == nvml.SUCCESS {
-			return h, ret
-		}
-	}
-	if d.BusID != "" {
-		if h, ret := lib.DeviceGetHandleByPciBusId(d.BusID); ret == nvml.SUCCESS {
-			return h, ret
-		}
-	}
-	return lib.DeviceGetHandleByIndex(d.Index)
-}
-
-// sameDevice compares two NVML handles; handles of a type that cannot be
-// compared are never the same.
-func sameDevice(x, y nvml.Device) (same bool) {
-	defer func() {
-		if recover() != nil {
-			same = false
-		}
-	}()
-	return x == y
 }

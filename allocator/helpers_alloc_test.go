@@ -8,23 +8,25 @@ import (
 	"testing"
 
 	"github.com/gpuiso/gpuiso/allocator"
-	"github.com/gpuiso/gpuiso/allocator/simnode"
+	"github.com/gpuiso/gpuiso/node"
+	"github.com/gpuiso/gpuiso/node/nvmlnode"
+	"github.com/gpuiso/gpuiso/node/simnode"
 )
 
 var (
 	invMu    sync.Mutex
-	invCache = map[string]*allocator.Inventory{}
+	invCache = map[string]*node.Inventory{}
 )
 
 // simInventory discovers the shipped topology name once per test binary
 // and returns a copy.
-func simInventory(name string) (*allocator.Inventory, error) {
+func simInventory(name string) (*node.Inventory, error) {
 	invMu.Lock()
 	defer invMu.Unlock()
 	if inv, ok := invCache[name]; ok {
 		return inv.Clone(), nil
 	}
-	node, err := simnode.New(name, simnode.WithDriverVersion("535.104.05"))
+	sim, err := simnode.New(name, simnode.WithDriverVersion("535.104.05"))
 	if err != nil {
 		return nil, err
 	}
@@ -33,8 +35,8 @@ func simInventory(name string) (*allocator.Inventory, error) {
 		return nil, err
 	}
 	defer os.RemoveAll(dir)
-	inv, err := allocator.Discover(context.Background(), allocator.WithNVML(node.NVML()),
-		allocator.WithDevRoot(dir), allocator.WithProcRoot(dir), allocator.WithSysRoot(dir))
+	inv, err := nvmlnode.Discover(context.Background(), nvmlnode.WithNVML(sim.NVML()),
+		nvmlnode.WithDevRoot(dir), nvmlnode.WithProcRoot(dir), nvmlnode.WithSysRoot(dir))
 	if err != nil {
 		return nil, fmt.Errorf("discover %s: %w", name, err)
 	}
@@ -42,7 +44,7 @@ func simInventory(name string) (*allocator.Inventory, error) {
 	return inv.Clone(), nil
 }
 
-func simInv(tb testing.TB, name string) *allocator.Inventory {
+func simInv(tb testing.TB, name string) *node.Inventory {
 	tb.Helper()
 	inv, err := simInventory(name)
 	if err != nil {
@@ -51,7 +53,7 @@ func simInv(tb testing.TB, name string) *allocator.Inventory {
 	return inv
 }
 
-func newAlloc(tb testing.TB, name string, opts ...allocator.Setting) *allocator.Allocator {
+func newAlloc(tb testing.TB, name string, opts ...allocator.Option) *allocator.Allocator {
 	tb.Helper()
 	a, err := allocator.New(simInv(tb, name), opts...)
 	if err != nil {

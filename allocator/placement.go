@@ -4,6 +4,8 @@ import (
 	"math"
 	"math/bits"
 	"slices"
+
+	"github.com/gpuiso/gpuiso/node"
 )
 
 // exactSearchNodes bounds the topology search on nodes of more than 16
@@ -273,7 +275,7 @@ func (a *Allocator) switchOf() []int {
 	for p := range a.n {
 		sw[p] = p
 		for q := range p {
-			if a.inv.Topology.Link(p, q).PCIe >= PCIeSingleSwitch {
+			if a.inv.Topology.Link(p, q).PCIe >= node.PCIeSingleSwitch {
 				sw[p] = sw[q]
 				break
 			}

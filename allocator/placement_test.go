@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/gpuiso/gpuiso/allocator"
+	"github.com/gpuiso/gpuiso/node"
 )
 
 // key is what the topology policy maximises, in order: affinity, link
@@ -26,7 +27,7 @@ func placeLess(a, b placeKey) bool {
 // bruteForce enumerates every k-subset of cands (positions, ascending)
 // containing must, in lexicographic order, and returns the first with the
 // greatest key.
-func bruteForce(topo *allocator.Topology, cands, must []int, k int, aff []int64) ([]int, placeKey) {
+func bruteForce(topo *node.Topology, cands, must []int, k int, aff []int64) ([]int, placeKey) {
 	var best []int
 	var bestKey placeKey
 	var set []int
@@ -69,7 +70,7 @@ func bruteForce(topo *allocator.Topology, cands, must []int, k int, aff []int64)
 
 // bruteSingle applies the 1-GPU rule by enumeration: highest affinity,
 // weakest strongest link to the other candidates, least total link, lowest.
-func bruteSingle(topo *allocator.Topology, cands []int, aff []int64) int {
+func bruteSingle(topo *node.Topology, cands []int, aff []int64) int {
 	best := -1
 	var bk [3]int64
 	for _, p := range cands {
@@ -207,27 +208,27 @@ func newTwoDGX1(t testing.TB) *allocator.Allocator {
 	return a
 }
 
-func twoDGX1Inventory(t testing.TB) *allocator.Inventory {
+func twoDGX1Inventory(t testing.TB) *node.Inventory {
 	t.Helper()
 	base := simInv(t, "dgx1-volta")
-	links := make([][]allocator.Link, 16)
+	links := make([][]node.Link, 16)
 	for i := range links {
-		links[i] = make([]allocator.Link, 16)
+		links[i] = make([]node.Link, 16)
 		for j := range links[i] {
 			switch {
 			case i == j:
 			case i/8 == j/8:
 				links[i][j] = base.Topology.Link(i%8, j%8)
 			default:
-				links[i][j] = allocator.Link{PCIe: allocator.PCIeSystem}
+				links[i][j] = node.Link{PCIe: node.PCIeSystem}
 			}
 		}
 	}
-	topo, err := allocator.NewTopology(links)
+	topo, err := node.NewTopology(links)
 	if err != nil {
 		t.Fatal(err)
 	}
-	inv := &allocator.Inventory{Topology: topo, DriverVersion: base.DriverVersion}
+	inv := &node.Inventory{Topology: topo, DriverVersion: base.DriverVersion}
 	for i := range 16 {
 		d := base.Devices[i%8].Clone()
 		d.Index, d.Minor = i, i

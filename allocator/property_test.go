@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/gpuiso/gpuiso/allocator"
+	"github.com/gpuiso/gpuiso/node"
 )
 
 // TestConcurrentRandomOperations runs 8 goroutines of 10,000 random
@@ -82,7 +83,7 @@ func propertyWorker(a *allocator.Allocator, health *sync.RWMutex, w, steps int, 
 				if al.Shared {
 					mine[owner] = 0
 				}
-			case errors.Is(err, allocator.ErrInsufficient):
+			case errors.Is(err, node.ErrInsufficient):
 				if _, err := a.Allocation(owner); !errors.Is(err, allocator.ErrUnknownOwner) {
 					return fmt.Errorf("step %d: failed allocation left %s holding GPUs", step, owner)
 				}
@@ -106,7 +107,7 @@ func propertyWorker(a *allocator.Allocator, health *sync.RWMutex, w, steps int, 
 					return fmt.Errorf("step %d: resized to %d, want %d", step, len(al.Devices), count)
 				}
 				mine[owner] = count
-			case errors.Is(err, allocator.ErrInsufficient):
+			case errors.Is(err, node.ErrInsufficient):
 				now, err := a.Allocation(owner)
 				if err != nil || len(now.Devices) != mine[owner] {
 					return fmt.Errorf("step %d: failed resize changed %s: %v", step, owner, err)

@@ -9,7 +9,7 @@ import (
 
 func TestRetain(t *testing.T) {
 	ctx := context.Background()
-	inv := discoverSim(t, newNode(t, "dgx1-volta").NVML())
+	inv := simInv(t, "dgx1-volta")
 	a, err := allocator.New(inv, allocator.WithStateDir(t.TempDir()))
 	if err != nil {
 		t.Fatal(err)

@@ -12,6 +12,8 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+
+	"github.com/gpuiso/gpuiso/node"
 )
 
 // StateFile is the name of the state file in the state directory.
@@ -107,7 +109,7 @@ func decodeState(b []byte) (*savedState, error) {
 	}
 	seen := map[string]bool{}
 	for _, o := range s.Owners {
-		if err := ValidateOwner(o.Owner); err != nil {
+		if err := node.ValidateOwner(o.Owner); err != nil {
 			return nil, corrupt("%v", err)
 		}
 		if seen[o.Owner] {
@@ -217,7 +219,7 @@ func (a *Allocator) restore(s *savedState) error {
 	}
 	for _, u := range s.Unhealthy {
 		if p, ok := a.find(u.Device); ok {
-			a.health[p] = Unhealthy(u.Reason)
+			a.health[p] = node.Unhealthy(u.Reason)
 		}
 	}
 	return nil

@@ -3,26 +3,28 @@ package allocator
 import (
 	"errors"
 	"testing"
+
+	"github.com/gpuiso/gpuiso/node"
 )
 
-func stateFuzzInventory(t testing.TB) *Inventory {
-	links := make([][]Link, 4)
+func stateFuzzInventory(t testing.TB) *node.Inventory {
+	links := make([][]node.Link, 4)
 	for i := range links {
-		links[i] = make([]Link, 4)
+		links[i] = make([]node.Link, 4)
 		for j := range links[i] {
 			if i != j {
-				links[i][j] = Link{PCIe: PCIeSingleSwitch, NVLinks: (i + j) % 2}
+				links[i][j] = node.Link{PCIe: node.PCIeSingleSwitch, NVLinks: (i + j) % 2}
 			}
 		}
 	}
-	topo, err := NewTopology(links)
+	topo, err := node.NewTopology(links)
 	if err != nil {
 		t.Fatal(err)
 	}
-	inv := &Inventory{Topology: topo}
+	inv := &node.Inventory{Topology: topo}
 	for i := range 4 {
-		inv.Devices = append(inv.Devices, Device{Index: i, Minor: i, UUID: "GPU-" + string(rune('a'+i)),
-			BusID: "0000:0" + string(rune('1'+i)) + ":00.0", MemoryBytes: 1 << 30, NUMANode: i / 2, Health: Healthy})
+		inv.Devices = append(inv.Devices, node.Device{Index: i, Minor: i, UUID: "GPU-" + string(rune('a'+i)),
+			BusID: "0000:0" + string(rune('1'+i)) + ":00.0", MemoryBytes: 1 << 30, NUMANode: i / 2, Health: node.Healthy()})
 	}
 	return inv
 }

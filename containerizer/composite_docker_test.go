@@ -15,6 +15,7 @@ import (
 	"github.com/gpuiso/gpuiso/containerizer"
 	"github.com/gpuiso/gpuiso/containerizer/docker"
 	"github.com/gpuiso/gpuiso/internal/testenv"
+	"github.com/gpuiso/gpuiso/node"
 )
 
 // TestCompositeWithDocker runs a native container (the in-test back end)
@@ -25,7 +26,7 @@ func TestCompositeWithDocker(t *testing.T) {
 	testenv.RequireRoot(t)
 	cli := testenv.RequireDocker(t)
 	testenv.LockDocker(t, false)
-	node, host, inv := testenv.SimulatedNode(t, "pcie8")
+	sim, host, inv := testenv.SimulatedNode(t, "pcie8")
 	img := testenv.BuildProbeImage(t, cli, testenv.ProbeImage{})
 	ns := fmt.Sprintf("test-composite-%d", time.Now().UnixNano())
 	t.Cleanup(func() { removeNamespace(cli, ns) })
@@ -61,8 +62,8 @@ func TestCompositeWithDocker(t *testing.T) {
 		t.Fatal(err)
 	}
 	var all []string
-	for i := range node.Len() {
-		all = append(all, fmt.Sprintf("/dev/nvidia%d", node.Minor(i)))
+	for i := range sim.Len() {
+		all = append(all, fmt.Sprintf("/dev/nvidia%d", sim.Minor(i)))
 	}
 	var out bytes.Buffer
 	d1, err := c.Launch(ctx, containerizer.Spec{ID: "d1", Image: img, Command: append([]string{"open"}, all...), GPUs: allocator.Request{Count: 4}, Stdout: &out})
@@ -73,7 +74,7 @@ func TestCompositeWithDocker(t *testing.T) {
 		t.Fatalf("kinds %s and %s", n1.Kind, d1.Kind)
 	}
 	for _, g := range d1.GPUs {
-		if slices.ContainsFunc(n1.GPUs, func(h allocator.DeviceRef) bool { return h.UUID == g.UUID }) {
+		if slices.ContainsFunc(n1.GPUs, func(h node.DeviceRef) bool { return h.UUID == g.UUID }) {
 			t.Fatalf("GPU %s given to both n1 and d1", g.UUID)
 		}
 	}
@@ -82,7 +83,7 @@ func TestCompositeWithDocker(t *testing.T) {
 	}
 	for l := range strings.Lines(out.String()) {
 		path, res, _ := strings.Cut(strings.TrimSpace(l), " ")
-		own := slices.ContainsFunc(d1.GPUs, func(g allocator.DeviceRef) bool { return path == fmt.Sprintf("/dev/nvidia%d", g.Minor) })
+		own := slices.ContainsFunc(d1.GPUs, func(g node.DeviceRef) bool { return path == fmt.Sprintf("/dev/nvidia%d", g.Minor) })
 		if want := map[bool]string{true: "ENXIO", false: "ENOENT"}[own]; res != want {
 			t.Errorf("in d1, open %s = %s, want %s", path, res, want)
 		}

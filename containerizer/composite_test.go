@@ -10,8 +10,10 @@ import (
 	"testing"
 
 	"github.com/gpuiso/gpuiso/allocator"
-	"github.com/gpuiso/gpuiso/allocator/simnode"
 	"github.com/gpuiso/gpuiso/containerizer"
+	"github.com/gpuiso/gpuiso/node"
+	"github.com/gpuiso/gpuiso/node/nvmlnode"
+	"github.com/gpuiso/gpuiso/node/simnode"
 )
 
 // fakeBackend is a containerizer that holds GPUs in the allocator and runs
@@ -121,13 +123,13 @@ func (f *fakeBackend) Containers() []containerizer.Container {
 	return slices.Collect(maps.Values(f.containers))
 }
 
-func simAllocator(t *testing.T, name string) (*allocator.Inventory, *allocator.Allocator) {
+func simAllocator(t *testing.T, name string) (*node.Inventory, *allocator.Allocator) {
 	t.Helper()
-	node, err := simnode.New(name)
+	sim, err := simnode.New(name)
 	if err != nil {
 		t.Fatal(err)
 	}
-	inv, err := allocator.Discover(context.Background(), allocator.WithNVML(node.NVML()))
+	inv, err := nvmlnode.Discover(context.Background(), nvmlnode.WithNVML(sim.NVML()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -176,7 +178,7 @@ func TestCompositeRoutes(t *testing.T) {
 	if len(native.Containers()) != 4 || len(docker.Containers()) != 4 || len(c.Containers()) != 8 {
 		t.Fatalf("native %d, docker %d, composite %d containers; want 4, 4, 8", len(native.Containers()), len(docker.Containers()), len(c.Containers()))
 	}
-	if _, err := c.Launch(ctx, containerizer.Spec{ID: "ninth", Image: "probe", GPUs: allocator.Request{Count: 1}}); !errors.Is(err, allocator.ErrInsufficient) {
+	if _, err := c.Launch(ctx, containerizer.Spec{ID: "ninth", Image: "probe", GPUs: allocator.Request{Count: 1}}); !errors.Is(err, node.ErrInsufficient) {
 		t.Fatalf("ninth launch = %v, want ErrInsufficient", err)
 	}
 

@@ -6,6 +6,7 @@ import (
 	"io"
 
 	"github.com/gpuiso/gpuiso/allocator"
+	"github.com/gpuiso/gpuiso/node"
 )
 
 // Containerizer runs containers with GPUs. Implementations: package native
@@ -34,7 +35,7 @@ type Containerizer interface {
 // Spec describes a container to launch.
 type Spec struct {
 	// ID names the container; it is also the owner of its GPUs in the
-	// allocator (see allocator.ValidateOwner for what it may hold).
+	// allocator (see node.ValidateOwner for what it may hold).
 	ID string `json:"id"`
 	// Image, when set, is a Docker image to run; empty means a native
 	// container running Command on the host.
@@ -81,7 +82,7 @@ type Container struct {
 	ID   string `json:"id"`
 	Kind Kind   `json:"kind"`
 	// GPUs are the devices the container owns.
-	GPUs []allocator.DeviceRef `json:"gpus"`
+	GPUs []node.DeviceRef `json:"gpus"`
 	// Volume is the host path of the driver volume mounted at
 	// /usr/local/nvidia, or "" when the container has none.
 	Volume string `json:"volume,omitempty"`

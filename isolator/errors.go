@@ -1,13 +1,16 @@
 package isolator
 
-import "errors"
+import "github.com/gpuiso/gpuiso/node"
 
 var (
 	// ErrInvalidRule: a device rule is malformed.
-	ErrInvalidRule = errors.New("invalid device rule")
+	ErrInvalidRule = node.Sentinel(node.ErrInvalid, "invalid device rule")
 	// ErrNotSupported: the host lacks what the back end needs (no cgroup
-	// v2, no devices controller, not Linux, no permission for eBPF).
-	ErrNotSupported = errors.New("not supported")
+	// v2, no devices controller, not Linux, no permission for eBPF). It is
+	// node.ErrNotSupported itself.
+	ErrNotSupported = node.ErrNotSupported
 	// ErrUnknownContainer: no container of that owner exists in the back end.
-	ErrUnknownContainer = errors.New("unknown container")
+	ErrUnknownContainer = node.Sentinel(node.ErrNotFound, "unknown container")
+	// ErrUnknownGPU: a plan names a GPU that is not a device of the node.
+	ErrUnknownGPU = node.Sentinel(node.ErrInvalid, "not a GPU of this node")
 )

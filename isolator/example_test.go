@@ -3,21 +3,21 @@ package isolator_test
 import (
 	"fmt"
 
-	"github.com/gpuiso/gpuiso/allocator"
 	"github.com/gpuiso/gpuiso/isolator"
+	"github.com/gpuiso/gpuiso/node"
 )
 
 // A plan says, as plain data, what a container with GPUs 1 and 3 must get;
 // the back ends only apply it.
 func ExampleNewPlan() {
-	inv := &allocator.Inventory{
-		Devices: []allocator.Device{
-			{Index: 1, Minor: 1, UUID: "GPU-aaaaaaaa-0000-0000-0000-000000000001"},
-			{Index: 3, Minor: 3, UUID: "GPU-aaaaaaaa-0000-0000-0000-000000000003"},
+	inv := &node.Inventory{
+		Devices: []node.Device{
+			{Index: 1, Minor: 1, Node: node.DeviceNode{Path: "/dev/nvidia1", Major: 195, Minor: 1}, UUID: "GPU-aaaaaaaa-0000-0000-0000-000000000001"},
+			{Index: 3, Minor: 3, Node: node.DeviceNode{Path: "/dev/nvidia3", Major: 195, Minor: 3}, UUID: "GPU-aaaaaaaa-0000-0000-0000-000000000003"},
 		},
-		ControlDevices: []allocator.ControlDevice{{Name: "nvidiactl", Path: "/dev/nvidiactl", Major: 195, Minor: 255}},
+		ControlDevices: []node.ControlDevice{{Name: "nvidiactl", Path: "/dev/nvidiactl", Major: 195, Minor: 255}},
 	}
-	gpus := []allocator.DeviceRef{inv.Devices[0].Ref(), inv.Devices[1].Ref()}
+	gpus := []node.DeviceRef{inv.Devices[0].Ref(), inv.Devices[1].Ref()}
 	plan, err := isolator.NewPlan("task-1", inv, "/dev", gpus, nil, nil)
 	if err != nil {
 		fmt.Println(err)

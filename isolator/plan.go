@@ -4,12 +4,10 @@ import (
 	"fmt"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 
+	"github.com/gpuiso/gpuiso/node"
 	"github.com/opencontainers/runtime-spec/specs-go"
-
-	"github.com/gpuiso/gpuiso/allocator"
 )
 
 // ContainerDevRoot is where device nodes appear inside a container.
@@ -22,7 +20,7 @@ type Plan struct {
 	// Owner is the container's id.
 	Owner string `json:"owner"`
 	// GPUs are the devices the container owns.
-	GPUs []allocator.DeviceRef `json:"gpus"`
+	GPUs []node.DeviceRef `json:"gpus"`
 	// Rules is the container's device allow list; everything else is denied.
 	Rules []Rule `json:"-"`
 	// Devices are the nodes the container's /dev must hold beyond the
@@ -53,28 +51,29 @@ const (
 // allocation names them) on the node inv describes, whose GPU nodes live
 // under devRoot, plus the given mounts and environment (for instance the
 // driver volume's). The GPUs must be devices of inv with known minors.
-func NewPlan(owner string, inv *allocator.Inventory, devRoot string, gpus []allocator.DeviceRef, mounts []specs.Mount, env []string) (*Plan, error) {
-	if err := allocator.ValidateOwner(owner); err != nil {
+func NewPlan(owner string, inv *node.Inventory, devRoot string, gpus []node.DeviceRef, mounts []specs.Mount, env []string) (*Plan, error) {
+	if err := node.ValidateOwner(owner); err != nil {
 		return nil, err
 	}
 	p := &Plan{Owner: owner}
 	for _, c := range inv.ControlDevices {
-		if c.Name == allocator.NVIDIAModeset {
+		if c.Name == node.NVIDIAModeset {
 			continue
 		}
 		p.Devices = append(p.Devices, DeviceNode{Path: filepath.Join(ContainerDevRoot, c.Name), HostPath: c.Path, Major: c.Major, Minor: c.Minor})
 	}
 	var uuids []string
 	for _, g := range gpus {
-		known := slices.ContainsFunc(inv.Devices, func(d allocator.Device) bool { return d.UUID == g.UUID && d.Minor == g.Minor })
-		if !known || g.Minor < 0 || g.UUID == "" {
-			return nil, fmt.Errorf("plan for %s: GPU %d (%s) is not a device of this node", owner, g.Index, g.UUID)
+		known := slices.ContainsFunc(inv.Devices, func(d node.Device) bool { return d.UUID == g.UUID && d.Node == g.Node })
+		if !known || g.Node.Path == "" || g.UUID == "" {
+			return nil, fmt.Errorf("plan for %s: GPU %d (%s): %w", owner, g.Index, g.UUID, ErrUnknownGPU)
 		}
 		p.GPUs = append(p.GPUs, g)
+		name := filepath.Base(g.Node.Path)
 		p.Devices = append(p.Devices, DeviceNode{
-			Path:     filepath.Join(ContainerDevRoot, nodeName(g.Minor)),
-			HostPath: filepath.Join(devRoot, nodeName(g.Minor)),
-			Major:    allocator.NVIDIAMajor, Minor: uint32(g.Minor),
+			Path:     filepath.Join(ContainerDevRoot, name),
+			HostPath: filepath.Join(devRoot, name),
+			Major:    g.Node.Major, Minor: g.Node.Minor,
 		})
 		uuids = append(uuids, g.UUID)
 	}
@@ -87,8 +86,6 @@ func NewPlan(owner string, inv *allocator.Inventory, devRoot string, gpus []allo
 	p.Env = append([]string{EnvVisibleDevices + "=" + visible, EnvCUDAVisibleDevices + "=" + strings.Join(uuids, ",")}, env...)
 	return p, nil
 }
-
-func nodeName(minor int) string { return "nvidia" + strconv.Itoa(minor) }
 
 // MergeEnv returns base with every "KEY=value" of over set, replacing the
 // base's value of the same key in place and appending new keys.

@@ -8,9 +8,8 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/gpuiso/gpuiso/node"
 	"github.com/opencontainers/runtime-spec/specs-go"
-
-	"github.com/gpuiso/gpuiso/allocator"
 )
 
 // Wildcard stands for any major or minor number in a Rule.
@@ -139,18 +138,19 @@ func DefaultRules() []Rule {
 
 // GPURules is the allow list of a GPU container: the defaults, the control
 // devices every GPU container needs (nvidiactl, nvidia-uvm,
-// nvidia-uvm-tools), then one rule per owned GPU (c 195:<minor> rwm).
-func GPURules(control []allocator.ControlDevice, gpus []allocator.DeviceRef) []Rule {
+// nvidia-uvm-tools), then one rule per owned GPU for its device node, with
+// the numbers discovery read (c <major>:<minor> rwm).
+func GPURules(control []node.ControlDevice, gpus []node.DeviceRef) []Rule {
 	rules := DefaultRules()
 	for _, c := range control {
-		if c.Name == allocator.NVIDIAModeset {
+		if c.Name == node.NVIDIAModeset {
 			continue // display capability only
 		}
 		rules = append(rules, Allow(int64(c.Major), int64(c.Minor), "rwm"))
 	}
 	for _, d := range gpus {
-		if d.Minor >= 0 {
-			rules = append(rules, Allow(allocator.NVIDIAMajor, int64(d.Minor), "rwm"))
+		if d.Node.Path != "" {
+			rules = append(rules, Allow(int64(d.Node.Major), int64(d.Node.Minor), "rwm"))
 		}
 	}
 	return Canonical(rules)

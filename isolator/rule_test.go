@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/gpuiso/gpuiso/allocator"
+	"github.com/gpuiso/gpuiso/node"
 )
 
 func TestParseRule(t *testing.T) {
@@ -41,13 +41,13 @@ func TestParseRule(t *testing.T) {
 
 // TestGPURules pins the allow list of a container with GPUs 1 and 3.
 func TestGPURules(t *testing.T) {
-	control := []allocator.ControlDevice{
-		{Name: allocator.NVIDIACtl, Major: 195, Minor: 255},
-		{Name: allocator.NVIDIAUVM, Major: 236, Minor: 0},
-		{Name: allocator.NVIDIAUVMTools, Major: 236, Minor: 1},
-		{Name: allocator.NVIDIAModeset, Major: 195, Minor: 254},
+	control := []node.ControlDevice{
+		{Name: node.NVIDIACtl, Major: 195, Minor: 255},
+		{Name: node.NVIDIAUVM, Major: 236, Minor: 0},
+		{Name: node.NVIDIAUVMTools, Major: 236, Minor: 1},
+		{Name: node.NVIDIAModeset, Major: 195, Minor: 254},
 	}
-	gpus := []allocator.DeviceRef{{Index: 3, Minor: 3}, {Index: 1, Minor: 1}, {Index: 5, Minor: allocator.NoMinor}}
+	gpus := []node.DeviceRef{{Index: 3, Minor: 3, Node: node.DeviceNode{Path: "/dev/nvidia3", Major: 195, Minor: 3}}, {Index: 1, Minor: 1, Node: node.DeviceNode{Path: "/dev/nvidia1", Major: 195, Minor: 1}}, {Index: 5, Minor: node.NoMinor}}
 	var got []string
 	for _, r := range GPURules(control, gpus) {
 		got = append(got, r.String())

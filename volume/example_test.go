@@ -5,7 +5,7 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/gpuiso/gpuiso/allocator"
+	"github.com/gpuiso/gpuiso/node"
 	"github.com/gpuiso/gpuiso/volume"
 )
 
@@ -33,7 +33,7 @@ func ExampleCheck() {
 		"PATH=/usr/bin",
 	}}
 	drv := volume.Driver{Version: "535.309.01", CUDA: 12020}
-	gpus := []allocator.Device{{Index: 0, ComputeCapability: "8.0", Brand: "Tesla"}}
+	gpus := []node.Device{{Index: 0, ComputeCapability: "8.0", Brand: "Tesla"}}
 	if !img.NeedsVolume() {
 		return
 	}

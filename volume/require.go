@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/gpuiso/gpuiso/allocator"
+	"github.com/gpuiso/gpuiso/node"
 )
 
 // Property is what a requirement condition is about.
@@ -143,7 +144,7 @@ type Driver struct {
 	// Version is the driver version, e.g. "535.104.05".
 	Version string
 	// CUDA is the newest CUDA version it supports; 0 when unknown.
-	CUDA allocator.CUDAVersion
+	CUDA node.CUDAVersion
 }
 
 // facts are the values conditions are checked against; "" is unknown.
@@ -269,7 +270,7 @@ func impliedCUDA(source, v string) (Requirement, error) {
 // allocated to the container: every requirement must hold for the driver and
 // for each GPU. The first one that does not gives an *UnmetError naming it
 // and the values it was checked against.
-func Check(img Image, drv Driver, gpus []allocator.Device) error {
+func Check(img Image, drv Driver, gpus []node.Device) error {
 	reqs, err := img.Requirements()
 	if err != nil {
 		return err

@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/gpuiso/gpuiso/allocator"
+	"github.com/gpuiso/gpuiso/node"
 )
 
 func TestParseRequirement(t *testing.T) {
@@ -55,14 +55,14 @@ func TestParseRequirement(t *testing.T) {
 }
 
 func TestCheck(t *testing.T) {
-	drv := Driver{Version: "535.309.01", CUDA: allocator.CUDAVersion(12020)}
-	a100 := allocator.Device{Index: 0, ComputeCapability: "8.0", Brand: "Tesla"}
-	t4 := allocator.Device{Index: 1, ComputeCapability: "7.5", Brand: "GeForce"}
+	drv := Driver{Version: "535.309.01", CUDA: node.CUDAVersion(12020)}
+	a100 := node.Device{Index: 0, ComputeCapability: "8.0", Brand: "Tesla"}
+	t4 := node.Device{Index: 1, ComputeCapability: "7.5", Brand: "GeForce"}
 	tests := []struct {
 		name   string
 		img    Image
 		drv    Driver
-		gpus   []allocator.Device
+		gpus   []node.Device
 		source string // of the unmet requirement, "" when all hold
 		gpu    int
 	}{
@@ -71,15 +71,15 @@ func TestCheck(t *testing.T) {
 		{"cuda met exactly", env("NVIDIA_REQUIRE_CUDA=cuda>=12.2"), drv, nil, "", 0},
 		{"cuda unmet", env("NVIDIA_REQUIRE_CUDA=cuda>=12.4"), drv, nil, "NVIDIA_REQUIRE_CUDA", -1},
 		{"cuda unknown", env("NVIDIA_REQUIRE_CUDA=cuda>=11.0"), Driver{Version: "535.309.01"}, nil, "NVIDIA_REQUIRE_CUDA", -1},
-		{"or: second alternative", env("NVIDIA_REQUIRE_CUDA=cuda>=12.4 brand=tesla,driver>=535,driver<536"), drv, []allocator.Device{a100}, "", 0},
-		{"or: neither on a geforce", env("NVIDIA_REQUIRE_CUDA=cuda>=12.4 brand=tesla,driver>=535,driver<536"), drv, []allocator.Device{a100, t4}, "NVIDIA_REQUIRE_CUDA", 1},
+		{"or: second alternative", env("NVIDIA_REQUIRE_CUDA=cuda>=12.4 brand=tesla,driver>=535,driver<536"), drv, []node.Device{a100}, "", 0},
+		{"or: neither on a geforce", env("NVIDIA_REQUIRE_CUDA=cuda>=12.4 brand=tesla,driver>=535,driver<536"), drv, []node.Device{a100, t4}, "NVIDIA_REQUIRE_CUDA", 1},
 		{"and: one fails", env("NVIDIA_REQUIRE_CUDA=cuda>=12.0,driver>=540"), drv, nil, "NVIDIA_REQUIRE_CUDA", -1},
 		{"driver numeric compare", env("NVIDIA_REQUIRE_DRIVER=driver>=535.104.05,driver<535.1000"), drv, nil, "", 0},
 		{"driver prefix is less", env("NVIDIA_REQUIRE_DRIVER=driver>535"), drv, nil, "", 0},
-		{"arch per gpu", env("NVIDIA_REQUIRE_ARCH=arch>=8.0"), drv, []allocator.Device{a100, t4}, "NVIDIA_REQUIRE_ARCH", 1},
+		{"arch per gpu", env("NVIDIA_REQUIRE_ARCH=arch>=8.0"), drv, []node.Device{a100, t4}, "NVIDIA_REQUIRE_ARCH", 1},
 		{"arch without gpus", env("NVIDIA_REQUIRE_ARCH=arch>=9.0"), drv, nil, "", 0},
-		{"brand ignores case", env("NVIDIA_REQUIRE_BRAND=brand=TESLA"), drv, []allocator.Device{a100}, "", 0},
-		{"brand not", env("NVIDIA_REQUIRE_BRAND=brand!=geforce"), drv, []allocator.Device{t4}, "NVIDIA_REQUIRE_BRAND", 1},
+		{"brand ignores case", env("NVIDIA_REQUIRE_BRAND=brand=TESLA"), drv, []node.Device{a100}, "", 0},
+		{"brand not", env("NVIDIA_REQUIRE_BRAND=brand!=geforce"), drv, []node.Device{t4}, "NVIDIA_REQUIRE_BRAND", 1},
 		{"all variables must hold", env("NVIDIA_REQUIRE_A=cuda>=11", "NVIDIA_REQUIRE_B=driver>=600"), drv, nil, "NVIDIA_REQUIRE_B", -1},
 		{"later entry wins", env("NVIDIA_REQUIRE_CUDA=cuda>=13", "NVIDIA_REQUIRE_CUDA=cuda>=12"), drv, nil, "", 0},
 		{"disabled", env("NVIDIA_REQUIRE_CUDA=cuda>=13", "NVIDIA_DISABLE_REQUIRE=true"), drv, nil, "", 0},
@@ -111,7 +111,7 @@ func TestCheck(t *testing.T) {
 			}
 		})
 	}
-	err := Check(env("NVIDIA_REQUIRE_CUDA=cuda>=12.4 brand=tesla,driver>=535,driver<535.100"), drv, []allocator.Device{a100})
+	err := Check(env("NVIDIA_REQUIRE_CUDA=cuda>=12.4 brand=tesla,driver>=535,driver<535.100"), drv, []node.Device{a100})
 	var ue *UnmetError
 	if !errors.As(err, &ue) || fmt.Sprint(ue.Failed) != "[cuda>=12.4 driver<535.100]" {
 		t.Errorf("Check = %v, want cuda>=12.4 and driver<535.100 named as false", err)
@@ -205,6 +205,6 @@ func FuzzParseRequirement(f *testing.F) {
 			t.Fatalf("re-parse of %q: %v, %v", expr, again.Alternatives, err)
 		}
 		drv := Driver{Version: "535.309.01", CUDA: 12020}
-		Check(Image{Env: []string{"NVIDIA_REQUIRE_F=" + expr}}, drv, []allocator.Device{{ComputeCapability: "8.0", Brand: "Tesla"}})
+		Check(Image{Env: []string{"NVIDIA_REQUIRE_F=" + expr}}, drv, []node.Device{{ComputeCapability: "8.0", Brand: "Tesla"}})
 	})
 }

@@ -24,6 +24,7 @@ import (
 	"github.com/gpuiso/gpuiso/containerizer"
 	"github.com/gpuiso/gpuiso/isolator"
 	isodocker "github.com/gpuiso/gpuiso/isolator/docker"
+	"github.com/gpuiso/gpuiso/node"
 	"github.com/gpuiso/gpuiso/volume"
 )
 
@@ -93,10 +94,10 @@ func WithVolumes(m *volume.Manager) Option {
 
 // WithNamespace sets the value of LabelNamespace, so that several
 // containerizers can share one daemon without adopting each other's
-// containers. It must be a valid owner id (see allocator.ValidateOwner).
+// containers. It must be a valid owner id (see node.ValidateOwner).
 func WithNamespace(ns string) Option {
 	return func(c *config) error {
-		if err := allocator.ValidateOwner(ns); err != nil {
+		if err := node.ValidateOwner(ns); err != nil {
 			return fmt.Errorf("namespace: %w", err)
 		}
 		c.namespace = ns
@@ -144,7 +145,7 @@ func WithLogger(l *slog.Logger) Option {
 type Containerizer struct {
 	cli   Client
 	alloc *allocator.Allocator
-	inv   *allocator.Inventory
+	inv   *node.Inventory
 	cfg   config
 
 	mu         sync.Mutex
@@ -165,12 +166,12 @@ type entry struct {
 
 // New returns a containerizer that runs containers on the daemon cli talks
 // to, with GPUs of alloc, whose node inv describes.
-func New(cli Client, alloc *allocator.Allocator, inv *allocator.Inventory, opts ...Option) (*Containerizer, error) {
+func New(cli Client, alloc *allocator.Allocator, inv *node.Inventory, opts ...Option) (*Containerizer, error) {
 	if cli == nil || alloc == nil || inv == nil {
 		return nil, errors.New("docker containerizer: nil client, allocator or inventory")
 	}
 	cfg := config{
-		devRoot:     allocator.DefaultDevRoot,
+		devRoot:     node.DefaultDevRoot,
 		namespace:   DefaultNamespace,
 		stopTimeout: 10 * time.Second,
 		logger:      slog.New(slog.DiscardHandler),
@@ -197,7 +198,7 @@ func cleanupCtx(ctx context.Context) (context.Context, context.CancelFunc) {
 // refused (ErrNotSupported): the containerizer attaches output only. On error
 // nothing is left: no container, no allocation, no volume use.
 func (z *Containerizer) Launch(ctx context.Context, spec containerizer.Spec) (c containerizer.Container, err error) {
-	if err := allocator.ValidateOwner(spec.ID); err != nil {
+	if err := node.ValidateOwner(spec.ID); err != nil {
 		return c, fmt.Errorf("launch %q: %w: %w", spec.ID, containerizer.ErrInvalidSpec, err)
 	}
 	if spec.Image == "" {
@@ -361,8 +362,8 @@ func copyOutput(att client.HijackedResponse, stdout, stderr io.Writer, done chan
 }
 
 // devices returns the inventory's devices of refs, for requirement checks.
-func (z *Containerizer) devices(refs []allocator.DeviceRef) []allocator.Device {
-	var out []allocator.Device
+func (z *Containerizer) devices(refs []node.DeviceRef) []node.Device {
+	var out []node.Device
 	for _, r := range refs {
 		for _, d := range z.inv.Devices {
 			if d.UUID == r.UUID {
@@ -591,7 +592,7 @@ func (z *Containerizer) Recover(ctx context.Context) ([]containerizer.Container,
 
 // reclaim makes sure the allocator holds gpus for owner, allocating them
 // again (as explicit devices) when it lost them.
-func (z *Containerizer) reclaim(ctx context.Context, owner string, gpus []allocator.DeviceRef) error {
+func (z *Containerizer) reclaim(ctx context.Context, owner string, gpus []node.DeviceRef) error {
 	held, err := z.alloc.Allocation(owner)
 	if err == nil {
 		if !sameDevices(held.Devices, gpus) {
@@ -611,7 +612,7 @@ func (z *Containerizer) reclaim(ctx context.Context, owner string, gpus []alloca
 	return nil
 }
 
-func uuids(refs []allocator.DeviceRef) []string {
+func uuids(refs []node.DeviceRef) []string {
 	out := make([]string, len(refs))
 	for i, r := range refs {
 		out[i] = r.UUID
@@ -619,7 +620,7 @@ func uuids(refs []allocator.DeviceRef) []string {
 	return out
 }
 
-func sameDevices(a, b []allocator.DeviceRef) bool {
+func sameDevices(a, b []node.DeviceRef) bool {
 	x, y := uuids(a), uuids(b)
 	sort.Strings(x)
 	sort.Strings(y)

@@ -16,6 +16,7 @@ import (
 	"github.com/gpuiso/gpuiso/containerizer"
 	"github.com/gpuiso/gpuiso/containerizer/docker"
 	"github.com/gpuiso/gpuiso/internal/testenv"
+	"github.com/gpuiso/gpuiso/node"
 	"github.com/gpuiso/gpuiso/volume"
 )
 
@@ -45,7 +46,7 @@ func TestLaunchWithVolume(t *testing.T) {
 	got := lines(out)
 	for _, p := range all {
 		want := "ENOENT"
-		if slices.ContainsFunc(c.GPUs, func(g allocator.DeviceRef) bool { return p == fmt.Sprintf("/dev/nvidia%d", g.Minor) }) {
+		if slices.ContainsFunc(c.GPUs, func(g node.DeviceRef) bool { return p == fmt.Sprintf("/dev/nvidia%d", g.Minor) }) {
 			want = "ENXIO"
 		}
 		if got[p] != want {
@@ -225,7 +226,7 @@ func TestParallelLaunches(t *testing.T) {
 	}
 	_, err := r.z.Launch(ctx, containerizer.Spec{ID: "job-8", Image: img, Command: []string{"sleep", "60"}, GPUs: allocator.Request{Count: 1}})
 	var insufficient *allocator.InsufficientError
-	if !errors.Is(err, allocator.ErrInsufficient) || !errors.As(err, &insufficient) {
+	if !errors.Is(err, node.ErrInsufficient) || !errors.As(err, &insufficient) {
 		t.Fatalf("ninth launch = %v, want ErrInsufficient", err)
 	}
 	if n := len(r.ours(t)); n != 8 {
@@ -351,7 +352,7 @@ func TestRecover(t *testing.T) {
 	}
 }
 
-func uuidsOf(refs []allocator.DeviceRef) []string {
+func uuidsOf(refs []node.DeviceRef) []string {
 	var out []string
 	for _, r := range refs {
 		out = append(out, r.UUID)

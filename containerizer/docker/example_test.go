@@ -11,6 +11,7 @@ import (
 	"github.com/gpuiso/gpuiso/allocator"
 	"github.com/gpuiso/gpuiso/containerizer"
 	"github.com/gpuiso/gpuiso/containerizer/docker"
+	"github.com/gpuiso/gpuiso/node/nvmlnode"
 	"github.com/gpuiso/gpuiso/volume"
 )
 
@@ -19,9 +20,9 @@ import (
 // Needs root and a Docker daemon.
 func Example() {
 	ctx := context.Background()
-	inv, err := allocator.Discover(ctx)
+	inv, err := nvmlnode.Discover(ctx)
 	if err != nil {
-		fmt.Println(err) // allocator.ErrDriverNotLoaded, ErrLibraryNotFound, ...
+		fmt.Println(err) // nvmlnode.ErrDriverNotLoaded, ErrLibraryNotFound, ...
 		return
 	}
 	alloc, err := allocator.New(inv, allocator.WithStateDir("/var/lib/gpuiso/allocator"))
@@ -47,7 +48,7 @@ func Example() {
 	ct, err := z.Launch(ctx, containerizer.Spec{ID: "train-7", Image: "nvidia/cuda:12.2.0-base-ubuntu22.04",
 		Command: []string{"nvidia-smi", "-L"}, GPUs: allocator.Request{Count: 2}, Stdout: os.Stdout, Stderr: os.Stderr})
 	if err != nil {
-		fmt.Println(err) // volume.ErrRequirementUnmet, allocator.ErrInsufficient, ...
+		fmt.Println(err) // volume.ErrRequirementUnmet, node.ErrInsufficient, ...
 		return
 	}
 	defer z.Destroy(ctx, ct.ID)

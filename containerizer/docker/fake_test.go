@@ -13,9 +13,11 @@ import (
 	"github.com/moby/moby/client"
 
 	"github.com/gpuiso/gpuiso/allocator"
-	"github.com/gpuiso/gpuiso/allocator/simnode"
 	"github.com/gpuiso/gpuiso/containerizer"
 	"github.com/gpuiso/gpuiso/containerizer/docker"
+	"github.com/gpuiso/gpuiso/node"
+	"github.com/gpuiso/gpuiso/node/nvmlnode"
+	"github.com/gpuiso/gpuiso/node/simnode"
 	"github.com/gpuiso/gpuiso/volume"
 )
 
@@ -54,11 +56,11 @@ func (f *fakeDaemon) ContainerCreate(context.Context, client.ContainerCreateOpti
 // refused with typed errors before any container is created or GPU held.
 // No daemon needed.
 func TestLaunchRefuses(t *testing.T) {
-	node, err := simnode.New("dgx1-volta")
+	sim, err := simnode.New("dgx1-volta")
 	if err != nil {
 		t.Fatal(err)
 	}
-	inv, err := allocator.Discover(context.Background(), allocator.WithNVML(node.NVML()))
+	inv, err := nvmlnode.Discover(context.Background(), nvmlnode.WithNVML(sim.NVML()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,7 +86,7 @@ func TestLaunchRefuses(t *testing.T) {
 		want error
 	}{
 		{"empty id", containerizer.Spec{Image: "plain"}, containerizer.ErrInvalidSpec},
-		{"id with slash", containerizer.Spec{ID: "../x", Image: "plain"}, allocator.ErrInvalidOwner},
+		{"id with slash", containerizer.Spec{ID: "../x", Image: "plain"}, node.ErrInvalidOwner},
 		{"no image", containerizer.Spec{ID: "a"}, containerizer.ErrInvalidSpec},
 		{"stdin", containerizer.Spec{ID: "a", Image: "plain", Stdin: strings.NewReader("x")}, containerizer.ErrNotSupported},
 		{"unknown image", containerizer.Spec{ID: "a", Image: "missing"}, nil},
@@ -93,7 +95,7 @@ func TestLaunchRefuses(t *testing.T) {
 		{"cuda unmet", containerizer.Spec{ID: "a", Image: "cuda-99", GPUs: allocator.Request{Count: 1}}, volume.ErrRequirementUnmet},
 		{"arch unmet", containerizer.Spec{ID: "a", Image: "arch-9", GPUs: allocator.Request{Count: 1}}, volume.ErrRequirementUnmet},
 		{"requirement does not parse", containerizer.Spec{ID: "a", Image: "bad-require"}, volume.ErrInvalidRequirement},
-		{"more gpus than the node has", containerizer.Spec{ID: "a", Image: "plain", GPUs: allocator.Request{Count: 9}}, allocator.ErrInvalidRequest},
+		{"more gpus than the sim has", containerizer.Spec{ID: "a", Image: "plain", GPUs: allocator.Request{Count: 9}}, allocator.ErrInvalidRequest},
 		{"unknown gpu", containerizer.Spec{ID: "a", Image: "plain", GPUs: allocator.Request{Devices: []string{"GPU-nope"}}}, allocator.ErrUnknownDevice},
 	}
 	for _, tt := range tests {
@@ -126,8 +128,8 @@ func TestLaunchRefuses(t *testing.T) {
 }
 
 func TestNewRejects(t *testing.T) {
-	node, _ := simnode.New("pcie8")
-	inv, err := allocator.Discover(context.Background(), allocator.WithNVML(node.NVML()))
+	sim, _ := simnode.New("pcie8")
+	inv, err := nvmlnode.Discover(context.Background(), nvmlnode.WithNVML(sim.NVML()))
 	if err != nil {
 		t.Fatal(err)
 	}

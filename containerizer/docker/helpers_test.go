@@ -11,10 +11,11 @@ import (
 	"github.com/moby/moby/client"
 
 	"github.com/gpuiso/gpuiso/allocator"
-	"github.com/gpuiso/gpuiso/allocator/simnode"
 	"github.com/gpuiso/gpuiso/containerizer"
 	"github.com/gpuiso/gpuiso/containerizer/docker"
 	"github.com/gpuiso/gpuiso/internal/testenv"
+	"github.com/gpuiso/gpuiso/node"
+	"github.com/gpuiso/gpuiso/node/simnode"
 	"github.com/gpuiso/gpuiso/volume"
 )
 
@@ -23,7 +24,7 @@ type rig struct {
 	cli      *client.Client
 	node     *simnode.Node
 	host     *simnode.Host
-	inv      *allocator.Inventory
+	inv      *node.Inventory
 	alloc    *allocator.Allocator
 	volumes  *volume.Manager
 	stateDir string
@@ -71,7 +72,7 @@ func (r *rig) restart(t *testing.T, opts ...docker.Option) {
 // namespace is a namespace of the test's own, so that tests never adopt
 // each other's containers.
 func namespace(t *testing.T) string {
-	return "test-" + strings.NewReplacer("/", "-", " ", "-").Replace(t.Name()) + "-" + time.Now().Format("150405.000000")
+	return "test-" + strings.NewReplacer("/", "-", " ", "-", "=", "-").Replace(t.Name()) + "-" + time.Now().Format("150405.000000")
 }
 
 // ours lists the daemon's containers of the rig's namespace.

@@ -9,6 +9,7 @@ import (
 	"github.com/gpuiso/gpuiso/containerizer"
 	"github.com/gpuiso/gpuiso/containerizer/native"
 	"github.com/gpuiso/gpuiso/isolator/cgroups"
+	"github.com/gpuiso/gpuiso/node/nvmlnode"
 	"github.com/gpuiso/gpuiso/volume"
 )
 
@@ -18,9 +19,9 @@ import (
 func ExampleContainerizer_Launch() {
 	native.Init()
 	ctx := context.Background()
-	inv, err := allocator.Discover(ctx)
+	inv, err := nvmlnode.Discover(ctx)
 	if err != nil {
-		fmt.Println(err) // allocator.ErrDriverNotLoaded, ErrLibraryNotFound, ...
+		fmt.Println(err) // nvmlnode.ErrDriverNotLoaded, ErrLibraryNotFound, ...
 		return
 	}
 	a, _ := allocator.New(inv, allocator.WithStateDir("/var/lib/gpuiso/allocator"))

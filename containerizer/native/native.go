@@ -24,6 +24,8 @@ import (
 	"github.com/gpuiso/gpuiso/internal/linux"
 	"github.com/gpuiso/gpuiso/isolator"
 	"github.com/gpuiso/gpuiso/isolator/cgroups"
+	"github.com/gpuiso/gpuiso/node"
+	"github.com/gpuiso/gpuiso/node/nvmlnode"
 	"github.com/gpuiso/gpuiso/volume"
 )
 
@@ -37,7 +39,7 @@ type Config struct {
 	// on the node.
 	Allocator *allocator.Allocator
 	// Inventory is the node the allocator was made for.
-	Inventory *allocator.Inventory
+	Inventory *node.Inventory
 	// Isolator confines each container to its devices.
 	Isolator *cgroups.Isolator
 	// Volumes provides the driver volume; nil means containers get none.
@@ -95,10 +97,10 @@ func New(cfg Config) (*Containerizer, error) {
 		return nil, errors.New("native containerizer: Allocator, Inventory and Isolator are required")
 	}
 	if cfg.DevRoot == "" {
-		cfg.DevRoot = allocator.DefaultDevRoot
+		cfg.DevRoot = node.DefaultDevRoot
 	}
 	if cfg.ProcRoot == "" {
-		cfg.ProcRoot = allocator.DefaultProcRoot
+		cfg.ProcRoot = node.DefaultProcRoot
 	}
 	if cfg.StateDir == "" {
 		cfg.StateDir = DefaultStateDir
@@ -158,7 +160,7 @@ func (c *Containerizer) Launch(ctx context.Context, spec containerizer.Spec) (co
 }
 
 func validate(spec containerizer.Spec) error {
-	if err := allocator.ValidateOwner(spec.ID); err != nil {
+	if err := node.ValidateOwner(spec.ID); err != nil {
 		return err
 	}
 	switch {
@@ -378,7 +380,7 @@ func (c *Containerizer) get(id string) (*container, error) {
 // state, and releases its GPUs and volume. A container already gone is not
 // an error.
 func (c *Containerizer) Destroy(ctx context.Context, id string) error {
-	if err := allocator.ValidateOwner(id); err != nil {
+	if err := node.ValidateOwner(id); err != nil {
 		return fmt.Errorf("destroy %s: %w", id, err)
 	}
 	ct, err := c.get(id)
@@ -459,26 +461,26 @@ func (c *Containerizer) describe(id string, ct *container) containerizer.Contain
 // tells: memory per GPU and, where the driver keeps samples, utilisation.
 // Without NVML (Config.NVML) it fails with an error matching
 // isolator.ErrNotSupported.
-func (c *Containerizer) Usage(ctx context.Context, id string) (isolator.Usage, error) {
+func (c *Containerizer) Usage(ctx context.Context, id string) (nvmlnode.Usage, error) {
 	ct, err := c.get(id)
 	if err != nil {
-		return isolator.Usage{}, fmt.Errorf("usage of %s: %w", id, err)
+		return nvmlnode.Usage{}, fmt.Errorf("usage of %s: %w", id, err)
 	}
 	if c.cfg.NVML == nil {
-		return isolator.Usage{}, fmt.Errorf("usage of %s: no NVML: %w", id, isolator.ErrNotSupported)
+		return nvmlnode.Usage{}, fmt.Errorf("usage of %s: no NVML: %w", id, isolator.ErrNotSupported)
 	}
 	if ret := c.cfg.NVML.Init(); ret != nvml.SUCCESS {
-		return isolator.Usage{}, fmt.Errorf("usage of %s: nvml init: %s", id, nvml.ErrorString(ret))
+		return nvmlnode.Usage{}, fmt.Errorf("usage of %s: nvml init: %s", id, nvml.ErrorString(ret))
 	}
 	defer c.cfg.NVML.Shutdown()
 	pids, err := c.cfg.Isolator.Processes(ctx, id)
 	if err != nil {
-		return isolator.Usage{}, fmt.Errorf("usage of %s: %w", id, err)
+		return nvmlnode.Usage{}, fmt.Errorf("usage of %s: %w", id, err)
 	}
 	c.mu.Lock()
 	gpus := slices.Clone(ct.rec.GPUs)
 	c.mu.Unlock()
-	u, err := isolator.ReadUsage(ctx, c.cfg.NVML, gpus, pids)
+	u, err := nvmlnode.ReadUsage(ctx, c.cfg.NVML, gpus, pids)
 	if err != nil {
 		return u, fmt.Errorf("usage of %s: %w", id, err)
 	}

@@ -17,11 +17,13 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
 	"github.com/gpuiso/gpuiso/allocator"
-	"github.com/gpuiso/gpuiso/allocator/simnode"
 	"github.com/gpuiso/gpuiso/containerizer"
 	"github.com/gpuiso/gpuiso/containerizer/native"
 	"github.com/gpuiso/gpuiso/internal/testenv"
 	"github.com/gpuiso/gpuiso/isolator/cgroups"
+	"github.com/gpuiso/gpuiso/node"
+	"github.com/gpuiso/gpuiso/node/nvmlnode"
+	"github.com/gpuiso/gpuiso/node/simnode"
 	"github.com/gpuiso/gpuiso/volume"
 )
 
@@ -33,13 +35,13 @@ func TestMain(m *testing.M) {
 	testenv.Main(m)
 }
 
-// node is a simulated DGX-1 host (real device nodes under a temporary
+// sim is a simulated DGX-1 host (real device nodes under a temporary
 // directory), its inventory, an allocator with a state directory, a cgroups
 // isolator of one version, the host's driver volume, and a containerizer.
-type node struct {
+type testNode struct {
 	sim      *simnode.Node
 	host     *simnode.Host
-	inv      *allocator.Inventory
+	inv      *node.Inventory
 	alloc    *allocator.Allocator
 	iso      *cgroups.Isolator
 	vols     *volume.Manager
@@ -63,7 +65,7 @@ func requireVersion(t testing.TB, v cgroups.Version) string {
 	return testenv.RequireCgroupV2(t)
 }
 
-func newNode(t testing.TB, v cgroups.Version) *node {
+func newNode(t testing.TB, v cgroups.Version) *testNode {
 	t.Helper()
 	testenv.RequireRoot(t)
 	requireVersion(t, v)
@@ -85,10 +87,10 @@ func newNode(t testing.TB, v cgroups.Version) *node {
 	return n
 }
 
-// open builds the node's pieces over dirs; makeHost creates the simulated
+// open builds the sim's pieces over dirs; makeHost creates the simulated
 // host tree (the first process does, a restarted one finds it).
-func open(d dirs, v cgroups.Version, parent string, makeHost bool) (*node, error) {
-	n := &node{dirs: d, version: v, parentCG: parent}
+func open(d dirs, v cgroups.Version, parent string, makeHost bool) (*testNode, error) {
+	n := &testNode{dirs: d, version: v, parentCG: parent}
 	var err error
 	if n.sim, err = simnode.New("dgx1-volta"); err != nil {
 		return nil, err
@@ -100,7 +102,7 @@ func open(d dirs, v cgroups.Version, parent string, makeHost bool) (*node, error
 	} else {
 		n.host = &simnode.Host{Root: d.Host, DevRoot: filepath.Join(d.Host, "dev"), ProcRoot: filepath.Join(d.Host, "proc"), SysRoot: filepath.Join(d.Host, "sys")}
 	}
-	if n.inv, err = allocator.Discover(context.Background(), n.sim.DiscoverOptions(n.host)...); err != nil {
+	if n.inv, err = nvmlnode.Discover(context.Background(), n.sim.DiscoverOptions(n.host)...); err != nil {
 		return nil, err
 	}
 	if n.alloc, err = allocator.New(n.inv, allocator.WithStateDir(d.AllocState)); err != nil {
@@ -123,14 +125,14 @@ func open(d dirs, v cgroups.Version, parent string, makeHost bool) (*node, error
 	return n, err
 }
 
-func versions(t *testing.T, run func(t *testing.T, n *node)) {
+func versions(t *testing.T, run func(t *testing.T, n *testNode)) {
 	for _, v := range []cgroups.Version{cgroups.V1, cgroups.V2} {
 		t.Run(v.String(), func(t *testing.T) { run(t, newNode(t, v)) })
 	}
 }
 
 // run launches a container, waits for it and returns its output.
-func (n *node) run(t *testing.T, id string, req allocator.Request, script string) (string, containerizer.Container) {
+func (n *testNode) run(t *testing.T, id string, req allocator.Request, script string) (string, containerizer.Container) {
 	t.Helper()
 	var out bytes.Buffer
 	ctx := context.Background()
@@ -171,7 +173,7 @@ func lines(s string) map[string]bool {
 
 // TestIsolation gives a container GPUs 1 and 3 and looks from inside.
 func TestIsolation(t *testing.T) {
-	versions(t, func(t *testing.T, n *node) {
+	versions(t, func(t *testing.T, n *testNode) {
 		out, ct := n.run(t, "gpus-1-3", allocator.Request{Devices: []string{"1", "3"}}, `
 			$PROBE open /dev/nvidia1 /dev/nvidia3 /dev/nvidiactl /dev/nvidia-uvm /dev/nvidia-uvm-tools /dev/null
 			$PROBE ls /dev | grep '^nvidia[0-9]' | sed 's/^/dev: /'
@@ -216,7 +218,7 @@ func TestIsolation(t *testing.T) {
 }
 
 // startProber launches a container running a prober that answers on pipes.
-func (n *node) startProber(t *testing.T, id string, req allocator.Request) *testenv.Prober {
+func (n *testNode) startProber(t *testing.T, id string, req allocator.Request) *testenv.Prober {
 	t.Helper()
 	args, env := testenv.ProberCommand(t)
 	inR, inW := io.Pipe()
@@ -229,9 +231,9 @@ func (n *node) startProber(t *testing.T, id string, req allocator.Request) *test
 	return testenv.NewProber(inW, outR)
 }
 
-// check opens every GPU node from inside: ENXIO for the container's own,
+// check opens every GPU sim from inside: ENXIO for the container's own,
 // ENOENT for the rest, which are not in its /dev.
-func (n *node) check(t *testing.T, p *testenv.Prober, id string, want ...int) {
+func (n *testNode) check(t *testing.T, p *testenv.Prober, id string, want ...int) {
 	t.Helper()
 	for i := range n.inv.Devices {
 		exp := "ENOENT"
@@ -250,7 +252,7 @@ func (n *node) check(t *testing.T, p *testenv.Prober, id string, want ...int) {
 
 // TestLiveUpdate grows and shrinks a running container 100 times.
 func TestLiveUpdate(t *testing.T) {
-	versions(t, func(t *testing.T, n *node) {
+	versions(t, func(t *testing.T, n *testNode) {
 		ctx := context.Background()
 		p := n.startProber(t, "live", allocator.Request{Devices: []string{"0"}})
 		n.check(t, p, "live", 0)
@@ -269,7 +271,7 @@ func TestLiveUpdate(t *testing.T) {
 			}
 			n.check(t, p, "live", ct.GPUs[0].Index)
 			// The GPU that went can no longer be opened, even through a
-			// node the container makes itself.
+			// sim the container makes itself.
 			gone := idx[0] + idx[1] - ct.GPUs[0].Index
 			path := fmt.Sprintf("/dev/gone%d", cycle)
 			if r, _ := p.Mknod(path, 195, uint32(n.inv.Devices[gone].Minor)); r != "ok" {
@@ -287,8 +289,8 @@ func TestLiveUpdate(t *testing.T) {
 		if _, err := n.c.Update(ctx, "live", 0); !errors.Is(err, containerizer.ErrInvalidSpec) {
 			t.Fatalf("Update to 0 GPUs = %v", err)
 		}
-		if _, err := n.c.Update(ctx, "live", 9); !errors.Is(err, allocator.ErrInvalidRequest) && !errors.Is(err, allocator.ErrInsufficient) {
-			t.Fatalf("Update beyond the node = %v", err)
+		if _, err := n.c.Update(ctx, "live", 9); !errors.Is(err, allocator.ErrInvalidRequest) && !errors.Is(err, node.ErrInsufficient) {
+			t.Fatalf("Update beyond the sim = %v", err)
 		}
 		n.check(t, p, "live", n.c.Containers()[0].GPUs[0].Index)
 	})
@@ -297,7 +299,7 @@ func TestLiveUpdate(t *testing.T) {
 // TestDestroy leaves nothing: no process (forks and new sessions included),
 // no cgroup, no mount, no state, no allocation.
 func TestDestroy(t *testing.T) {
-	versions(t, func(t *testing.T, n *node) {
+	versions(t, func(t *testing.T, n *testNode) {
 		ctx := context.Background()
 		ct, err := n.c.Launch(ctx, containerizer.Spec{ID: "forks", GPUs: allocator.Request{Count: 2},
 			Command: []string{"/bin/sh", "-c", "sleep 1000 & (setsid sleep 1000 &) ; sleep 1000 & wait"}})
@@ -346,7 +348,7 @@ func TestDestroy(t *testing.T) {
 
 // TestBadInput: typed errors, and nothing created.
 func TestBadInput(t *testing.T) {
-	versions(t, func(t *testing.T, n *node) {
+	versions(t, func(t *testing.T, n *testNode) {
 		ctx := context.Background()
 		cmd := []string{"/bin/true"}
 		tests := []struct {
@@ -354,11 +356,11 @@ func TestBadInput(t *testing.T) {
 			spec containerizer.Spec
 			want error
 		}{
-			{"parent path", containerizer.Spec{ID: "../x", Command: cmd, GPUs: allocator.Request{Count: 1}}, allocator.ErrInvalidOwner},
-			{"empty id", containerizer.Spec{ID: "", Command: cmd, GPUs: allocator.Request{Count: 1}}, allocator.ErrInvalidOwner},
-			{"long id", containerizer.Spec{ID: strings.Repeat("x", 129), Command: cmd, GPUs: allocator.Request{Count: 1}}, allocator.ErrInvalidOwner},
+			{"parent path", containerizer.Spec{ID: "../x", Command: cmd, GPUs: allocator.Request{Count: 1}}, node.ErrInvalidOwner},
+			{"empty id", containerizer.Spec{ID: "", Command: cmd, GPUs: allocator.Request{Count: 1}}, node.ErrInvalidOwner},
+			{"long id", containerizer.Spec{ID: strings.Repeat("x", 129), Command: cmd, GPUs: allocator.Request{Count: 1}}, node.ErrInvalidOwner},
 			{"unknown GPU", containerizer.Spec{ID: "u", Command: cmd, GPUs: allocator.Request{Devices: []string{"GPU-nope"}}}, allocator.ErrUnknownDevice},
-			{"larger than the node", containerizer.Spec{ID: "big", Command: cmd, GPUs: allocator.Request{Count: 9}}, allocator.ErrInvalidRequest},
+			{"larger than the sim", containerizer.Spec{ID: "big", Command: cmd, GPUs: allocator.Request{Count: 9}}, allocator.ErrInvalidRequest},
 			{"no command", containerizer.Spec{ID: "nocmd", GPUs: allocator.Request{Count: 1}}, containerizer.ErrInvalidSpec},
 			{"image", containerizer.Spec{ID: "img", Image: "busybox", Command: cmd, GPUs: allocator.Request{Count: 1}}, containerizer.ErrInvalidSpec},
 		}

@@ -8,17 +8,16 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/gpuiso/gpuiso/node"
 	"github.com/opencontainers/runtime-spec/specs-go"
-
-	"github.com/gpuiso/gpuiso/allocator"
 )
 
 // record is what survives a restart of the containerizer: one per container,
 // in <state dir>/<id>/container.json.
 type record struct {
-	Version int                   `json:"version"`
-	ID      string                `json:"id"`
-	GPUs    []allocator.DeviceRef `json:"gpus"`
+	Version int              `json:"version"`
+	ID      string           `json:"id"`
+	GPUs    []node.DeviceRef `json:"gpus"`
 	// Mounts and Env are what the container got beside its GPUs (the driver
 	// volume, the command's environment): what a plan is rebuilt from.
 	Mounts []specs.Mount `json:"mounts,omitempty"`

@@ -11,6 +11,7 @@ import (
 	"github.com/gpuiso/gpuiso/allocator"
 	"github.com/gpuiso/gpuiso/containerizer"
 	"github.com/gpuiso/gpuiso/isolator"
+	"github.com/gpuiso/gpuiso/node"
 )
 
 // Recover rebuilds the containerizer's view after a restart from what the
@@ -30,7 +31,7 @@ func (c *Containerizer) Recover(ctx context.Context) ([]containerizer.Container,
 	seen := map[string]bool{}
 	for _, e := range entries {
 		id := e.Name()
-		if !e.IsDir() || allocator.ValidateOwner(id) != nil {
+		if !e.IsDir() || node.ValidateOwner(id) != nil {
 			continue
 		}
 		seen[id] = true

@@ -17,6 +17,7 @@ import (
 	"github.com/gpuiso/gpuiso/allocator"
 	"github.com/gpuiso/gpuiso/containerizer"
 	"github.com/gpuiso/gpuiso/isolator/cgroups"
+	"github.com/gpuiso/gpuiso/node"
 )
 
 // agentEnv makes the test binary an agent: it opens the node described by
@@ -67,7 +68,7 @@ func runAgent() int {
 // running containers are re-adopted with their GPUs, the one that exited
 // meanwhile is cleaned up, and a new request cannot get the adopted GPUs.
 func TestRecoverAfterSIGKILL(t *testing.T) {
-	versions(t, func(t *testing.T, n *node) {
+	versions(t, func(t *testing.T, n *testNode) {
 		ctx := context.Background()
 		cfg := agentConfig{Dirs: n.dirs, Version: n.version, Parent: n.parentCG, Launch: map[string]string{
 			"long-a": "sleep 1000", "long-b": "sleep 1000", "short": "sleep 0.3",
@@ -135,7 +136,7 @@ func TestRecoverAfterSIGKILL(t *testing.T) {
 		if _, err := os.Stat(n.iso.Path("short")); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("the exited container's cgroup is left: %v", err)
 		}
-		if _, err := n.c.Launch(ctx, containerizer.Spec{ID: "greedy", Command: []string{"/bin/true"}, GPUs: allocator.Request{Count: 5}}); !errors.Is(err, allocator.ErrInsufficient) {
+		if _, err := n.c.Launch(ctx, containerizer.Spec{ID: "greedy", Command: []string{"/bin/true"}, GPUs: allocator.Request{Count: 5}}); !errors.Is(err, node.ErrInsufficient) {
 			t.Fatalf("5 GPUs with 4 re-adopted = %v, want ErrInsufficient", err)
 		}
 		if _, err := os.Stat(filepath.Join(n.dirs.State, "greedy")); !errors.Is(err, os.ErrNotExist) {
@@ -160,7 +161,7 @@ func TestRecoverAfterSIGKILL(t *testing.T) {
 	})
 }
 
-func mustOpen(t *testing.T, n *node) *node {
+func mustOpen(t *testing.T, n *testNode) *testNode {
 	t.Helper()
 	fresh, err := open(n.dirs, n.version, n.parentCG, false)
 	if err != nil {

@@ -5,9 +5,9 @@ import (
 	"fmt"
 	"slices"
 
-	"github.com/gpuiso/gpuiso/allocator"
 	"github.com/gpuiso/gpuiso/containerizer"
 	"github.com/gpuiso/gpuiso/isolator"
+	"github.com/gpuiso/gpuiso/node"
 )
 
 // Update changes a running container's GPUs to n. Growing allocates first,
@@ -65,7 +65,7 @@ func (c *Containerizer) update(ctx context.Context, id string, ct *container, n 
 
 // enforce moves the container's isolation from the GPUs old to gpus. Nodes
 // that come are added before the rules widen; rules narrow before nodes go.
-func (c *Containerizer) enforce(ctx context.Context, id string, ct *container, gpus, old []allocator.DeviceRef) error {
+func (c *Containerizer) enforce(ctx context.Context, id string, ct *container, gpus, old []node.DeviceRef) error {
 	plan, err := isolator.NewPlan(id, c.cfg.Inventory, c.cfg.DevRoot, gpus, ct.rec.Mounts, ct.rec.Env)
 	if err != nil {
 		return err
@@ -97,7 +97,7 @@ func (c *Containerizer) enforce(ctx context.Context, id string, ct *container, g
 	return nil
 }
 
-func uuids(refs []allocator.DeviceRef) []string {
+func uuids(refs []node.DeviceRef) []string {
 	out := make([]string, len(refs))
 	for i, r := range refs {
 		out[i] = r.UUID
@@ -107,13 +107,13 @@ func uuids(refs []allocator.DeviceRef) []string {
 
 // bestSubset picks the n GPUs of have with the highest link score among
 // themselves (ties: lowest indexes), so that a shrink keeps NVLink pairs.
-func (c *Containerizer) bestSubset(have []allocator.DeviceRef, n int) []allocator.DeviceRef {
+func (c *Containerizer) bestSubset(have []node.DeviceRef, n int) []node.DeviceRef {
 	if len(have) > 16 { // beyond a node of 16, the search is not worth it
 		return have[:n]
 	}
 	pos := make([]int, len(have)) // positions in the inventory
 	for i, d := range have {
-		pos[i] = slices.IndexFunc(c.cfg.Inventory.Devices, func(x allocator.Device) bool { return x.UUID == d.UUID })
+		pos[i] = slices.IndexFunc(c.cfg.Inventory.Devices, func(x node.Device) bool { return x.UUID == d.UUID })
 	}
 	topo := c.cfg.Inventory.Topology
 	best, bestScore := []int(nil), -1
@@ -134,7 +134,7 @@ func (c *Containerizer) bestSubset(have []allocator.DeviceRef, n int) []allocato
 		}
 	}
 	pick(0, nil)
-	out := make([]allocator.DeviceRef, n)
+	out := make([]node.DeviceRef, n)
 	for i, k := range best {
 		out[i] = have[k]
 	}

@@ -23,7 +23,9 @@ import (
 	"time"
 
 	"github.com/gpuiso/gpuiso/allocator"
-	"github.com/gpuiso/gpuiso/allocator/simnode"
+	"github.com/gpuiso/gpuiso/node"
+	"github.com/gpuiso/gpuiso/node/nvmlnode"
+	"github.com/gpuiso/gpuiso/node/simnode"
 )
 
 func main() {
@@ -105,7 +107,7 @@ func (d *departures) Pop() any {
 }
 
 // simulate replays jobs on a fresh allocator with policy.
-func simulate(ctx context.Context, inv *allocator.Inventory, policy allocator.Policy, jobs []job) (*result, error) {
+func simulate(ctx context.Context, inv *node.Inventory, policy allocator.Policy, jobs []job) (*result, error) {
 	a, err := allocator.New(inv, allocator.WithPolicy(policy))
 	if err != nil {
 		return nil, err
@@ -146,7 +148,7 @@ func simulate(ctx context.Context, inv *allocator.Inventory, policy allocator.Po
 		start := time.Now()
 		al, err := a.Allocate(ctx, owner, allocator.Request{Count: jb.size})
 		res.latency = append(res.latency, time.Since(start))
-		if errors.Is(err, allocator.ErrInsufficient) {
+		if errors.Is(err, node.ErrInsufficient) {
 			res.rejected++
 			continue
 		}
@@ -172,7 +174,7 @@ func simulate(ctx context.Context, inv *allocator.Inventory, policy allocator.Po
 }
 
 // nvlinkComplete tells whether every pair of set shares an NVLink.
-func nvlinkComplete(topo *allocator.Topology, set []int) bool {
+func nvlinkComplete(topo *node.Topology, set []int) bool {
 	for x, i := range set {
 		for _, j := range set[x+1:] {
 			if topo.Link(i, j).NVLinks == 0 {
@@ -251,8 +253,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	defer os.RemoveAll(dir)
-	inv, err := allocator.Discover(ctx, allocator.WithNVML(node.NVML()),
-		allocator.WithDevRoot(dir), allocator.WithProcRoot(dir), allocator.WithSysRoot(dir))
+	inv, err := nvmlnode.Discover(ctx, nvmlnode.WithNVML(node.NVML()),
+		nvmlnode.WithDevRoot(dir), nvmlnode.WithProcRoot(dir), nvmlnode.WithSysRoot(dir))
 	if err != nil {
 		fmt.Fprintf(stderr, "allocsim: %v\n", err)
 		return 1

@@ -28,10 +28,10 @@ import (
 	"github.com/moby/moby/client"
 
 	"github.com/gpuiso/gpuiso/allocator"
-	"github.com/gpuiso/gpuiso/allocator/simnode"
 	"github.com/gpuiso/gpuiso/containerizer"
 	"github.com/gpuiso/gpuiso/containerizer/docker"
 	"github.com/gpuiso/gpuiso/internal/cli"
+	"github.com/gpuiso/gpuiso/node/simnode"
 )
 
 func main() {

@@ -23,9 +23,10 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
-	"github.com/gpuiso/gpuiso/allocator"
-	"github.com/gpuiso/gpuiso/allocator/simnode"
 	"github.com/gpuiso/gpuiso/internal/cli"
+	"github.com/gpuiso/gpuiso/node"
+	"github.com/gpuiso/gpuiso/node/nvmlnode"
+	"github.com/gpuiso/gpuiso/node/simnode"
 )
 
 func main() {
@@ -41,9 +42,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	simulate := fs.String("simulate", "", "use a simulated node: "+strings.Join(simnode.Names(), ", "))
 	driverVersion := fs.String("driver-version", "", "simulated driver version (default: the host's NVIDIA libraries', if any)")
 	asJSON := fs.Bool("json", false, "print the inventory as JSON")
-	devRoot := fs.String("dev-root", allocator.DefaultDevRoot, "directory holding the device nodes")
-	procRoot := fs.String("proc-root", allocator.DefaultProcRoot, "proc file system")
-	sysRoot := fs.String("sys-root", allocator.DefaultSysRoot, "sys file system")
+	devRoot := fs.String("dev-root", node.DefaultDevRoot, "directory holding the device nodes")
+	procRoot := fs.String("proc-root", node.DefaultProcRoot, "proc file system")
+	sysRoot := fs.String("sys-root", node.DefaultSysRoot, "sys file system")
 	library := fs.String("nvml-library", "", "path of libnvidia-ml.so.1 (default: the dynamic loader's search)")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -61,7 +62,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 
-	opts := []allocator.Option{allocator.WithDevRoot(*devRoot), allocator.WithProcRoot(*procRoot), allocator.WithSysRoot(*sysRoot)}
+	opts := []nvmlnode.Option{nvmlnode.WithDevRoot(*devRoot), nvmlnode.WithProcRoot(*procRoot), nvmlnode.WithSysRoot(*sysRoot)}
 	if *simulate != "" {
 		var simOpts []simnode.Option
 		if *driverVersion != "" {
@@ -72,13 +73,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "gpuinfo: %v\n", err)
 			return 2
 		}
-		opts = append(opts, allocator.WithNVML(node.NVML()))
+		opts = append(opts, nvmlnode.WithNVML(node.NVML()))
 	}
 	if *library != "" {
-		opts = append(opts, allocator.WithNVML(nvml.New(nvml.WithLibraryPath(*library))))
+		opts = append(opts, nvmlnode.WithNVML(nvml.New(nvml.WithLibraryPath(*library))))
 	}
 
-	inv, err := allocator.Discover(ctx, opts...)
+	inv, err := nvmlnode.Discover(ctx, opts...)
 	if err != nil {
 		fmt.Fprintln(stderr, "gpuinfo: "+cli.ExplainDiscover(err))
 		return 1
@@ -96,7 +97,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
-func printInventory(w io.Writer, inv *allocator.Inventory, simulated string) {
+func printInventory(w io.Writer, inv *node.Inventory, simulated string) {
 	fmt.Fprintf(w, "Driver %s, CUDA %s", inv.DriverVersion, or(inv.CUDAVersion.String(), "unknown"))
 	if simulated != "" {
 		fmt.Fprintf(w, " (simulated node %s)", simulated)
@@ -160,7 +161,7 @@ func printInventory(w io.Writer, inv *allocator.Inventory, simulated string) {
 
 // cell is one entry of the topology matrix: NV<n> where NVLinks join the
 // pair, else the PCIe level.
-func cell(t *allocator.Topology, i, j int) string {
+func cell(t *node.Topology, i, j int) string {
 	if i == j {
 		return "X"
 	}

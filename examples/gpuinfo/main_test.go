@@ -12,8 +12,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/gpuiso/gpuiso/allocator"
 	"github.com/gpuiso/gpuiso/internal/testenv"
+	"github.com/gpuiso/gpuiso/node"
 )
 
 var update = flag.Bool("update", false, "rewrite the expected outputs under testdata/")
@@ -80,7 +80,7 @@ func TestJSON(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errOut)
 	}
-	var inv allocator.Inventory
+	var inv node.Inventory
 	if err := json.Unmarshal([]byte(out), &inv); err != nil {
 		t.Fatalf("output is not an inventory: %v\n%s", err, out)
 	}

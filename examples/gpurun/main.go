@@ -21,11 +21,11 @@ import (
 	"syscall"
 
 	"github.com/gpuiso/gpuiso/allocator"
-	"github.com/gpuiso/gpuiso/allocator/simnode"
 	"github.com/gpuiso/gpuiso/containerizer"
 	"github.com/gpuiso/gpuiso/containerizer/native"
 	"github.com/gpuiso/gpuiso/internal/cli"
 	"github.com/gpuiso/gpuiso/isolator/cgroups"
+	"github.com/gpuiso/gpuiso/node/simnode"
 )
 
 func main() {
@@ -63,7 +63,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	if *devices != "" {
 		req = allocator.Request{Devices: strings.Split(*devices, ",")}
 	}
-	settings := []allocator.Setting{allocator.WithPolicy(allocator.Policy(*policy))}
+	settings := []allocator.Option{allocator.WithPolicy(allocator.Policy(*policy))}
 	if *stateDir != "" {
 		settings = append(settings, allocator.WithStateDir(*stateDir))
 	}

@@ -11,8 +11,9 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/gpuiso/gpuiso/allocator"
-	"github.com/gpuiso/gpuiso/allocator/simnode"
+	"github.com/gpuiso/gpuiso/node"
+	"github.com/gpuiso/gpuiso/node/nvmlnode"
+	"github.com/gpuiso/gpuiso/node/simnode"
 	"github.com/gpuiso/gpuiso/volume"
 )
 
@@ -21,9 +22,9 @@ import (
 func ExplainDiscover(err error) string {
 	const hint = "; run with --simulate dgx1-volta (or another shipped topology) to use a simulated node"
 	switch {
-	case errors.Is(err, allocator.ErrLibraryNotFound):
+	case errors.Is(err, nvmlnode.ErrLibraryNotFound):
 		return "NVML library libnvidia-ml.so.1 not found: the NVIDIA driver is not installed on this host" + hint
-	case errors.Is(err, allocator.ErrDriverNotLoaded):
+	case errors.Is(err, nvmlnode.ErrDriverNotLoaded):
 		return "NVIDIA kernel driver not loaded: the NVML library is installed but no driver answers (no GPU, or the module is not loaded)" + hint
 	}
 	return err.Error()
@@ -32,7 +33,7 @@ func ExplainDiscover(err error) string {
 // Node is the node an example program runs on: the host's, or a simulated
 // one whose host tree lives under a temporary directory until Close.
 type Node struct {
-	Inventory *allocator.Inventory
+	Inventory *node.Inventory
 	// DevRoot holds the node's device nodes.
 	DevRoot string
 	// Where says which node it is, for the programs' one-line reports:
@@ -46,11 +47,11 @@ type Node struct {
 // host without a usable driver gives the ExplainDiscover line as error.
 func OpenNode(ctx context.Context, simulate string) (*Node, error) {
 	if simulate == "" {
-		inv, err := allocator.Discover(ctx)
+		inv, err := nvmlnode.Discover(ctx)
 		if err != nil {
 			return nil, errors.New(ExplainDiscover(err))
 		}
-		return &Node{Inventory: inv, DevRoot: allocator.DefaultDevRoot}, nil
+		return &Node{Inventory: inv, DevRoot: node.DefaultDevRoot}, nil
 	}
 	sim, err := simnode.New(simulate)
 	if err != nil {
@@ -65,7 +66,7 @@ func OpenNode(ctx context.Context, simulate string) (*Node, error) {
 		os.RemoveAll(dir)
 		return nil, fmt.Errorf("simulated node (needs root): %w", err)
 	}
-	inv, err := allocator.Discover(ctx, sim.DiscoverOptions(host)...)
+	inv, err := nvmlnode.Discover(ctx, sim.DiscoverOptions(host)...)
 	if err != nil {
 		os.RemoveAll(dir)
 		return nil, err
@@ -95,7 +96,7 @@ func DriverVolume(ctx context.Context) (*volume.Manager, string) {
 }
 
 // DescribeGPUs writes GPUs as the programs report them: "GPUs 1,3 (GPU-...,GPU-...)".
-func DescribeGPUs(gpus []allocator.DeviceRef) string {
+func DescribeGPUs(gpus []node.DeviceRef) string {
 	if len(gpus) == 0 {
 		return "no GPUs"
 	}

@@ -7,8 +7,8 @@ import (
 	"testing"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
-
-	"github.com/gpuiso/gpuiso/allocator"
+	"github.com/gpuiso/gpuiso/node"
+	"github.com/gpuiso/gpuiso/node/nvmlnode"
 )
 
 func TestExplainDiscover(t *testing.T) {
@@ -17,8 +17,8 @@ func TestExplainDiscover(t *testing.T) {
 		err  error
 		want string
 	}{
-		{"library", &allocator.NVMLError{Op: "init", Device: -1, Return: nvml.ERROR_LIBRARY_NOT_FOUND}, "libnvidia-ml.so.1 not found"},
-		{"driver", fmt.Errorf("discover: %w", &allocator.NVMLError{Op: "init", Device: -1, Return: nvml.ERROR_DRIVER_NOT_LOADED}), "driver not loaded"},
+		{"library", &nvmlnode.NVMLError{Op: "init", Device: -1, Return: nvml.ERROR_LIBRARY_NOT_FOUND}, "libnvidia-ml.so.1 not found"},
+		{"driver", fmt.Errorf("discover: %w", &nvmlnode.NVMLError{Op: "init", Device: -1, Return: nvml.ERROR_DRIVER_NOT_LOADED}), "driver not loaded"},
 		{"other", errors.New("disk on fire"), "disk on fire"},
 	}
 	for _, tt := range tests {
@@ -38,7 +38,7 @@ func TestDescribeGPUs(t *testing.T) {
 	if got := DescribeGPUs(nil); got != "no GPUs" {
 		t.Fatalf("DescribeGPUs(nil) = %q", got)
 	}
-	got := DescribeGPUs([]allocator.DeviceRef{{Index: 1, UUID: "GPU-a"}, {Index: 3, UUID: "GPU-b"}})
+	got := DescribeGPUs([]node.DeviceRef{{Index: 1, UUID: "GPU-a"}, {Index: 3, UUID: "GPU-b"}})
 	if got != "GPUs 1,3 (GPU-a,GPU-b)" {
 		t.Fatalf("DescribeGPUs = %q", got)
 	}

@@ -1,7 +1,7 @@
 package linux
 
-import "errors"
+import "github.com/gpuiso/gpuiso/node"
 
 // ErrNotSupported is returned on operating systems that lack the kernel
 // interface asked for.
-var ErrNotSupported = errors.New("not supported on this operating system")
+var ErrNotSupported = node.Sentinel(node.ErrNotSupported, "not supported on this operating system")

@@ -4,15 +4,16 @@ import (
 	"context"
 	"testing"
 
-	"github.com/gpuiso/gpuiso/allocator"
-	"github.com/gpuiso/gpuiso/allocator/simnode"
+	"github.com/gpuiso/gpuiso/node"
+	"github.com/gpuiso/gpuiso/node/nvmlnode"
+	"github.com/gpuiso/gpuiso/node/simnode"
 )
 
 // SimulatedNode builds the shipped simulated node name with its host tree
 // (device nodes with NVIDIA's numbers) in a temporary directory of tb, and
 // returns the node, its host and the inventory Discover reads from them.
 // It needs root for the device nodes and calls RequireRoot.
-func SimulatedNode(tb testing.TB, name string) (*simnode.Node, *simnode.Host, *allocator.Inventory) {
+func SimulatedNode(tb testing.TB, name string) (*simnode.Node, *simnode.Host, *node.Inventory) {
 	tb.Helper()
 	RequireRoot(tb)
 	node, err := simnode.New(name)
@@ -24,7 +25,7 @@ func SimulatedNode(tb testing.TB, name string) (*simnode.Node, *simnode.Host, *a
 		tb.Fatal(err)
 	}
 	tb.Cleanup(func() { host.Remove() })
-	inv, err := allocator.Discover(context.Background(), node.DiscoverOptions(host)...)
+	inv, err := nvmlnode.Discover(context.Background(), node.DiscoverOptions(host)...)
 	if err != nil {
 		tb.Fatal(err)
 	}

@@ -21,8 +21,8 @@ import (
 
 	"github.com/moby/moby/client"
 
-	"github.com/gpuiso/gpuiso/allocator/simnode"
 	"github.com/gpuiso/gpuiso/internal/linux"
+	"github.com/gpuiso/gpuiso/node/simnode"
 )
 
 // RequireEnv names the environment variable listing the required suites.

@@ -14,8 +14,8 @@ import (
 
 	"github.com/containerd/cgroups/v3"
 
-	"github.com/gpuiso/gpuiso/allocator"
 	"github.com/gpuiso/gpuiso/isolator"
+	"github.com/gpuiso/gpuiso/node"
 )
 
 // Version is a cgroup version.
@@ -142,7 +142,7 @@ func (i *Isolator) Apply(ctx context.Context, owner string, rules []isolator.Rul
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	if err := allocator.ValidateOwner(owner); err != nil {
+	if err := node.ValidateOwner(owner); err != nil {
 		return err
 	}
 	for _, r := range rules {
@@ -168,7 +168,7 @@ func (i *Isolator) Apply(ctx context.Context, owner string, rules []isolator.Rul
 
 // Rules reads the allow rules in force for owner from the kernel.
 func (i *Isolator) Rules(ctx context.Context, owner string) ([]isolator.Rule, error) {
-	if err := allocator.ValidateOwner(owner); err != nil {
+	if err := node.ValidateOwner(owner); err != nil {
 		return nil, err
 	}
 	if _, err := os.Stat(i.Path(owner)); errors.Is(err, fs.ErrNotExist) {
@@ -182,7 +182,7 @@ func (i *Isolator) Rules(ctx context.Context, owner string) ([]isolator.Rule, er
 
 // AddProcess moves pid into owner's cgroup.
 func (i *Isolator) AddProcess(ctx context.Context, owner string, pid int) error {
-	if err := allocator.ValidateOwner(owner); err != nil {
+	if err := node.ValidateOwner(owner); err != nil {
 		return err
 	}
 	if err := os.WriteFile(filepath.Join(i.Path(owner), "cgroup.procs"), []byte(strconv.Itoa(pid)), 0); err != nil {
@@ -196,7 +196,7 @@ func (i *Isolator) AddProcess(ctx context.Context, owner string, pid int) error 
 
 // Processes lists the processes in owner's cgroup.
 func (i *Isolator) Processes(ctx context.Context, owner string) ([]int, error) {
-	if err := allocator.ValidateOwner(owner); err != nil {
+	if err := node.ValidateOwner(owner); err != nil {
 		return nil, err
 	}
 	b, err := os.ReadFile(filepath.Join(i.Path(owner), "cgroup.procs"))
@@ -221,7 +221,7 @@ func (i *Isolator) Processes(ctx context.Context, owner string) ([]int, error) {
 // until the cgroup is empty) and removes the cgroup. A cgroup that is
 // already gone is not an error.
 func (i *Isolator) Destroy(ctx context.Context, owner string) error {
-	if err := allocator.ValidateOwner(owner); err != nil {
+	if err := node.ValidateOwner(owner); err != nil {
 		return err
 	}
 	dir := i.Path(owner)
@@ -276,7 +276,7 @@ func (i *Isolator) Owners(ctx context.Context) ([]string, error) {
 	}
 	var owners []string
 	for _, e := range entries {
-		if e.IsDir() && allocator.ValidateOwner(e.Name()) == nil {
+		if e.IsDir() && node.ValidateOwner(e.Name()) == nil {
 			owners = append(owners, e.Name())
 		}
 	}

@@ -11,11 +11,12 @@ import (
 	"sync/atomic"
 	"testing"
 
-	"github.com/gpuiso/gpuiso/allocator"
-	"github.com/gpuiso/gpuiso/allocator/simnode"
 	"github.com/gpuiso/gpuiso/internal/testenv"
 	"github.com/gpuiso/gpuiso/isolator"
 	"github.com/gpuiso/gpuiso/isolator/cgroups"
+	"github.com/gpuiso/gpuiso/node"
+	"github.com/gpuiso/gpuiso/node/nvmlnode"
+	"github.com/gpuiso/gpuiso/node/simnode"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }
@@ -24,7 +25,7 @@ func TestMain(m *testing.M) { testenv.Main(m) }
 // isolator of one cgroup version under a parent of the test's own.
 type fixture struct {
 	iso  *cgroups.Isolator
-	inv  *allocator.Inventory
+	inv  *node.Inventory
 	host *simnode.Host
 }
 
@@ -36,15 +37,15 @@ func newFixture(t testing.TB, v cgroups.Version) *fixture {
 	} else {
 		mount = testenv.RequireCgroupV2(t)
 	}
-	node, err := simnode.New("dgx1-volta")
+	sim, err := simnode.New("dgx1-volta")
 	if err != nil {
 		t.Fatal(err)
 	}
-	host, err := node.MakeHost(t.TempDir())
+	host, err := sim.MakeHost(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
-	inv, err := allocator.Discover(context.Background(), node.DiscoverOptions(host)...)
+	inv, err := nvmlnode.Discover(context.Background(), sim.DiscoverOptions(host)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,7 +59,7 @@ func newFixture(t testing.TB, v cgroups.Version) *fixture {
 }
 
 func (f *fixture) rules(gpus ...int) []isolator.Rule {
-	var devs []allocator.DeviceRef
+	var devs []node.DeviceRef
 	for _, i := range gpus {
 		devs = append(devs, f.inv.Devices[i].Ref())
 	}
@@ -67,7 +68,7 @@ func (f *fixture) rules(gpus ...int) []isolator.Rule {
 
 func (f *fixture) node(name string) string { return filepath.Join(f.host.DevRoot, name) }
 
-// check opens every GPU node and the control nodes from inside the cgroup:
+// check opens every GPU sim and the control nodes from inside the cgroup:
 // ENXIO for what is allowed, EPERM for the rest.
 func (f *fixture) check(t *testing.T, p *testenv.Prober, allowed ...int) {
 	t.Helper()
@@ -191,7 +192,7 @@ func TestRejectsBadInput(t *testing.T) {
 		f := newFixture(t, v)
 		ctx := context.Background()
 		for _, owner := range []string{"../x", "", "a/b", string(make([]byte, 200))} {
-			if err := f.iso.Apply(ctx, owner, f.rules(0)); !errors.Is(err, allocator.ErrInvalidOwner) {
+			if err := f.iso.Apply(ctx, owner, f.rules(0)); !errors.Is(err, node.ErrInvalidOwner) {
 				t.Errorf("Apply(%q) = %v, want ErrInvalidOwner", owner, err)
 			}
 		}

@@ -14,9 +14,9 @@ import (
 	"github.com/containerd/cgroups/v3/cgroup2"
 	"github.com/opencontainers/runtime-spec/specs-go"
 
-	"github.com/gpuiso/gpuiso/allocator"
 	"github.com/gpuiso/gpuiso/internal/linux"
 	"github.com/gpuiso/gpuiso/isolator"
+	"github.com/gpuiso/gpuiso/node"
 )
 
 // xattrName is the extended attribute of a v2 cgroup directory holding the
@@ -182,7 +182,7 @@ func (i *Isolator) OpenCgroup(owner string) (*os.File, error) {
 	if i.version != V2 {
 		return nil, fmt.Errorf("open cgroup: cgroup %s: %w", i.version, isolator.ErrNotSupported)
 	}
-	if err := allocator.ValidateOwner(owner); err != nil {
+	if err := node.ValidateOwner(owner); err != nil {
 		return nil, err
 	}
 	f, err := os.Open(i.Path(owner))

@@ -9,8 +9,8 @@ import (
 	"github.com/moby/moby/api/types/container"
 	"github.com/moby/moby/api/types/mount"
 
-	"github.com/gpuiso/gpuiso/allocator"
 	"github.com/gpuiso/gpuiso/isolator"
+	"github.com/gpuiso/gpuiso/node"
 )
 
 // Labels gpuiso puts on the containers it creates.
@@ -18,7 +18,7 @@ const (
 	// LabelOwner holds the owner (the container's id in the allocator).
 	LabelOwner = "io.gpuiso.owner"
 	// LabelGPUs holds the GPUs the owner was given, as a JSON array of
-	// allocator.DeviceRef.
+	// node.DeviceRef.
 	LabelGPUs = "io.gpuiso.gpus"
 )
 
@@ -64,7 +64,7 @@ func New(plan *isolator.Plan) (*Config, error) {
 	}
 	gpus := plan.GPUs
 	if gpus == nil {
-		gpus = []allocator.DeviceRef{}
+		gpus = []node.DeviceRef{}
 	}
 	b, err := json.Marshal(gpus)
 	if err != nil {
@@ -118,12 +118,12 @@ func cloneBind(b *mount.BindOptions) *mount.BindOptions {
 // ParseLabels reads the owner and GPUs that New recorded in a container's
 // labels. A container without LabelOwner is not gpuiso's: the error then
 // matches ErrInvalidLabels like any other problem.
-func ParseLabels(labels map[string]string) (owner string, gpus []allocator.DeviceRef, err error) {
+func ParseLabels(labels map[string]string) (owner string, gpus []node.DeviceRef, err error) {
 	owner, ok := labels[LabelOwner]
 	if !ok {
 		return "", nil, &LabelError{Label: LabelOwner, Reason: "missing"}
 	}
-	if err := allocator.ValidateOwner(owner); err != nil {
+	if err := node.ValidateOwner(owner); err != nil {
 		return "", nil, &LabelError{Label: LabelOwner, Value: owner, Reason: err.Error()}
 	}
 	raw, ok := labels[LabelGPUs]

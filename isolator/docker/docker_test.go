@@ -13,20 +13,20 @@ import (
 	"github.com/moby/moby/api/types/mount"
 	"github.com/opencontainers/runtime-spec/specs-go"
 
-	"github.com/gpuiso/gpuiso/allocator"
 	"github.com/gpuiso/gpuiso/isolator"
 	"github.com/gpuiso/gpuiso/isolator/docker"
+	"github.com/gpuiso/gpuiso/node"
 )
 
 var update = flag.Bool("update", false, "rewrite testdata/*.json")
 
-// node is two GPUs of a DGX-1-like node and its control devices.
-var node = &allocator.Inventory{
-	Devices: []allocator.Device{
-		{Index: 1, Minor: 1, UUID: "GPU-11111111-1111-1111-1111-111111111111", Health: allocator.Healthy},
-		{Index: 3, Minor: 3, UUID: "GPU-33333333-3333-3333-3333-333333333333", Health: allocator.Healthy},
+// testInv is two GPUs of a DGX-1-like node and its control devices.
+var testInv = &node.Inventory{
+	Devices: []node.Device{
+		{Index: 1, Minor: 1, Node: node.DeviceNode{Path: "/dev/nvidia1", Major: 195, Minor: 1}, UUID: "GPU-11111111-1111-1111-1111-111111111111", Health: node.Healthy()},
+		{Index: 3, Minor: 3, Node: node.DeviceNode{Path: "/dev/nvidia3", Major: 195, Minor: 3}, UUID: "GPU-33333333-3333-3333-3333-333333333333", Health: node.Healthy()},
 	},
-	ControlDevices: []allocator.ControlDevice{
+	ControlDevices: []node.ControlDevice{
 		{Name: "nvidiactl", Path: "/srv/node/dev/nvidiactl", Major: 195, Minor: 255},
 		{Name: "nvidia-uvm", Path: "/srv/node/dev/nvidia-uvm", Major: 510, Minor: 0},
 		{Name: "nvidia-uvm-tools", Path: "/srv/node/dev/nvidia-uvm-tools", Major: 510, Minor: 1},
@@ -34,14 +34,14 @@ var node = &allocator.Inventory{
 }
 
 var (
-	gpus = []allocator.DeviceRef{{Index: 1, Minor: 1, UUID: node.Devices[0].UUID}, {Index: 3, Minor: 3, UUID: node.Devices[1].UUID}}
+	gpus = []node.DeviceRef{{Index: 1, Minor: 1, Node: node.DeviceNode{Path: "/dev/nvidia1", Major: 195, Minor: 1}, UUID: testInv.Devices[0].UUID}, {Index: 3, Minor: 3, Node: node.DeviceNode{Path: "/dev/nvidia3", Major: 195, Minor: 3}, UUID: testInv.Devices[1].UUID}}
 	vol  = specs.Mount{Destination: "/usr/local/nvidia", Type: "bind", Source: "/var/run/gpuiso/volumes/nvidia_535.104.05", Options: []string{"rbind", "ro", "nosuid", "nodev"}}
 	env  = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/usr/local/nvidia/bin", "LD_LIBRARY_PATH=/usr/local/cuda/compat:/usr/local/nvidia/lib:/usr/local/nvidia/lib64"}
 )
 
-func plan(t *testing.T, gpus []allocator.DeviceRef, mounts []specs.Mount, env []string) *isolator.Plan {
+func plan(t *testing.T, gpus []node.DeviceRef, mounts []specs.Mount, env []string) *isolator.Plan {
 	t.Helper()
-	p, err := isolator.NewPlan("task-1", node, "/srv/node/dev", gpus, mounts, env)
+	p, err := isolator.NewPlan("task-1", testInv, "/srv/node/dev", gpus, mounts, env)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -61,7 +61,7 @@ func base() (*container.Config, *container.HostConfig) {
 func TestApply(t *testing.T) {
 	tests := []struct {
 		name   string
-		gpus   []allocator.DeviceRef
+		gpus   []node.DeviceRef
 		mounts []specs.Mount
 		env    []string
 	}{

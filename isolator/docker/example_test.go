@@ -5,19 +5,19 @@ import (
 
 	"github.com/moby/moby/api/types/container"
 
-	"github.com/gpuiso/gpuiso/allocator"
 	"github.com/gpuiso/gpuiso/isolator"
 	"github.com/gpuiso/gpuiso/isolator/docker"
+	"github.com/gpuiso/gpuiso/node"
 )
 
 // A container given GPU 3 gets its node and the control devices, mapped
 // with "rwm", and the variables naming its GPU.
 func Example() {
-	inv := &allocator.Inventory{
-		Devices:        []allocator.Device{{Index: 3, Minor: 3, UUID: "GPU-33333333-3333-3333-3333-333333333333"}},
-		ControlDevices: []allocator.ControlDevice{{Name: "nvidiactl", Path: "/dev/nvidiactl", Major: 195, Minor: 255}},
+	inv := &node.Inventory{
+		Devices:        []node.Device{{Index: 3, Minor: 3, Node: node.DeviceNode{Path: "/dev/nvidia3", Major: 195, Minor: 3}, UUID: "GPU-33333333-3333-3333-3333-333333333333"}},
+		ControlDevices: []node.ControlDevice{{Name: "nvidiactl", Path: "/dev/nvidiactl", Major: 195, Minor: 255}},
 	}
-	plan, err := isolator.NewPlan("task-1", inv, "/dev", []allocator.DeviceRef{{Index: 3, Minor: 3, UUID: inv.Devices[0].UUID}}, nil, nil)
+	plan, err := isolator.NewPlan("task-1", inv, "/dev", []node.DeviceRef{{Index: 3, Minor: 3, Node: node.DeviceNode{Path: "/dev/nvidia3", Major: 195, Minor: 3}, UUID: inv.Devices[0].UUID}}, nil, nil)
 	if err != nil {
 		panic(err)
 	}

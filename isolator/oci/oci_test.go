@@ -11,9 +11,9 @@ import (
 
 	"github.com/opencontainers/runtime-spec/specs-go"
 
-	"github.com/gpuiso/gpuiso/allocator"
 	"github.com/gpuiso/gpuiso/isolator"
 	"github.com/gpuiso/gpuiso/isolator/oci"
+	"github.com/gpuiso/gpuiso/node"
 )
 
 var update = flag.Bool("update", false, "rewrite testdata/*.json")
@@ -21,19 +21,19 @@ var update = flag.Bool("update", false, "rewrite testdata/*.json")
 // node is a DGX-1-like inventory: two GPUs' worth of what discovery finds.
 func plan(t *testing.T) *isolator.Plan {
 	t.Helper()
-	inv := &allocator.Inventory{
-		Devices: []allocator.Device{
-			{Index: 1, Minor: 1, UUID: "GPU-11111111-1111-1111-1111-111111111111", Health: allocator.Healthy},
-			{Index: 3, Minor: 3, UUID: "GPU-33333333-3333-3333-3333-333333333333", Health: allocator.Healthy},
+	inv := &node.Inventory{
+		Devices: []node.Device{
+			{Index: 1, Minor: 1, Node: node.DeviceNode{Path: "/dev/nvidia1", Major: 195, Minor: 1}, UUID: "GPU-11111111-1111-1111-1111-111111111111", Health: node.Healthy()},
+			{Index: 3, Minor: 3, Node: node.DeviceNode{Path: "/dev/nvidia3", Major: 195, Minor: 3}, UUID: "GPU-33333333-3333-3333-3333-333333333333", Health: node.Healthy()},
 		},
-		ControlDevices: []allocator.ControlDevice{
+		ControlDevices: []node.ControlDevice{
 			{Name: "nvidiactl", Path: "/dev/nvidiactl", Major: 195, Minor: 255},
 			{Name: "nvidia-uvm", Path: "/dev/nvidia-uvm", Major: 510, Minor: 0},
 			{Name: "nvidia-uvm-tools", Path: "/dev/nvidia-uvm-tools", Major: 510, Minor: 1},
 		},
 	}
 	vol := specs.Mount{Destination: "/usr/local/nvidia", Type: "bind", Source: "/var/run/gpuiso/volumes/nvidia_535.104.05", Options: []string{"rbind", "ro", "nosuid", "nodev"}}
-	gpus := []allocator.DeviceRef{{Index: 1, Minor: 1, UUID: inv.Devices[0].UUID}, {Index: 3, Minor: 3, UUID: inv.Devices[1].UUID}}
+	gpus := []node.DeviceRef{{Index: 1, Minor: 1, Node: node.DeviceNode{Path: "/dev/nvidia1", Major: 195, Minor: 1}, UUID: inv.Devices[0].UUID}, {Index: 3, Minor: 3, Node: node.DeviceNode{Path: "/dev/nvidia3", Major: 195, Minor: 3}, UUID: inv.Devices[1].UUID}}
 	p, err := isolator.NewPlan("task-1", inv, "/dev", gpus, []specs.Mount{vol},
 		[]string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/usr/local/nvidia/bin", "LD_LIBRARY_PATH=/usr/local/cuda/compat:/usr/local/nvidia/lib:/usr/local/nvidia/lib64"})
 	if err != nil {

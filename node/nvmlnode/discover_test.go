@@ -1,4 +1,4 @@
-package allocator_test
+package nvmlnode_test
 
 import (
 	"context"
@@ -11,20 +11,21 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
 
-	"github.com/gpuiso/gpuiso/allocator"
-	"github.com/gpuiso/gpuiso/allocator/simnode"
 	"github.com/gpuiso/gpuiso/internal/testenv"
+	"github.com/gpuiso/gpuiso/node"
+	"github.com/gpuiso/gpuiso/node/nvmlnode"
+	"github.com/gpuiso/gpuiso/node/simnode"
 )
 
-// discoverSim discovers a simulated node with an empty dev root and the
+// discoverSim discovers a simulated sim with an empty dev root and the
 // "dgx-a100" fixture's /proc, so nothing of the real host leaks in.
-func discoverSim(t *testing.T, lib nvml.Interface) *allocator.Inventory {
+func discoverSim(t *testing.T, lib nvml.Interface) *node.Inventory {
 	t.Helper()
-	inv, err := allocator.Discover(context.Background(),
-		allocator.WithNVML(lib),
-		allocator.WithDevRoot(t.TempDir()),
-		allocator.WithProcRoot(fixture(t, "hosts/dgx-a100/proc")),
-		allocator.WithSysRoot(t.TempDir()))
+	inv, err := nvmlnode.Discover(context.Background(),
+		nvmlnode.WithNVML(lib),
+		nvmlnode.WithDevRoot(t.TempDir()),
+		nvmlnode.WithProcRoot(fixture(t, "hosts/dgx-a100/proc")),
+		nvmlnode.WithSysRoot(t.TempDir()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -33,7 +34,7 @@ func discoverSim(t *testing.T, lib nvml.Interface) *allocator.Inventory {
 
 func fixture(t *testing.T, rel string) string {
 	t.Helper()
-	p, err := filepath.Abs(filepath.Join("..", "testdata", rel))
+	p, err := filepath.Abs(filepath.Join("..", "..", "testdata", rel))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -55,9 +56,9 @@ func newNode(t *testing.T, name string) *simnode.Node {
 func TestDiscoverShippedTopologies(t *testing.T) {
 	for _, name := range simnode.Names() {
 		t.Run(name, func(t *testing.T) {
-			node := newNode(t, name)
-			spec := node.Spec()
-			inv := discoverSim(t, node.NVML())
+			sim := newNode(t, name)
+			spec := sim.Spec()
+			inv := discoverSim(t, sim.NVML())
 
 			if inv.DriverVersion != "535.104.05" || inv.CUDAVersion.String() != "12.2" {
 				t.Errorf("driver %q CUDA %q, want 535.104.05 and 12.2", inv.DriverVersion, inv.CUDAVersion)
@@ -67,9 +68,9 @@ func TestDiscoverShippedTopologies(t *testing.T) {
 			}
 			for i, d := range inv.Devices {
 				g := spec.GPUs[i]
-				if d.Index != i || d.Minor != node.Minor(i) || d.UUID != node.UUID(i) || d.BusID != g.BusID {
+				if d.Index != i || d.Minor != sim.Minor(i) || d.UUID != sim.UUID(i) || d.BusID != g.BusID {
 					t.Errorf("device %d identity = index %d minor %d uuid %s bus %s, want %d %d %s %s",
-						i, d.Index, d.Minor, d.UUID, d.BusID, i, node.Minor(i), node.UUID(i), g.BusID)
+						i, d.Index, d.Minor, d.UUID, d.BusID, i, sim.Minor(i), sim.UUID(i), g.BusID)
 				}
 				if d.Model != spec.GPU.Model || d.Architecture != spec.GPU.Architecture ||
 					d.ComputeCapability != spec.GPU.ComputeCapability || d.NUMANode != g.NUMANode {
@@ -79,12 +80,12 @@ func TestDiscoverShippedTopologies(t *testing.T) {
 				if d.MemoryBytes != uint64(spec.GPU.MemoryMiB)<<20 || !d.Health.Healthy {
 					t.Errorf("device %d memory %d health %v", i, d.MemoryBytes, d.Health)
 				}
-				if a := d.Attributes[allocator.AttrMemory]; a.Int == nil || *a.Int != int64(spec.GPU.MemoryMiB) || a.Unit != "MiB" {
+				if a := d.Attributes[node.AttrMemory]; a.Kind != node.KindInt || a.Int != int64(spec.GPU.MemoryMiB) || a.Unit != "MiB" {
 					t.Errorf("device %d memory attribute = %+v", i, a)
 				}
-				wantMIG := allocator.MIGUnsupported
+				wantMIG := node.MIGUnsupported
 				if spec.GPU.MIGCapable {
-					wantMIG = allocator.MIGDisabled
+					wantMIG = node.MIGDisabled
 				}
 				if d.MIG != wantMIG {
 					t.Errorf("device %d MIG = %q, want %q", i, d.MIG, wantMIG)
@@ -123,14 +124,14 @@ func TestDiscoverPublishedTopologies(t *testing.T) {
 				if l.NVLinks != nv[[2]int{i, j}] {
 					t.Errorf("NVLinks %d-%d = %d, want %d", i, j, l.NVLinks, nv[[2]int{i, j}])
 				}
-				var pcie allocator.PCIeLevel
+				var pcie node.PCIeLevel
 				switch {
 				case i/2 == j/2:
-					pcie = allocator.PCIeSingleSwitch
+					pcie = node.PCIeSingleSwitch
 				case i/4 == j/4:
-					pcie = allocator.PCIeHostBridge
+					pcie = node.PCIeHostBridge
 				default:
-					pcie = allocator.PCIeSystem
+					pcie = node.PCIeSystem
 				}
 				if l.PCIe != pcie {
 					t.Errorf("PCIe %d-%d = %v, want %v", i, j, l.PCIe, pcie)
@@ -174,21 +175,21 @@ func TestDiscoverPublishedTopologies(t *testing.T) {
 	})
 	t.Run("pcie8 two sockets", func(t *testing.T) {
 		inv := discoverSim(t, newNode(t, "pcie8").NVML())
-		if l := inv.Topology.Link(0, 4); l != (allocator.Link{PCIe: allocator.PCIeSystem}) {
+		if l := inv.Topology.Link(0, 4); l != (node.Link{PCIe: node.PCIeSystem}) {
 			t.Errorf("link 0-4 = %+v, want SYS and no NVLink", l)
 		}
-		if l := inv.Topology.Link(0, 1); l != (allocator.Link{PCIe: allocator.PCIeSingleSwitch}) {
+		if l := inv.Topology.Link(0, 1); l != (node.Link{PCIe: node.PCIeSingleSwitch}) {
 			t.Errorf("link 0-1 = %+v, want PIX and no NVLink", l)
 		}
 	})
 }
 
 func TestDiscoverLostGPU(t *testing.T) {
-	node := newNode(t, "dgx1-volta")
-	if err := node.Lose(3); err != nil {
+	sim := newNode(t, "dgx1-volta")
+	if err := sim.Lose(3); err != nil {
 		t.Fatal(err)
 	}
-	inv := discoverSim(t, node.NVML())
+	inv := discoverSim(t, sim.NVML())
 	if len(inv.Devices) != 8 {
 		t.Fatalf("%d devices, want all 8", len(inv.Devices))
 	}
@@ -196,21 +197,21 @@ func TestDiscoverLostGPU(t *testing.T) {
 	if lost.Health.Healthy || !strings.Contains(lost.Health.Reason, "ERROR_GPU_IS_LOST") || lost.Index != 3 {
 		t.Fatalf("lost GPU = %+v, want unhealthy with the NVML error", lost)
 	}
-	if lost.Attributes != nil || lost.Minor != allocator.NoMinor {
+	if lost.Attributes != nil || lost.Minor != node.NoMinor {
 		t.Errorf("lost GPU reports attributes %v and minor %d it could not read", lost.Attributes, lost.Minor)
 	}
 	if got := inv.Healthy(); len(got) != 7 {
 		t.Errorf("healthy = %v, want the 7 others", got)
 	}
 	for i, d := range inv.Devices {
-		if i != 3 && (!d.Health.Healthy || d.UUID != node.UUID(i)) {
+		if i != 3 && (!d.Health.Healthy || d.UUID != sim.UUID(i)) {
 			t.Errorf("device %d = %+v, want healthy and identified", i, d)
 		}
 	}
-	if l := inv.Topology.Link(0, 3); l != (allocator.Link{}) {
+	if l := inv.Topology.Link(0, 3); l != (node.Link{}) {
 		t.Errorf("link to the lost GPU = %+v, want unknown", l)
 	}
-	if l := inv.Topology.Link(0, 1); l != (allocator.Link{PCIe: allocator.PCIeSingleSwitch, NVLinks: 1}) {
+	if l := inv.Topology.Link(0, 1); l != (node.Link{PCIe: node.PCIeSingleSwitch, NVLinks: 1}) {
 		t.Errorf("link 0-1 = %+v, want PIX NV1 despite the lost GPU", l)
 	}
 }
@@ -244,17 +245,17 @@ func TestDiscoverInitErrors(t *testing.T) {
 		ret  nvml.Return
 		want error
 	}{
-		{"library missing", nvml.ERROR_LIBRARY_NOT_FOUND, allocator.ErrLibraryNotFound},
-		{"driver not loaded", nvml.ERROR_DRIVER_NOT_LOADED, allocator.ErrDriverNotLoaded},
+		{"library missing", nvml.ERROR_LIBRARY_NOT_FOUND, nvmlnode.ErrLibraryNotFound},
+		{"driver not loaded", nvml.ERROR_DRIVER_NOT_LOADED, nvmlnode.ErrDriverNotLoaded},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			lib := &mock.Interface{InitFunc: func() nvml.Return { return tt.ret }}
-			_, err := allocator.Discover(context.Background(), allocator.WithNVML(lib))
+			_, err := nvmlnode.Discover(context.Background(), nvmlnode.WithNVML(lib))
 			if !errors.Is(err, tt.want) {
 				t.Fatalf("Discover = %v, want %v", err, tt.want)
 			}
-			var nerr *allocator.NVMLError
+			var nerr *nvmlnode.NVMLError
 			if !errors.As(err, &nerr) || nerr.Return != tt.ret {
 				t.Fatalf("Discover = %v, want an *NVMLError carrying %v", err, tt.ret)
 			}
@@ -266,8 +267,8 @@ func TestDiscoverInitErrors(t *testing.T) {
 // library: go-nvml's dlopen fails and discovery says so.
 func TestDiscoverLibraryMissing(t *testing.T) {
 	lib := nvml.New(nvml.WithLibraryPath(filepath.Join(t.TempDir(), "libnvidia-ml.so.1")))
-	_, err := allocator.Discover(context.Background(), allocator.WithNVML(lib))
-	if !errors.Is(err, allocator.ErrLibraryNotFound) {
+	_, err := nvmlnode.Discover(context.Background(), nvmlnode.WithNVML(lib))
+	if !errors.Is(err, nvmlnode.ErrLibraryNotFound) {
 		t.Fatalf("Discover = %v, want ErrLibraryNotFound", err)
 	}
 }
@@ -279,17 +280,17 @@ func TestDiscoverDriverNotLoaded(t *testing.T) {
 	if _, err := os.Stat("/proc/driver/nvidia/version"); err == nil {
 		t.Skip("the NVIDIA kernel driver is loaded here: TestDiscoverRealGPU covers this host")
 	}
-	_, err := allocator.Discover(context.Background())
-	if !errors.Is(err, allocator.ErrDriverNotLoaded) {
+	_, err := nvmlnode.Discover(context.Background())
+	if !errors.Is(err, nvmlnode.ErrDriverNotLoaded) {
 		t.Fatalf("Discover = %v, want ErrDriverNotLoaded", err)
 	}
 }
 
-// TestDiscoverRealGPU is the hardware suite: on a node with GPUs, discovery
+// TestDiscoverRealGPU is the hardware suite: on a sim with GPUs, discovery
 // finds them all healthy and identified.
 func TestDiscoverRealGPU(t *testing.T) {
 	testenv.RequireGPU(t)
-	inv, err := allocator.Discover(context.Background())
+	inv, err := nvmlnode.Discover(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -302,12 +303,12 @@ func TestDiscoverRealGPU(t *testing.T) {
 		}
 		t.Logf("GPU %d: %s %s minor %d %s %d MiB NUMA %d %v", d.Index, d.Model, d.BusID, d.Minor, d.UUID, d.MemoryBytes>>20, d.NUMANode, d.Health)
 	}
-	if !strings.Contains(strings.Join(controlNames(inv), ","), allocator.NVIDIACtl) {
+	if !strings.Contains(strings.Join(controlNames(inv), ","), node.NVIDIACtl) {
 		t.Errorf("control devices %v lack nvidiactl", inv.ControlDevices)
 	}
 }
 
-func controlNames(inv *allocator.Inventory) []string {
+func controlNames(inv *node.Inventory) []string {
 	var names []string
 	for _, c := range inv.ControlDevices {
 		names = append(names, c.Name)
@@ -316,8 +317,8 @@ func controlNames(inv *allocator.Inventory) []string {
 }
 
 func TestDiscoverOptionsValidate(t *testing.T) {
-	for _, opt := range []allocator.Option{allocator.WithDevRoot("relative/dev"), allocator.WithProcRoot(""), allocator.WithNVML(nil)} {
-		if _, err := allocator.Discover(context.Background(), opt); err == nil {
+	for _, opt := range []nvmlnode.Option{nvmlnode.WithDevRoot("relative/dev"), nvmlnode.WithProcRoot(""), nvmlnode.WithNVML(nil)} {
+		if _, err := nvmlnode.Discover(context.Background(), opt); err == nil {
 			t.Errorf("Discover accepted an invalid option")
 		}
 	}
@@ -326,7 +327,7 @@ func TestDiscoverOptionsValidate(t *testing.T) {
 func TestDiscoverCancelled(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	if _, err := allocator.Discover(ctx, allocator.WithNVML(newNode(t, "pcie8").NVML())); !errors.Is(err, context.Canceled) {
+	if _, err := nvmlnode.Discover(ctx, nvmlnode.WithNVML(newNode(t, "pcie8").NVML())); !errors.Is(err, context.Canceled) {
 		t.Fatalf("Discover = %v, want context.Canceled", err)
 	}
 }

@@ -12,7 +12,8 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/gpuiso/gpuiso/allocator"
+	"github.com/gpuiso/gpuiso/node"
+	"github.com/gpuiso/gpuiso/node/nvmlnode"
 )
 
 //go:embed testdata/topologies/*.json
@@ -121,12 +122,12 @@ func (s *Spec) validate() error {
 	if s.GPU.Model == "" || s.GPU.MemoryMiB <= 0 {
 		bad("GPU model needs a name and memory")
 	}
-	if _, err := allocator.ParseCUDAVersion(s.GPU.ComputeCapability); err != nil {
+	if _, err := node.ParseCUDAVersion(s.GPU.ComputeCapability); err != nil {
 		bad("compute capability %q", s.GPU.ComputeCapability)
 	}
 	busIDs, minors := map[string]bool{}, map[int]bool{}
 	for i, g := range s.GPUs {
-		id, err := allocator.NormalizeBusID(g.BusID)
+		id, err := node.NormalizeBusID(g.BusID)
 		if err != nil || id != g.BusID {
 			bad("GPU %d: bus id %q is not normalised (want %q)", i, g.BusID, id)
 		}
@@ -135,7 +136,7 @@ func (s *Spec) validate() error {
 		}
 		busIDs[id] = true
 		m := s.minor(i)
-		if m < 0 || m >= allocator.NVIDIAModesetMinor || minors[m] {
+		if m < 0 || m >= nvmlnode.ModesetMinor || minors[m] {
 			bad("GPU %d: minor %d is out of range or taken", i, m)
 		}
 		minors[m] = true
@@ -160,37 +161,37 @@ func (s *Spec) minor(i int) int {
 }
 
 // pcie is the PCIe relation of GPUs a and b, from their places on the tree.
-func (s *Spec) pcie(a, b int) allocator.PCIeLevel {
+func (s *Spec) pcie(a, b int) node.PCIeLevel {
 	ga, gb := s.GPUs[a], s.GPUs[b]
 	switch {
 	case ga.Board != nil && gb.Board != nil && *ga.Board == *gb.Board:
-		return allocator.PCIeSameBoard
+		return node.PCIeSameBoard
 	case len(ga.Switches) > 0 && len(gb.Switches) > 0 && ga.Switches[len(ga.Switches)-1] == gb.Switches[len(gb.Switches)-1]:
-		return allocator.PCIeSingleSwitch
+		return node.PCIeSingleSwitch
 	case slices.ContainsFunc(ga.Switches, func(sw int) bool { return slices.Contains(gb.Switches, sw) }):
-		return allocator.PCIeMultipleSwitches
+		return node.PCIeMultipleSwitches
 	case ga.HostBridge == gb.HostBridge:
-		return allocator.PCIeHostBridge
+		return node.PCIeHostBridge
 	case ga.NUMANode == gb.NUMANode:
-		return allocator.PCIeNode
+		return node.PCIeNode
 	}
-	return allocator.PCIeSystem
+	return node.PCIeSystem
 }
 
 // Topology is the link matrix the spec describes: what discovery of a
 // simulated node must find.
-func (s *Spec) Topology() (*allocator.Topology, error) {
+func (s *Spec) Topology() (*node.Topology, error) {
 	n := len(s.GPUs)
-	links := make([][]allocator.Link, n)
+	links := make([][]node.Link, n)
 	for i := range links {
-		links[i] = make([]allocator.Link, n)
+		links[i] = make([]node.Link, n)
 		for j := range links[i] {
 			if i != j {
-				links[i][j] = allocator.Link{PCIe: s.pcie(i, j), NVLinks: s.nvlinks(i, j)}
+				links[i][j] = node.Link{PCIe: s.pcie(i, j), NVLinks: s.nvlinks(i, j)}
 			}
 		}
 	}
-	return allocator.NewTopology(links)
+	return node.NewTopology(links)
 }
 
 func (s *Spec) nvlinks(a, b int) int {

@@ -1,18 +1,18 @@
-package allocator_test
+package nvmlnode_test
 
 import (
 	"context"
 	"fmt"
 	"os"
 
-	"github.com/gpuiso/gpuiso/allocator"
-	"github.com/gpuiso/gpuiso/allocator/simnode"
+	"github.com/gpuiso/gpuiso/node/nvmlnode"
+	"github.com/gpuiso/gpuiso/node/simnode"
 )
 
-// Discover a node's GPUs and topology. Without options it loads the host's
+// Discover a sim's GPUs and topology. Without options it loads the host's
 // NVML; here a simulated DGX-1 stands in for it.
 func ExampleDiscover() {
-	node, err := simnode.New("dgx1-volta", simnode.WithDriverVersion("535.104.05"))
+	sim, err := simnode.New("dgx1-volta", simnode.WithDriverVersion("535.104.05"))
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -20,9 +20,9 @@ func ExampleDiscover() {
 	devRoot, _ := os.MkdirTemp("", "dev")
 	defer os.RemoveAll(devRoot)
 
-	inv, err := allocator.Discover(context.Background(), allocator.WithNVML(node.NVML()), allocator.WithDevRoot(devRoot))
+	inv, err := nvmlnode.Discover(context.Background(), nvmlnode.WithNVML(sim.NVML()), nvmlnode.WithDevRoot(devRoot))
 	if err != nil {
-		fmt.Println(err) // errors.Is(err, allocator.ErrDriverNotLoaded) on a node without a loaded driver
+		fmt.Println(err) // errors.Is(err, nvmlnode.ErrDriverNotLoaded) on a sim without a loaded driver
 		return
 	}
 	fmt.Printf("driver %s, CUDA %s, %d GPUs\n", inv.DriverVersion, inv.CUDAVersion, len(inv.Devices))

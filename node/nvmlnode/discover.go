@@ -1,4 +1,4 @@
-package allocator
+package nvmlnode
 
 import (
 	"context"
@@ -10,13 +10,7 @@ import (
 	"strings"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
-)
-
-// Default host paths. Every one can be moved to a test tree with an Option.
-const (
-	DefaultDevRoot  = "/dev"
-	DefaultProcRoot = "/proc"
-	DefaultSysRoot  = "/sys"
+	"github.com/gpuiso/gpuiso/node"
 )
 
 // Option configures Discover.
@@ -75,8 +69,8 @@ func rootOption(what, dir string, field func(*config) *string) Option {
 // installed and ErrDriverNotLoaded when the kernel driver is not loaded. A GPU
 // that NVML cannot read does not fail discovery: it is reported unhealthy,
 // with the error as the reason, beside the others.
-func Discover(ctx context.Context, opts ...Option) (*Inventory, error) {
-	c := config{devRoot: DefaultDevRoot, procRoot: DefaultProcRoot, sysRoot: DefaultSysRoot}
+func Discover(ctx context.Context, opts ...Option) (*node.Inventory, error) {
+	c := config{devRoot: node.DefaultDevRoot, procRoot: node.DefaultProcRoot, sysRoot: node.DefaultSysRoot}
 	for _, opt := range opts {
 		if err := opt(&c); err != nil {
 			return nil, fmt.Errorf("discover: %w", err)
@@ -93,7 +87,7 @@ func Discover(ctx context.Context, opts ...Option) (*Inventory, error) {
 	}
 	defer c.lib.Shutdown()
 
-	d := discovery{config: c, inv: &Inventory{}}
+	d := discovery{config: c, inv: &node.Inventory{}}
 	if err := d.run(ctx); err != nil {
 		return nil, fmt.Errorf("discover: %w", err)
 	}
@@ -102,7 +96,9 @@ func Discover(ctx context.Context, opts ...Option) (*Inventory, error) {
 
 type discovery struct {
 	config
-	inv     *Inventory
+	majors  map[string]uint32 // /proc/devices by driver name
+	major   uint32            // the NVIDIA driver's major
+	inv     *node.Inventory
 	handles []nvml.Device // by position; nil for a device NVML did not hand out
 }
 
@@ -117,11 +113,12 @@ func (d *discovery) run(ctx context.Context) error {
 	}
 	d.inv.DriverVersion = version
 	if cuda, ret := d.lib.SystemGetCudaDriverVersion(); ret == nvml.SUCCESS {
-		d.inv.CUDAVersion = CUDAVersion(cuda)
+		d.inv.CUDAVersion = node.CUDAVersion(cuda)
 	} else {
 		d.warn("CUDA driver version: %v", nvmlError("get cuda driver version", -1, ret))
 	}
 
+	d.readMajors()
 	count, ret := d.lib.DeviceGetCount()
 	if ret != nvml.SUCCESS {
 		return nvmlError("get device count", -1, ret)
@@ -134,14 +131,16 @@ func (d *discovery) run(ctx context.Context) error {
 		if ret != nvml.SUCCESS {
 			// The GPU is there (NVML counted it) but cannot be read: keep
 			// it, unhealthy, so it is neither lost from view nor handed out.
-			d.inv.Devices = append(d.inv.Devices, Device{
-				Index: i, Minor: NoMinor, NUMANode: NoNUMANode,
-				Health: Unhealthy(nvmlError("get handle", i, ret).Error()),
+			d.inv.Devices = append(d.inv.Devices, node.Device{
+				Index: i, Minor: node.NoMinor, NUMANode: node.NoNUMANode,
+				Health: node.Unhealthy(nvmlError("get handle", i, ret).Error()),
 			})
 			d.handles = append(d.handles, nil)
 			continue
 		}
-		d.inv.Devices = append(d.inv.Devices, d.device(i, h))
+		dev := d.device(i, h)
+		dev.Node = d.gpuNode(dev.Minor)
+		d.inv.Devices = append(d.inv.Devices, dev)
 		d.handles = append(d.handles, h)
 	}
 	if err := ctx.Err(); err != nil {
@@ -177,9 +176,9 @@ func (r *reader) ok(op string, ret nvml.Return) bool {
 
 const mib = 1 << 20
 
-func (d *discovery) device(i int, h nvml.Device) Device {
+func (d *discovery) device(i int, h nvml.Device) node.Device {
 	r := &reader{index: i}
-	dev := Device{Index: i, Minor: NoMinor, NUMANode: NoNUMANode, Health: Healthy, Attributes: Attributes{}}
+	dev := node.Device{Index: i, Minor: node.NoMinor, NUMANode: node.NoNUMANode, Health: node.Healthy(), Attributes: node.Attributes{}}
 	var problems []string
 	required := func(what string, ret nvml.Return) bool {
 		if r.ok(what, ret) {
@@ -198,7 +197,7 @@ func (d *discovery) device(i int, h nvml.Device) Device {
 		dev.Minor = minor
 	}
 	if pci, ret := h.GetPciInfo(); required("get pci info", ret) {
-		id, err := NormalizeBusID(cString(pci.BusId[:]))
+		id, err := node.NormalizeBusID(cString(pci.BusId[:]))
 		if err != nil {
 			problems = append(problems, err.Error())
 		}
@@ -218,7 +217,7 @@ func (d *discovery) device(i int, h nvml.Device) Device {
 	}
 	if mem, ret := h.GetMemoryInfo(); r.ok("get memory info", ret) {
 		dev.MemoryBytes = mem.Total
-		dev.Attributes[AttrMemory] = IntAttribute(int64(mem.Total/mib), UnitMiB)
+		dev.Attributes[node.AttrMemory] = node.IntAttribute(int64(mem.Total/mib), node.UnitMiB)
 	}
 	if node, ret := h.GetNumaNodeId(); r.ok("get numa node", ret) && node >= 0 {
 		dev.NUMANode = node
@@ -226,20 +225,20 @@ func (d *discovery) device(i int, h nvml.Device) Device {
 		dev.NUMANode = d.sysfsNUMANode(dev.BusID)
 	}
 	if current, _, ret := h.GetMigMode(); r.ok("get mig mode", ret) {
-		dev.MIG = MIGDisabled
+		dev.MIG = node.MIGDisabled
 		if current == nvml.DEVICE_MIG_ENABLE {
-			dev.MIG = MIGEnabled
+			dev.MIG = node.MIGEnabled
 		}
 	} else if ret == nvml.ERROR_NOT_SUPPORTED {
-		dev.MIG = MIGUnsupported
+		dev.MIG = node.MIGUnsupported
 	}
 	d.attributes(r, h, dev.Attributes)
 
 	switch {
 	case r.lost != nil:
-		dev.Health = Unhealthy(r.lost.Error())
+		dev.Health = node.Unhealthy(r.lost.Error())
 	case len(problems) > 0:
-		dev.Health = Unhealthy(strings.Join(problems, "; "))
+		dev.Health = node.Unhealthy(strings.Join(problems, "; "))
 	}
 	if len(dev.Attributes) == 0 {
 		dev.Attributes = nil
@@ -249,35 +248,35 @@ func (d *discovery) device(i int, h nvml.Device) Device {
 
 // attributes reads Nomad's fingerprint attributes; each one NVML cannot read
 // stays absent.
-func (d *discovery) attributes(r *reader, h nvml.Device, attrs Attributes) {
+func (d *discovery) attributes(r *reader, h nvml.Device, attrs node.Attributes) {
 	if bar1, ret := h.GetBAR1MemoryInfo(); r.ok("get bar1", ret) {
-		attrs[AttrBAR1] = IntAttribute(int64(bar1.Bar1Total/mib), UnitMiB)
+		attrs[node.AttrBAR1] = node.IntAttribute(int64(bar1.Bar1Total/mib), node.UnitMiB)
 	}
 	if mw, ret := h.GetPowerManagementLimit(); r.ok("get power limit", ret) {
-		attrs[AttrPower] = IntAttribute(int64(mw/1000), UnitW)
+		attrs[node.AttrPower] = node.IntAttribute(int64(mw/1000), node.UnitW)
 	}
 	if mhz, ret := h.GetMaxClockInfo(nvml.CLOCK_SM); r.ok("get sm clock", ret) {
-		attrs[AttrCoresClock] = IntAttribute(int64(mhz), UnitMHz)
+		attrs[node.AttrCoresClock] = node.IntAttribute(int64(mhz), node.UnitMHz)
 	}
 	if mhz, ret := h.GetMaxClockInfo(nvml.CLOCK_MEM); r.ok("get memory clock", ret) {
-		attrs[AttrMemoryClock] = IntAttribute(int64(mhz), UnitMHz)
+		attrs[node.AttrMemoryClock] = node.IntAttribute(int64(mhz), node.UnitMHz)
 	}
 	gen, ret1 := h.GetMaxPcieLinkGeneration()
 	if r.ok("get pcie generation", ret1) {
 		if width, ret := h.GetMaxPcieLinkWidth(); r.ok("get pcie width", ret) {
 			if perLane, known := pcieLaneMBps[gen]; known && width > 0 {
-				attrs[AttrPCIBandwidth] = IntAttribute(int64(perLane*width), UnitMBps)
+				attrs[node.AttrPCIBandwidth] = node.IntAttribute(int64(perLane*width), node.UnitMBps)
 			}
 		}
 	}
 	if mode, ret := h.GetDisplayMode(); r.ok("get display mode", ret) {
-		attrs[AttrDisplayState] = StringAttribute(enableState(mode))
+		attrs[node.AttrDisplayState] = node.StringAttribute(enableState(mode))
 	}
 	if mode, ret := h.GetPersistenceMode(); r.ok("get persistence mode", ret) {
-		attrs[AttrPersistenceMode] = StringAttribute(enableState(mode))
+		attrs[node.AttrPersistenceMode] = node.StringAttribute(enableState(mode))
 	}
 	if r.lost == nil && d.inv.DriverVersion != "" {
-		attrs[AttrDriverVersion] = StringAttribute(d.inv.DriverVersion)
+		attrs[node.AttrDriverVersion] = node.StringAttribute(d.inv.DriverVersion)
 	}
 }
 
@@ -289,11 +288,11 @@ var pcieLaneMBps = map[int]int{1: 250, 2: 500, 3: 985, 4: 1969, 5: 3938, 6: 7563
 func (d *discovery) sysfsNUMANode(busID string) int {
 	b, err := os.ReadFile(filepath.Join(d.sysRoot, "bus", "pci", "devices", busID, "numa_node"))
 	if err != nil {
-		return NoNUMANode
+		return node.NoNUMANode
 	}
 	n, err := strconv.Atoi(strings.TrimSpace(string(b)))
 	if err != nil || n < 0 {
-		return NoNUMANode
+		return node.NoNUMANode
 	}
 	return n
 }
@@ -303,11 +302,11 @@ const maxNVLinks = nvml.NVLINK_MAX_LINKS
 
 // topology reads every pair's PCIe level and every GPU's NVLinks. Lost GPUs
 // get unknown links and do not break the others'.
-func (d *discovery) topology() (*Topology, error) {
+func (d *discovery) topology() (*node.Topology, error) {
 	n := len(d.inv.Devices)
-	links := make([][]Link, n)
+	links := make([][]node.Link, n)
 	for i := range links {
-		links[i] = make([]Link, n)
+		links[i] = make([]node.Link, n)
 	}
 	usable := func(i int) bool { return d.handles[i] != nil && d.inv.Devices[i].Health.Healthy }
 
@@ -350,7 +349,7 @@ func (d *discovery) topology() (*Topology, error) {
 				d.warn("NVLink %d of GPU %d: %v", l, i, nvmlError("get nvlink remote pci info", i, ret))
 				continue
 			}
-			busID, _ := NormalizeBusID(cString(remote.BusId[:]))
+			busID, _ := node.NormalizeBusID(cString(remote.BusId[:]))
 			kind, kindRet := h.GetNvLinkRemoteDeviceType(l)
 			j, isGPU := byBusID[busID]
 			switch {
@@ -374,25 +373,25 @@ func (d *discovery) topology() (*Topology, error) {
 			links[i][j].NVLinks, links[j][i].NVLinks = nv, nv
 		}
 	}
-	return NewTopology(links)
+	return node.NewTopology(links)
 }
 
-func pcieLevel(l nvml.GpuTopologyLevel) PCIeLevel {
+func pcieLevel(l nvml.GpuTopologyLevel) node.PCIeLevel {
 	switch l {
 	case nvml.TOPOLOGY_INTERNAL:
-		return PCIeSameBoard
+		return node.PCIeSameBoard
 	case nvml.TOPOLOGY_SINGLE:
-		return PCIeSingleSwitch
+		return node.PCIeSingleSwitch
 	case nvml.TOPOLOGY_MULTIPLE:
-		return PCIeMultipleSwitches
+		return node.PCIeMultipleSwitches
 	case nvml.TOPOLOGY_HOSTBRIDGE:
-		return PCIeHostBridge
+		return node.PCIeHostBridge
 	case nvml.TOPOLOGY_NODE:
-		return PCIeNode
+		return node.PCIeNode
 	case nvml.TOPOLOGY_SYSTEM:
-		return PCIeSystem
+		return node.PCIeSystem
 	}
-	return PCIeUnknown
+	return node.PCIeUnknown
 }
 
 // cString reads a NUL-terminated C string out of NVML's fixed-size arrays.

@@ -8,23 +8,29 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/gpuiso/gpuiso/allocator"
 	"github.com/gpuiso/gpuiso/internal/linux"
+	"github.com/gpuiso/gpuiso/node"
+	"github.com/gpuiso/gpuiso/node/nvmlnode"
 )
 
 // Host is the file-system side of a simulated node, under one directory:
-// device nodes with NVIDIA's numbers in DevRoot, the driver's /proc files in
-// ProcRoot and the GPUs' sysfs attributes in SysRoot. Opening one of its GPU
-// nodes gives ENXIO where the device cgroup allows it (no driver answers) and
-// EPERM where the cgroup denies it: an end-to-end check of isolation without
-// a GPU.
+// device nodes in DevRoot, the driver's /proc files in ProcRoot and the GPUs'
+// sysfs attributes in SysRoot. Its nodes use NVIDIA's minors on majors that
+// no driver of the real host owns, so opening one of its GPU nodes gives
+// ENXIO where the device cgroup allows it (no driver answers) and EPERM where
+// the cgroup denies it, even on a host whose real NVIDIA driver is loaded: an
+// end-to-end check of isolation without a GPU. Its /proc/devices names those
+// majors, so discovery reads them as a real node's.
 type Host struct {
 	Root     string
 	DevRoot  string
 	ProcRoot string
 	SysRoot  string
+	// NVIDIAMajor is the major number given to the GPU nodes and nvidiactl
+	// (195 on a real node): one no driver of the real host uses.
+	NVIDIAMajor uint32
 	// UVMMajor is the major number given to nvidia-uvm and nvidia-uvm-tools:
-	// one no driver of the real host uses.
+	// another one no driver of the real host uses.
 	UVMMajor uint32
 }
 
@@ -42,10 +48,11 @@ func (n *Node) MakeHost(dir string) (*Host, error) {
 			return nil, fmt.Errorf("make simulated host in %s: %w", dir, &fs.PathError{Op: "create", Path: p, Err: fs.ErrExist})
 		}
 	}
-	h.UVMMajor, err = freeMajor(allocator.DefaultProcRoot)
+	majors, err := freeMajors(node.DefaultProcRoot, 2)
 	if err != nil {
 		return nil, fmt.Errorf("make simulated host in %s: %w", dir, err)
 	}
+	h.NVIDIAMajor, h.UVMMajor = majors[0], majors[1]
 	if err := n.populate(h); err != nil {
 		h.Remove()
 		return nil, fmt.Errorf("make simulated host in %s: %w", dir, err)
@@ -58,12 +65,12 @@ func (h *Host) Remove() error {
 	return errors.Join(os.RemoveAll(h.DevRoot), os.RemoveAll(h.ProcRoot), os.RemoveAll(h.SysRoot))
 }
 
-// DiscoverOptions are the options that make allocator.Discover read this
+// DiscoverOptions are the options that make nvmlnode.Discover read this
 // simulated node and host instead of the real ones.
-func (n *Node) DiscoverOptions(h *Host) []allocator.Option {
-	opts := []allocator.Option{allocator.WithNVML(n.NVML())}
+func (n *Node) DiscoverOptions(h *Host) []nvmlnode.Option {
+	opts := []nvmlnode.Option{nvmlnode.WithNVML(n.NVML())}
 	if h != nil {
-		opts = append(opts, allocator.WithDevRoot(h.DevRoot), allocator.WithProcRoot(h.ProcRoot), allocator.WithSysRoot(h.SysRoot))
+		opts = append(opts, nvmlnode.WithDevRoot(h.DevRoot), nvmlnode.WithProcRoot(h.ProcRoot), nvmlnode.WithSysRoot(h.SysRoot))
 	}
 	return opts
 }
@@ -76,12 +83,12 @@ func (n *Node) populate(h *Host) error {
 		return linux.DeviceNumber{Char: true, Major: major, Minor: minor}
 	}
 	nodes := map[string]linux.DeviceNumber{
-		allocator.NVIDIACtl:      char(allocator.NVIDIAMajor, allocator.NVIDIACtlMinor),
-		allocator.NVIDIAUVM:      char(h.UVMMajor, 0),
-		allocator.NVIDIAUVMTools: char(h.UVMMajor, 1),
+		node.NVIDIACtl:      char(h.NVIDIAMajor, nvmlnode.CtlMinor),
+		node.NVIDIAUVM:      char(h.UVMMajor, 0),
+		node.NVIDIAUVMTools: char(h.UVMMajor, 1),
 	}
 	for i := range n.spec.GPUs {
-		nodes[fmt.Sprintf("nvidia%d", n.spec.minor(i))] = char(allocator.NVIDIAMajor, uint32(n.spec.minor(i)))
+		nodes[fmt.Sprintf("nvidia%d", n.spec.minor(i))] = char(h.NVIDIAMajor, uint32(n.spec.minor(i)))
 	}
 	for name, dev := range nodes {
 		if err := linux.Mknod(filepath.Join(h.DevRoot, name), 0o666, dev); err != nil {
@@ -90,8 +97,8 @@ func (n *Node) populate(h *Host) error {
 	}
 
 	files := map[string]string{
-		filepath.Join(h.ProcRoot, "devices"): fmt.Sprintf("Character devices:\n  1 mem\n  5 /dev/tty\n%3d nvidia-frontend\n%3d nvidia-uvm\n\nBlock devices:\n  8 sd\n",
-			allocator.NVIDIAMajor, h.UVMMajor),
+		filepath.Join(h.ProcRoot, "devices"): fmt.Sprintf("Character devices:\n  1 mem\n  5 /dev/tty\n%3d nvidia\n%3d nvidia-uvm\n\nBlock devices:\n  8 sd\n",
+			h.NVIDIAMajor, h.UVMMajor),
 		filepath.Join(h.ProcRoot, "driver", "nvidia", "version"): fmt.Sprintf(
 			"NVRM version: NVIDIA UNIX x86_64 Kernel Module  %s  (simulated node %s)\n", n.driverVersion, n.spec.Name),
 	}
@@ -147,21 +154,25 @@ func resolveDir(dir string) (string, error) {
 
 func inRealDev(p string) bool { return p == "/dev" || strings.HasPrefix(p, "/dev/") }
 
-// freeMajor picks a character major in the range Linux reserves for local
+// freeMajors picks n character majors in the range Linux reserves for local
 // use (240-254) that the host's /proc/devices does not list.
-func freeMajor(procRoot string) (uint32, error) {
-	majors, err := allocator.ReadProcDevices(procRoot)
+func freeMajors(procRoot string, n int) ([]uint32, error) {
+	majors, err := node.ReadProcDevices(procRoot)
 	if err != nil {
-		return 0, fmt.Errorf("find a free device major: %w", err)
+		return nil, fmt.Errorf("find free device majors: %w", err)
 	}
 	used := map[uint32]bool{}
 	for _, m := range majors {
 		used[m] = true
 	}
-	for m := uint32(240); m <= 254; m++ {
+	var out []uint32
+	for m := uint32(240); m <= 254 && len(out) < n; m++ {
 		if !used[m] {
-			return m, nil
+			out = append(out, m)
 		}
 	}
-	return 0, errors.New("find a free device major: 240-254 all in use")
+	if len(out) < n {
+		return nil, fmt.Errorf("find %d free device majors: 240-254 has %d", n, len(out))
+	}
+	return out, nil
 }

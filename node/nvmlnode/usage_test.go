@@ -1,4 +1,4 @@
-package isolator_test
+package nvmlnode_test
 
 import (
 	"context"
@@ -8,20 +8,21 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
 
-	"github.com/gpuiso/gpuiso/allocator"
-	"github.com/gpuiso/gpuiso/allocator/simnode"
 	"github.com/gpuiso/gpuiso/isolator"
+	"github.com/gpuiso/gpuiso/node"
+	"github.com/gpuiso/gpuiso/node/nvmlnode"
+	"github.com/gpuiso/gpuiso/node/simnode"
 )
 
 func TestReadUsage(t *testing.T) {
-	node, err := simnode.New("dgx1-volta")
+	sim, err := simnode.New("dgx1-volta")
 	if err != nil {
 		t.Fatal(err)
 	}
-	node.SetProcesses(1, nvml.ProcessInfo{Pid: 100, UsedGpuMemory: 1 << 30}, nvml.ProcessInfo{Pid: 200, UsedGpuMemory: 2 << 30}, nvml.ProcessInfo{Pid: 101, UsedGpuMemory: 1 << 20})
-	node.SetProcessUtilization(1, nvml.ProcessUtilizationSample{Pid: 100, SmUtil: 30, MemUtil: 10}, nvml.ProcessUtilizationSample{Pid: 101, SmUtil: 55, MemUtil: 5}, nvml.ProcessUtilizationSample{Pid: 200, SmUtil: 99, MemUtil: 99})
-	gpus := []allocator.DeviceRef{{Index: 1, UUID: node.UUID(1)}, {Index: 3, UUID: node.UUID(3)}}
-	u, err := isolator.ReadUsage(context.Background(), node.NVML(), gpus, []int{100, 101})
+	sim.SetProcesses(1, nvml.ProcessInfo{Pid: 100, UsedGpuMemory: 1 << 30}, nvml.ProcessInfo{Pid: 200, UsedGpuMemory: 2 << 30}, nvml.ProcessInfo{Pid: 101, UsedGpuMemory: 1 << 20})
+	sim.SetProcessUtilization(1, nvml.ProcessUtilizationSample{Pid: 100, SmUtil: 30, MemUtil: 10}, nvml.ProcessUtilizationSample{Pid: 101, SmUtil: 55, MemUtil: 5}, nvml.ProcessUtilizationSample{Pid: 200, SmUtil: 99, MemUtil: 99})
+	gpus := []node.DeviceRef{{Index: 1, UUID: sim.UUID(1)}, {Index: 3, UUID: sim.UUID(3)}}
+	u, err := nvmlnode.ReadUsage(context.Background(), sim.NVML(), gpus, []int{100, 101})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -40,7 +41,7 @@ func TestReadUsageNotSupported(t *testing.T) {
 		GetGraphicsRunningProcessesFunc: func() ([]nvml.ProcessInfo, nvml.Return) { return nil, nvml.ERROR_NOT_SUPPORTED },
 	}
 	lib := &mock.Interface{DeviceGetHandleByUUIDFunc: func(string) (nvml.Device, nvml.Return) { return dev, nvml.SUCCESS }}
-	_, err := isolator.ReadUsage(context.Background(), lib, []allocator.DeviceRef{{UUID: "GPU-x"}}, []int{1})
+	_, err := nvmlnode.ReadUsage(context.Background(), lib, []node.DeviceRef{{UUID: "GPU-x"}}, []int{1})
 	if !errors.Is(err, isolator.ErrNotSupported) {
 		t.Fatalf("ReadUsage = %v, want ErrNotSupported", err)
 	}

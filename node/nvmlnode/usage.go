@@ -1,4 +1,4 @@
-package isolator
+package nvmlnode
 
 import (
 	"context"
@@ -7,8 +7,7 @@ import (
 	"slices"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
-
-	"github.com/gpuiso/gpuiso/allocator"
+	"github.com/gpuiso/gpuiso/node"
 )
 
 // Usage is what a container uses of its GPUs, as NVML reports it.
@@ -32,7 +31,7 @@ type GPUUsage struct {
 // ReadUsage asks NVML (initialised by the caller) what the processes pids
 // use of gpus. A driver that cannot list a GPU's processes gives an error
 // matching ErrNotSupported; other GPUs' usage is still returned.
-func ReadUsage(ctx context.Context, lib nvml.Interface, gpus []allocator.DeviceRef, pids []int) (Usage, error) {
+func ReadUsage(ctx context.Context, lib nvml.Interface, gpus []node.DeviceRef, pids []int) (Usage, error) {
 	var u Usage
 	var errs []error
 	for _, g := range gpus {
@@ -49,7 +48,7 @@ func ReadUsage(ctx context.Context, lib nvml.Interface, gpus []allocator.DeviceR
 	return u, errors.Join(errs...)
 }
 
-func gpuUsage(lib nvml.Interface, g allocator.DeviceRef, pids []int) (GPUUsage, error) {
+func gpuUsage(lib nvml.Interface, g node.DeviceRef, pids []int) (GPUUsage, error) {
 	gu := GPUUsage{UUID: g.UUID}
 	h, ret := lib.DeviceGetHandleByUUID(g.UUID)
 	if ret != nvml.SUCCESS {
@@ -74,7 +73,7 @@ func gpuUsage(lib nvml.Interface, g allocator.DeviceRef, pids []int) (GPUUsage, 
 		}
 	}
 	if !listed {
-		return gu, fmt.Errorf("list processes: %w", ErrNotSupported)
+		return gu, fmt.Errorf("list processes: %w", node.ErrNotSupported)
 	}
 	samples, ret := h.GetProcessUtilization(0)
 	if ret == nvml.SUCCESS {
@@ -91,7 +90,7 @@ func gpuUsage(lib nvml.Interface, g allocator.DeviceRef, pids []int) (GPUUsage, 
 
 func nvmlErr(op string, ret nvml.Return) error {
 	if ret == nvml.ERROR_NOT_SUPPORTED {
-		return fmt.Errorf("%s: %w", op, ErrNotSupported)
+		return fmt.Errorf("%s: %w", op, node.ErrNotSupported)
 	}
 	return fmt.Errorf("%s: %s", op, nvml.ErrorString(ret))
 }

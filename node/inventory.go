@@ -1,10 +1,18 @@
-package allocator
+package node
 
 import (
 	"encoding/json"
 	"fmt"
 	"strconv"
 	"strings"
+)
+
+// Default host paths. Every package that reads them takes an option to move
+// them to a test tree.
+const (
+	DefaultDevRoot  = "/dev"
+	DefaultProcRoot = "/proc"
+	DefaultSysRoot  = "/sys"
 )
 
 // Inventory is what a node has: its GPUs in NVML index order, their topology,

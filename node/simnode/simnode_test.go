@@ -12,10 +12,10 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
-	"github.com/gpuiso/gpuiso/allocator"
-	"github.com/gpuiso/gpuiso/allocator/simnode"
 	"github.com/gpuiso/gpuiso/internal/linux"
 	"github.com/gpuiso/gpuiso/internal/testenv"
+	"github.com/gpuiso/gpuiso/node"
+	"github.com/gpuiso/gpuiso/node/simnode"
 )
 
 func TestShippedTopologies(t *testing.T) {
@@ -95,12 +95,12 @@ func TestParseSpecRejects(t *testing.T) {
 // TestUnsimulatedCalls: what the simulation does not model answers like a
 // driver without the feature, not with the mock's panic.
 func TestUnsimulatedCalls(t *testing.T) {
-	node, _ := simnode.New("pcie8")
-	h, _ := node.NVML().DeviceGetHandleByIndex(0)
+	sim, _ := simnode.New("pcie8")
+	h, _ := sim.NVML().DeviceGetHandleByIndex(0)
 	if _, ret := h.GetTemperature(nvml.TEMPERATURE_GPU); ret != nvml.ERROR_NOT_SUPPORTED {
 		t.Fatalf("GetTemperature = %v, want ERROR_NOT_SUPPORTED", ret)
 	}
-	if _, ret := node.NVML().GetExcludedDeviceCount(); ret != nvml.ERROR_NOT_SUPPORTED {
+	if _, ret := sim.NVML().GetExcludedDeviceCount(); ret != nvml.ERROR_NOT_SUPPORTED {
 		t.Fatalf("GetExcludedDeviceCount = %v, want ERROR_NOT_SUPPORTED", ret)
 	}
 	if _, ret := h.GetNvLinkState(0); ret != nvml.ERROR_NOT_SUPPORTED {
@@ -109,8 +109,8 @@ func TestUnsimulatedCalls(t *testing.T) {
 }
 
 func TestEvents(t *testing.T) {
-	node, _ := simnode.New("dgx1-volta")
-	lib := node.NVML()
+	sim, _ := simnode.New("dgx1-volta")
+	lib := sim.NVML()
 	set, ret := lib.EventSetCreate()
 	if ret != nvml.SUCCESS {
 		t.Fatal(ret)
@@ -126,10 +126,10 @@ func TestEvents(t *testing.T) {
 	if _, ret := set.Wait(10); ret != nvml.ERROR_TIMEOUT {
 		t.Fatalf("Wait with nothing queued = %v, want ERROR_TIMEOUT", ret)
 	}
-	if err := node.InjectXID(3, 48); err != nil { // GPU 3 is not watched
+	if err := sim.InjectXID(3, 48); err != nil { // GPU 3 is not watched
 		t.Fatal(err)
 	}
-	if err := node.InjectXID(2, 48); err != nil {
+	if err := sim.InjectXID(2, 48); err != nil {
 		t.Fatal(err)
 	}
 	e, ret := set.Wait(1000)
@@ -146,7 +146,7 @@ func TestEvents(t *testing.T) {
 		e, _ := set.Wait(5000)
 		got <- e.EventData
 	}()
-	if err := node.Lose(2); err != nil {
+	if err := sim.Lose(2); err != nil {
 		t.Fatal(err)
 	}
 	if xid := <-got; xid != simnode.XIDFallenOffBus {
@@ -159,10 +159,10 @@ func TestEvents(t *testing.T) {
 	if _, ret := h0.GetTopologyCommonAncestor(h2); ret != nvml.ERROR_GPU_IS_LOST {
 		t.Fatalf("topology towards a lost GPU = %v", ret)
 	}
-	if err := node.Restore(2); err != nil {
+	if err := sim.Restore(2); err != nil {
 		t.Fatal(err)
 	}
-	if uuid, ret := h2.GetUUID(); ret != nvml.SUCCESS || uuid != node.UUID(2) {
+	if uuid, ret := h2.GetUUID(); ret != nvml.SUCCESS || uuid != sim.UUID(2) {
 		t.Fatalf("restored GPU: %q %v", uuid, ret)
 	}
 
@@ -172,7 +172,7 @@ func TestEvents(t *testing.T) {
 	if _, ret := set.Wait(10); ret == nvml.SUCCESS || ret == nvml.ERROR_TIMEOUT {
 		t.Fatalf("Wait on a freed set = %v", ret)
 	}
-	for _, err := range []error{node.InjectXID(8, 1), node.Lose(-1), node.Restore(99)} {
+	for _, err := range []error{sim.InjectXID(8, 1), sim.Lose(-1), sim.Restore(99)} {
 		if !errors.Is(err, simnode.ErrNoSuchGPU) {
 			t.Errorf("out-of-range GPU: %v, want ErrNoSuchGPU", err)
 		}
@@ -200,12 +200,12 @@ func TestDriverVersion(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			node, err := simnode.New("pcie8", tt.opts...)
+			sim, err := simnode.New("pcie8", tt.opts...)
 			if err != nil {
 				t.Fatal(err)
 			}
-			v, _ := node.NVML().SystemGetDriverVersion()
-			c, _ := node.NVML().SystemGetCudaDriverVersion()
+			v, _ := sim.NVML().SystemGetDriverVersion()
+			c, _ := sim.NVML().SystemGetCudaDriverVersion()
 			if v != tt.driver || c != tt.cudaVersion {
 				t.Fatalf("driver %s CUDA %d, want %s %d", v, c, tt.driver, tt.cudaVersion)
 			}
@@ -219,9 +219,9 @@ func TestDriverVersion(t *testing.T) {
 }
 
 func TestMakeHostRefusesRealDev(t *testing.T) {
-	node, _ := simnode.New("pcie8")
+	sim, _ := simnode.New("pcie8")
 	for _, dir := range []string{"/", "/dev", "/dev/shm/gpuiso-sim"} {
-		if _, err := node.MakeHost(dir); !errors.Is(err, simnode.ErrRealDev) {
+		if _, err := sim.MakeHost(dir); !errors.Is(err, simnode.ErrRealDev) {
 			t.Errorf("MakeHost(%q) = %v, want ErrRealDev", dir, err)
 		}
 	}
@@ -232,26 +232,26 @@ func TestMakeHostRefusesRealDev(t *testing.T) {
 	if err := os.Symlink("/dev/shm", link); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := node.MakeHost(filepath.Join(link, "sim")); !errors.Is(err, simnode.ErrRealDev) {
+	if _, err := sim.MakeHost(filepath.Join(link, "sim")); !errors.Is(err, simnode.ErrRealDev) {
 		t.Errorf("MakeHost through a symlink into /dev = %v, want ErrRealDev", err)
 	}
 }
 
 func TestMakeHost(t *testing.T) {
 	testenv.RequireRoot(t)
-	node, _ := simnode.New("dgx1-volta")
+	sim, _ := simnode.New("dgx1-volta")
 	dir := t.TempDir()
-	h, err := node.MakeHost(dir)
+	h, err := sim.MakeHost(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := map[string]linux.DeviceNumber{
-		"nvidiactl":        {Char: true, Major: 195, Minor: 255},
+		"nvidiactl":        {Char: true, Major: h.NVIDIAMajor, Minor: 255},
 		"nvidia-uvm":       {Char: true, Major: h.UVMMajor, Minor: 0},
 		"nvidia-uvm-tools": {Char: true, Major: h.UVMMajor, Minor: 1},
 	}
-	for i := range node.Len() {
-		want[fmt.Sprintf("nvidia%d", node.Minor(i))] = linux.DeviceNumber{Char: true, Major: 195, Minor: uint32(node.Minor(i))}
+	for i := range sim.Len() {
+		want[fmt.Sprintf("nvidia%d", sim.Minor(i))] = linux.DeviceNumber{Char: true, Major: h.NVIDIAMajor, Minor: uint32(sim.Minor(i))}
 	}
 	entries, _ := os.ReadDir(h.DevRoot)
 	if len(entries) != len(want) {
@@ -263,17 +263,17 @@ func TestMakeHost(t *testing.T) {
 			t.Errorf("%s = %+v, %v; want %+v", name, got, err, num)
 		}
 	}
-	majors, err := allocator.ReadProcDevices(h.ProcRoot)
-	if err != nil || majors[allocator.NVIDIAUVM] != h.UVMMajor {
-		t.Fatalf("simulated /proc/devices gives nvidia-uvm %d (%v), want %d", majors[allocator.NVIDIAUVM], err, h.UVMMajor)
+	majors, err := node.ReadProcDevices(h.ProcRoot)
+	if err != nil || majors[node.NVIDIAUVM] != h.UVMMajor {
+		t.Fatalf("simulated /proc/devices gives nvidia-uvm %d (%v), want %d", majors[node.NVIDIAUVM], err, h.UVMMajor)
 	}
-	host, _ := allocator.ReadProcDevices(allocator.DefaultProcRoot)
+	host, _ := node.ReadProcDevices(node.DefaultProcRoot)
 	for name, m := range host {
 		if m == h.UVMMajor {
 			t.Fatalf("UVM major %d is the real host's %s", m, name)
 		}
 	}
-	if _, err := node.MakeHost(dir); !errors.Is(err, os.ErrExist) {
+	if _, err := sim.MakeHost(dir); !errors.Is(err, os.ErrExist) {
 		t.Fatalf("second MakeHost in one directory = %v, want ErrExist", err)
 	}
 	if err := h.Remove(); err != nil {
@@ -290,9 +290,9 @@ func TestMakeHostUnprivileged(t *testing.T) {
 	if linux.IsRoot() {
 		t.Skip("runs only without root (mknod succeeds as root)")
 	}
-	node, _ := simnode.New("pcie8")
+	sim, _ := simnode.New("pcie8")
 	dir := t.TempDir()
-	if _, err := node.MakeHost(dir); !errors.Is(err, os.ErrPermission) {
+	if _, err := sim.MakeHost(dir); !errors.Is(err, os.ErrPermission) {
 		t.Fatalf("MakeHost without root = %v, want a permission error", err)
 	}
 	if entries, _ := os.ReadDir(dir); len(entries) != 0 {

@@ -1,4 +1,4 @@
-package allocator
+package node
 
 import (
 	"fmt"
@@ -19,8 +19,13 @@ const NoMinor = -1
 type Device struct {
 	// Index is NVML's index of the device.
 	Index int `json:"index"`
-	// Minor is the minor number of /dev/nvidia<Minor> (major 195), or NoMinor.
+	// Minor is NVML's minor number of the GPU (the N of /dev/nvidia<N>), or
+	// NoMinor.
 	Minor int `json:"minor"`
+	// Node is the GPU's device node as discovery found it: its path under
+	// the dev root and its numbers. Its Path is empty when the minor is
+	// unknown.
+	Node DeviceNode `json:"node"`
 	// UUID is NVML's "GPU-..." identifier.
 	UUID string `json:"uuid,omitempty"`
 	// BusID is the PCI address, normalised to lower case "0000:xx:yy.z".
@@ -46,7 +51,21 @@ type Device struct {
 	Attributes Attributes `json:"attributes,omitempty"`
 }
 
-// Clone returns a deep copy of d.
+// DeviceNode is a character device node of the host: its path (under the
+// dev root discovery read) and its numbers, as the kernel has them.
+type DeviceNode struct {
+	Path  string `json:"path"`
+	Major uint32 `json:"major"`
+	Minor uint32 `json:"minor"`
+}
+
+// String is "<path> (<major>:<minor>)".
+func (n DeviceNode) String() string {
+	return fmt.Sprintf("%s (%d:%d)", n.Path, n.Major, n.Minor)
+}
+
+// Clone returns a deep copy of d: Attributes are values, so the copy shares
+// nothing with d.
 func (d Device) Clone() Device {
 	d.Attributes = maps.Clone(d.Attributes)
 	return d
@@ -77,8 +96,8 @@ type Health struct {
 	Reason  string `json:"reason,omitempty"`
 }
 
-// Healthy is the health of a device that works.
-var Healthy = Health{Healthy: true}
+// Healthy returns the health of a device that works.
+func Healthy() Health { return Health{Healthy: true} }
 
 // Unhealthy returns the health of a device that must not be handed out.
 func Unhealthy(reason string) Health { return Health{Reason: reason} }
@@ -117,36 +136,69 @@ const (
 // Attributes are a device's fingerprint attributes by name.
 type Attributes map[string]Attribute
 
-// Attribute is one typed fingerprint value: exactly one of Int, String and
-// Bool is set. Numeric values carry their unit.
+// AttributeKind is the type of an attribute's value.
+type AttributeKind string
+
+// Attribute kinds. The zero kind is an attribute with no value.
+const (
+	KindInt    AttributeKind = "int"
+	KindString AttributeKind = "string"
+	KindBool   AttributeKind = "bool"
+)
+
+// Attribute is one typed fingerprint value: Kind says which of Int, String
+// and Bool holds it. Numeric values carry their unit. An Attribute is a
+// plain value: copies never share anything.
 type Attribute struct {
-	Int    *int64  `json:"int,omitempty"`
-	String *string `json:"string,omitempty"`
-	Bool   *bool   `json:"bool,omitempty"`
-	Unit   string  `json:"unit,omitempty"`
+	Kind   AttributeKind `json:"kind"`
+	Int    int64         `json:"int,omitempty"`
+	String string        `json:"string,omitempty"`
+	Bool   bool          `json:"bool,omitempty"`
+	Unit   string        `json:"unit,omitempty"`
 }
 
 // IntAttribute returns a numeric attribute in unit.
-func IntAttribute(v int64, unit string) Attribute { return Attribute{Int: &v, Unit: unit} }
+func IntAttribute(v int64, unit string) Attribute {
+	return Attribute{Kind: KindInt, Int: v, Unit: unit}
+}
 
 // StringAttribute returns a string attribute.
-func StringAttribute(v string) Attribute { return Attribute{String: &v} }
+func StringAttribute(v string) Attribute { return Attribute{Kind: KindString, String: v} }
 
 // BoolAttribute returns a boolean attribute.
-func BoolAttribute(v bool) Attribute { return Attribute{Bool: &v} }
+func BoolAttribute(v bool) Attribute { return Attribute{Kind: KindBool, Bool: v} }
 
 // Format renders the value as a person reads it: "16384 MiB", "Enabled", "true".
 func (a Attribute) Format() string {
-	switch {
-	case a.Int != nil:
-		return strings.TrimSpace(fmt.Sprintf("%d %s", *a.Int, a.Unit))
-	case a.String != nil:
-		return *a.String
-	case a.Bool != nil:
-		return strconv.FormatBool(*a.Bool)
+	switch a.Kind {
+	case KindInt:
+		return strings.TrimSpace(fmt.Sprintf("%d %s", a.Int, a.Unit))
+	case KindString:
+		return a.String
+	case KindBool:
+		return strconv.FormatBool(a.Bool)
 	}
 	return ""
 }
 
+// DeviceRef identifies an allocated GPU: what an isolator needs to expose
+// it to a container. The full Device is in the inventory.
+type DeviceRef struct {
+	// Index is NVML's index of the GPU.
+	Index int `json:"index"`
+	// Minor is NVML's minor number of the GPU, or NoMinor.
+	Minor int `json:"minor"`
+	// UUID is NVML's "GPU-..." identifier.
+	UUID string `json:"uuid,omitempty"`
+	// BusID is the PCI address, "0000:xx:yy.z".
+	BusID string `json:"busId,omitempty"`
+	// Model is the product name.
+	Model string `json:"model,omitempty"`
+	// Node is the GPU's device node.
+	Node DeviceNode `json:"node"`
+}
+
 // Ref is the device's identity as allocations carry it.
-func (d Device) Ref() DeviceRef { return refOf(&d) }
+func (d Device) Ref() DeviceRef {
+	return DeviceRef{Index: d.Index, Minor: d.Minor, UUID: d.UUID, BusID: d.BusID, Model: d.Model, Node: d.Node}
+}

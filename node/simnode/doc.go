@@ -14,11 +14,13 @@
 // it returns ERROR_GPU_IS_LOST, and watchers receive XID 79).
 //
 // [Node.MakeHost] creates, as root, the node's host tree in a directory of
-// the caller's: /dev nodes with NVIDIA's numbers (nvidia<minor> 195:minor,
-// nvidiactl 195:255, nvidia-uvm and nvidia-uvm-tools on a free major), the
-// driver's /proc files and sysfs NUMA attributes. Opening a GPU node gives
-// ENXIO where the device cgroup allows it and EPERM where it denies it. It
-// never writes into the real /dev.
+// the caller's: /dev nodes with NVIDIA's minors on majors no driver of the
+// host owns (nvidia<minor> and nvidiactl (minor 255) on one free major,
+// nvidia-uvm and nvidia-uvm-tools on another), a /proc/devices naming those
+// majors, the driver's /proc files and sysfs NUMA attributes. Opening a GPU
+// node gives EPERM where the device cgroup denies it and something else
+// (ENXIO: no driver answers) where it allows it, also on a host whose real
+// NVIDIA driver owns major 195. It never writes into the real /dev.
 //
 // The simulated driver version is the host's installed NVIDIA user-space
 // driver's when there is one (so simulated nodes and the real driver volume

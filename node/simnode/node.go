@@ -118,7 +118,7 @@ func NewFromSpec(spec *Spec, opts ...Option) (*Node, error) {
 }
 
 // NVML returns the node's NVML implementation, to hand to
-// allocator.WithNVML and to anything else that talks to NVML.
+// nvmlnode.WithNVML and to anything else that talks to NVML.
 func (n *Node) NVML() nvml.Interface { return n.lib }
 
 // Spec returns a copy of the node's topology description.

@@ -6,8 +6,7 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
-
-	"github.com/gpuiso/gpuiso/allocator"
+	"github.com/gpuiso/gpuiso/node"
 )
 
 const mib = 1 << 20
@@ -207,17 +206,17 @@ func pciInfo(busID string) nvml.PciInfo {
 	return p
 }
 
-func topologyLevel(l allocator.PCIeLevel) nvml.GpuTopologyLevel {
+func topologyLevel(l node.PCIeLevel) nvml.GpuTopologyLevel {
 	switch l {
-	case allocator.PCIeSameBoard:
+	case node.PCIeSameBoard:
 		return nvml.TOPOLOGY_INTERNAL
-	case allocator.PCIeSingleSwitch:
+	case node.PCIeSingleSwitch:
 		return nvml.TOPOLOGY_SINGLE
-	case allocator.PCIeMultipleSwitches:
+	case node.PCIeMultipleSwitches:
 		return nvml.TOPOLOGY_MULTIPLE
-	case allocator.PCIeHostBridge:
+	case node.PCIeHostBridge:
 		return nvml.TOPOLOGY_HOSTBRIDGE
-	case allocator.PCIeNode:
+	case node.PCIeNode:
 		return nvml.TOPOLOGY_NODE
 	}
 	return nvml.TOPOLOGY_SYSTEM

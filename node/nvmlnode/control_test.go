@@ -1,4 +1,4 @@
-package allocator_test
+package nvmlnode_test
 
 import (
 	"context"
@@ -11,15 +11,16 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/gpuiso/gpuiso/allocator"
-	"github.com/gpuiso/gpuiso/allocator/simnode"
 	"github.com/gpuiso/gpuiso/internal/linux"
 	"github.com/gpuiso/gpuiso/internal/testenv"
+	"github.com/gpuiso/gpuiso/node"
+	"github.com/gpuiso/gpuiso/node/nvmlnode"
+	"github.com/gpuiso/gpuiso/node/simnode"
 )
 
-func discoverHost(t *testing.T, node *simnode.Node, h *simnode.Host) *allocator.Inventory {
+func discoverHost(t *testing.T, sim *simnode.Node, h *simnode.Host) *node.Inventory {
 	t.Helper()
-	inv, err := allocator.Discover(context.Background(), node.DiscoverOptions(h)...)
+	inv, err := nvmlnode.Discover(context.Background(), sim.DiscoverOptions(h)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -31,21 +32,21 @@ func discoverHost(t *testing.T, node *simnode.Node, h *simnode.Host) *allocator.
 // /proc/devices.
 func TestControlDevices(t *testing.T) {
 	testenv.RequireRoot(t)
-	node := newNode(t, "dgx1-volta")
-	h, err := node.MakeHost(t.TempDir())
+	sim := newNode(t, "dgx1-volta")
+	h, err := sim.MakeHost(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
-	dev := func(name string, major, minor uint32) allocator.ControlDevice {
-		return allocator.ControlDevice{Name: name, Path: filepath.Join(h.DevRoot, name), Major: major, Minor: minor}
+	dev := func(name string, major, minor uint32) node.ControlDevice {
+		return node.ControlDevice{Name: name, Path: filepath.Join(h.DevRoot, name), Major: major, Minor: minor}
 	}
-	ctl := dev(allocator.NVIDIACtl, 195, 255)
-	uvm := dev(allocator.NVIDIAUVM, h.UVMMajor, 0)
-	tools := dev(allocator.NVIDIAUVMTools, h.UVMMajor, 1)
+	ctl := dev(node.NVIDIACtl, h.NVIDIAMajor, 255)
+	uvm := dev(node.NVIDIAUVM, h.UVMMajor, 0)
+	tools := dev(node.NVIDIAUVMTools, h.UVMMajor, 1)
 
 	t.Run("all present", func(t *testing.T) {
-		inv := discoverHost(t, node, h)
-		if want := []allocator.ControlDevice{ctl, uvm, tools}; !slices.Equal(inv.ControlDevices, want) {
+		inv := discoverHost(t, sim, h)
+		if want := []node.ControlDevice{ctl, uvm, tools}; !slices.Equal(inv.ControlDevices, want) {
 			t.Fatalf("control devices = %+v, want %+v", inv.ControlDevices, want)
 		}
 		if len(inv.Warnings) != 0 {
@@ -56,8 +57,8 @@ func TestControlDevices(t *testing.T) {
 		if err := os.Remove(tools.Path); err != nil {
 			t.Fatal(err)
 		}
-		inv := discoverHost(t, node, h)
-		if want := []allocator.ControlDevice{ctl, uvm}; !slices.Equal(inv.ControlDevices, want) {
+		inv := discoverHost(t, sim, h)
+		if want := []node.ControlDevice{ctl, uvm}; !slices.Equal(inv.ControlDevices, want) {
 			t.Fatalf("control devices = %+v, want %+v", inv.ControlDevices, want)
 		}
 	})
@@ -68,49 +69,49 @@ func TestControlDevices(t *testing.T) {
 		if err := linux.Mknod(uvm.Path, 0o666, linux.DeviceNumber{Char: true, Major: h.UVMMajor + 1, Minor: 0}); err != nil {
 			t.Fatal(err)
 		}
-		inv := discoverHost(t, node, h)
-		if want := []allocator.ControlDevice{ctl}; !slices.Equal(inv.ControlDevices, want) {
+		inv := discoverHost(t, sim, h)
+		if want := []node.ControlDevice{ctl}; !slices.Equal(inv.ControlDevices, want) {
 			t.Fatalf("control devices = %+v, want %+v", inv.ControlDevices, want)
 		}
 		if len(inv.Warnings) != 1 || !strings.Contains(inv.Warnings[0], "stale") {
-			t.Fatalf("warnings = %q, want one about the stale node", inv.Warnings)
+			t.Fatalf("warnings = %q, want one about the stale sim", inv.Warnings)
 		}
 	})
 }
 
 // TestControlDevicesNotNodes needs no root: a regular file where a control
-// node should be is reported, not taken.
+// sim should be is reported, not taken.
 func TestControlDevicesNotNodes(t *testing.T) {
 	devRoot := t.TempDir()
-	if err := os.WriteFile(filepath.Join(devRoot, allocator.NVIDIACtl), nil, 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(devRoot, node.NVIDIACtl), nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	inv, err := allocator.Discover(context.Background(),
-		allocator.WithNVML(newNode(t, "pcie8").NVML()),
-		allocator.WithDevRoot(devRoot),
-		allocator.WithProcRoot(fixture(t, "hosts/no-driver/proc")))
+	inv, err := nvmlnode.Discover(context.Background(),
+		nvmlnode.WithNVML(newNode(t, "pcie8").NVML()),
+		nvmlnode.WithDevRoot(devRoot),
+		nvmlnode.WithProcRoot(fixture(t, "hosts/no-driver/proc")))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(inv.ControlDevices) != 0 || len(inv.Warnings) != 1 || !strings.Contains(inv.Warnings[0], allocator.NVIDIACtl) {
+	if len(inv.ControlDevices) != 0 || len(inv.Warnings) != 1 || !strings.Contains(inv.Warnings[0], node.NVIDIACtl) {
 		t.Fatalf("control devices %+v, warnings %q: want none and one warning", inv.ControlDevices, inv.Warnings)
 	}
 }
 
-// TestSimulatedNodesOpenENXIO opens each simulated GPU node as root, with no
+// TestSimulatedNodesOpenENXIO opens each simulated GPU sim as root, with no
 // device cgroup in the way: the open reaches the kernel, which has no NVIDIA
 // driver behind major 195, and says ENXIO.
 func TestSimulatedNodesOpenENXIO(t *testing.T) {
 	testenv.RequireRoot(t)
-	node := newNode(t, "rtx8000x4")
-	h, err := node.MakeHost(t.TempDir())
+	sim := newNode(t, "rtx8000x4")
+	h, err := sim.MakeHost(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
-	for i := range node.Len() {
-		p := filepath.Join(h.DevRoot, fmt.Sprintf("nvidia%d", node.Minor(i)))
+	for i := range sim.Len() {
+		p := filepath.Join(h.DevRoot, fmt.Sprintf("nvidia%d", sim.Minor(i)))
 		num, err := linux.StatDevice(p)
-		if err != nil || num != (linux.DeviceNumber{Char: true, Major: 195, Minor: uint32(node.Minor(i))}) {
+		if err != nil || num != (linux.DeviceNumber{Char: true, Major: h.NVIDIAMajor, Minor: uint32(sim.Minor(i))}) {
 			t.Fatalf("%s = %+v, %v", p, num, err)
 		}
 		f, err := os.OpenFile(p, os.O_RDWR, 0)

@@ -1,0 +1,31 @@
+// Package node is gpuiso's model of a GPU node: plain data that every other
+// package shares, with no cgo and no operating-system dependency, so it
+// builds for any GOOS with CGO_ENABLED=0.
+//
+// An [Inventory] is what a node has: its GPUs ([Device]: index, NVML minor,
+// UUID, bus id, model, brand, memory, NUMA node, MIG mode, [Health] and
+// Nomad-style fingerprint [Attributes]), their [Topology] (PCIe level and
+// NVLink count of every pair), the driver and CUDA versions, and the
+// driver's [ControlDevice] nodes. Every device carries its node as data
+// ([DeviceNode]: path and major:minor as discovery read them), so no package
+// assumes NVIDIA's numbers: a simulated node may use a free major, a real
+// one whatever its driver registered.
+//
+// A [DeviceRef] is a device as allocations carry it. [ValidateOwner] is the
+// one owner-id rule that every package obeys, because owner ids become file,
+// cgroup and Docker names. [ParseProcDevices] reads /proc/devices.
+//
+// # Errors
+//
+// The package holds the error vocabulary of the whole module:
+// [ErrNotSupported], [ErrInvalid], [ErrExists], [ErrNotFound],
+// [ErrInsufficient], [ErrUnavailable] and [ErrCorrupt]. Every other package's
+// sentinels are made with [Sentinel] and its typed errors' Is methods map onto
+// these, so one errors.Is(err, node.ErrNotSupported) covers a refusal from
+// any package or back end.
+//
+// # Where the data comes from
+//
+// Package nvmlnode fills an Inventory from NVML (cgo, Linux) and watches
+// health; package simnode simulates whole nodes for tests and demos.
+package node

@@ -1,0 +1,26 @@
+// Package nvmlnode reads a node's GPUs through NVML
+// (github.com/NVIDIA/go-nvml) into the node model: [Discover] builds a
+// node.Inventory once, [Monitor] watches XID and ECC events and marks GPUs
+// unhealthy through a [Target] (an allocator), and [ReadUsage] reads the GPU
+// memory and utilisation of a container's processes.
+//
+// NVML is loaded at run time (dlopen of libnvidia-ml.so.1), so one binary
+// serves nodes with and without GPUs: on a node without the library
+// Discover fails with an error matching [ErrLibraryNotFound], on one whose
+// kernel driver is not loaded with [ErrDriverNotLoaded]. A GPU NVML cannot
+// read (for instance one that fell off the bus) is reported unhealthy with
+// the reason, beside the others. NVML's result codes are typed
+// ([NVMLError]) and match node's shared sentinels.
+//
+// Discovery is the only place that knows NVIDIA's device numbers: it reads
+// the driver's majors from /proc/devices (falling back to [DefaultMajor] when
+// the driver is not loaded), stats each GPU's and control device's node
+// under the dev root, and records them in the inventory as data.
+//
+// # Host paths
+//
+// Discover reads the dev root (/dev), proc root (/proc) and sys root (/sys);
+// each can be moved to a test tree with [WithDevRoot], [WithProcRoot] and
+// [WithSysRoot]; [WithNVML] replaces the library (package simnode provides
+// a simulated one).
+package nvmlnode
