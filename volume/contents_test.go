@@ -175,3 +175,12 @@ func TestResolve(t *testing.T) {
 		})
 	}
 }
+
+func TestContentsVersionMismatch(t *testing.T) {
+	m := driverTree(t, "535.309.01").manager()
+	_, err := m.Contents(context.Background(), "999.1.1")
+	var me *VersionMismatchError
+	if !errors.Is(err, ErrVersionMismatch) || !errors.As(err, &me) || !slices.Contains(me.Found, "535.309.01") {
+		t.Fatalf("Contents(999.1.1) = %v, want a mismatch naming 535.309.01", err)
+	}
+}
