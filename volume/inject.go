@@ -29,6 +29,9 @@ const (
 	EnvRequirePrefix   = "NVIDIA_REQUIRE_"
 	EnvRequireCUDA     = "NVIDIA_REQUIRE_CUDA"
 	EnvCUDAVersion     = "CUDA_VERSION"
+	// envRequireJetpack prefixes Jetson requirements, which the runtime
+	// ignores on other hosts.
+	envRequireJetpack = "NVIDIA_REQUIRE_JETPACK"
 )
 
 // Image is what an image (or a container's configuration) says about itself.
