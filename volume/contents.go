@@ -5,10 +5,10 @@ import (
 	"debug/elf"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path"
-	"path/filepath"
 	"slices"
 	"strings"
 
@@ -55,10 +55,13 @@ type Link struct {
 }
 
 // Contents works out what belongs in the volume of the given driver version,
-// reading the host's ld.so cache, its binary directories and the ELF headers
-// of the libraries. It changes nothing. Files that cannot be read or do not
-// belong are left out with a warning; it fails only when the cache cannot be
-// read or nothing of the driver is found.
+// reading the ld.so cache of the driver root ([Manager.DriverRoot]), its
+// binary directories and the ELF headers of the libraries. It changes
+// nothing. The directories the cache names are the library directories:
+// every symlink chain is followed inside the driver root and only what
+// escapes it is refused. Files that cannot be read or do not belong are left
+// out with a warning; it fails only when the cache cannot be read or nothing
+// of the driver is found.
 func (m *Manager) Contents(ctx context.Context, version string) (*Contents, error) {
 	return m.contents(ctx, version, m.cfg.caps)
 }
@@ -70,14 +73,12 @@ func (m *Manager) contents(ctx context.Context, version string, caps []Capabilit
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	cache, err := m.readCache()
+	d, err := m.driver(ctx)
 	if err != nil {
 		return nil, err
 	}
-	c := &collector{m: m, version: version, out: &Contents{Version: version, Capabilities: caps}, seen: map[string]string{}}
-	c.allowedLib = c.resolveDirs(m.cfg.libDirs)
-	c.allowedBin = append(c.resolveDirs(m.cfg.binDirs), c.allowedLib...)
-	for _, e := range cache.Entries {
+	c := &collector{m: m, d: d, version: version, out: &Contents{Version: version, Capabilities: caps}, seen: map[string]string{}}
+	for _, e := range d.cache.Entries {
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
@@ -89,54 +90,33 @@ func (m *Manager) contents(ctx context.Context, version string, caps []Capabilit
 		}
 	}
 	c.addCudaLinks()
+	if len(c.libDirs) == 0 && len(c.others) > 0 {
+		slices.Sort(c.others)
+		return c.out, &VersionMismatchError{Version: version, Found: slices.Compact(c.others)}
+	}
 	if len(c.out.Files) == 0 {
-		return c.out, fmt.Errorf("driver %s under %s (capabilities %v): %w", version, m.cfg.driverRoot, caps, ErrNoDriver)
+		return c.out, fmt.Errorf("driver %s under %s (capabilities %v): %w", version, d.root, caps, ErrNoDriver)
 	}
 	slices.SortFunc(c.out.Files, func(a, b File) int { return strings.Compare(a.Path, b.Path) })
 	slices.SortFunc(c.out.Links, func(a, b Link) int { return strings.Compare(a.Path, b.Path) })
 	return c.out, nil
 }
 
-func (m *Manager) readCache() (*ldcache.Cache, error) {
-	p := m.hostPath(m.cfg.ldCache)
-	b, err := os.ReadFile(p)
-	if err != nil {
-		return nil, fmt.Errorf("read ld.so cache: %w", err)
-	}
-	cache, err := ldcache.Parse(b)
-	if err != nil {
-		return nil, fmt.Errorf("read ld.so cache %s: %w", p, err)
-	}
-	return cache, nil
-}
-
-// hostPath is p (as the driver root sees it) on this host.
-func (m *Manager) hostPath(p string) string {
-	return filepath.Join(m.cfg.driverRoot, filepath.FromSlash(p))
-}
-
 type collector struct {
-	m                      *Manager
-	version                string
-	out                    *Contents
-	seen                   map[string]string // volume path -> source
-	allowedLib, allowedBin []string
+	m       *Manager
+	d       *driver
+	version string
+	out     *Contents
+	seen    map[string]string // volume path -> source
+	// libDirs are the directories, as the driver root sees them, that the
+	// driver's libraries were found in, in the order found.
+	libDirs []string
+	// others are the versions of the driver's libraries of another version.
+	others []string
 }
 
 func (c *collector) warn(format string, args ...any) {
 	c.out.Warnings = append(c.out.Warnings, fmt.Sprintf(format, args...))
-}
-
-// resolveDirs resolves the allowed directories the way files are resolved,
-// so that /lib and /usr/lib compare equal on a merged-/usr host.
-func (c *collector) resolveDirs(dirs []string) []string {
-	var out []string
-	for _, d := range dirs {
-		if r, err := resolve(c.m.cfg.driverRoot, d); err == nil {
-			out = append(out, r)
-		}
-	}
-	return out
 }
 
 // capabilityOf returns the capability whose library list holds the library
@@ -169,21 +149,20 @@ func (c *collector) library(e ldcache.Entry) {
 		c.warn("ld.so cache name %q rejected: %v", e.Key, ErrInvalidName)
 		return
 	}
-	resolved, err := resolve(c.m.cfg.driverRoot, e.Value)
+	resolved, err := resolve(c.d.root, e.Value)
 	if err != nil {
 		c.warn("%s: %v", e.Key, err)
-		return
-	}
-	if !slices.ContainsFunc(c.allowedLib, func(d string) bool { return within(resolved, d) }) {
-		c.warn("%s: %s resolves to %s, outside the library directories", e.Key, e.Value, resolved)
 		return
 	}
 	name := path.Base(resolved)
 	if !generic && !strings.HasSuffix(name, ".so."+c.version) {
 		c.warn("%s: %s is not of driver %s", e.Key, resolved, c.version)
+		if _, v, ok := strings.Cut(name, ".so."); ok && ValidateVersion(v) == nil && strings.Contains(v, ".") {
+			c.others = append(c.others, v)
+		}
 		return
 	}
-	src := c.m.hostPath(resolved)
+	src := c.d.hostPath(resolved)
 	fi, err := os.Lstat(src)
 	if err != nil {
 		c.warn("%s: %v", e.Key, err)
@@ -227,15 +206,40 @@ func (c *collector) library(e ldcache.Entry) {
 		c.warn("%s: name %q or soname %q rejected: %v", e.Key, name, soname, ErrInvalidName)
 		return
 	}
+	if !generic && !slices.Contains(c.libDirs, path.Dir(resolved)) {
+		c.libDirs = append(c.libDirs, path.Dir(resolved))
+	}
 	if c.addFile(File{Path: dir + "/" + name, Source: src, Capability: cp}) && soname != name {
 		c.addLink(Link{Path: dir + "/" + soname, Target: name})
 	}
 }
 
+// binDirs are the directories searched for the driver's programs: the
+// configured ones, then the bin directory beside each lib, lib32 or lib64
+// directory the driver's libraries were found in (/usr/local/nvidia/bin for
+// /usr/local/nvidia/lib64).
+func (c *collector) binDirs() []string {
+	dirs := slices.Clone(c.m.cfg.binDirs)
+	for _, d := range c.libDirs {
+		switch path.Base(d) {
+		case "lib", "lib32", "lib64":
+			if b := path.Join(path.Dir(d), "bin"); !slices.Contains(dirs, b) {
+				dirs = append(dirs, b)
+			}
+		}
+	}
+	return dirs
+}
+
+// binary adds the program name: the first executable ELF file found on the
+// binary directories, else the first executable file (a driver on its own
+// file system may have a wrapper script in /usr/bin and the program itself
+// beside its libraries).
 func (c *collector) binary(cp Capability, name string) {
-	for _, d := range c.m.cfg.binDirs {
+	var script *File
+	for _, d := range c.binDirs() {
 		p := path.Join(d, name)
-		resolved, err := resolve(c.m.cfg.driverRoot, p)
+		resolved, err := resolve(c.d.root, p)
 		if errors.Is(err, fs.ErrNotExist) {
 			continue
 		}
@@ -243,19 +247,36 @@ func (c *collector) binary(cp Capability, name string) {
 			c.warn("%s: %v", p, err)
 			continue
 		}
-		if !slices.ContainsFunc(c.allowedBin, func(d string) bool { return within(resolved, d) }) {
-			c.warn("%s resolves to %s, outside the binary and library directories", p, resolved)
-			continue
-		}
-		src := c.m.hostPath(resolved)
+		src := c.d.hostPath(resolved)
 		fi, err := os.Lstat(src)
 		if err != nil || !fi.Mode().IsRegular() || fi.Mode().Perm()&0o111 == 0 {
 			c.warn("%s: %s is not an executable file", p, resolved)
 			continue
 		}
-		c.addFile(File{Path: BinDir + "/" + name, Source: src, Capability: cp})
-		return
+		f := File{Path: BinDir + "/" + name, Source: src, Capability: cp}
+		if isELF(src) {
+			c.addFile(f)
+			return
+		}
+		if script == nil {
+			script = &f
+		}
 	}
+	if script != nil {
+		c.addFile(*script)
+	}
+}
+
+// isELF reports whether the file at p starts with the ELF magic.
+func isELF(p string) bool {
+	f, err := os.Open(p)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	b := make([]byte, len(elf.ELFMAG))
+	_, err = io.ReadFull(f, b)
+	return err == nil && string(b) == elf.ELFMAG
 }
 
 // addFile adds f unless its path is taken; the first file for a path (the

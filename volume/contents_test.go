@@ -68,7 +68,7 @@ func TestContents(t *testing.T) {
 			warnings: []string{
 				`libnvidia-cfg.so.1: /usr/lib/x86_64-linux-gnu/nvidia/current/libnvidia-cfg.so.470.1 is not of driver ` + v,
 				`"libnvidia-nvvm.so/../../x" rejected`,
-				`libnvidia-encode.so.1: /lib/x86_64-linux-gnu/libnvidia-encode.so.1 resolves to /etc/libnvidia-encode.so.` + v + `, outside the library directories`,
+				`libnvidia-encode.so.1: resolve /lib/x86_64-linux-gnu/libnvidia-encode.so.1: escapes the driver root`,
 				`/usr/bin/nvidia-cuda-mps-control: /usr/bin/nvidia-cuda-mps-control is not an executable file`,
 			},
 		},
@@ -161,7 +161,7 @@ func TestResolve(t *testing.T) {
 	}{
 		{"plain", "/usr/lib/real.so", "/usr/lib/real.so", false},
 		{"merged usr and alternatives", "/lib/x86_64-linux-gnu/chain.so", "/usr/lib/real.so", false},
-		{"dot-dot stops at the root", "/lib/x86_64-linux-gnu/up.so", "/usr/lib/real.so", false},
+		{"dot-dot above the root escapes it", "/lib/x86_64-linux-gnu/up.so", "", true},
 		{"loop", "/lib/x86_64-linux-gnu/loop.so", "", true},
 		{"missing", "/usr/lib/none.so", "", true},
 		{"relative", "usr/lib/real.so", "", true},
@@ -173,5 +173,14 @@ func TestResolve(t *testing.T) {
 				t.Fatalf("resolve(%s) = %q, %v; want %q (fail %v)", tt.path, got, err, tt.want, tt.fail)
 			}
 		})
+	}
+}
+
+func TestContentsVersionMismatch(t *testing.T) {
+	m := driverTree(t, "535.309.01").manager()
+	_, err := m.Contents(context.Background(), "999.1.1")
+	var me *VersionMismatchError
+	if !errors.Is(err, ErrVersionMismatch) || !errors.As(err, &me) || !slices.Contains(me.Found, "535.309.01") {
+		t.Fatalf("Contents(999.1.1) = %v, want a mismatch naming 535.309.01", err)
 	}
 }

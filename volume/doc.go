@@ -12,12 +12,18 @@
 // mounted at /usr/local/nvidia, read-only, nosuid and nodev.
 //
 // What belongs in it ([Manager.Contents]) is worked out from the ld.so cache
-// (read with internal/ldcache): libraries are matched by name by capability
-// (utility, compute, video, graphics, compat32; display adds only a device
-// node), their symlink chains resolved inside the driver root (Debian reaches
-// its driver through /etc/alternatives), kept only when the file ends in
-// .so.<driver version> and lies in a library directory, and split into lib/
-// and lib64/ by the ELF class read from the file. Vendor-neutral libGL, libEGL
+// of the driver root (read with internal/ldcache): the directories the cache
+// names are the library directories. Libraries are matched by name by
+// capability (utility, compute, video, graphics, compat32; display adds only
+// a device node), their symlink chains resolved inside the driver root
+// (Debian reaches its driver through /etc/alternatives; a driver on its own
+// file system through /lib symlinks into /usr/local/nvidia/lib64), refused
+// only when a chain escapes the root, kept only when the file ends in
+// .so.<driver version>, and split into lib/ and lib64/ by the ELF class read
+// from the file. The driver root is the first of [DefaultDriverRoots] whose
+// cache names NVIDIA's libraries (/, then a containerised driver's
+// /run/nvidia/driver, then GKE's directory), or the one [WithDriverRoot]
+// gives. Vendor-neutral libGL, libEGL
 // and libGLES* are taken only when the file needs NVIDIA's GL core or GLVND's
 // dispatcher, never Mesa's. Programs are looked up on the binary directories.
 // Every host path (driver root, ld.so cache, binary and library directories,
@@ -67,6 +73,16 @@
 // expressions (and the legacy CUDA_VERSION and com.nvidia.cuda.version
 // forms) against the [Driver] and the allocated GPUs; [Volume.Injection]
 // returns the mount and environment as plain data for the isolators.
+// Brands compare by the names NVIDIA's runtime gives them ([BrandName]:
+// GPUs newer than TITAN are Unknown).
+//
+// CUDA forward compatibility: /usr/local/cuda/compat goes first in
+// LD_LIBRARY_PATH only when [DecideCompat] finds there a libcuda newer than
+// the driver and made for its branch (its .note.cuda.fwd_compatibility ELF
+// note lists the branch; without a note, its major version is higher).
+// That needs the image's files: [Volume.InjectionCompat] takes the decision
+// of [CompatFor]; [Volume.Injection], for callers without a root file system
+// (Docker images), never adds it.
 //
 // The package never logs unless given a logger with [WithLogger].
 package volume

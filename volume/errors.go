@@ -16,6 +16,11 @@ var (
 	ErrNoDriverVersion = errors.New("driver version unknown")
 	// ErrNoDriver: the driver root holds none of the driver's files.
 	ErrNoDriver = errors.New("no NVIDIA driver files found")
+	// ErrEscapesRoot: a symlink chain leads out of the driver root.
+	ErrEscapesRoot = errors.New("escapes the driver root")
+	// ErrVersionMismatch: the driver version given is not the version of
+	// the driver files found.
+	ErrVersionMismatch = errors.New("driver version does not match the driver files")
 	// ErrUnsafe: the root or a version directory could be changed by someone
 	// other than root (wrong owner, group- or other-writable, a symlink).
 	ErrUnsafe = errors.New("unsafe volume directory")
@@ -127,3 +132,19 @@ func (e *UnmetError) Error() string {
 
 // Is matches ErrRequirementUnmet.
 func (e *UnmetError) Is(target error) bool { return target == ErrRequirementUnmet }
+
+// VersionMismatchError is a driver version, given rather than detected,
+// that the driver's library files are not of.
+type VersionMismatchError struct {
+	// Version is the version given.
+	Version string
+	// Found are the versions of the driver's library files.
+	Found []string
+}
+
+func (e *VersionMismatchError) Error() string {
+	return fmt.Sprintf("driver version %s: the driver files found are of %s", e.Version, strings.Join(e.Found, ", "))
+}
+
+// Is matches ErrVersionMismatch.
+func (e *VersionMismatchError) Is(target error) bool { return target == ErrVersionMismatch }

@@ -54,6 +54,6 @@ func ExampleCheck() {
 	// Output:
 	// /var/run/gpuiso/volumes/nvidia_535.309.01 -> /usr/local/nvidia [rbind ro nosuid nodev]
 	// PATH=/usr/bin:/usr/local/nvidia/bin
-	// LD_LIBRARY_PATH=/usr/local/cuda/compat:/usr/local/nvidia/lib:/usr/local/nvidia/lib64
+	// LD_LIBRARY_PATH=/usr/local/nvidia/lib:/usr/local/nvidia/lib64
 	// true NVIDIA_REQUIRE_CUDA "cuda>=12.4 brand=tesla,driver>=535,driver<536" unmet by driver 535.309.01 (cuda 12.2) on gpu 0 (arch 8.0, brand GeForce): cuda>=12.4 and brand=tesla false
 }

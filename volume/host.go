@@ -15,8 +15,10 @@ const maxSymlinks = 40
 
 // resolve follows every symlink of p (an absolute path as the driver root
 // sees it) inside the tree rooted at root, the way the kernel would inside a
-// chroot: absolute targets start again at root and ".." never climbs above
-// it. It returns the resolved path, absolute and relative to root.
+// chroot: absolute targets start again at root. A ".." that would climb
+// above root escapes it: the path is refused with an error matching
+// ErrEscapesRoot. It returns the resolved path, absolute and relative to
+// root.
 func resolve(root, p string) (string, error) {
 	if !path.IsAbs(p) {
 		return "", fmt.Errorf("resolve %q: not an absolute path: %w", p, ErrInvalidName)
@@ -31,6 +33,9 @@ func resolve(root, p string) (string, error) {
 		case "", ".":
 			continue
 		case "..":
+			if done == "/" {
+				return "", &fs.PathError{Op: "resolve", Path: p, Err: ErrEscapesRoot}
+			}
 			done = path.Dir(done)
 			continue
 		}
@@ -57,11 +62,6 @@ func resolve(root, p string) (string, error) {
 		todo = append(strings.Split(target, "/"), todo...)
 	}
 	return done, nil
-}
-
-// within reports whether p (cleaned, absolute) is dir or lies below it.
-func within(p, dir string) bool {
-	return p == dir || dir == "/" || strings.HasPrefix(p, dir+"/")
 }
 
 // validName reports whether s can name one entry of a directory: not empty,

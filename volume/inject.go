@@ -13,7 +13,8 @@ const (
 	ContainerLib   = ContainerPath + "/lib"
 	ContainerLib64 = ContainerPath + "/lib64"
 	// CUDACompat holds CUDA's forward-compatibility libraries in images that
-	// ship them; they must come before the driver's.
+	// ship them; they come before the driver's only when [DecideCompat]
+	// says so.
 	CUDACompat = "/usr/local/cuda/compat"
 	// DefaultPath is the PATH of an image that sets none.
 	DefaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -28,6 +29,9 @@ const (
 	EnvRequirePrefix   = "NVIDIA_REQUIRE_"
 	EnvRequireCUDA     = "NVIDIA_REQUIRE_CUDA"
 	EnvCUDAVersion     = "CUDA_VERSION"
+	// envRequireJetpack prefixes Jetson requirements, which the runtime
+	// ignores on other hosts.
+	envRequireJetpack = "NVIDIA_REQUIRE_JETPACK"
 )
 
 // Image is what an image (or a container's configuration) says about itself.
@@ -79,15 +83,32 @@ type Injection struct {
 
 // Injection returns the mount of v and the environment a container with
 // the environment env must get: PATH gains ContainerBin at its end;
-// LD_LIBRARY_PATH gains CUDACompat first, ContainerLib and ContainerLib64
-// last. Entries already present keep their place.
+// LD_LIBRARY_PATH gains ContainerLib and ContainerLib64 last. Entries
+// already present keep their place. CUDACompat is not added, and is taken
+// out of the image's LD_LIBRARY_PATH: a caller that can read the image's
+// files uses [Volume.InjectionCompat].
 func (v *Volume) Injection(env []string) Injection {
+	return v.InjectionCompat(env, Compat{})
+}
+
+// InjectionCompat is [Volume.Injection] with the forward-compatibility
+// decision c (from [DecideCompat] or [CompatFor]): when c.Use is true,
+// LD_LIBRARY_PATH gains CUDACompat first; otherwise CUDACompat is taken out
+// of it.
+func (v *Volume) InjectionCompat(env []string, c Compat) Injection {
 	img := Image{Env: env}
 	path, ok := img.Getenv("PATH")
 	if !ok {
 		path = DefaultPath
 	}
 	ld, _ := img.Getenv("LD_LIBRARY_PATH")
+	var first []string
+	mid := splitPath(ld)
+	if c.Use {
+		first = []string{CUDACompat}
+	} else {
+		mid = slices.DeleteFunc(mid, func(d string) bool { return strings.TrimRight(d, "/") == CUDACompat })
+	}
 	return Injection{
 		Mount: Mount{
 			Source:      v.Path,
@@ -97,7 +118,7 @@ func (v *Volume) Injection(env []string) Injection {
 		},
 		Env: []string{
 			"PATH=" + joinPath(nil, splitPath(path), []string{ContainerBin}),
-			"LD_LIBRARY_PATH=" + joinPath([]string{CUDACompat}, splitPath(ld), []string{ContainerLib, ContainerLib64}),
+			"LD_LIBRARY_PATH=" + joinPath(first, mid, []string{ContainerLib, ContainerLib64}),
 		},
 	}
 }

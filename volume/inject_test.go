@@ -33,29 +33,41 @@ func TestNeedsVolume(t *testing.T) {
 func TestInjection(t *testing.T) {
 	v := &Volume{Version: "535.309.01", Path: "/var/run/gpuiso/volumes/nvidia_535.309.01"}
 	tests := []struct {
-		name string
-		env  []string
-		want []string
+		name   string
+		env    []string
+		compat bool
+		want   []string
 	}{
-		{"empty image", nil, []string{
+		{"empty image", nil, false, []string{
+			"PATH=" + DefaultPath + ":/usr/local/nvidia/bin",
+			"LD_LIBRARY_PATH=/usr/local/nvidia/lib:/usr/local/nvidia/lib64",
+		}},
+		{"empty image with compat", nil, true, []string{
 			"PATH=" + DefaultPath + ":/usr/local/nvidia/bin",
 			"LD_LIBRARY_PATH=/usr/local/cuda/compat:/usr/local/nvidia/lib:/usr/local/nvidia/lib64",
 		}},
-		{"image paths kept in the middle", []string{"PATH=/opt/bin:/usr/bin", "LD_LIBRARY_PATH=/opt/lib"}, []string{
+		{"image paths kept in the middle", []string{"PATH=/opt/bin:/usr/bin", "LD_LIBRARY_PATH=/opt/lib"}, true, []string{
 			"PATH=/opt/bin:/usr/bin:/usr/local/nvidia/bin",
 			"LD_LIBRARY_PATH=/usr/local/cuda/compat:/opt/lib:/usr/local/nvidia/lib:/usr/local/nvidia/lib64",
+		}},
+		{"image's own compat entry taken out", []string{"LD_LIBRARY_PATH=/usr/local/cuda/compat/:/opt/lib"}, false, []string{
+			"PATH=" + DefaultPath + ":/usr/local/nvidia/bin",
+			"LD_LIBRARY_PATH=/opt/lib:/usr/local/nvidia/lib:/usr/local/nvidia/lib64",
 		}},
 		{"cuda image already has them", []string{
 			"PATH=/usr/local/nvidia/bin:/usr/local/cuda/bin:/usr/bin",
 			"LD_LIBRARY_PATH=/usr/local/nvidia/lib:/usr/local/nvidia/lib64",
-		}, []string{
+		}, true, []string{
 			"PATH=/usr/local/nvidia/bin:/usr/local/cuda/bin:/usr/bin",
 			"LD_LIBRARY_PATH=/usr/local/cuda/compat:/usr/local/nvidia/lib:/usr/local/nvidia/lib64",
 		}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			inj := v.Injection(tt.env)
+			inj := v.InjectionCompat(tt.env, Compat{Use: tt.compat})
+			if !tt.compat && !reflect.DeepEqual(v.Injection(tt.env), inj) {
+				t.Errorf("Injection differs from InjectionCompat without compat")
+			}
 			if !reflect.DeepEqual(inj.Env, tt.want) {
 				t.Errorf("env %q, want %q", inj.Env, tt.want)
 			}

@@ -43,10 +43,9 @@ type Manager struct {
 
 type config struct {
 	root          string
-	driverRoot    string
+	driverRoots   []string
 	ldCache       string
 	binDirs       []string
-	libDirs       []string
 	procRoot      string
 	caps          []Capability
 	version       string
@@ -72,15 +71,29 @@ func WithRoot(dir string) Option {
 	}
 }
 
-// WithDriverRoot sets the directory the driver is installed under (default
-// "/"): the ld.so cache, the binary directories and every path they name are
-// read below it.
-func WithDriverRoot(dir string) Option {
+// WithDriverRoot sets the directory the driver is installed under, such as
+// /run/nvidia/driver for a containerised driver: the ld.so cache, the binary
+// directories and every path they name are read below it, and no other root
+// is tried. By default the first of [DefaultDriverRoots] whose ld.so cache
+// names NVIDIA's libraries is used.
+func WithDriverRoot(dir string) Option { return WithDriverRoots(dir) }
+
+// WithDriverRoots sets the driver roots tried in order: the first whose
+// ld.so cache names NVIDIA's libraries is used (default
+// [DefaultDriverRoots]).
+func WithDriverRoots(dirs ...string) Option {
 	return func(c *config) error {
-		if !filepath.IsAbs(dir) {
-			return fmt.Errorf("driver root %q: not an absolute path: %w", dir, ErrInvalidName)
+		if len(dirs) == 0 {
+			return fmt.Errorf("no driver root: %w", ErrInvalidName)
 		}
-		c.driverRoot = filepath.Clean(dir)
+		var roots []string
+		for _, d := range dirs {
+			if !filepath.IsAbs(d) {
+				return fmt.Errorf("driver root %q: not an absolute path: %w", d, ErrInvalidName)
+			}
+			roots = append(roots, filepath.Clean(d))
+		}
+		c.driverRoots = roots
 		return nil
 	}
 }
@@ -99,17 +112,10 @@ func WithLDCache(p string) Option {
 
 // WithBinDirs sets the directories under the driver root searched for the
 // driver's programs, in order (default /usr/bin, /usr/sbin, /bin, /sbin,
-// /usr/local/bin).
+// /usr/local/bin); the bin directory beside the driver's library directory
+// (/usr/local/nvidia/bin for /usr/local/nvidia/lib64) is searched after them.
 func WithBinDirs(dirs ...string) Option {
 	return func(c *config) error { return absDirs("binary", dirs, &c.binDirs) }
-}
-
-// WithLibraryDirs sets the directories under the driver root that libraries
-// (and the programs' resolved files) may lie in once their symlinks are
-// followed (default /usr/lib, /usr/lib32, /usr/lib64, /lib, /lib32, /lib64,
-// /usr/local/lib).
-func WithLibraryDirs(dirs ...string) Option {
-	return func(c *config) error { return absDirs("library", dirs, &c.libDirs) }
 }
 
 func absDirs(what string, dirs []string, dst *[]string) error {
@@ -208,10 +214,9 @@ func WithLogger(l *slog.Logger) Option {
 func New(opts ...Option) (*Manager, error) {
 	c := config{
 		root:          DefaultRoot,
-		driverRoot:    "/",
+		driverRoots:   DefaultDriverRoots(),
 		ldCache:       "/etc/ld.so.cache",
 		binDirs:       []string{"/usr/bin", "/usr/sbin", "/bin", "/sbin", "/usr/local/bin"},
-		libDirs:       []string{"/usr/lib", "/usr/lib32", "/usr/lib64", "/lib", "/lib32", "/lib64", "/usr/local/lib"},
 		procRoot:      "/proc",
 		caps:          normalizeCapabilities(AllCapabilities()),
 		links:         true,

@@ -1,6 +1,7 @@
 package volume
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -66,13 +67,21 @@ const maxValueLen = 64
 // "cuda>=11.0 brand=tesla,driver>=418,driver<419": spaces separate
 // alternatives, commas join conditions. Versions (cuda, driver, arch) must be
 // digits and dots; brands letters, digits, '-' and '_'; brands compare with
-// = and != only, without regard to case.
+// = and != only, without regard to case. As NVIDIA's runtime does, empty
+// conditions are skipped and conditions on unknown properties ("foo=45")
+// are ignored: they hold.
 func ParseRequirement(source, expr string) (Requirement, error) {
 	r := Requirement{Source: source, Expr: expr}
 	for alt := range strings.FieldsSeq(expr) {
-		var conds []Condition
+		conds := []Condition{}
 		for tok := range strings.SplitSeq(alt, ",") {
+			if tok == "" {
+				continue
+			}
 			c, err := parseCondition(expr, tok)
+			if errors.Is(err, errUnknownProperty) {
+				continue
+			}
 			if err != nil {
 				return Requirement{}, err
 			}
@@ -123,10 +132,13 @@ func parseCondition(expr, tok string) (Condition, error) {
 			}
 		}
 	default:
-		return bad("unknown property (cuda, driver, arch, brand)")
+		return Condition{}, errUnknownProperty
 	}
 	return c, nil
 }
+
+// errUnknownProperty marks a condition on a property the runtime ignores.
+var errUnknownProperty = errors.New("unknown property")
 
 // versionFits reports whether every component of v is a number that a
 // uint64 holds.
@@ -199,9 +211,10 @@ func (c Condition) holds(f facts) bool {
 }
 
 // Requirements returns the image's requirements: every NVIDIA_REQUIRE_*
-// variable; "cuda>=<major.minor>" implied by CUDA_VERSION when
-// NVIDIA_REQUIRE_CUDA is not set; "cuda>=<label>" for the
-// com.nvidia.cuda.version label of nvidia-docker 1.0 images. None when
+// variable but NVIDIA_REQUIRE_JETPACK*; "cuda>=<major.minor>" implied by
+// CUDA_VERSION when NVIDIA_REQUIRE_CUDA is not set or empty; "cuda>=<label>"
+// for the com.nvidia.cuda.version label of nvidia-docker 1.0 images (an
+// empty label means no check). None when
 // NVIDIA_DISABLE_REQUIRE is true. A requirement that does not parse is an
 // error; the image is then refused, not run unchecked.
 func (img Image) Requirements() ([]Requirement, error) {
@@ -214,7 +227,7 @@ func (img Image) Requirements() ([]Requirement, error) {
 	var names []string
 	for _, kv := range img.Env {
 		k, v, _ := strings.Cut(kv, "=")
-		if strings.HasPrefix(k, EnvRequirePrefix) && k != EnvRequirePrefix {
+		if strings.HasPrefix(k, EnvRequirePrefix) && k != EnvRequirePrefix && !strings.HasPrefix(k, envRequireJetpack) {
 			if _, dup := env[k]; !dup {
 				names = append(names, k)
 			}
@@ -233,7 +246,7 @@ func (img Image) Requirements() ([]Requirement, error) {
 		}
 		reqs = append(reqs, r)
 	}
-	if _, ok := env[EnvRequireCUDA]; !ok {
+	if strings.TrimSpace(env[EnvRequireCUDA]) == "" {
 		if v, ok := img.Getenv(EnvCUDAVersion); ok && strings.TrimSpace(v) != "" {
 			r, err := impliedCUDA(EnvCUDAVersion, v)
 			if err != nil {
@@ -242,7 +255,7 @@ func (img Image) Requirements() ([]Requirement, error) {
 			reqs = append(reqs, r)
 		}
 	}
-	if v, ok := img.Labels[LabelCUDAVersion]; ok {
+	if v, ok := img.Labels[LabelCUDAVersion]; ok && strings.TrimSpace(v) != "" {
 		r, err := impliedCUDA(LabelCUDAVersion, v)
 		if err != nil {
 			return nil, err
@@ -288,10 +301,10 @@ func Check(img Image, drv Driver, gpus []node.Device) error {
 		}
 		for _, g := range gpus {
 			gf := f
-			gf.gpu, gf.arch, gf.brand = true, g.ComputeCapability, g.Brand
+			gf.gpu, gf.arch, gf.brand = true, g.ComputeCapability, requirementBrand(g.Brand)
 			if failed := r.failed(gf); failed != nil {
 				e := unmet(r, failed)
-				e.GPU, e.Arch, e.Brand = g.Index, g.ComputeCapability, g.Brand
+				e.GPU, e.Arch, e.Brand = g.Index, g.ComputeCapability, gf.brand
 				return e
 			}
 		}

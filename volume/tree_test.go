@@ -198,11 +198,11 @@ func driverTree(t testing.TB, version string) *tree {
 	tr.file("usr/lib/x86_64-linux-gnu/libGLESv2.so.2.0.0", makeELF(elf.ELFCLASS64, "libGLESv2.so.2", "libglapi.so.0"), 0o644)
 	tr.symlink("usr/lib/x86_64-linux-gnu/libGLESv2.so.2", "libGLESv2.so.2.0.0")
 	tr.cache("libGLESv2.so.2", "/lib/x86_64-linux-gnu/libGLESv2.so.2", ldcache.FlagELFLibc6|ldcache.FlagX8664Lib64)
-	// Hostile: a name with "..", and a link leading out of the library
-	// directories.
+	// Hostile: a name with "..", and a link climbing out of the driver
+	// root.
 	tr.cache("libnvidia-nvvm.so/../../x", "/lib/x86_64-linux-gnu/libnvidia-nvvm.so.4", ldcache.FlagELFLibc6|ldcache.FlagX8664Lib64)
 	tr.file("etc/libnvidia-encode.so."+version, makeELF(elf.ELFCLASS64, "libnvidia-encode.so.1"), 0o644)
-	tr.symlink("usr/lib/x86_64-linux-gnu/libnvidia-encode.so.1", "../../../etc/libnvidia-encode.so."+version)
+	tr.symlink("usr/lib/x86_64-linux-gnu/libnvidia-encode.so.1", "../../../../etc/libnvidia-encode.so."+version)
 	tr.cache("libnvidia-encode.so.1", "/lib/x86_64-linux-gnu/libnvidia-encode.so.1", ldcache.FlagELFLibc6|ldcache.FlagX8664Lib64)
 	tr.writeCache()
 	// nvidia-smi the Debian way; a second copy further down the search path.

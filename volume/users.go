@@ -64,6 +64,9 @@ func (m *Manager) Release(ctx context.Context, version, user string) error {
 // A volume that cannot be read is left out and its error joined to the
 // returned one.
 func (m *Manager) List(ctx context.Context) ([]Volume, error) {
+	if _, err := os.Lstat(m.cfg.root); errors.Is(err, fs.ErrNotExist) {
+		return nil, nil // no root, no volumes: nothing is created
+	}
 	unlock, err := m.lock(ctx)
 	if err != nil {
 		return nil, err
@@ -121,6 +124,14 @@ func (m *Manager) users(version string) ([]string, error) {
 // volume that cannot be removed (or is unsafe) stays, and its error is
 // joined to the returned one.
 func (m *Manager) GC(ctx context.Context, keep ...string) ([]string, error) {
+	for _, k := range keep {
+		if err := ValidateVersion(k); err != nil {
+			return nil, fmt.Errorf("gc volumes: keep: %w", err)
+		}
+	}
+	if _, err := os.Lstat(m.cfg.root); errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
 	unlock, err := m.lock(ctx)
 	if err != nil {
 		return nil, err

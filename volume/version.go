@@ -58,7 +58,7 @@ func (m *Manager) DriverVersion(ctx context.Context) (string, error) {
 	} else {
 		tried = append(tried, err)
 	}
-	v, err := m.libraryVersion()
+	v, err := m.libraryVersion(ctx)
 	if err == nil {
 		return v, nil
 	}
@@ -88,17 +88,17 @@ func (m *Manager) procVersion() (string, error) {
 
 // libraryVersion reads the version from the name of the file that the ld.so
 // cache's libnvidia-ml entries resolve to.
-func (m *Manager) libraryVersion() (string, error) {
-	cache, err := m.readCache()
+func (m *Manager) libraryVersion(ctx context.Context) (string, error) {
+	d, err := m.driver(ctx)
 	if err != nil {
 		return "", err
 	}
 	const prefix = "libnvidia-ml.so."
-	for _, e := range cache.Entries {
+	for _, e := range d.cache.Entries {
 		if !strings.HasPrefix(e.Key, "libnvidia-ml.so") {
 			continue
 		}
-		resolved, err := resolve(m.cfg.driverRoot, e.Value)
+		resolved, err := resolve(d.root, e.Value)
 		if err != nil {
 			continue
 		}

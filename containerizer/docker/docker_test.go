@@ -100,7 +100,7 @@ func TestLaunchWithVolume(t *testing.T) {
 		"NVIDIA_VISIBLE_DEVICES=" + uuids,
 		"CUDA_VISIBLE_DEVICES=" + uuids,
 		"PATH=/bin:/usr/local/nvidia/bin",
-		"LD_LIBRARY_PATH=/usr/local/cuda/compat:/usr/local/nvidia/lib:/usr/local/nvidia/lib64",
+		"LD_LIBRARY_PATH=/usr/local/nvidia/lib:/usr/local/nvidia/lib64",
 	} {
 		if !strings.Contains(out, want+"\n") {
 			t.Errorf("environment %q lacks %q", out, want)

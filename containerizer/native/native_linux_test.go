@@ -190,7 +190,7 @@ func TestIsolation(t *testing.T) {
 			"/dev/nvidia5 ok", "/dev/nvidia5 EPERM",
 			"/usr/local/nvidia/x EROFS",
 			"NVIDIA_VISIBLE_DEVICES=" + uuids, "CUDA_VISIBLE_DEVICES=" + uuids,
-			"LD_LIBRARY_PATH=/usr/local/cuda/compat:/usr/local/nvidia/lib:/usr/local/nvidia/lib64",
+			"LD_LIBRARY_PATH=/usr/local/nvidia/lib:/usr/local/nvidia/lib64",
 			"volume: nvidia-smi",
 		} {
 			if !got[want] {

@@ -1,16 +1,19 @@
 // Command nvvolume builds, lists and removes the NVIDIA driver volumes that
 // gpuiso mounts into containers at /usr/local/nvidia.
 //
-//	nvvolume build [--root DIR] [--driver-version V] [--capabilities LIST] [--verify]
+//	nvvolume build [--root DIR] [--driver-root DIR] [--driver-version V] [--capabilities LIST] [--verify]
 //	nvvolume list  [--root DIR]
 //	nvvolume gc    [--root DIR] [--keep V]
 //
 // A user runs it to see what their containers will get; an agent runs
 // "nvvolume build" at start so that no container waits for the volume.
+// Like docker run, it exits with 125 on any error of its own (a bad flag
+// included) and prints the usage only for --help.
 package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -37,36 +40,62 @@ const usage = `usage: nvvolume build|list|gc [flags]
   gc     remove the volumes no container uses
 `
 
+// Exit statuses.
+const (
+	exitOK    = 0
+	exitError = 125 // the program's own error, as docker run has it
+)
+
 // run is the command: it returns the exit status.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
-		fmt.Fprint(stderr, usage)
-		return 2
+	fail := func(format string, a ...any) int {
+		fmt.Fprintf(stderr, format+"\n", a...)
+		return exitError
+	}
+	if len(args) == 0 {
+		return fail("nvvolume: no command (build, list or gc; see nvvolume --help)")
+	}
+	if args[0] == "-h" || args[0] == "-help" || args[0] == "--help" {
+		fmt.Fprint(stdout, usage)
+		return exitOK
+	}
+	if strings.HasPrefix(args[0], "-") {
+		return fail("nvvolume: %s before the command (build, list or gc; see nvvolume --help)", args[0])
 	}
 	cmd := args[0]
 	fs := flag.NewFlagSet("nvvolume "+cmd, flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs.SetOutput(io.Discard)
 	root := fs.String("root", volume.DefaultRoot, "directory holding the volumes")
-	driverRoot := fs.String("driver-root", "/", "directory the driver is installed under")
+	driverRoot := fs.String("driver-root", "", "directory the driver is installed under (default: the first of "+strings.Join(volume.DefaultDriverRoots(), ", ")+" with the driver in its ld.so cache)")
 	version := fs.String("driver-version", "", "driver version (default: detected)")
 	caps := fs.String("capabilities", "all", "capabilities the volume serves, comma-separated, or all")
 	verify := fs.Bool("verify", false, "build: read every copied file to verify an existing volume")
 	keep := fs.String("keep", "", "gc: a version to keep even when unused")
-	if err := fs.Parse(args[1:]); err != nil {
-		return 2
+	if err := fs.Parse(args[1:]); errors.Is(err, flag.ErrHelp) {
+		fmt.Fprint(stdout, usage)
+		fs.SetOutput(stdout)
+		fs.PrintDefaults()
+		return exitOK
+	} else if err != nil {
+		return fail("nvvolume %s: %v (see nvvolume --help)", cmd, err)
 	}
 	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "nvvolume %s: unexpected arguments %q\n", cmd, fs.Args())
-		return 2
+		return fail("nvvolume %s: unexpected arguments %q", cmd, fs.Args())
+	}
+	if cmd != "build" && cmd != "list" && cmd != "gc" {
+		return fail("nvvolume: unknown command %q (build, list or gc)", cmd)
 	}
 	capList, err := volume.ParseCapabilities(*caps)
 	if err != nil {
-		fmt.Fprintf(stderr, "nvvolume: %v\n", err)
-		return 2
+		return fail("nvvolume: %v", err)
+	}
+	if *keep != "" {
+		if err := volume.ValidateVersion(*keep); err != nil {
+			return fail("nvvolume %s: --keep: %v", cmd, err)
+		}
 	}
 	opts := []volume.Option{
 		volume.WithRoot(*root),
-		volume.WithDriverRoot(*driverRoot),
 		volume.WithCapabilities(capList...),
 		volume.WithDeepVerify(*verify),
 		volume.WithNVML(nvmlVersion),
@@ -74,17 +103,18 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if *version != "" {
 		opts = append(opts, volume.WithDriverVersion(*version))
 	}
+	if *driverRoot != "" {
+		opts = append(opts, volume.WithDriverRoot(*driverRoot))
+	}
 	m, err := volume.New(opts...)
 	if err != nil {
-		fmt.Fprintf(stderr, "nvvolume: %v\n", err)
-		return 2
+		return fail("nvvolume: %v", err)
 	}
 	switch cmd {
 	case "build":
 		v, err := m.Build(ctx)
 		if err != nil {
-			fmt.Fprintf(stderr, "nvvolume build: %v\n", err)
-			return 1
+			return fail("nvvolume build: %v", err)
 		}
 		state := "found"
 		if v.Built {
@@ -104,8 +134,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stdout, "%s\t%s\t%d files\tusers %s\n", v.Path, v.Version, v.Files, users)
 		}
 		if err != nil {
-			fmt.Fprintf(stderr, "nvvolume list: %v\n", err)
-			return 1
+			return fail("nvvolume list: %v", err)
 		}
 	case "gc":
 		var keepList []string
@@ -117,14 +146,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stdout, "removed %s\n", v)
 		}
 		if err != nil {
-			fmt.Fprintf(stderr, "nvvolume gc: %v\n", err)
-			return 1
+			return fail("nvvolume gc: %v", err)
 		}
-	default:
-		fmt.Fprintf(stderr, "nvvolume: unknown command %q\n%s", cmd, usage)
-		return 2
 	}
-	return 0
+	return exitOK
 }
 
 // nvmlVersion asks NVML for the loaded driver's version; without a kernel

@@ -19,28 +19,76 @@ func TestUsageErrors(t *testing.T) {
 		args []string
 		want string
 	}{
-		{"no command", nil, "usage: nvvolume"},
-		{"flag first", []string{"--root", root}, "usage: nvvolume"},
+		{"no command", nil, "no command"},
+		{"flag first", []string{"--root", root}, "--root before the command"},
 		{"unknown command", []string{"make", "--root", root}, `unknown command "make"`},
 		{"bad flag", []string{"build", "--nope"}, "flag provided but not defined"},
 		{"extra argument", []string{"list", "--root", root, "extra"}, "unexpected arguments"},
 		{"bad capability", []string{"build", "--root", root, "--capabilities", "compute,magic"}, `capability "magic"`},
 		{"bad version", []string{"build", "--root", root, "--driver-version", "../535"}, "invalid driver version"},
 		{"relative root", []string{"build", "--root", "volumes"}, "not an absolute path"},
+		{"gc keeps a path", []string{"gc", "--root", root, "--keep", "../x"}, "--keep"},
+		{"relative driver root", []string{"build", "--root", root, "--driver-root", "run/nvidia/driver"}, "not an absolute path"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			var stdout, stderr bytes.Buffer
-			if code := run(context.Background(), tt.args, &stdout, &stderr); code != 2 {
-				t.Fatalf("exit %d, want 2 (stderr %q)", code, stderr.String())
+			if code := run(context.Background(), tt.args, &stdout, &stderr); code != 125 {
+				t.Fatalf("exit %d, want 125 (stderr %q)", code, stderr.String())
 			}
 			if !strings.Contains(stderr.String(), tt.want) {
 				t.Fatalf("stderr %q, want %q", stderr.String(), tt.want)
+			}
+			if n := strings.Count(stderr.String(), "\n"); n != 1 || stdout.Len() != 0 {
+				t.Fatalf("printed %d lines to stderr, %q to stdout; want one line, nothing", n, stdout.String())
 			}
 			if _, err := os.Stat(root); !os.IsNotExist(err) {
 				t.Fatalf("refused command created %s", root)
 			}
 		})
+	}
+}
+
+func TestHelp(t *testing.T) {
+	for _, args := range [][]string{{"--help"}, {"-h"}, {"build", "--help"}, {"gc", "-h"}} {
+		t.Run(strings.Join(args, " "), func(t *testing.T) {
+			var stdout, stderr bytes.Buffer
+			if code := run(context.Background(), args, &stdout, &stderr); code != 0 {
+				t.Fatalf("exit %d, want 0 (stderr %q)", code, stderr.String())
+			}
+			if !strings.HasPrefix(stdout.String(), "usage: nvvolume") || stderr.Len() != 0 {
+				t.Fatalf("stdout %q, stderr %q; want the usage on stdout", stdout.String(), stderr.String())
+			}
+		})
+	}
+}
+
+func TestMissingRootUntouched(t *testing.T) {
+	root := filepath.Join(t.TempDir(), "missing")
+	for _, args := range [][]string{{"list"}, {"gc"}} {
+		t.Run(args[0], func(t *testing.T) {
+			var stdout, stderr bytes.Buffer
+			if code := run(context.Background(), append(args, "--root", root), &stdout, &stderr); code != 0 || stdout.Len() != 0 {
+				t.Fatalf("exit %d, stdout %q, stderr %q; want 0 and nothing", code, stdout.String(), stderr.String())
+			}
+			if _, err := os.Stat(root); !os.IsNotExist(err) {
+				t.Fatalf("nvvolume %s created %s", args[0], root)
+			}
+		})
+	}
+}
+
+func TestBuildWrongVersion(t *testing.T) {
+	testenv.RequireRoot(t)
+	testenv.RequireNVIDIALibraries(t)
+	root := filepath.Join(t.TempDir(), "volumes")
+	var stdout, stderr bytes.Buffer
+	code := run(context.Background(), []string{"build", "--root", root, "--driver-version", "999.1.1"}, &stdout, &stderr)
+	if code != 125 || !strings.Contains(stderr.String(), "does not match") && !strings.Contains(stderr.String(), "files found are of") {
+		t.Fatalf("exit %d, stderr %q; want 125 and a version mismatch", code, stderr.String())
+	}
+	if _, err := os.Stat(filepath.Join(root, "nvidia_999.1.1")); !os.IsNotExist(err) {
+		t.Fatalf("a volume 999.1.1 was built: %v", err)
 	}
 }
 
