@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/gpuiso/gpuiso/allocator"
+	"github.com/gpuiso/gpuiso/node"
 )
 
 // cudaImageRequire builds an official nvidia/cuda image's NVIDIA_REQUIRE_CUDA:
@@ -35,11 +35,11 @@ func TestCheckOfficialCUDAImages(t *testing.T) {
 		t.Fatalf("11.8 requirement %q", cuda118)
 	}
 	drivers := map[string]Driver{
-		"470": {Version: "470.223.02", CUDA: allocator.CUDAVersion(11040)},
-		"510": {Version: "510.108.03", CUDA: allocator.CUDAVersion(11060)},
-		"520": {Version: "520.61.05", CUDA: allocator.CUDAVersion(11080)},
-		"525": {Version: "525.147.05", CUDA: allocator.CUDAVersion(12000)},
-		"535": {Version: "535.309.01", CUDA: allocator.CUDAVersion(12020)},
+		"470": {Version: "470.223.02", CUDA: node.CUDAVersion(11040)},
+		"510": {Version: "510.108.03", CUDA: node.CUDAVersion(11060)},
+		"520": {Version: "520.61.05", CUDA: node.CUDAVersion(11080)},
+		"525": {Version: "525.147.05", CUDA: node.CUDAVersion(12000)},
+		"535": {Version: "535.309.01", CUDA: node.CUDAVersion(12020)},
 	}
 	// Brands as discovery names them; every one after TITAN is Unknown to
 	// the runtime, and so to requirements.
@@ -69,7 +69,7 @@ func TestCheckOfficialCUDAImages(t *testing.T) {
 			name := fmt.Sprintf("%s/driver %s/%q", tt.image, tt.driver, brand)
 			t.Run(name, func(t *testing.T) {
 				img := Image{Env: []string{"CUDA_VERSION=12.2.2", "NVIDIA_REQUIRE_CUDA=" + tt.require}}
-				err := Check(img, drivers[tt.driver], []allocator.Device{{Index: i, ComputeCapability: "8.6", Brand: brand}})
+				err := Check(img, drivers[tt.driver], []node.Device{{Index: i, ComputeCapability: "8.6", Brand: brand}})
 				refused := false
 				for _, b := range tt.refused {
 					refused = refused || b == brand
@@ -83,7 +83,7 @@ func TestCheckOfficialCUDAImages(t *testing.T) {
 }
 
 func TestRequirementsForms(t *testing.T) {
-	drv := Driver{Version: "525.147.05", CUDA: allocator.CUDAVersion(12000)}
+	drv := Driver{Version: "525.147.05", CUDA: node.CUDAVersion(12000)}
 	tests := []struct {
 		name    string
 		img     Image
