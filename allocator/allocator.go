@@ -740,17 +740,7 @@ func (a *Allocator) resize(ctx context.Context, owner string, count int) (Alloca
 	case count == have:
 		return a.allocation(owner, h), nil
 	case count < have:
-		cands := h.devices
-		healthy := uint64(0)
-		for _, p := range a.positions(h.devices) {
-			if a.health[p].Healthy {
-				healthy |= 1 << p
-			}
-		}
-		if bits.OnesCount64(healthy) >= count {
-			cands = healthy
-		}
-		next.devices = a.choose(a.cfg.policy, cands, 0, count, nil, false)
+		next.devices = a.shrinkSet(h.devices, count)
 	default:
 		c := compiled{count: count, match: ^uint64(0)}
 		set, err := a.placeExclusive(c, h.devices)
@@ -902,4 +892,20 @@ func (a *Allocator) checkInvariants() error {
 		}
 	}
 	return nil
+}
+
+// shrinkSet is the count GPUs of held that a shrink keeps: healthy ones
+// first, then as the placement policy would choose among them.
+func (a *Allocator) shrinkSet(held uint64, count int) uint64 {
+	cands := held
+	healthy := uint64(0)
+	for _, p := range a.positions(held) {
+		if a.health[p].Healthy {
+			healthy |= 1 << p
+		}
+	}
+	if bits.OnesCount64(healthy) >= count {
+		cands = healthy
+	}
+	return a.choose(a.cfg.policy, cands, 0, count, nil, false)
 }

@@ -3,6 +3,9 @@ package allocator
 import (
 	"context"
 	"fmt"
+	"math/bits"
+
+	"github.com/gpuiso/gpuiso/node"
 )
 
 // Retain shrinks owner's exclusive allocation to keep, a non-empty subset of
@@ -55,4 +58,28 @@ func (a *Allocator) retain(ctx context.Context, owner string, keep []string) (Al
 		return Allocation{}, err
 	}
 	return a.allocation(owner, next), nil
+}
+
+// Shrink returns the count GPUs of owner's exclusive allocation that a
+// shrink to count keeps, chosen as Resize chooses: healthy GPUs first, then
+// by the allocator's placement policy (so NVLink groups stay whole under the
+// topology policy). It changes nothing: a caller that must deny the GPUs
+// that go before they are freed does so, then calls Retain with the result.
+func (a *Allocator) Shrink(owner string, count int) ([]node.DeviceRef, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	h, ok := a.owners[owner]
+	switch {
+	case !ok:
+		return nil, fmt.Errorf("shrink %s: %w", owner, ErrUnknownOwner)
+	case h.shared >= 0:
+		return nil, fmt.Errorf("shrink %s: shared allocation: %w", owner, ErrInvalidRequest)
+	case count <= 0 || count > bits.OnesCount64(h.devices):
+		return nil, fmt.Errorf("shrink %s to %d of %d gpus: %w", owner, count, bits.OnesCount64(h.devices), ErrInvalidRequest)
+	}
+	var out []node.DeviceRef
+	for _, p := range a.positions(a.shrinkSet(h.devices, count)) {
+		out = append(out, a.inv.Devices[p].Ref())
+	}
+	return out, nil
 }

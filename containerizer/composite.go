@@ -26,8 +26,9 @@ type Composite struct {
 	alloc    *allocator.Allocator
 	backends map[Kind]Containerizer
 
-	mu     sync.Mutex
-	routes map[string]Kind // container id -> back end; "" while launching
+	mu        sync.Mutex
+	routes    map[string]Kind          // container id -> back end; "" while launching
+	launching map[string]chan struct{} // closed when that launch has ended
 }
 
 var _ Containerizer = (*Composite)(nil)
@@ -42,7 +43,7 @@ func NewComposite(alloc *allocator.Allocator, native, docker Containerizer) (*Co
 	if native == nil && docker == nil {
 		return nil, errors.New("composite containerizer: no back end")
 	}
-	c := &Composite{alloc: alloc, backends: map[Kind]Containerizer{}, routes: map[string]Kind{}}
+	c := &Composite{alloc: alloc, backends: map[Kind]Containerizer{}, routes: map[string]Kind{}, launching: map[string]chan struct{}{}}
 	if native != nil {
 		c.backends[KindNative] = native
 	}
@@ -74,6 +75,8 @@ func (c *Composite) Launch(ctx context.Context, spec Spec) (Container, error) {
 		return Container{}, fmt.Errorf("launch %s: %w", spec.ID, ErrContainerExists)
 	}
 	c.routes[spec.ID] = "" // reserved
+	done := make(chan struct{})
+	c.launching[spec.ID] = done
 	c.mu.Unlock()
 	ctr, err := b.Launch(ctx, spec)
 	c.mu.Lock()
@@ -82,7 +85,9 @@ func (c *Composite) Launch(ctx context.Context, spec Spec) (Container, error) {
 	} else {
 		c.routes[spec.ID] = kind
 	}
+	delete(c.launching, spec.ID)
 	c.mu.Unlock()
+	close(done)
 	return ctr, err
 }
 
@@ -116,9 +121,20 @@ func (c *Composite) Update(ctx context.Context, id string, gpus int) (Container,
 	return b.Update(ctx, id, gpus)
 }
 
-// Destroy destroys the container on its back end; an unknown one is not an
-// error.
+// Destroy destroys the container on its back end, waiting first for a
+// launch of it in progress to end; an unknown one is not an error.
 func (c *Composite) Destroy(ctx context.Context, id string) error {
+	// A container being launched is destroyed once its launch has ended.
+	c.mu.Lock()
+	done, launching := c.launching[id]
+	c.mu.Unlock()
+	if launching {
+		select {
+		case <-done:
+		case <-ctx.Done():
+			return fmt.Errorf("destroy %s: waiting for its launch: %w", id, ctx.Err())
+		}
+	}
 	b, err := c.backend(id)
 	if err != nil {
 		return nil

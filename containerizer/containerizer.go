@@ -2,7 +2,6 @@ package containerizer
 
 import (
 	"context"
-	"errors"
 	"io"
 
 	"github.com/gpuiso/gpuiso/allocator"
@@ -101,12 +100,13 @@ type ExitStatus struct {
 
 var (
 	// ErrUnknownContainer: no container has that id.
-	ErrUnknownContainer = errors.New("unknown container")
+	ErrUnknownContainer = node.Sentinel(node.ErrNotFound, "unknown container")
 	// ErrContainerExists: a container with that id already runs.
-	ErrContainerExists = errors.New("container already exists")
+	ErrContainerExists = node.Sentinel(node.ErrExists, "container already exists")
 	// ErrNotSupported: the back end cannot do what was asked (for instance,
-	// Docker cannot change the devices of a running container).
-	ErrNotSupported = errors.New("not supported")
+	// Docker cannot change the devices of a running container). It is
+	// node.ErrNotSupported, so one check covers every package's refusals.
+	ErrNotSupported = node.ErrNotSupported
 	// ErrInvalidSpec: a Spec is incomplete or contradicts itself.
-	ErrInvalidSpec = errors.New("invalid container spec")
+	ErrInvalidSpec = node.Sentinel(node.ErrInvalid, "invalid container spec")
 )

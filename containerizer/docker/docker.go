@@ -18,11 +18,9 @@ import (
 	"github.com/moby/moby/api/pkg/stdcopy"
 	"github.com/moby/moby/api/types/container"
 	"github.com/moby/moby/client"
-	"github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/gpuiso/gpuiso/allocator"
 	"github.com/gpuiso/gpuiso/containerizer"
-	"github.com/gpuiso/gpuiso/isolator"
 	isodocker "github.com/gpuiso/gpuiso/isolator/docker"
 	"github.com/gpuiso/gpuiso/node"
 	"github.com/gpuiso/gpuiso/volume"
@@ -147,6 +145,7 @@ type Containerizer struct {
 	alloc *allocator.Allocator
 	inv   *node.Inventory
 	cfg   config
+	prep  *containerizer.Preparer
 
 	mu         sync.Mutex
 	containers map[string]*entry
@@ -159,6 +158,7 @@ var _ containerizer.Containerizer = (*Containerizer)(nil)
 type entry struct {
 	c         containerizer.Container
 	launching bool
+	ready     chan struct{} // closed when the launch has ended, either way
 	version   string // driver volume version, "" for none
 	exit      *containerizer.ExitStatus
 	streamed  chan struct{} // closed when the output is copied; nil when not attached
@@ -181,7 +181,9 @@ func New(cli Client, alloc *allocator.Allocator, inv *node.Inventory, opts ...Op
 			return nil, fmt.Errorf("docker containerizer: %w", err)
 		}
 	}
-	return &Containerizer{cli: cli, alloc: alloc, inv: inv.Clone(), cfg: cfg, containers: map[string]*entry{}}, nil
+	z := &Containerizer{cli: cli, alloc: alloc, inv: inv.Clone(), cfg: cfg, containers: map[string]*entry{}}
+	z.prep = &containerizer.Preparer{Allocator: alloc, Inventory: z.inv, Volumes: cfg.volumes, DevRoot: cfg.devRoot}
+	return z, nil
 }
 
 // Namespace returns the containerizer's namespace (see WithNamespace).
@@ -212,9 +214,10 @@ func (z *Containerizer) Launch(ctx context.Context, spec containerizer.Spec) (c 
 		z.mu.Unlock()
 		return c, fmt.Errorf("launch %s: %w", spec.ID, containerizer.ErrContainerExists)
 	}
-	e := &entry{launching: true}
+	e := &entry{launching: true, ready: make(chan struct{})}
 	z.containers[spec.ID] = e
 	z.mu.Unlock()
+	defer close(e.ready)
 
 	var undo []func(context.Context)
 	defer func() {
@@ -236,57 +239,16 @@ func (z *Containerizer) Launch(ctx context.Context, spec containerizer.Spec) (c 
 	if err != nil {
 		return c, fmt.Errorf("launch %s: %w", spec.ID, daemonErr("inspect image "+spec.Image, err))
 	}
-	img := volume.Image{}
+	img := containerizer.Image{OwnRoot: true}
 	if insp.Config != nil {
 		img.Labels, img.Env = insp.Config.Labels, insp.Config.Env
 	}
-	img.Env = isolator.MergeEnv(img.Env, spec.Env)
-	needsVolume := img.NeedsVolume()
-	if needsVolume && z.cfg.volumes == nil {
-		return c, fmt.Errorf("launch %s: image %s: %w", spec.ID, spec.Image, ErrNoVolume)
-	}
-	drv := volume.Driver{Version: z.inv.DriverVersion, CUDA: z.inv.CUDAVersion}
-	if err := volume.Check(img, drv, nil); err != nil {
-		return c, fmt.Errorf("launch %s: image %s: %w", spec.ID, spec.Image, err)
-	}
-
-	var alloc allocator.Allocation
-	if !noGPUs(spec.GPUs) {
-		alloc, err = z.alloc.Allocate(ctx, spec.ID, spec.GPUs)
-		if err != nil {
-			return c, fmt.Errorf("launch %s: %w", spec.ID, err)
-		}
-		undo = append(undo, func(ctx context.Context) { z.alloc.Release(ctx, spec.ID) })
-	}
-	if err := volume.Check(img, drv, z.devices(alloc.Devices)); err != nil {
-		return c, fmt.Errorf("launch %s: image %s: %w", spec.ID, spec.Image, err)
-	}
-
-	var mounts []specs.Mount
-	var env []string
-	var vol *volume.Volume
-	if needsVolume {
-		vol, err = z.cfg.volumes.Build(ctx)
-		if err != nil {
-			return c, fmt.Errorf("launch %s: %w", spec.ID, err)
-		}
-		if err := z.cfg.volumes.Acquire(ctx, vol.Version, spec.ID); err != nil {
-			return c, fmt.Errorf("launch %s: %w", spec.ID, err)
-		}
-		undo = append(undo, func(ctx context.Context) { z.cfg.volumes.Release(ctx, vol.Version, spec.ID) })
-		inj := vol.Injection(img.Env)
-		mounts = []specs.Mount{{Source: inj.Mount.Source, Destination: inj.Mount.Destination, Type: inj.Mount.Type, Options: inj.Mount.Options}}
-		env = inj.Env
-	}
-	for _, k := range slices.Sorted(maps.Keys(alloc.Env)) {
-		if k != isolator.EnvVisibleDevices {
-			env = append(env, k+"="+alloc.Env[k])
-		}
-	}
-	plan, err := isolator.NewPlan(spec.ID, z.inv, z.cfg.devRoot, alloc.Devices, mounts, env)
+	prep, err := z.prep.Prepare(ctx, spec, img)
 	if err != nil {
-		return c, fmt.Errorf("launch %s: %w", spec.ID, err)
+		return c, fmt.Errorf("launch %s: image %s: %w", spec.ID, spec.Image, err)
 	}
+	undo = append(undo, func(ctx context.Context) { prep.Undo(ctx) })
+	plan, vol, alloc := prep.Plan, prep.Volume, prep.Allocation
 	dcfg, err := isodocker.New(plan)
 	if err != nil {
 		return c, fmt.Errorf("launch %s: %w", spec.ID, err)
@@ -333,19 +295,13 @@ func (z *Containerizer) Launch(ctx context.Context, spec containerizer.Spec) (c 
 		c.Volume = vol.Path
 	}
 	z.mu.Lock()
-	*e = entry{c: c, streamed: streamed}
+	e.c, e.streamed, e.launching = c, streamed, false
 	if vol != nil {
 		e.version = vol.Version
 	}
 	z.mu.Unlock()
 	z.cfg.logger.InfoContext(ctx, "launched", "id", spec.ID, "container", created.ID, "gpus", len(c.GPUs), "volume", c.Volume)
 	return copyContainer(c), nil
-}
-
-// noGPUs reports whether r asks for nothing: such a container gets the
-// control devices and no GPU, and holds nothing in the allocator.
-func noGPUs(r allocator.Request) bool {
-	return r.Count == 0 && len(r.Devices) == 0 && r.MemoryBytes == 0
 }
 
 // copyOutput demultiplexes a container's attached output onto its writers.
@@ -359,19 +315,6 @@ func copyOutput(att client.HijackedResponse, stdout, stderr io.Writer, done chan
 		stderr = io.Discard
 	}
 	stdcopy.StdCopy(stdout, stderr, att.Reader)
-}
-
-// devices returns the inventory's devices of refs, for requirement checks.
-func (z *Containerizer) devices(refs []node.DeviceRef) []node.Device {
-	var out []node.Device
-	for _, r := range refs {
-		for _, d := range z.inv.Devices {
-			if d.UUID == r.UUID {
-				out = append(out, d)
-			}
-		}
-	}
-	return out
 }
 
 func copyContainer(c containerizer.Container) containerizer.Container {
@@ -444,6 +387,17 @@ func (z *Containerizer) Update(ctx context.Context, id string, gpus int) (contai
 // not answer, the error matches ErrDaemonUnavailable and the container is
 // still known, to be destroyed again later.
 func (z *Containerizer) Destroy(ctx context.Context, id string) error {
+	// A container being launched is destroyed once its launch has ended.
+	z.mu.Lock()
+	pending, ok := z.containers[id]
+	z.mu.Unlock()
+	if ok && pending.launching {
+		select {
+		case <-pending.ready:
+		case <-ctx.Done():
+			return fmt.Errorf("destroy %s: waiting for its launch: %w", id, ctx.Err())
+		}
+	}
 	e, c, err := z.lookup(id)
 	if err != nil {
 		return nil

@@ -8,6 +8,8 @@ import (
 	"net"
 	"syscall"
 
+	"github.com/gpuiso/gpuiso/containerizer"
+	"github.com/gpuiso/gpuiso/node"
 	"github.com/moby/moby/client"
 )
 
@@ -16,14 +18,15 @@ var (
 	// restarting, or its socket is gone). What was asked did not happen; the
 	// containerizer's state is as it was, and the call may be repeated once
 	// the daemon is back.
-	ErrDaemonUnavailable = errors.New("docker daemon unavailable")
+	ErrDaemonUnavailable = node.Sentinel(node.ErrUnavailable, "docker daemon unavailable")
 	// ErrNoVolume: the image asks for the driver volume but the
-	// containerizer has no volume manager (see WithVolumes).
-	ErrNoVolume = errors.New("image needs the driver volume but none is configured")
+	// containerizer has no volume manager (see WithVolumes). It is the
+	// prepare step's containerizer.ErrNoVolume.
+	ErrNoVolume = containerizer.ErrNoVolume
 	// ErrNotManaged: a container the daemon lists carries gpuiso's labels
 	// but cannot be adopted (its labels do not parse, or its GPUs are held
 	// by another owner).
-	ErrNotManaged = errors.New("container cannot be adopted")
+	ErrNotManaged = node.Sentinel(node.ErrInvalid, "container cannot be adopted")
 )
 
 // DaemonError is a call the Docker daemon did not answer.
@@ -39,7 +42,9 @@ func (e *DaemonError) Error() string {
 }
 
 // Is matches ErrDaemonUnavailable.
-func (e *DaemonError) Is(target error) bool { return target == ErrDaemonUnavailable }
+func (e *DaemonError) Is(target error) bool {
+	return target == ErrDaemonUnavailable || target == node.ErrUnavailable
+}
 
 // Unwrap returns the client's error.
 func (e *DaemonError) Unwrap() error { return e.Err }

@@ -12,12 +12,12 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
-	"github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/gpuiso/gpuiso/allocator"
 	"github.com/gpuiso/gpuiso/containerizer"
@@ -68,7 +68,8 @@ type Config struct {
 // Containerizer runs native GPU containers; see the package documentation.
 // It is safe for concurrent use.
 type Containerizer struct {
-	cfg Config
+	cfg  Config
+	prep *containerizer.Preparer
 
 	mu         sync.Mutex
 	containers map[string]*container
@@ -80,6 +81,7 @@ var _ containerizer.Containerizer = (*Containerizer)(nil)
 type container struct {
 	rec   record
 	plan  *isolator.Plan
+	env   []string // the command's environment, set at launch
 	state containerizer.State
 	// exited is closed once the exit status is known.
 	exited chan struct{}
@@ -123,7 +125,8 @@ func New(cfg Config) (*Containerizer, error) {
 	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
 		return nil, fmt.Errorf("native containerizer: %w", err)
 	}
-	return &Containerizer{cfg: cfg, containers: map[string]*container{}}, nil
+	prep := &containerizer.Preparer{Allocator: cfg.Allocator, Inventory: cfg.Inventory, Volumes: cfg.Volumes, DevRoot: cfg.DevRoot}
+	return &Containerizer{cfg: cfg, prep: prep, containers: map[string]*container{}}, nil
 }
 
 func (c *Containerizer) dir(id string) string     { return filepath.Join(c.cfg.StateDir, id) }
@@ -196,37 +199,20 @@ func (c *Containerizer) launch(ctx context.Context, spec containerizer.Spec, ct 
 		return err
 	}
 	undo = append(undo, func() { os.RemoveAll(c.dir(spec.ID)) })
-	al, err := c.cfg.Allocator.Allocate(ctx, spec.ID, spec.GPUs)
+	// A container without a root file system of its own shares the host's,
+	// and with it the host's driver: it gets no volume over it.
+	prep, err := c.prep.Prepare(ctx, spec, containerizer.Image{Env: defaultEnv()})
 	if err != nil {
 		return err
 	}
-	undo = append(undo, func() { c.cfg.Allocator.Release(bg, spec.ID) })
-	ct.rec = record{Version: recordVersion, ID: spec.ID, GPUs: al.Devices}
-
-	var mounts []specs.Mount
-	env := isolator.MergeEnv(defaultEnv(), spec.Env)
-	if c.cfg.Volumes != nil {
-		vol, err := c.cfg.Volumes.Build(ctx)
-		if err != nil {
-			return fmt.Errorf("driver volume: %w", err)
-		}
-		if err := c.cfg.Volumes.Acquire(ctx, vol.Version, spec.ID); err != nil {
-			return fmt.Errorf("driver volume: %w", err)
-		}
-		undo = append(undo, func() { c.cfg.Volumes.Release(bg, vol.Version, spec.ID) })
-		inj := vol.Injection(env)
-		mounts = append(mounts, specs.Mount{Source: inj.Mount.Source, Destination: inj.Mount.Destination, Type: inj.Mount.Type, Options: inj.Mount.Options})
-		env = isolator.MergeEnv(env, inj.Env)
-		ct.rec.Volume, ct.rec.VolumeVersion = vol.Path, vol.Version
-		if err := os.MkdirAll(inj.Mount.Destination, 0o755); err != nil {
-			return fmt.Errorf("driver volume mount point: %w", err)
-		}
+	undo = append(undo, func() { prep.Undo(bg) })
+	plan := prep.Plan
+	env := isolator.MergeEnv(isolator.MergeEnv(defaultEnv(), spec.Env), plan.Env)
+	ct.rec = record{Version: recordVersion, ID: spec.ID, GPUs: prep.Allocation.Devices, Mounts: plan.Mounts, Env: planExtra(plan.Env)}
+	if prep.Volume != nil {
+		ct.rec.Volume, ct.rec.VolumeVersion = prep.Volume.Path, prep.Volume.Version
 	}
-	plan, err := isolator.NewPlan(spec.ID, c.cfg.Inventory, c.cfg.DevRoot, al.Devices, mounts, env)
-	if err != nil {
-		return err
-	}
-	ct.plan, ct.rec.Mounts, ct.rec.Env = plan, mounts, env
+	ct.plan, ct.env = plan, env
 
 	if err := makeDev(c.devDir(spec.ID), plan.Devices); err != nil {
 		removeDev(c.devDir(spec.ID))
@@ -240,6 +226,19 @@ func (c *Containerizer) launch(ctx context.Context, spec containerizer.Spec, ct 
 	// The record is written once the init's pid is known. A crash before
 	// leaves a state directory without one, which Recover tears down.
 	return c.start(ctx, spec, ct, plan)
+}
+
+// planExtra is the part of a plan's environment that does not name its
+// GPUs: what a new plan for other GPUs of the same container keeps.
+func planExtra(env []string) []string {
+	var out []string
+	for _, kv := range env {
+		k, _, _ := strings.Cut(kv, "=")
+		if k != isolator.EnvVisibleDevices && k != isolator.EnvCUDAVisibleDevices {
+			out = append(out, kv)
+		}
+	}
+	return out
 }
 
 func defaultEnv() []string {
@@ -290,7 +289,7 @@ func (c *Containerizer) start(ctx context.Context, spec containerizer.Spec, ct *
 		kill()
 		return fmt.Errorf("record: %w", err)
 	}
-	cfg := initConfig{Args: spec.Command, Env: plan.Env, Dir: spec.Dir, DevDir: c.devDir(spec.ID), Mounts: plan.Mounts, ExitFile: c.exitPath(spec.ID)}
+	cfg := initConfig{Args: spec.Command, Env: ct.env, Dir: spec.Dir, DevDir: c.devDir(spec.ID), Mounts: plan.Mounts, ExitFile: c.exitPath(spec.ID)}
 	if err := writeConfig(w, cfg); err != nil {
 		kill()
 		return fmt.Errorf("configure init: %w", err)
@@ -387,8 +386,14 @@ func (c *Containerizer) Destroy(ctx context.Context, id string) error {
 	if err != nil {
 		return nil
 	}
-	ct.busy.Lock()
+	ct.busy.Lock() // waits for a launch in progress
 	defer ct.busy.Unlock()
+	c.mu.Lock()
+	current := c.containers[id] == ct
+	c.mu.Unlock()
+	if !current {
+		return nil // its launch failed and undid everything
+	}
 	if err := c.teardown(ctx, id, ct.rec); err != nil {
 		return fmt.Errorf("destroy %s: %w", id, err)
 	}

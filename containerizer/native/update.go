@@ -5,14 +5,16 @@ import (
 	"fmt"
 	"slices"
 
+	"github.com/gpuiso/gpuiso/allocator"
 	"github.com/gpuiso/gpuiso/containerizer"
 	"github.com/gpuiso/gpuiso/isolator"
 	"github.com/gpuiso/gpuiso/node"
 )
 
 // Update changes a running container's GPUs to n. Growing allocates first,
-// then adds the nodes and the cgroup rules; shrinking keeps the
-// best-connected n GPUs, denies the others (rules, then nodes) and only then
+// then adds the nodes and the cgroup rules; shrinking keeps the GPUs the
+// allocator chooses (healthy first, then by its placement policy), denies the
+// others (rules, then nodes) and only then
 // frees them. On error the container keeps the GPUs it had.
 func (c *Containerizer) Update(ctx context.Context, id string, n int) (containerizer.Container, error) {
 	ct, err := c.get(id)
@@ -41,16 +43,30 @@ func (c *Containerizer) update(ctx context.Context, id string, ct *container, n 
 	case n == len(have):
 		return nil
 	case n > len(have):
-		al, err := c.cfg.Allocator.Resize(ctx, id, n)
+		// A container launched without GPUs holds nothing yet.
+		grow := func() (allocator.Allocation, error) { return c.cfg.Allocator.Resize(ctx, id, n) }
+		if len(have) == 0 {
+			grow = func() (allocator.Allocation, error) {
+				return c.cfg.Allocator.Allocate(ctx, id, allocator.Request{Count: n})
+			}
+		}
+		al, err := grow()
 		if err != nil {
 			return err
 		}
 		if err := c.enforce(ctx, id, ct, al.Devices, have); err != nil {
-			c.cfg.Allocator.Retain(context.WithoutCancel(ctx), id, uuids(have))
+			if len(have) == 0 {
+				c.cfg.Allocator.Release(context.WithoutCancel(ctx), id)
+			} else {
+				c.cfg.Allocator.Retain(context.WithoutCancel(ctx), id, uuids(have))
+			}
 			return err
 		}
 	default:
-		keep := c.bestSubset(have, n)
+		keep, err := c.cfg.Allocator.Shrink(id, n)
+		if err != nil {
+			return err
+		}
 		if err := c.enforce(ctx, id, ct, keep, have); err != nil {
 			return err
 		}
@@ -101,42 +117,6 @@ func uuids(refs []node.DeviceRef) []string {
 	out := make([]string, len(refs))
 	for i, r := range refs {
 		out[i] = r.UUID
-	}
-	return out
-}
-
-// bestSubset picks the n GPUs of have with the highest link score among
-// themselves (ties: lowest indexes), so that a shrink keeps NVLink pairs.
-func (c *Containerizer) bestSubset(have []node.DeviceRef, n int) []node.DeviceRef {
-	if len(have) > 16 { // beyond a node of 16, the search is not worth it
-		return have[:n]
-	}
-	pos := make([]int, len(have)) // positions in the inventory
-	for i, d := range have {
-		pos[i] = slices.IndexFunc(c.cfg.Inventory.Devices, func(x node.Device) bool { return x.UUID == d.UUID })
-	}
-	topo := c.cfg.Inventory.Topology
-	best, bestScore := []int(nil), -1
-	var pick func(start int, chosen []int)
-	pick = func(start int, chosen []int) {
-		if len(chosen) == n {
-			set := make([]int, n)
-			for i, k := range chosen {
-				set[i] = pos[k]
-			}
-			if s := topo.SetScore(set); s > bestScore {
-				best, bestScore = slices.Clone(chosen), s
-			}
-			return
-		}
-		for k := start; k <= len(have)-(n-len(chosen)); k++ {
-			pick(k+1, append(chosen, k))
-		}
-	}
-	pick(0, nil)
-	out := make([]node.DeviceRef, n)
-	for i, k := range best {
-		out[i] = have[k]
 	}
 	return out
 }

@@ -97,7 +97,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		fmt.Fprintf(stderr, "gpurun: %v\n", err)
 		return exitFailed
 	}
-	vols, volNote := cli.DriverVolume(ctx)
+	vols, _ := cli.DriverVolume(ctx)
 	state, err := os.MkdirTemp("", "gpurun-")
 	if err != nil {
 		fmt.Fprintf(stderr, "gpurun: %v\n", err)
@@ -118,7 +118,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	}
 	defer c.Destroy(context.WithoutCancel(ctx), id)
 	if !*quiet {
-		fmt.Fprintf(stderr, "gpurun: %s%s; %s\n", cli.DescribeGPUs(ct.GPUs), where, volumeNote(ct.Volume, volNote))
+		fmt.Fprintf(stderr, "gpurun: %s%s; %s\n", cli.DescribeGPUs(ct.GPUs), where, volumeNote(ct.Volume))
 	}
 	st, err := c.Wait(ctx, id)
 	if err != nil { // interrupted: Destroy (deferred) stops the container
@@ -128,9 +128,11 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	return st.Code
 }
 
-func volumeNote(path, none string) string {
+// volumeNote says what the container has of the driver: a container that
+// shares the host's root file system has the host's driver as installed.
+func volumeNote(path string) string {
 	if path == "" {
-		return none
+		return "the host's driver, as installed"
 	}
 	return "driver volume " + path + " at /usr/local/nvidia"
 }

@@ -72,7 +72,7 @@ func OpenResult(err error) string {
 	for _, e := range []struct {
 		errno syscall.Errno
 		name  string
-	}{{syscall.ENXIO, "ENXIO"}, {syscall.EPERM, "EPERM"}, {syscall.EACCES, "EACCES"}, {syscall.ENOENT, "ENOENT"}, {syscall.EROFS, "EROFS"}} {
+	}{{syscall.ENXIO, "ENXIO"}, {syscall.ENODEV, "ENODEV"}, {syscall.EPERM, "EPERM"}, {syscall.EACCES, "EACCES"}, {syscall.ENOENT, "ENOENT"}, {syscall.EROFS, "EROFS"}} {
 		if errors.Is(err, e.errno) {
 			return e.name
 		}
@@ -81,6 +81,26 @@ func OpenResult(err error) string {
 		return "ok"
 	}
 	return err.Error()
+}
+
+// Allowed reports whether an open's result (as OpenResult names it) means
+// the device cgroup let the open through: anything but EPERM (denied) and
+// ENOENT (no such node). Where it is allowed, the driver behind the major
+// answers: ENXIO where none owns it, ENODEV for a minor a loaded NVIDIA
+// driver does not know, success for a real device.
+func Allowed(result string) bool {
+	return result != "" && result != "EPERM" && result != "ENOENT"
+}
+
+// Opened reports whether the probe output lines (as a set) say that path
+// was opened with an allowed result.
+func Opened(lines map[string]bool, path string) bool {
+	for l := range lines {
+		if res, ok := strings.CutPrefix(l, path+" "); ok && !strings.Contains(res, " ") && Allowed(res) {
+			return true
+		}
+	}
+	return false
 }
 
 // Prober is a child process that opens device nodes on request, from inside

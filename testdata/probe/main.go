@@ -3,13 +3,14 @@
 // isolation should allow. It is built statically (CGO_ENABLED=0) so that it
 // runs in images built FROM scratch.
 //
-//	probe open PATH...    "<path> ok|ENXIO|EPERM|ENOENT|<error>" for each read-write open
+//	probe open PATH...    "<path> ok|ENXIO|ENODEV|EPERM|ENOENT|<error>" for each read-write open
 //	probe write PATH...   "<path> ok|EROFS|<error>" for each file creation
 //	probe ls DIR          the names in DIR, one a line
 //	probe mknod PATH MAJOR MINOR   "<path> ok|EPERM|<error>" for a character node
 //	probe env NAME...     "<name>=<value>" for each variable that is set
 //	probe exit CODE       exits with CODE
 //	probe sleep SECONDS   sleeps, then exits 0 (a container that keeps running)
+//	probe do CMD ARGS... [-- CMD ARGS...]...   several of the above in turn
 package main
 
 import (
@@ -23,11 +24,29 @@ import (
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: probe open|write|ls|env|exit|sleep ARGS...")
+		fmt.Fprintln(os.Stderr, "usage: probe open|write|ls|mknod|env|exit|sleep|do ARGS...")
 		os.Exit(2)
 	}
-	args := os.Args[2:]
-	switch os.Args[1] {
+	if os.Args[1] != "do" {
+		run(os.Args[1], os.Args[2:])
+		return
+	}
+	var step []string
+	for _, a := range append(os.Args[2:], "--") {
+		if a != "--" {
+			step = append(step, a)
+			continue
+		}
+		if len(step) > 0 {
+			run(step[0], step[1:])
+		}
+		step = nil
+	}
+}
+
+// run answers one question.
+func run(cmd string, args []string) {
+	switch cmd {
 	case "open":
 		for _, p := range args {
 			f, err := os.OpenFile(p, os.O_RDWR, 0)
@@ -81,7 +100,7 @@ func main() {
 		}
 		time.Sleep(time.Duration(secs) * time.Second)
 	default:
-		fmt.Fprintf(os.Stderr, "probe: unknown command %q\n", os.Args[1])
+		fmt.Fprintf(os.Stderr, "probe: unknown command %q\n", cmd)
 		os.Exit(2)
 	}
 }
@@ -95,7 +114,7 @@ func result(err error) string {
 		for _, e := range []struct {
 			errno syscall.Errno
 			name  string
-		}{{syscall.ENXIO, "ENXIO"}, {syscall.EPERM, "EPERM"}, {syscall.EACCES, "EACCES"}, {syscall.ENOENT, "ENOENT"}, {syscall.EROFS, "EROFS"}} {
+		}{{syscall.ENXIO, "ENXIO"}, {syscall.ENODEV, "ENODEV"}, {syscall.EPERM, "EPERM"}, {syscall.EACCES, "EACCES"}, {syscall.ENOENT, "ENOENT"}, {syscall.EROFS, "EROFS"}} {
 			if errno == e.errno {
 				return e.name
 			}

@@ -1,0 +1,184 @@
+package containerizer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"path/filepath"
+	"slices"
+
+	"github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/gpuiso/gpuiso/allocator"
+	"github.com/gpuiso/gpuiso/isolator"
+	"github.com/gpuiso/gpuiso/node"
+	"github.com/gpuiso/gpuiso/volume"
+)
+
+// Preparer is the one step every back end runs before it starts a
+// container: it turns a Spec into a Prepared, what the container gets.
+// Its fields are fixed before first use; it is safe for concurrent use.
+type Preparer struct {
+	// Allocator hands out the GPUs (required).
+	Allocator *allocator.Allocator
+	// Inventory is the node the allocator was made for (required).
+	Inventory *node.Inventory
+	// Volumes provides the driver volume; nil means no container gets one
+	// (an image that asks for it is then refused with ErrNoVolume).
+	Volumes *volume.Manager
+	// DevRoot holds the host's device nodes (default /dev).
+	DevRoot string
+}
+
+// Image is what the back end knows of a container's image: its labels and
+// environment (from the image's configuration), and whether the container
+// has its own root file system (an image, or a native container with a
+// root file system) and where that lies on the host, when it can be read.
+type Image struct {
+	Labels map[string]string
+	Env    []string
+	// OwnRoot says the container does not share the host's root file
+	// system. Only such a container may get the driver volume: mounted over
+	// a shared root it would hide the host's own driver.
+	OwnRoot bool
+	// RootFS is the host path of the container's root file system, when the
+	// back end can read it ("" for a Docker image): CUDA forward
+	// compatibility is decided from its /usr/local/cuda/compat.
+	RootFS string
+}
+
+// Prepared is what a container gets, ready for a back end to run: the
+// allocation, the isolation plan (device nodes and rules, mounts and the
+// environment to set over the image's), and the driver volume when it has
+// one. Undo gives back everything Prepare took.
+type Prepared struct {
+	// Allocation is what the container holds; it names no device for a
+	// container without GPUs.
+	Allocation allocator.Allocation
+	// Plan is the container's isolation. Its Env is what the container's
+	// environment must gain over the image's and the spec's.
+	Plan *isolator.Plan
+	// Volume is the driver volume the container uses, or nil.
+	Volume *volume.Volume
+
+	undo []func(context.Context) error
+}
+
+// Undo gives back what Prepare took, newest first: the volume use, then the
+// allocation. It runs to the end and returns every failure.
+func (p *Prepared) Undo(ctx context.Context) error {
+	var errs []error
+	for _, u := range slices.Backward(p.undo) {
+		errs = append(errs, u(ctx))
+	}
+	p.undo = nil
+	return errors.Join(errs...)
+}
+
+// ErrNoVolume: the image asks for the driver volume and the back end has no
+// volume manager.
+var ErrNoVolume = node.Sentinel(node.ErrNotSupported, "the image needs the driver volume and none is configured")
+
+// Prepare turns spec into what its container gets, in order, each step with
+// its undo: the owner-id rule; the image's NVIDIA_REQUIRE_* conditions on
+// the driver, before anything is held; the allocation (a spec asking for no
+// GPU holds nothing and gets every GPU denied, with
+// NVIDIA_VISIBLE_DEVICES=void); the conditions on the allocated GPUs; the
+// driver volume, only for a container with its own root file system whose
+// image asks for it; and the plan, with the allocation's environment (such
+// as a shared GPU's memory limit). On error nothing is held.
+func (pr *Preparer) Prepare(ctx context.Context, spec Spec, img Image) (p *Prepared, err error) {
+	if pr == nil || pr.Allocator == nil || pr.Inventory == nil {
+		return nil, fmt.Errorf("prepare: no allocator or inventory: %w", node.ErrInvalid)
+	}
+	if err := node.ValidateOwner(spec.ID); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidSpec, err)
+	}
+	devRoot := pr.DevRoot
+	if devRoot == "" {
+		devRoot = node.DefaultDevRoot
+	}
+	p = &Prepared{Allocation: allocator.Allocation{Owner: spec.ID}}
+	defer func() {
+		if err != nil {
+			p.Undo(context.WithoutCancel(ctx))
+			p = nil
+		}
+	}()
+
+	// Requirements are read from the image's environment with the spec's
+	// over it, as the container will have it.
+	req := volume.Image{Labels: img.Labels, Env: isolator.MergeEnv(img.Env, spec.Env)}
+	drv := volume.Driver{Version: pr.Inventory.DriverVersion, CUDA: pr.Inventory.CUDAVersion}
+	if err := volume.Check(req, drv, nil); err != nil {
+		return p, err
+	}
+	needsVolume := img.OwnRoot && req.NeedsVolume()
+	if needsVolume && pr.Volumes == nil {
+		return p, ErrNoVolume
+	}
+
+	if !NoGPUs(spec.GPUs) {
+		al, err := pr.Allocator.Allocate(ctx, spec.ID, spec.GPUs)
+		if err != nil {
+			return p, err
+		}
+		p.Allocation = al
+		p.undo = append(p.undo, func(ctx context.Context) error { return pr.Allocator.Release(ctx, spec.ID) })
+		if err := volume.Check(req, drv, pr.devices(al.Devices)); err != nil {
+			return p, err
+		}
+	}
+
+	var mounts []specs.Mount
+	var env []string
+	if needsVolume {
+		vol, err := pr.Volumes.Build(ctx)
+		if err != nil {
+			return p, fmt.Errorf("driver volume: %w", err)
+		}
+		if err := pr.Volumes.Acquire(ctx, vol.Version, spec.ID); err != nil {
+			return p, fmt.Errorf("driver volume: %w", err)
+		}
+		p.undo = append(p.undo, func(ctx context.Context) error { return pr.Volumes.Release(ctx, vol.Version, spec.ID) })
+		compat, err := volume.CompatFor(img.RootFS, vol.Version)
+		if err != nil {
+			return p, fmt.Errorf("cuda compatibility: %w", err)
+		}
+		inj := vol.InjectionCompat(req.Env, compat)
+		mounts = []specs.Mount{{Source: inj.Mount.Source, Destination: inj.Mount.Destination, Type: inj.Mount.Type, Options: inj.Mount.Options}}
+		env = inj.Env
+		p.Volume = vol
+	}
+	for _, k := range slices.Sorted(maps.Keys(p.Allocation.Env)) {
+		if k != isolator.EnvVisibleDevices {
+			env = append(env, k+"="+p.Allocation.Env[k])
+		}
+	}
+	plan, err := isolator.NewPlan(spec.ID, pr.Inventory, filepath.Clean(devRoot), p.Allocation.Devices, mounts, env)
+	if err != nil {
+		return p, err
+	}
+	p.Plan = plan
+	return p, nil
+}
+
+// NoGPUs reports whether r asks for nothing: such a container holds nothing
+// in the allocator and gets no GPU.
+func NoGPUs(r allocator.Request) bool {
+	return r.Count == 0 && len(r.Devices) == 0 && r.MemoryBytes == 0
+}
+
+// devices returns the inventory's devices of refs, for requirement checks.
+func (pr *Preparer) devices(refs []node.DeviceRef) []node.Device {
+	var out []node.Device
+	for _, r := range refs {
+		for _, d := range pr.Inventory.Devices {
+			if d.UUID == r.UUID {
+				out = append(out, d.Clone())
+			}
+		}
+	}
+	return out
+}
