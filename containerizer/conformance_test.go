@@ -299,4 +299,3 @@ func indexes(refs []node.DeviceRef) []int {
 	}
 	return out
 }
-

@@ -159,7 +159,7 @@ type entry struct {
 	c         containerizer.Container
 	launching bool
 	ready     chan struct{} // closed when the launch has ended, either way
-	version   string // driver volume version, "" for none
+	version   string        // driver volume version, "" for none
 	exit      *containerizer.ExitStatus
 	streamed  chan struct{} // closed when the output is copied; nil when not attached
 }
