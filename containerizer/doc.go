@@ -11,6 +11,20 @@
 // goes to Docker, any other to the native back end, and both draw on one
 // allocator, so no GPU is ever handed out twice.
 //
+// # One prepare step
+//
+// [Preparer.Prepare] is the chain every back end runs before it starts
+// anything, so the back ends cannot drift: the owner-id rule; the image's
+// NVIDIA_REQUIRE_* conditions on the driver, before anything is held (image
+// labels and environment for Docker, Spec.Env natively); the allocation (a
+// container asking for no GPU holds nothing, gets every GPU denied and
+// NVIDIA_VISIBLE_DEVICES=void: a CPU job on a GPU node never reaches a GPU);
+// the conditions on the allocated GPUs; the driver volume, only for a
+// container with a root file system of its own whose image asks for it; and
+// the isolation plan with the allocation's environment. [Prepared.Undo]
+// gives everything back. A conformance suite runs the same cases against
+// both back ends.
+//
 // Every back end owns, per container: the allocation named by the
 // container's id, its isolation (cgroup, or Docker container), and its
 // registration as a user of the driver volume; Destroy gives all of them

@@ -11,10 +11,17 @@
 //   - a private /dev: a tmpfs holding the usual pseudo devices, and the
 //     control devices and only its own GPU nodes, bind-mounted from the
 //     host's dev root under their own names;
-//   - the driver volume read-only (nosuid, nodev) at /usr/local/nvidia when the
-//     host has a driver;
-//   - NVIDIA_VISIBLE_DEVICES and CUDA_VISIBLE_DEVICES set to its GPUs' UUIDs,
-//     PATH and LD_LIBRARY_PATH reaching the volume.
+//   - the host's root file system, and with it the host's driver exactly as
+//     it is installed: no volume is mounted over it, since mounting one
+//     over /usr/local/nvidia would hide a driver that lives there (the
+//     driver volume is for containers with a root file system of their own);
+//   - NVIDIA_VISIBLE_DEVICES and CUDA_VISIBLE_DEVICES set to its GPUs' UUIDs
+//     (void for a container without GPUs, which gets every GPU denied), and
+//     the allocation's own environment, such as the MPS memory limit of a
+//     GPU shared by memory.
+//
+// What a container gets is decided by containerizer.Preparer, the step both
+// back ends share; this package only runs it.
 //
 // The container's first process is an init: the containerizer's own binary,
 // started again with [Init] at the top of its main. It waits, blocked on a
@@ -28,6 +35,10 @@
 // its exit status. [Containerizer.Recover] reads them after a restart:
 // running containers are re-adopted with their GPUs, dead ones are cleaned up
 // and their GPUs released.
+//
+// The containerizer depends on an [Isolator] interface (package
+// isolator/cgroups implements it), so its bookkeeping is tested without root
+// against a recording fake, besides the real root tests.
 //
 // # Who owns what
 //

@@ -40,8 +40,9 @@ type Config struct {
 	Allocator *allocator.Allocator
 	// Inventory is the node the allocator was made for.
 	Inventory *node.Inventory
-	// Isolator confines each container to its devices.
-	Isolator *cgroups.Isolator
+	// Isolator confines each container to its devices: a
+	// *cgroups.Isolator, in practice.
+	Isolator Isolator
 	// Volumes provides the driver volume; nil means containers get none.
 	Volumes *volume.Manager
 	// NVML reports the containers' GPU usage (see Usage); nil means usage
@@ -65,11 +66,54 @@ type Config struct {
 	Logger *slog.Logger
 }
 
+// Isolator is what the containerizer needs of a device isolator; package
+// isolator/cgroups provides it for the v1 devices controller and the cgroup
+// v2 eBPF filter.
+type Isolator interface {
+	// Version is the cgroup version the isolator works with.
+	Version() cgroups.Version
+	// Apply makes id's cgroup allow exactly rules (creating the cgroup).
+	Apply(ctx context.Context, id string, rules []isolator.Rule) error
+	// AddProcess moves pid into id's cgroup.
+	AddProcess(ctx context.Context, id string, pid int) error
+	// OpenCgroup opens id's cgroup directory, for a child to be born in it
+	// (cgroup v2 only).
+	OpenCgroup(id string) (*os.File, error)
+	// Processes lists the pids in id's cgroup.
+	Processes(ctx context.Context, id string) ([]int, error)
+	// Owners lists the ids that have a cgroup.
+	Owners(ctx context.Context) ([]string, error)
+	// Destroy kills id's processes and removes its cgroup; a missing one
+	// is not an error.
+	Destroy(ctx context.Context, id string) error
+}
+
+// devices is what the containerizer does to a container's private /dev;
+// the default is the host's file system (see dev.go).
+type devices interface {
+	makeDev(dir string, nodes []isolator.DeviceNode) error
+	addNode(dir string, n isolator.DeviceNode) error
+	removeNode(dir string, n isolator.DeviceNode) error
+	removeDev(dir string) error
+}
+
+// hostDevices makes real device nodes.
+type hostDevices struct{}
+
+func (hostDevices) makeDev(dir string, nodes []isolator.DeviceNode) error { return makeDev(dir, nodes) }
+func (hostDevices) addNode(dir string, n isolator.DeviceNode) error       { return addNode(dir, n) }
+func (hostDevices) removeNode(dir string, n isolator.DeviceNode) error    { return removeNode(dir, n) }
+func (hostDevices) removeDev(dir string) error                            { return removeDev(dir) }
+
 // Containerizer runs native GPU containers; see the package documentation.
 // It is safe for concurrent use.
 type Containerizer struct {
 	cfg  Config
 	prep *containerizer.Preparer
+	dev  devices
+	// bare starts inits without namespaces, mounts or confinement: only
+	// the package's own tests of its bookkeeping set it.
+	bare bool
 
 	mu         sync.Mutex
 	containers map[string]*container
@@ -126,7 +170,7 @@ func New(cfg Config) (*Containerizer, error) {
 		return nil, fmt.Errorf("native containerizer: %w", err)
 	}
 	prep := &containerizer.Preparer{Allocator: cfg.Allocator, Inventory: cfg.Inventory, Volumes: cfg.Volumes, DevRoot: cfg.DevRoot}
-	return &Containerizer{cfg: cfg, prep: prep, containers: map[string]*container{}}, nil
+	return &Containerizer{cfg: cfg, prep: prep, dev: hostDevices{}, containers: map[string]*container{}}, nil
 }
 
 func (c *Containerizer) dir(id string) string     { return filepath.Join(c.cfg.StateDir, id) }
@@ -214,11 +258,11 @@ func (c *Containerizer) launch(ctx context.Context, spec containerizer.Spec, ct 
 	}
 	ct.plan, ct.env = plan, env
 
-	if err := makeDev(c.devDir(spec.ID), plan.Devices); err != nil {
-		removeDev(c.devDir(spec.ID))
+	if err := c.dev.makeDev(c.devDir(spec.ID), plan.Devices); err != nil {
+		c.dev.removeDev(c.devDir(spec.ID))
 		return fmt.Errorf("private /dev: %w", err)
 	}
-	undo = append(undo, func() { removeDev(c.devDir(spec.ID)) })
+	undo = append(undo, func() { c.dev.removeDev(c.devDir(spec.ID)) })
 	if err := c.cfg.Isolator.Apply(ctx, spec.ID, plan.Rules); err != nil {
 		return err
 	}
@@ -258,6 +302,9 @@ func (c *Containerizer) start(ctx context.Context, spec containerizer.Spec, ct *
 	cmd.ExtraFiles = []*os.File{r}
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = spec.Stdin, spec.Stdout, spec.Stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: linux.CloneNewNS, Setsid: true}
+	if c.bare {
+		cmd.SysProcAttr.Cloneflags = 0
+	}
 	inCgroup := false
 	if c.cfg.Isolator.Version() == cgroups.V2 {
 		// Born inside its cgroup (clone3 CLONE_INTO_CGROUP).
@@ -289,7 +336,7 @@ func (c *Containerizer) start(ctx context.Context, spec containerizer.Spec, ct *
 		kill()
 		return fmt.Errorf("record: %w", err)
 	}
-	cfg := initConfig{Args: spec.Command, Env: ct.env, Dir: spec.Dir, DevDir: c.devDir(spec.ID), Mounts: plan.Mounts, ExitFile: c.exitPath(spec.ID)}
+	cfg := initConfig{Args: spec.Command, Env: ct.env, Dir: spec.Dir, DevDir: c.devDir(spec.ID), Mounts: plan.Mounts, ExitFile: c.exitPath(spec.ID), Bare: c.bare}
 	if err := writeConfig(w, cfg); err != nil {
 		kill()
 		return fmt.Errorf("configure init: %w", err)
@@ -416,7 +463,7 @@ func (c *Containerizer) teardown(ctx context.Context, id string, rec record) err
 		return err
 	}
 	var errs []error
-	if err := removeDev(c.devDir(id)); err != nil {
+	if err := c.dev.removeDev(c.devDir(id)); err != nil {
 		errs = append(errs, err)
 	}
 	if c.cfg.Volumes != nil && rec.VolumeVersion != "" {

@@ -115,6 +115,9 @@ func (c *Containerizer) recoverOne(ctx context.Context, id string) (*container, 
 // reclaim makes the allocator agree that the container owns its GPUs.
 func (c *Containerizer) reclaim(ctx context.Context, rec record) error {
 	want := uuids(rec.GPUs)
+	if len(want) == 0 {
+		return nil // a container without GPUs holds nothing
+	}
 	al, err := c.cfg.Allocator.Allocation(rec.ID)
 	if err == nil {
 		if slices.Equal(uuids(al.Devices), want) {

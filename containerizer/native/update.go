@@ -88,7 +88,7 @@ func (c *Containerizer) enforce(ctx context.Context, id string, ct *container, g
 	}
 	dev := c.devDir(id)
 	for _, d := range plan.Devices {
-		if err := addNode(dev, d); err != nil {
+		if err := c.dev.addNode(dev, d); err != nil {
 			return err
 		}
 	}
@@ -97,7 +97,7 @@ func (c *Containerizer) enforce(ctx context.Context, id string, ct *container, g
 	}
 	for _, d := range ct.plan.Devices {
 		if !slices.Contains(plan.Devices, d) {
-			if err := removeNode(dev, d); err != nil {
+			if err := c.dev.removeNode(dev, d); err != nil {
 				return err
 			}
 		}

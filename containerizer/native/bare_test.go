@@ -1,0 +1,401 @@
+package native
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/gpuiso/gpuiso/allocator"
+	"github.com/gpuiso/gpuiso/containerizer"
+	"github.com/gpuiso/gpuiso/isolator"
+	"github.com/gpuiso/gpuiso/isolator/cgroups"
+	"github.com/gpuiso/gpuiso/node"
+	"github.com/gpuiso/gpuiso/node/nvmlnode"
+	"github.com/gpuiso/gpuiso/node/simnode"
+)
+
+// The tests of this file run the containerizer's whole lifecycle without
+// root: a recording isolator and an in-memory /dev stand in for the kernel,
+// and inits run bare (no namespaces, mounts or confinement).
+
+var errInjected = errors.New("injected failure")
+
+// recorder is an Isolator that records what it is asked and can fail any
+// method once told to.
+type recorder struct {
+	mu    sync.Mutex
+	calls []string
+	rules map[string][]isolator.Rule
+	procs map[string][]int
+	fail  map[string]bool
+}
+
+func newRecorder() *recorder {
+	return &recorder{rules: map[string][]isolator.Rule{}, procs: map[string][]int{}, fail: map[string]bool{}}
+}
+
+func (r *recorder) record(call string) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.calls = append(r.calls, call)
+	name, _, _ := strings.Cut(call, " ")
+	if r.fail[name] {
+		return errInjected
+	}
+	return nil
+}
+
+func (r *recorder) Version() cgroups.Version { return cgroups.V1 }
+
+func (r *recorder) Apply(ctx context.Context, id string, rules []isolator.Rule) error {
+	if err := r.record("apply " + id); err != nil {
+		return err
+	}
+	r.mu.Lock()
+	r.rules[id] = slices.Clone(rules)
+	r.mu.Unlock()
+	return nil
+}
+
+func (r *recorder) AddProcess(ctx context.Context, id string, pid int) error {
+	if err := r.record("add-process " + id); err != nil {
+		return err
+	}
+	r.mu.Lock()
+	r.procs[id] = append(r.procs[id], pid)
+	r.mu.Unlock()
+	return nil
+}
+
+func (r *recorder) OpenCgroup(id string) (*os.File, error) {
+	return nil, fmt.Errorf("open cgroup %s: %w", id, node.ErrNotSupported)
+}
+
+func (r *recorder) Processes(ctx context.Context, id string) ([]int, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.procs[id]), nil
+}
+
+func (r *recorder) Owners(ctx context.Context) ([]string, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []string
+	for id := range r.rules {
+		out = append(out, id)
+	}
+	sort.Strings(out)
+	return out, nil
+}
+
+// Destroy kills the process groups of id's processes (each init is a
+// session leader, its command in its group), as removing a cgroup does.
+func (r *recorder) Destroy(ctx context.Context, id string) error {
+	if err := r.record("destroy " + id); err != nil {
+		return err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, pid := range r.procs[id] {
+		syscall.Kill(-pid, syscall.SIGKILL)
+	}
+	delete(r.procs, id)
+	delete(r.rules, id)
+	return nil
+}
+
+func (r *recorder) allowed(id string) []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []string
+	for _, rule := range r.rules[id] {
+		out = append(out, rule.String())
+	}
+	return out
+}
+
+// memDev is a /dev kept in memory.
+type memDev struct {
+	mu   sync.Mutex
+	dirs map[string]map[string]isolator.DeviceNode
+	fail bool
+}
+
+func (m *memDev) makeDev(dir string, nodes []isolator.DeviceNode) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.fail {
+		return errInjected
+	}
+	m.dirs[dir] = map[string]isolator.DeviceNode{}
+	for _, n := range nodes {
+		m.dirs[dir][filepath.Base(n.Path)] = n
+	}
+	return os.MkdirAll(dir, 0o700)
+}
+
+func (m *memDev) addNode(dir string, n isolator.DeviceNode) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.dirs[dir][filepath.Base(n.Path)] = n
+	return nil
+}
+
+func (m *memDev) removeNode(dir string, n isolator.DeviceNode) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	delete(m.dirs[dir], filepath.Base(n.Path))
+	return nil
+}
+
+func (m *memDev) removeDev(dir string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	delete(m.dirs, dir)
+	return os.RemoveAll(dir)
+}
+
+func (m *memDev) names(dir string) []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []string
+	for name := range m.dirs[dir] {
+		if strings.HasPrefix(name, "nvidia") && strings.Trim(name[len("nvidia"):], "0123456789") == "" {
+			out = append(out, name)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// bareNode is a simulated DGX-1 (no host tree), an allocator and a bare
+// containerizer over a recorder and an in-memory /dev.
+type bareNode struct {
+	inv   *node.Inventory
+	alloc *allocator.Allocator
+	iso   *recorder
+	dev   *memDev
+	state string
+	c     *Containerizer
+}
+
+func newBareNode(t *testing.T) *bareNode {
+	t.Helper()
+	sim, err := simnode.New("dgx1-volta")
+	if err != nil {
+		t.Fatal(err)
+	}
+	inv, err := nvmlnode.Discover(context.Background(), nvmlnode.WithNVML(sim.NVML()), nvmlnode.WithDevRoot(t.TempDir()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	alloc, err := allocator.New(inv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := &bareNode{inv: inv, alloc: alloc, iso: newRecorder(), dev: &memDev{dirs: map[string]map[string]isolator.DeviceNode{}}, state: t.TempDir()}
+	n.c = n.open(t)
+	t.Cleanup(func() {
+		for _, ct := range n.c.Containers() {
+			n.c.Destroy(context.Background(), ct.ID)
+		}
+	})
+	return n
+}
+
+// open makes a containerizer over the node's state, as a restarted agent
+// would.
+func (n *bareNode) open(t *testing.T) *Containerizer {
+	t.Helper()
+	c, err := New(Config{Allocator: n.alloc, Inventory: n.inv, Isolator: n.iso, StateDir: n.state})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.dev, c.bare = n.dev, true
+	return c
+}
+
+// nothingLeft fails unless id holds nothing anywhere.
+func (n *bareNode) nothingLeft(t *testing.T, id string) {
+	t.Helper()
+	if al, err := n.alloc.Allocation(id); err == nil {
+		t.Errorf("%s still holds %+v", id, al)
+	}
+	if owners, _ := n.iso.Owners(context.Background()); slices.Contains(owners, id) {
+		t.Errorf("%s still has device rules", id)
+	}
+	if _, err := os.Stat(filepath.Join(n.state, id)); err == nil {
+		t.Errorf("%s's state directory is left", id)
+	}
+	if names := n.dev.names(filepath.Join(n.state, id, "dev")); len(names) > 0 {
+		t.Errorf("%s's /dev still holds %v", id, names)
+	}
+}
+
+func rulesOf(inv *node.Inventory, idx ...int) []string {
+	var out []string
+	for _, i := range idx {
+		out = append(out, fmt.Sprintf("c %d:%d rwm", inv.Devices[i].Node.Major, inv.Devices[i].Node.Minor))
+	}
+	return out
+}
+
+func TestBareLifecycle(t *testing.T) {
+	n := newBareNode(t)
+	ctx := context.Background()
+	ct, err := n.c.Launch(ctx, containerizer.Spec{ID: "job", Command: []string{"/bin/sh", "-c", "exit 3"}, GPUs: allocator.Request{Devices: []string{"1", "3"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := n.dev.names(n.c.devDir("job")); !slices.Equal(got, []string{"nvidia1", "nvidia3"}) {
+		t.Errorf("/dev holds %v", got)
+	}
+	allowed := n.iso.allowed("job")
+	for _, want := range rulesOf(n.inv, 1, 3) {
+		if !slices.Contains(allowed, want) {
+			t.Errorf("rules %v lack %s", allowed, want)
+		}
+	}
+	for _, deny := range rulesOf(n.inv, 0, 2, 4, 5, 6, 7) {
+		if slices.Contains(allowed, deny) {
+			t.Errorf("rules allow %s", deny)
+		}
+	}
+	if st, err := n.c.Wait(ctx, "job"); err != nil || st.Code != 3 {
+		t.Fatalf("wait = %+v, %v; want exit 3", st, err)
+	}
+	if ct.Pid == 0 || len(ct.GPUs) != 2 {
+		t.Errorf("container %+v", ct)
+	}
+	if err := n.c.Destroy(ctx, "job"); err != nil {
+		t.Fatal(err)
+	}
+	n.nothingLeft(t, "job")
+	if want := []string{"apply job", "add-process job", "destroy job"}; !slices.Equal(n.iso.calls, want) {
+		t.Errorf("isolator calls %v, want %v", n.iso.calls, want)
+	}
+}
+
+func TestBareUpdate(t *testing.T) {
+	n := newBareNode(t)
+	ctx := context.Background()
+	if _, err := n.c.Launch(ctx, containerizer.Spec{ID: "grow", Command: []string{"sleep", "60"}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, count := range []int{3, 1, 4, 2} {
+		ct, err := n.c.Update(ctx, "grow", count)
+		if err != nil {
+			t.Fatalf("update to %d: %v", count, err)
+		}
+		var idx []int
+		var names []string
+		for _, g := range ct.GPUs {
+			idx = append(idx, g.Index)
+			names = append(names, fmt.Sprintf("nvidia%d", g.Minor))
+		}
+		sort.Strings(names)
+		if got := n.dev.names(n.c.devDir("grow")); len(ct.GPUs) != count || !slices.Equal(got, names) {
+			t.Fatalf("update to %d: GPUs %v, /dev %v", count, idx, got)
+		}
+		al, err := n.alloc.Allocation("grow")
+		if err != nil || len(al.Devices) != count {
+			t.Fatalf("update to %d: allocation %+v, %v", count, al, err)
+		}
+		allowed := n.iso.allowed("grow")
+		for i := range n.inv.Devices {
+			if want := slices.Contains(idx, i); slices.Contains(allowed, rulesOf(n.inv, i)[0]) != want {
+				t.Fatalf("update to %d: GPU %d allowed = %v", count, i, !want)
+			}
+		}
+	}
+	if _, err := n.c.Update(ctx, "grow", 0); !errors.Is(err, node.ErrInvalid) {
+		t.Fatalf("update to 0 = %v", err)
+	}
+	if err := n.c.Destroy(ctx, "grow"); err != nil {
+		t.Fatal(err)
+	}
+	n.nothingLeft(t, "grow")
+}
+
+// TestBareLaunchFailures fails each step of a launch in turn: the launch
+// fails with the cause and leaves nothing.
+func TestBareLaunchFailures(t *testing.T) {
+	for _, step := range []string{"allocate", "dev", "apply", "add-process", "command"} {
+		t.Run(step, func(t *testing.T) {
+			n := newBareNode(t)
+			spec := containerizer.Spec{ID: "doomed", Command: []string{"sleep", "60"}, GPUs: allocator.Request{Count: 2}}
+			switch step {
+			case "allocate":
+				spec.GPUs.Count = 9
+			case "dev":
+				n.dev.fail = true
+			case "apply", "add-process":
+				n.iso.fail[step] = true
+			case "command":
+				spec.Command = []string{""}
+			}
+			if _, err := n.c.Launch(context.Background(), spec); err == nil {
+				t.Fatal("launch succeeded")
+			}
+			n.nothingLeft(t, "doomed")
+			if len(n.c.Containers()) != 0 {
+				t.Fatalf("containers %+v", n.c.Containers())
+			}
+		})
+	}
+}
+
+// TestBareRecover restarts the containerizer under a running container and
+// one that exited: the first is re-adopted with its GPUs, the second torn
+// down.
+func TestBareRecover(t *testing.T) {
+	n := newBareNode(t)
+	ctx := context.Background()
+	if _, err := n.c.Launch(ctx, containerizer.Spec{ID: "lives", Command: []string{"sleep", "60"}, GPUs: allocator.Request{Count: 2}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n.c.Launch(ctx, containerizer.Spec{ID: "ends", Command: []string{"true"}, GPUs: allocator.Request{Count: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n.c.Wait(ctx, "ends"); err != nil {
+		t.Fatal(err)
+	}
+	// A restart: a new allocator that lost everything, a new containerizer
+	// over the same state.
+	var err error
+	if n.alloc, err = allocator.New(n.inv); err != nil {
+		t.Fatal(err)
+	}
+	old := n.c
+	n.c = n.open(t)
+	got, err := n.c.Recover(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 1 || got[0].ID != "lives" || len(got[0].GPUs) != 2 {
+		t.Fatalf("recovered %+v", got)
+	}
+	if al, err := n.alloc.Allocation("lives"); err != nil || len(al.Devices) != 2 {
+		t.Fatalf("allocation after recovery %+v, %v", al, err)
+	}
+	n.nothingLeft(t, "ends")
+	if err := n.c.Destroy(ctx, "lives"); err != nil {
+		t.Fatal(err)
+	}
+	n.nothingLeft(t, "lives")
+	// The old instance's reaper sees its child go.
+	select {
+	case <-old.containers["lives"].exited:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the first instance never saw its container end")
+	}
+}
