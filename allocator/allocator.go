@@ -384,6 +384,9 @@ func (a *Allocator) compile(r Request) (compiled, error) {
 // Allocate gives owner the GPUs of r, or nothing: on error the allocator
 // is unchanged.
 func (a *Allocator) Allocate(ctx context.Context, owner string, r Request) (Allocation, error) {
+	if a.inv == nil {
+		return Allocation{}, ErrNotMade
+	}
 	alloc, err := a.allocate(ctx, owner, r)
 	if err != nil {
 		return Allocation{}, fmt.Errorf("allocate %s for %s: %w", describe(r), owner, err)
@@ -681,6 +684,9 @@ func (a *Allocator) allocation(owner string, h *holding) Allocation {
 
 // Release frees everything owner holds.
 func (a *Allocator) Release(ctx context.Context, owner string) error {
+	if a.inv == nil {
+		return ErrNotMade
+	}
 	if err := a.release(ctx, owner); err != nil {
 		return fmt.Errorf("release %s: %w", owner, err)
 	}
@@ -711,6 +717,9 @@ func (a *Allocator) release(ctx context.Context, owner string) error {
 // a live update: the GPUs it keeps stay, new ones are placed by the policy
 // next to them, and a shrink keeps the best-connected healthy subset.
 func (a *Allocator) Resize(ctx context.Context, owner string, count int) (Allocation, error) {
+	if a.inv == nil {
+		return Allocation{}, ErrNotMade
+	}
 	al, err := a.resize(ctx, owner, count)
 	if err != nil {
 		return Allocation{}, fmt.Errorf("resize %s to %d gpus: %w", owner, count, err)
@@ -762,6 +771,9 @@ func (a *Allocator) resize(ctx context.Context, owner string, count int) (Alloca
 // Owners returns who holds device (index, UUID or bus id): one exclusive
 // owner, the owners of its shares, or none.
 func (a *Allocator) Owners(device string) ([]string, error) {
+	if a.inv == nil {
+		return nil, ErrNotMade
+	}
 	p, err := a.resolve(device)
 	if err != nil {
 		return nil, fmt.Errorf("owners: %w", err)
@@ -785,6 +797,9 @@ func (a *Allocator) ownersOf(p int) []string {
 
 // Allocation returns a copy of what owner holds.
 func (a *Allocator) Allocation(owner string) (Allocation, error) {
+	if a.inv == nil {
+		return Allocation{}, ErrNotMade
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	h, ok := a.owners[owner]
@@ -796,6 +811,9 @@ func (a *Allocator) Allocation(owner string) (Allocation, error) {
 
 // Allocations returns copies of every allocation, ordered by owner.
 func (a *Allocator) Allocations() []Allocation {
+	if a.inv == nil {
+		return nil
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	names := make([]string, 0, len(a.owners))
@@ -812,6 +830,9 @@ func (a *Allocator) Allocations() []Allocation {
 
 // Devices returns copies of the node's devices with their current health.
 func (a *Allocator) Devices() []node.Device {
+	if a.inv == nil {
+		return nil
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	out := make([]node.Device, a.n)
@@ -824,6 +845,9 @@ func (a *Allocator) Devices() []node.Device {
 
 // Free returns the positions of the GPUs that may be handed out whole now.
 func (a *Allocator) Free() []int {
+	if a.inv == nil {
+		return nil
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return a.positions(a.usable())
@@ -833,11 +857,19 @@ func (a *Allocator) Free() []int {
 func (a *Allocator) Policy() Policy { return a.cfg.policy }
 
 // Topology is the node's topology.
-func (a *Allocator) Topology() *node.Topology { return a.inv.Topology }
+func (a *Allocator) Topology() *node.Topology {
+	if a.inv == nil {
+		return nil
+	}
+	return a.inv.Topology
+}
 
 // Warnings are what New found in the saved state and could not keep, one
 // a line (for instance a GPU that is no longer in the inventory).
 func (a *Allocator) Warnings() []string {
+	if a.inv == nil {
+		return nil
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return slices.Clone(a.warnings)

@@ -36,6 +36,9 @@ var (
 	// checksum, has an unknown format version or contradicts itself. See
 	// StateError.
 	ErrCorruptState = node.Sentinel(node.ErrCorrupt, "corrupt allocator state")
+	// ErrNotMade: an Allocator was not made with New (its zero value): it
+	// refuses every call.
+	ErrNotMade = node.Sentinel(node.ErrInvalid, "allocator not made with New")
 )
 
 // InsufficientError is a request for more GPUs than are free.

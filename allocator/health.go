@@ -10,6 +10,9 @@ import (
 // MarkUnhealthy stops device (index, UUID or bus id) from being handed out,
 // with reason, and returns its owners, who keep it until they release it.
 func (a *Allocator) MarkUnhealthy(ctx context.Context, device, reason string) ([]string, error) {
+	if a.inv == nil {
+		return nil, ErrNotMade
+	}
 	owners, err := a.setHealth(ctx, device, node.Unhealthy(reason))
 	if err != nil {
 		return nil, fmt.Errorf("mark %s unhealthy: %w", device, err)
@@ -19,6 +22,9 @@ func (a *Allocator) MarkUnhealthy(ctx context.Context, device, reason string) ([
 
 // MarkHealthy lets device be handed out again.
 func (a *Allocator) MarkHealthy(ctx context.Context, device string) error {
+	if a.inv == nil {
+		return ErrNotMade
+	}
 	if _, err := a.setHealth(ctx, device, node.Healthy()); err != nil {
 		return fmt.Errorf("mark %s healthy: %w", device, err)
 	}

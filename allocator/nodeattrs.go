@@ -13,6 +13,9 @@ import (
 // smallest of the node), driver_version and cuda_version.
 // FormatMesosAttributes writes them as an agent's --attributes flag.
 func (a *Allocator) NodeAttributes() map[string]string {
+	if a.inv == nil {
+		return nil
+	}
 	sum := a.summary()
 	out := map[string]string{
 		"gpus":       strconv.Itoa(sum.healthy),
@@ -39,6 +42,9 @@ func (a *Allocator) NodeAttributes() map[string]string {
 // cuda.driver.major/minor/rev, cuda.runtime.major/minor). Values are valid
 // label values; a node of several models has gpu.product "mixed".
 func (a *Allocator) Labels() map[string]string {
+	if a.inv == nil {
+		return nil
+	}
 	sum := a.summary()
 	out := map[string]string{
 		"nvidia.com/gpu.present": strconv.FormatBool(a.n > 0),

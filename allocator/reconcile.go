@@ -22,6 +22,9 @@ type ReconcileResult struct {
 // see alive, after a crash or restart: every other owner is released, in
 // one change that is on disk before Reconcile returns.
 func (a *Allocator) Reconcile(ctx context.Context, live []string) (ReconcileResult, error) {
+	if a.inv == nil {
+		return ReconcileResult{}, ErrNotMade
+	}
 	var res ReconcileResult
 	if err := ctx.Err(); err != nil {
 		return res, fmt.Errorf("reconcile: %w", err)

@@ -15,6 +15,9 @@ import (
 // the container the GPUs that go, and only then free them, so that no GPU is
 // ever reachable from two containers.
 func (a *Allocator) Retain(ctx context.Context, owner string, keep []string) (Allocation, error) {
+	if a.inv == nil {
+		return Allocation{}, ErrNotMade
+	}
 	al, err := a.retain(ctx, owner, keep)
 	if err != nil {
 		return Allocation{}, fmt.Errorf("retain %d gpus for %s: %w", len(keep), owner, err)
@@ -66,6 +69,9 @@ func (a *Allocator) retain(ctx context.Context, owner string, keep []string) (Al
 // topology policy). It changes nothing: a caller that must deny the GPUs
 // that go before they are freed does so, then calls Retain with the result.
 func (a *Allocator) Shrink(owner string, count int) ([]node.DeviceRef, error) {
+	if a.inv == nil {
+		return nil, ErrNotMade
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	h, ok := a.owners[owner]

@@ -64,6 +64,9 @@ func Route(spec Spec) Kind {
 // Launch launches spec on its back end. An id already used by either back
 // end is refused with ErrContainerExists.
 func (c *Composite) Launch(ctx context.Context, spec Spec) (Container, error) {
+	if c.alloc == nil {
+		return Container{}, fmt.Errorf("launch %s: %w", spec.ID, ErrNotMade)
+	}
 	kind := Route(spec)
 	b, ok := c.backends[kind]
 	if !ok {
@@ -155,6 +158,9 @@ func (c *Composite) Destroy(ctx context.Context, id string) error {
 // A container that runs with GPUs the allocator does not hold for it (a back
 // end that reconciled on its own released them) is reported in the error.
 func (c *Composite) Recover(ctx context.Context) ([]Container, error) {
+	if c.alloc == nil {
+		return nil, fmt.Errorf("recover: %w", ErrNotMade)
+	}
 	var all []Container
 	var errs []error
 	ok := true

@@ -109,4 +109,7 @@ var (
 	ErrNotSupported = node.ErrNotSupported
 	// ErrInvalidSpec: a Spec is incomplete or contradicts itself.
 	ErrInvalidSpec = node.Sentinel(node.ErrInvalid, "invalid container spec")
+	// ErrNotMade: a containerizer was not made with its constructor (its
+	// zero value), so it refuses every call.
+	ErrNotMade = node.Sentinel(node.ErrInvalid, "containerizer not made with its constructor")
 )

@@ -63,6 +63,9 @@ type Link struct {
 // out with a warning; it fails only when the cache cannot be read or nothing
 // of the driver is found.
 func (m *Manager) Contents(ctx context.Context, version string) (*Contents, error) {
+	if err := m.made(); err != nil {
+		return nil, err
+	}
 	return m.contents(ctx, version, m.cfg.caps)
 }
 

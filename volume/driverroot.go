@@ -45,6 +45,9 @@ func hasNVIDIA(c *ldcache.Cache) bool {
 // [WithDriverRoots] (default [DefaultDriverRoots]) whose ld.so cache names
 // NVIDIA's libraries, else the first root whose cache can be read.
 func (m *Manager) DriverRoot(ctx context.Context) (string, error) {
+	if err := m.made(); err != nil {
+		return "", err
+	}
 	d, err := m.driver(ctx)
 	if err != nil {
 		return "", err

@@ -16,6 +16,7 @@ import (
 	"strings"
 
 	"github.com/gpuiso/gpuiso/internal/linux"
+	"github.com/gpuiso/gpuiso/node"
 )
 
 // DefaultRoot is where a Manager keeps its volumes unless told otherwise.
@@ -55,6 +56,17 @@ type config struct {
 	deepVerify    bool
 	owner         int
 	logger        *slog.Logger
+}
+
+// ErrNotMade: a Manager was not made with New (its zero value).
+var ErrNotMade = node.Sentinel(node.ErrInvalid, "volume manager not made with New")
+
+// made refuses a Manager's zero value.
+func (m *Manager) made() error {
+	if m == nil || m.cfg.root == "" {
+		return ErrNotMade
+	}
+	return nil
 }
 
 // Option configures a Manager.
@@ -260,6 +272,9 @@ type Volume struct {
 // missing, damaged or lacks a capability asked for. Concurrent calls, in this
 // process or others, build it once: the others wait and get it.
 func (m *Manager) Build(ctx context.Context) (*Volume, error) {
+	if err := m.made(); err != nil {
+		return nil, err
+	}
 	version, err := m.DriverVersion(ctx)
 	if err != nil {
 		return nil, err

@@ -15,6 +15,9 @@ import (
 // which must exist. A volume with users survives GC. Acquiring twice is the
 // same as once.
 func (m *Manager) Acquire(ctx context.Context, version, user string) error {
+	if err := m.made(); err != nil {
+		return err
+	}
 	if err := errors.Join(ValidateVersion(version), validUser(user)); err != nil {
 		return fmt.Errorf("acquire volume %s for %s: %w", version, user, err)
 	}
@@ -45,6 +48,9 @@ func (m *Manager) Acquire(ctx context.Context, version, user string) error {
 // that holds nothing does nothing, so that cleaning up after a crash may
 // repeat itself.
 func (m *Manager) Release(ctx context.Context, version, user string) error {
+	if err := m.made(); err != nil {
+		return err
+	}
 	if err := errors.Join(ValidateVersion(version), validUser(user)); err != nil {
 		return fmt.Errorf("release volume %s for %s: %w", version, user, err)
 	}
@@ -64,6 +70,9 @@ func (m *Manager) Release(ctx context.Context, version, user string) error {
 // A volume that cannot be read is left out and its error joined to the
 // returned one.
 func (m *Manager) List(ctx context.Context) ([]Volume, error) {
+	if err := m.made(); err != nil {
+		return nil, err
+	}
 	if _, err := os.Lstat(m.cfg.root); errors.Is(err, fs.ErrNotExist) {
 		return nil, nil // no root, no volumes: nothing is created
 	}
@@ -124,6 +133,9 @@ func (m *Manager) users(version string) ([]string, error) {
 // volume that cannot be removed (or is unsafe) stays, and its error is
 // joined to the returned one.
 func (m *Manager) GC(ctx context.Context, keep ...string) ([]string, error) {
+	if err := m.made(); err != nil {
+		return nil, err
+	}
 	for _, k := range keep {
 		if err := ValidateVersion(k); err != nil {
 			return nil, fmt.Errorf("gc volumes: keep: %w", err)

@@ -36,6 +36,9 @@ type VersionFunc func(ctx context.Context) (string, error)
 // libnvidia-ml.so.<version> file behind the ld.so cache's entry. The result
 // is validated.
 func (m *Manager) DriverVersion(ctx context.Context) (string, error) {
+	if err := m.made(); err != nil {
+		return "", err
+	}
 	if m.cfg.version != "" {
 		return m.cfg.version, nil
 	}

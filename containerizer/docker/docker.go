@@ -200,6 +200,9 @@ func cleanupCtx(ctx context.Context) (context.Context, context.CancelFunc) {
 // refused (ErrNotSupported): the containerizer attaches output only. On error
 // nothing is left: no container, no allocation, no volume use.
 func (z *Containerizer) Launch(ctx context.Context, spec containerizer.Spec) (c containerizer.Container, err error) {
+	if z.cli == nil || z.alloc == nil {
+		return c, fmt.Errorf("launch %s: %w", spec.ID, containerizer.ErrNotMade)
+	}
 	if err := node.ValidateOwner(spec.ID); err != nil {
 		return c, fmt.Errorf("launch %q: %w: %w", spec.ID, containerizer.ErrInvalidSpec, err)
 	}
@@ -336,6 +339,9 @@ func (z *Containerizer) lookup(id string) (*entry, containerizer.Container, erro
 // Wait blocks until the container exits and its output is copied, and
 // returns its exit status.
 func (z *Containerizer) Wait(ctx context.Context, id string) (containerizer.ExitStatus, error) {
+	if z.cli == nil || z.alloc == nil {
+		return containerizer.ExitStatus{}, fmt.Errorf("wait %s: %w", id, containerizer.ErrNotMade)
+	}
 	e, c, err := z.lookup(id)
 	if err != nil {
 		return containerizer.ExitStatus{}, fmt.Errorf("wait: %w", err)
@@ -387,6 +393,9 @@ func (z *Containerizer) Update(ctx context.Context, id string, gpus int) (contai
 // not answer, the error matches ErrDaemonUnavailable and the container is
 // still known, to be destroyed again later.
 func (z *Containerizer) Destroy(ctx context.Context, id string) error {
+	if z.cli == nil || z.alloc == nil {
+		return fmt.Errorf("destroy %s: %w", id, containerizer.ErrNotMade)
+	}
 	// A container being launched is destroyed once its launch has ended.
 	z.mu.Lock()
 	pending, ok := z.containers[id]
@@ -447,6 +456,9 @@ func (z *Containerizer) release(ctx context.Context, owner, version string) erro
 // adopted is left alone and reported in the joined error (matching
 // ErrNotManaged); the others are adopted all the same.
 func (z *Containerizer) Recover(ctx context.Context) ([]containerizer.Container, error) {
+	if z.cli == nil || z.alloc == nil {
+		return nil, fmt.Errorf("recover: %w", containerizer.ErrNotMade)
+	}
 	list, err := z.cli.ContainerList(ctx, client.ContainerListOptions{
 		All:     true,
 		Filters: make(client.Filters).Add("label", LabelNamespace+"="+z.cfg.namespace),

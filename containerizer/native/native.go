@@ -183,6 +183,9 @@ func (c *Containerizer) exitPath(id string) string {
 // Launch starts spec's command as a container; see the package documentation
 // for what it gets. On error everything already done is undone.
 func (c *Containerizer) Launch(ctx context.Context, spec containerizer.Spec) (containerizer.Container, error) {
+	if c.containers == nil {
+		return containerizer.Container{}, fmt.Errorf("launch %s: %w", spec.ID, containerizer.ErrNotMade)
+	}
 	if err := validate(spec); err != nil {
 		return containerizer.Container{}, fmt.Errorf("launch %s: %w", spec.ID, err)
 	}
@@ -514,6 +517,9 @@ func (c *Containerizer) describe(id string, ct *container) containerizer.Contain
 // Without NVML (Config.NVML) it fails with an error matching
 // isolator.ErrNotSupported.
 func (c *Containerizer) Usage(ctx context.Context, id string) (nvmlnode.Usage, error) {
+	if c.containers == nil {
+		return nvmlnode.Usage{}, fmt.Errorf("usage of %s: %w", id, containerizer.ErrNotMade)
+	}
 	ct, err := c.get(id)
 	if err != nil {
 		return nvmlnode.Usage{}, fmt.Errorf("usage of %s: %w", id, err)

@@ -22,6 +22,9 @@ import (
 // It returns the re-adopted containers. Errors are joined: one container
 // that cannot be recovered does not stop the others.
 func (c *Containerizer) Recover(ctx context.Context) ([]containerizer.Container, error) {
+	if c.containers == nil {
+		return nil, fmt.Errorf("recover: %w", containerizer.ErrNotMade)
+	}
 	entries, err := os.ReadDir(c.cfg.StateDir)
 	if err != nil {
 		return nil, fmt.Errorf("recover: %w", err)
