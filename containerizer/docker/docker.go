@@ -69,6 +69,7 @@ type config struct {
 	stopTimeout time.Duration
 	reconcile   bool
 	logger      *slog.Logger
+	cdiKind     string // WithCDI; "" for device mappings always
 }
 
 // WithDevRoot sets the host directory holding the GPUs' device nodes
@@ -150,6 +151,8 @@ type Containerizer struct {
 
 	mu         sync.Mutex
 	containers map[string]*entry
+	cdi        bool // the daemon takes CDI requests (once cdiKnown)
+	cdiKnown   bool
 }
 
 var _ containerizer.Containerizer = (*Containerizer)(nil)
@@ -287,7 +290,7 @@ func (z *Containerizer) Launch(ctx context.Context, spec containerizer.Spec) (c 
 	if err != nil {
 		return c, fmt.Errorf("launch %s: %w", spec.ID, err)
 	}
-	dcfg, err := isodocker.New(plan)
+	dcfg, err := z.dockerConfig(ctx, plan)
 	if err != nil {
 		return c, fmt.Errorf("launch %s: %w", spec.ID, err)
 	}
