@@ -29,7 +29,9 @@ func (e *KindError) Error() string {
 }
 
 // Is matches ErrInvalidKind and node.ErrInvalid.
-func (e *KindError) Is(target error) bool { return target == ErrInvalidKind || target == node.ErrInvalid }
+func (e *KindError) Is(target error) bool {
+	return target == ErrInvalidKind || target == node.ErrInvalid
+}
 
 // SpecError is a spec the CDI library refused.
 type SpecError struct {
@@ -47,4 +49,6 @@ func (e *SpecError) Error() string {
 func (e *SpecError) Unwrap() error { return e.Err }
 
 // Is matches ErrInvalidSpec and node.ErrInvalid.
-func (e *SpecError) Is(target error) bool { return target == ErrInvalidSpec || target == node.ErrInvalid }
+func (e *SpecError) Is(target error) bool {
+	return target == ErrInvalidSpec || target == node.ErrInvalid
+}
