@@ -34,8 +34,9 @@ if [ ! -f "$src" ] || [ "$(cat "$src")" != "$want" ]; then
   updated=1
 fi
 
-# 2. Packages: NVML, libcuda, nvidia-smi (no kernel module: none can load here) and Docker.
-pkgs=(libnvidia-ml1 libcuda1 nvidia-smi docker.io)
+# 2. Packages: NVML, libcuda, nvidia-smi (no kernel module: none can load here), Docker, and
+#    Podman (a CDI runtime for the CDI suite).
+pkgs=(libnvidia-ml1 libcuda1 nvidia-smi docker.io podman)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

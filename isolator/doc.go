@@ -7,5 +7,7 @@
 // while it runs, report usage, clean up, and recover from what the kernel
 // still holds after a restart. The native back end drives the cgroup v1
 // devices controller and the cgroup v2 eBPF device filter; the Docker back
-// end injects devices and the driver volume into container configurations.
+// end injects devices and the driver volume into container configurations;
+// isolator/cdi writes the node's GPUs as a Container Device Interface spec
+// that any CDI runtime applies itself.
 package isolator

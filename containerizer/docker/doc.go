@@ -23,6 +23,13 @@
 // input is not passed: a spec with Stdin is refused). A spec asking for no
 // GPU gets the control devices only and holds nothing in the allocator.
 //
+// With [WithCDI] the GPUs go to a daemon that speaks CDI (API 1.44 or later
+// with CDI enabled, Docker 25+) as one device request of the "cdi" driver
+// naming them in the node's CDI spec (isolator/cdi; the node keeps it
+// written), and their nodes come from that spec; other daemons get device
+// mappings as without it. The daemon is asked once; every container records
+// the choice in the io.gpuiso.injection label ("cdi" or "devices").
+//
 // # Lifecycle
 //
 // [Containerizer.Wait] returns the exit status (128+N for a signal) once the

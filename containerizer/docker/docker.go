@@ -67,6 +67,7 @@ type config struct {
 	stopTimeout time.Duration
 	reconcile   bool
 	logger      *slog.Logger
+	cdiKind     string // WithCDI; "" for device mappings always
 }
 
 // WithDevRoot sets the host directory holding the GPUs' device nodes
@@ -149,6 +150,8 @@ type Containerizer struct {
 
 	mu         sync.Mutex
 	containers map[string]*entry
+	cdi        bool // the daemon takes CDI requests (once cdiKnown)
+	cdiKnown   bool
 }
 
 var _ containerizer.Containerizer = (*Containerizer)(nil)
@@ -252,7 +255,7 @@ func (z *Containerizer) Launch(ctx context.Context, spec containerizer.Spec) (c 
 	}
 	undo = append(undo, func(ctx context.Context) { prep.Undo(ctx) })
 	plan, vol, alloc := prep.Plan, prep.Volume, prep.Allocation
-	dcfg, err := isodocker.New(plan)
+	dcfg, err := z.dockerConfig(ctx, plan)
 	if err != nil {
 		return c, fmt.Errorf("launch %s: %w", spec.ID, err)
 	}

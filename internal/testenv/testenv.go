@@ -39,11 +39,14 @@ const (
 	CgroupV2        Suite = "cgroup2"         // a writable cgroup2 hierarchy with eBPF device programs
 	Docker          Suite = "docker"          // a Docker daemon that answers
 	NVIDIALibraries Suite = "nvidia-libs"     // the NVIDIA user-space driver (libnvidia-ml.so.1)
+	Podman          Suite = "podman"          // rootful Podman, a CDI runtime
 	GPU             Suite = "gpu"             // a real NVIDIA GPU with a loaded kernel driver
 )
 
 // Suites lists every suite that "all" stands for.
-func Suites() []Suite { return []Suite{Root, CgroupV1Devices, CgroupV2, Docker, NVIDIALibraries} }
+func Suites() []Suite {
+	return []Suite{Root, CgroupV1Devices, CgroupV2, Docker, NVIDIALibraries, Podman}
+}
 
 // Required reports whether suite is listed in RequireEnv.
 func Required(suite Suite) bool {

@@ -14,6 +14,7 @@ func TestRequired(t *testing.T) {
 		{"spaces", " docker , cgroup2 ", CgroupV2, true},
 		{"not listed", "docker", CgroupV1Devices, false},
 		{"all", "all", NVIDIALibraries, true},
+		{"all holds podman", "all", Podman, true},
 		{"all leaves hardware out", "all", GPU, false},
 		{"hardware by name", "all,gpu", GPU, true},
 	}

@@ -29,11 +29,14 @@ const CgroupPermissions = "rwm"
 type Config struct {
 	// Devices map the plan's nodes from the host into the container.
 	Devices []container.DeviceMapping `json:"devices"`
+	// DeviceRequests ask a CDI-aware daemon for the GPUs (see NewCDI).
+	DeviceRequests []container.DeviceRequest `json:"deviceRequests,omitempty"`
 	// Mounts are read-only bind mounts, such as the driver volume.
 	Mounts []mount.Mount `json:"mounts,omitempty"`
 	// Env are "KEY=value" settings over the image's environment.
 	Env []string `json:"env"`
-	// Labels record the owner and its GPUs (see ParseLabels).
+	// Labels record the owner and its GPUs (see ParseLabels) and how the
+	// GPUs are injected (LabelInjection).
 	Labels map[string]string `json:"labels"`
 }
 
@@ -70,13 +73,13 @@ func New(plan *isolator.Plan) (*Config, error) {
 	if err != nil {
 		return nil, fmt.Errorf("docker config of %s: %w", plan.Owner, err)
 	}
-	c.Labels = map[string]string{LabelOwner: plan.Owner, LabelGPUs: string(b)}
+	c.Labels = map[string]string{LabelOwner: plan.Owner, LabelGPUs: string(b), LabelInjection: InjectionDevices}
 	return c, nil
 }
 
 // Apply writes c into a container's configuration: device mappings and
 // mounts replace those with the same container path and are added
-// otherwise, the environment is set over cfg's, and the labels are set.
+// otherwise, a device request replaces the one of the same driver, the environment is set over cfg's, and the labels are set.
 // Applying twice gives what applying once gives. On error nothing changes.
 func (c *Config) Apply(cfg *container.Config, hc *container.HostConfig) error {
 	if cfg == nil || hc == nil {
@@ -90,6 +93,7 @@ func (c *Config) Apply(cfg *container.Config, hc *container.HostConfig) error {
 			hc.Devices = append(hc.Devices, d)
 		}
 	}
+	c.applyRequests(hc)
 	for _, m := range c.Mounts {
 		m.BindOptions = cloneBind(m.BindOptions)
 		i := slices.IndexFunc(hc.Mounts, func(e mount.Mount) bool { return e.Target == m.Target })

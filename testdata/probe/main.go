@@ -7,6 +7,7 @@
 //	probe write PATH...   "<path> ok|EROFS|<error>" for each file creation
 //	probe ls DIR          the names in DIR, one a line
 //	probe mknod PATH MAJOR MINOR   "<path> ok|EPERM|<error>" for a character node
+//	probe mknod PATH MAJOR MINOR open   the same, then a line for a read-write open of it
 //	probe env NAME...     "<name>=<value>" for each variable that is set
 //	probe exit CODE       exits with CODE
 //	probe sleep SECONDS   sleeps, then exits 0 (a container that keeps running)
@@ -72,8 +73,8 @@ func run(cmd string, args []string) {
 			}
 		}
 	case "mknod":
-		if len(args) != 3 {
-			fmt.Fprintln(os.Stderr, "usage: probe mknod PATH MAJOR MINOR")
+		if len(args) != 3 && (len(args) != 4 || args[3] != "open") {
+			fmt.Fprintln(os.Stderr, "usage: probe mknod PATH MAJOR MINOR [open]")
 			os.Exit(2)
 		}
 		major, _ := strconv.Atoi(args[1])
@@ -81,6 +82,13 @@ func run(cmd string, args []string) {
 		dev := minor&0xff | (major&0xfff)<<8 | (minor&^0xff)<<12 // Linux's encoding
 		err := syscall.Mknod(args[0], syscall.S_IFCHR|0o666, dev)
 		fmt.Println(args[0], result(err))
+		if len(args) == 4 {
+			f, err := os.OpenFile(args[0], os.O_RDWR, 0)
+			if err == nil {
+				f.Close()
+			}
+			fmt.Println(args[0], result(err))
+		}
 	case "env":
 		for _, name := range args {
 			if v, ok := os.LookupEnv(name); ok {

@@ -1,0 +1,78 @@
+package docker
+
+import (
+	"context"
+	"log/slog"
+
+	"github.com/moby/moby/client"
+
+	"github.com/gpuiso/gpuiso/isolator"
+	"github.com/gpuiso/gpuiso/isolator/cdi"
+	isodocker "github.com/gpuiso/gpuiso/isolator/docker"
+)
+
+// DaemonInfo is what the containerizer asks a daemon to decide between CDI
+// and device mappings; *client.Client has it. A Client without it gets
+// device mappings.
+type DaemonInfo interface {
+	ServerVersion(ctx context.Context, opts client.ServerVersionOptions) (client.ServerVersionResult, error)
+	Info(ctx context.Context, opts client.InfoOptions) (client.SystemInfoResult, error)
+}
+
+var _ DaemonInfo = (*client.Client)(nil)
+
+// WithCDI makes the containerizer hand GPUs to a daemon that speaks CDI
+// (API 1.44 or later with CDI enabled: Docker 25+) as CDI device requests
+// of kind (e.g. cdi.DefaultKind), whose spec the node keeps written (see
+// isolator/cdi); other daemons get device mappings as without it. The
+// choice is made once, at the first launch, and recorded on every
+// container in isodocker.LabelInjection.
+func WithCDI(kind string) Option {
+	return func(c *config) error {
+		if err := cdi.ValidateKind(kind); err != nil {
+			return err
+		}
+		c.cdiKind = kind
+		return nil
+	}
+}
+
+// dockerConfig is the Docker configuration of plan: CDI requests where
+// WithCDI was given and the daemon takes them, device mappings otherwise.
+func (z *Containerizer) dockerConfig(ctx context.Context, plan *isolator.Plan) (*isodocker.Config, error) {
+	if z.cfg.cdiKind == "" || !z.daemonCDI(ctx) {
+		return isodocker.New(plan)
+	}
+	return isodocker.NewCDI(plan, z.cfg.cdiKind)
+}
+
+// daemonCDI reports whether the daemon takes CDI device requests, asking it
+// once; a daemon that cannot be asked now is asked again next time.
+func (z *Containerizer) daemonCDI(ctx context.Context) bool {
+	z.mu.Lock()
+	ok, known := z.cdi, z.cdiKnown
+	z.mu.Unlock()
+	if known {
+		return ok
+	}
+	di, isInfo := z.cli.(DaemonInfo)
+	if !isInfo {
+		return false
+	}
+	ver, err := di.ServerVersion(ctx, client.ServerVersionOptions{})
+	if err != nil {
+		z.cfg.logger.Debug("daemon version for CDI", slog.Any("err", err))
+		return false
+	}
+	info, err := di.Info(ctx, client.InfoOptions{})
+	if err != nil {
+		z.cfg.logger.Debug("daemon info for CDI", slog.Any("err", err))
+		return false
+	}
+	ok = isodocker.CDISupported(ver.APIVersion, info.Info.CDISpecDirs)
+	z.cfg.logger.Info("GPU injection", slog.String("api", ver.APIVersion), slog.Any("cdiSpecDirs", info.Info.CDISpecDirs), slog.Bool("cdi", ok))
+	z.mu.Lock()
+	z.cdi, z.cdiKnown = ok, true
+	z.mu.Unlock()
+	return ok
+}

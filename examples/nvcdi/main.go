@@ -1,0 +1,209 @@
+// Command nvcdi writes, lists and checks the Container Device Interface
+// specs that give gpuiso's GPUs to any CDI runtime (Podman, containerd,
+// CRI-O, Docker 25+).
+//
+//	nvcdi generate [--dir DIR] [--kind VENDOR/CLASS] [--volume PATH] [--simulate NAME [--dev-root DIR]]
+//	nvcdi list     [--dir DIR]...
+//	nvcdi validate FILE
+//
+// generate writes the spec of this node (or of a simulated one, whose device
+// nodes it makes under --dev-root, root needed) and prints the names of its
+// devices, one a line, ready for "podman run --device NAME". Run it when the
+// agent starts and whenever a GPU's health changes: an unchanged spec is left
+// untouched. Like docker run, it exits with 125 on any error of its own (a
+// bad flag included) and prints the usage only for --help.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+
+	"github.com/gpuiso/gpuiso/internal/cli"
+	"github.com/gpuiso/gpuiso/isolator/cdi"
+	"github.com/gpuiso/gpuiso/node"
+	"github.com/gpuiso/gpuiso/node/nvmlnode"
+	"github.com/gpuiso/gpuiso/node/simnode"
+	"github.com/gpuiso/gpuiso/volume"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+const usage = `usage: nvcdi generate|list|validate [flags]
+  generate  write the CDI spec of this node's GPUs (or --simulate NAME's); print its device names
+  list      print the device names the spec directories define
+  validate  check a spec file as CDI runtimes read it
+`
+
+// Exit statuses.
+const (
+	exitOK    = 0
+	exitError = 125 // the program's own error, as docker run has it
+)
+
+// defaultSimRoot is where --simulate makes a node's device nodes unless
+// --dev-root says otherwise: they must outlive the command, since the spec
+// names them.
+const defaultSimRoot = "/var/run/gpuiso/simnodes"
+
+type multi []string
+
+func (m *multi) String() string     { return strings.Join(*m, ",") }
+func (m *multi) Set(v string) error { *m = append(*m, v); return nil }
+
+// run is the command: it returns the exit status.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fail := func(format string, a ...any) int {
+		fmt.Fprintf(stderr, format+"\n", a...)
+		return exitError
+	}
+	if len(args) == 0 {
+		return fail("nvcdi: no command (generate, list or validate; see nvcdi --help)")
+	}
+	if args[0] == "-h" || args[0] == "-help" || args[0] == "--help" {
+		fmt.Fprint(stdout, usage)
+		return exitOK
+	}
+	if strings.HasPrefix(args[0], "-") {
+		return fail("nvcdi: %s before the command (generate, list or validate; see nvcdi --help)", args[0])
+	}
+	cmd := args[0]
+	if cmd != "generate" && cmd != "list" && cmd != "validate" {
+		return fail("nvcdi: unknown command %q (generate, list or validate)", cmd)
+	}
+	fs := flag.NewFlagSet("nvcdi "+cmd, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	var dirs multi
+	var dir, kind, vol, simulate, devRoot *string
+	switch cmd {
+	case "generate":
+		dir = fs.String("dir", cdi.DefaultDir, "spec directory")
+		kind = fs.String("kind", cdi.DefaultKind, "device kind, vendor/class")
+		vol = fs.String("volume", "", "driver volume to mount at "+volume.ContainerPath+" (a directory nvvolume build made); none by default")
+		simulate = fs.String("simulate", "", "a simulated node: "+strings.Join(simnode.Names(), ", "))
+		devRoot = fs.String("dev-root", "", "with --simulate: directory to make the node's device nodes under (default "+defaultSimRoot+"/NAME)")
+	case "list":
+		fs.Var(&dirs, "dir", "spec directory, repeatable (default "+strings.Join(cdi.DefaultDirs(), " and ")+")")
+	}
+	if err := fs.Parse(args[1:]); errors.Is(err, flag.ErrHelp) {
+		fmt.Fprint(stdout, usage)
+		fs.SetOutput(stdout)
+		fs.PrintDefaults()
+		return exitOK
+	} else if err != nil {
+		return fail("nvcdi %s: %v (see nvcdi --help)", cmd, err)
+	}
+
+	switch cmd {
+	case "validate":
+		if fs.NArg() != 1 {
+			return fail("nvcdi validate: want one spec file, got %d arguments", fs.NArg())
+		}
+		spec, err := cdi.ValidateFile(fs.Arg(0))
+		if err != nil {
+			return fail("nvcdi validate: %v", err)
+		}
+		fmt.Fprintf(stdout, "%s: valid, cdiVersion %s, kind %s, %d devices\n", fs.Arg(0), spec.Version, spec.Kind, len(spec.Devices))
+		return exitOK
+	case "list":
+		if fs.NArg() > 0 {
+			return fail("nvcdi list: unexpected arguments %q", fs.Args())
+		}
+		names, err := cdi.List(dirs...)
+		for _, n := range names {
+			fmt.Fprintln(stdout, n)
+		}
+		if err != nil {
+			return fail("nvcdi list: %s", strings.ReplaceAll(err.Error(), "\n", "; "))
+		}
+		return exitOK
+	}
+
+	// generate
+	if fs.NArg() > 0 {
+		return fail("nvcdi generate: unexpected arguments %q", fs.Args())
+	}
+	if err := cdi.ValidateKind(*kind); err != nil {
+		return fail("nvcdi generate: --kind: %v", err)
+	}
+	if !filepath.IsAbs(*dir) {
+		return fail("nvcdi generate: --dir %q: not an absolute path", *dir)
+	}
+	if *devRoot != "" && *simulate == "" {
+		return fail("nvcdi generate: --dev-root is for --simulate only")
+	}
+	opts := []cdi.Option{cdi.WithKind(*kind)}
+	if *vol != "" {
+		if !filepath.IsAbs(*vol) {
+			return fail("nvcdi generate: --volume %q: not an absolute path", *vol)
+		}
+		if fi, err := os.Stat(*vol); err != nil || !fi.IsDir() {
+			return fail("nvcdi generate: --volume %q: not a directory", *vol)
+		}
+		opts = append(opts, cdi.WithVolume(&volume.Volume{Path: *vol}))
+	}
+	var inv *node.Inventory
+	var err error
+	if *simulate == "" {
+		if inv, err = nvmlnode.Discover(ctx); err != nil {
+			return fail("nvcdi generate: %s", cli.ExplainDiscover(err))
+		}
+	} else {
+		root := *devRoot
+		if root == "" {
+			root = filepath.Join(defaultSimRoot, *simulate)
+		}
+		if inv, err = simulated(ctx, *simulate, root); err != nil {
+			return fail("nvcdi generate: %v", err)
+		}
+	}
+	spec, err := cdi.New(inv, opts...)
+	if err != nil {
+		return fail("nvcdi generate: %v", err)
+	}
+	res, err := cdi.Writer{Dir: *dir}.Write(ctx, spec)
+	if err != nil {
+		return fail("nvcdi generate: %v", err)
+	}
+	state := "unchanged"
+	if res.Changed {
+		state = "written"
+	}
+	fmt.Fprintf(stderr, "nvcdi: %s %s\n", res.Path, state)
+	for _, d := range spec.Devices {
+		fmt.Fprintf(stdout, "%s=%s\n", spec.Kind, d.Name)
+	}
+	return exitOK
+}
+
+// simulated discovers the simulated node name whose host tree lives under
+// root: made there on first use (root needed), read again afterwards, so
+// that the spec's device nodes stay where it names them.
+func simulated(ctx context.Context, name, root string) (*node.Inventory, error) {
+	sim, err := simnode.New(name)
+	if err != nil {
+		return nil, err
+	}
+	if !filepath.IsAbs(root) {
+		return nil, fmt.Errorf("--dev-root %q: not an absolute path", root)
+	}
+	host := &simnode.Host{Root: root, DevRoot: filepath.Join(root, "dev"), ProcRoot: filepath.Join(root, "proc"), SysRoot: filepath.Join(root, "sys")}
+	if _, err := os.Stat(filepath.Join(host.ProcRoot, "devices")); err != nil {
+		if host, err = sim.MakeHost(root); err != nil {
+			return nil, fmt.Errorf("simulated node %s (needs root): %w", name, err)
+		}
+	}
+	return nvmlnode.Discover(ctx, sim.DiscoverOptions(host)...)
+}

@@ -1,0 +1,177 @@
+package cdi
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+
+	cdilib "tags.cncf.io/container-device-interface/pkg/cdi"
+	"tags.cncf.io/container-device-interface/pkg/parser"
+	specs "tags.cncf.io/container-device-interface/specs-go"
+)
+
+// DefaultDir is the spec directory for specs that live as long as the node's
+// current boot: CDI runtimes read it beside /etc/cdi, and a generated spec
+// belongs there, not among an administrator's files.
+const DefaultDir = "/var/run/cdi"
+
+// Writer writes specs into a CDI spec directory, one file per kind,
+// "<vendor>-<class>.json". Its zero value writes to DefaultDir.
+type Writer struct {
+	// Dir is the spec directory; "" means DefaultDir.
+	Dir string
+}
+
+// Result says what Write did.
+type Result struct {
+	// Path is the spec's file.
+	Path string
+	// Changed is false when the file already held the spec, byte for
+	// byte, and was left untouched (content and modification time).
+	Changed bool
+}
+
+// Path is the file of kind's spec.
+func (w Writer) Path(kind string) (string, error) {
+	if err := ValidateKind(kind); err != nil {
+		return "", err
+	}
+	vendor, class := parser.ParseQualifier(kind)
+	return filepath.Join(w.dir(), cdilib.GenerateSpecName(vendor, class)+".json"), nil
+}
+
+func (w Writer) dir() string {
+	if w.Dir == "" {
+		return DefaultDir
+	}
+	return w.Dir
+}
+
+// Encode is the spec's file content: indented JSON and a final newline,
+// the same bytes for the same spec.
+func Encode(spec *specs.Spec) ([]byte, error) {
+	b, err := json.MarshalIndent(spec, "", "  ")
+	if err != nil {
+		return nil, fmt.Errorf("encode CDI spec %s: %w", spec.Kind, err)
+	}
+	return append(b, '\n'), nil
+}
+
+// Write puts spec into its file in the spec directory (created if missing).
+// A file that already holds exactly these bytes is not touched at all, so
+// a second Write of an unchanged spec changes neither the content nor the
+// modification time, and runtimes watching the directory see nothing.
+// Otherwise the spec goes to a temporary file in the same directory, is
+// synced, validated by the CDI library as a runtime would read it, and
+// renamed over the file; the directory is synced last. A spec the library
+// refuses gives a *SpecError and leaves the directory as it was.
+func (w Writer) Write(ctx context.Context, spec *specs.Spec) (Result, error) {
+	if spec == nil {
+		return Result{}, fmt.Errorf("write CDI spec: %w: nil spec", ErrInvalidSpec)
+	}
+	path, err := w.Path(spec.Kind)
+	if err != nil {
+		return Result{}, fmt.Errorf("write CDI spec: %w", err)
+	}
+	res := Result{Path: path}
+	data, err := Encode(spec)
+	if err != nil {
+		return res, err
+	}
+	if err := ctx.Err(); err != nil {
+		return res, fmt.Errorf("write CDI spec %s: %w", path, err)
+	}
+	if old, err := os.ReadFile(path); err == nil && bytes.Equal(old, data) {
+		return res, nil
+	} else if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return res, fmt.Errorf("write CDI spec %s: %w", path, err)
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return res, fmt.Errorf("write CDI spec %s: %w", path, err)
+	}
+	if err := writeAtomic(path, data); err != nil {
+		return res, fmt.Errorf("write CDI spec %s: %w", path, err)
+	}
+	res.Changed = true
+	return res, nil
+}
+
+// writeAtomic replaces path with data through a validated temporary file.
+func writeAtomic(path string, data []byte) (err error) {
+	dir := filepath.Dir(path)
+	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".*.tmp")
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			os.Remove(tmp.Name())
+		}
+	}()
+	_, err = tmp.Write(data)
+	if err == nil {
+		err = tmp.Chmod(0o644)
+	}
+	if err == nil {
+		err = tmp.Sync()
+	}
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return err
+	}
+	if _, err := cdilib.ReadSpec(tmp.Name(), 0); err != nil {
+		return &SpecError{Path: path, Err: err}
+	}
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		return err
+	}
+	return syncDir(dir)
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	err = d.Sync()
+	if cerr := d.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// Remove deletes kind's spec file; a missing one is not an error.
+func (w Writer) Remove(ctx context.Context, kind string) error {
+	path, err := w.Path(kind)
+	if err != nil {
+		return fmt.Errorf("remove CDI spec: %w", err)
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("remove CDI spec %s: %w", path, err)
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("remove CDI spec %s: %w", path, err)
+	}
+	return syncDir(filepath.Dir(path))
+}
+
+// ValidateFile reads the spec file at path as a CDI runtime would, with the
+// CDI library, and returns it. A file that does not parse or validate
+// gives a *SpecError; one that cannot be read, the read error.
+func ValidateFile(path string) (*specs.Spec, error) {
+	if _, err := os.Stat(path); err != nil {
+		return nil, fmt.Errorf("validate CDI spec: %w", err)
+	}
+	s, err := cdilib.ReadSpec(path, 0)
+	if err != nil {
+		return nil, &SpecError{Path: path, Err: err}
+	}
+	return s.Spec, nil
+}
