@@ -36,6 +36,10 @@ check:
 unit:
 	$(GO) test -count=1 ./...
 
+## demo: the README's first command: a GPU container on a simulated DGX-1 (root)
+demo:
+	bash .ci/demo.sh
+
 ## gpurun: run a command as a GPU container on a simulated node (root)
 gpurun:
 	$(GO) run ./examples/gpurun --simulate $(or $(SIM),dgx1-volta) --gpus 2 -- ls -l /dev
