@@ -8,7 +8,7 @@ export PATH := $(PATH):/usr/local/go/bin
 # go-nvml's cgo prolog names every deprecated NVML call; keep build logs readable.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
-.PHONY: all test provision check unit gpurun gpuinfo
+.PHONY: all test provision check unit demo gpurun gpuinfo hwtest hwrun
 
 all: check unit
 
@@ -47,3 +47,11 @@ gpurun:
 ## gpuinfo: what this node has (SIM=dgx1-volta to use a simulated node)
 gpuinfo:
 	$(GO) run ./examples/gpuinfo $(if $(SIM),--simulate $(SIM))
+
+## hwtest: build the hardware suite into hwbundle/ (test binaries, probe, cudacheck, run.sh, tarball)
+hwtest:
+	bash internal/hwtest/bundle.sh hwbundle
+
+## hwrun: run the hardware suite on this node (root, NVIDIA GPUs); builds it first if needed
+hwrun: $(if $(wildcard hwbundle/run.sh),,hwtest)
+	bash hwbundle/run.sh
