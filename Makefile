@@ -8,7 +8,7 @@ export PATH := $(PATH):/usr/local/go/bin
 # go-nvml's cgo prolog names every deprecated NVML call; keep build logs readable.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
-.PHONY: all test provision check unit gpurun gpuinfo
+.PHONY: all test provision check unit demo gpurun gpuinfo hwtest hwrun
 
 all: check unit
 
@@ -36,6 +36,10 @@ check:
 unit:
 	$(GO) test -count=1 ./...
 
+## demo: the README's first command: a GPU container on a simulated DGX-1 (root)
+demo:
+	bash .ci/demo.sh
+
 ## gpurun: run a command as a GPU container on a simulated node (root)
 gpurun:
 	$(GO) run ./examples/gpurun --simulate $(or $(SIM),dgx1-volta) --gpus 2 -- ls -l /dev
@@ -43,3 +47,11 @@ gpurun:
 ## gpuinfo: what this node has (SIM=dgx1-volta to use a simulated node)
 gpuinfo:
 	$(GO) run ./examples/gpuinfo $(if $(SIM),--simulate $(SIM))
+
+## hwtest: build the hardware suite into hwbundle/ (test binaries, probe, cudacheck, run.sh, tarball)
+hwtest:
+	bash internal/hwtest/bundle.sh hwbundle
+
+## hwrun: run the hardware suite on this node (root, NVIDIA GPUs); builds it first if needed
+hwrun: $(if $(wildcard hwbundle/run.sh),,hwtest)
+	bash hwbundle/run.sh

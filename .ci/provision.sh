@@ -1,7 +1,19 @@
 #!/usr/bin/env bash
 # Provisions a Debian (bookworm) test host for gpuiso's full test suite.
 # Idempotent: every step checks before it changes anything. Needs root.
+#
+#   provision.sh                everything the full test command needs
+#   provision.sh --driver-only  only what the README's first command (the
+#                               demo) needs: the NVIDIA user-space driver and
+#                               a C compiler for cgo; no Docker
 set -euo pipefail
+
+driver_only=0
+case "${1:-}" in
+  "") ;;
+  --driver-only) driver_only=1 ;;
+  *) printf 'provision: unknown argument %s (want --driver-only or nothing)\n' "$1" >&2; exit 2 ;;
+esac
 
 log() { printf 'provision: %s\n' "$*" >&2; }
 
@@ -10,7 +22,7 @@ if [ "$(id -u)" -ne 0 ]; then
   exit 1
 fi
 
-export DEBIAN_FRONTEND=noninteractive
+export DEBIAN_FRONTEND=noninteractive DEBCONF_NOWARNINGS=yes
 
 # 1. Debian's non-free component, where the NVIDIA user-space driver lives (and contrib,
 #    which holds its glue packages: nvidia-support, nvidia-legacy-check, glx-alternative-nvidia).
@@ -34,9 +46,11 @@ if [ ! -f "$src" ] || [ "$(cat "$src")" != "$want" ]; then
   updated=1
 fi
 
-# 2. Packages: NVML, libcuda, nvidia-smi (no kernel module: none can load here), Docker, and
-#    Podman (a CDI runtime for the CDI suite).
-pkgs=(libnvidia-ml1 libcuda1 nvidia-smi docker.io podman)
+# 2. Packages: NVML, libcuda, nvidia-smi (no kernel module: none can load here), what
+#    go needs to build cgo and fetch modules, Docker, and Podman (a CDI runtime for
+#    the CDI suite).
+pkgs=(libnvidia-ml1 libcuda1 nvidia-smi gcc libc6-dev ca-certificates)
+[ "$driver_only" -eq 1 ] || pkgs+=(docker.io podman)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
@@ -45,6 +59,11 @@ if [ ${#missing[@]} -gt 0 ]; then
   [ "$updated" -eq 1 ] || apt-get update -qq
   log "installing ${missing[*]}"
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+if [ "$driver_only" -eq 1 ]; then
+  log "host ready: NVIDIA user-space driver $(dpkg-query -W -f='${Version}' libnvidia-ml1)"
+  exit 0
 fi
 
 # 3. A Docker daemon that answers.

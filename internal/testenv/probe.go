@@ -21,11 +21,30 @@ import (
 // run (see testdata/probe).
 const ProbePackage = "github.com/gpuiso/gpuiso/testdata/probe"
 
-// BuildProbe compiles the probe statically into a temporary directory of tb
-// and returns the binary's path. The go command must be on PATH (it is where
-// tests run).
+// ProbeEnv names the environment variable that points the suites at a
+// prebuilt probe (a static binary of testdata/probe), so that test binaries
+// built with go test -c run where there is no Go toolchain.
+const ProbeEnv = "GPUISO_PROBE"
+
+// BuildProbe returns the path of a static probe binary: the one ProbeEnv
+// names, else a file named "probe" next to the test binary, else one it
+// compiles into a temporary directory of tb with the go command.
 func BuildProbe(tb testing.TB) string {
 	tb.Helper()
+	if p := os.Getenv(ProbeEnv); p != "" {
+		if err := executable(p); err != nil {
+			tb.Fatalf("%s=%s: %v", ProbeEnv, p, err)
+		}
+		return p
+	}
+	if exe, err := os.Executable(); err == nil {
+		if p := filepath.Join(filepath.Dir(exe), "probe"); executable(p) == nil {
+			return p
+		}
+	}
+	if _, err := exec.LookPath("go"); err != nil {
+		tb.Fatalf("no prebuilt probe (set %s, or put it next to the test binary) and no go command to build one: %v", ProbeEnv, err)
+	}
 	out := filepath.Join(tb.TempDir(), "probe")
 	cmd := exec.Command("go", "build", "-trimpath", "-o", out, ProbePackage)
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
@@ -33,6 +52,18 @@ func BuildProbe(tb testing.TB) string {
 		tb.Fatalf("build probe: %v\n%s", err, b)
 	}
 	return out
+}
+
+// executable reports why path is not a regular executable file.
+func executable(path string) error {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return err
+	}
+	if !fi.Mode().IsRegular() || fi.Mode().Perm()&0o111 == 0 {
+		return fmt.Errorf("%s: not an executable file", path)
+	}
+	return nil
 }
 
 // ProbeImage describes a test image built FROM scratch around the probe.

@@ -1,0 +1,35 @@
+// Package hwtest is gpuiso's hardware suite: the assertions that only a
+// node with real NVIDIA GPUs and a loaded kernel driver can prove. It has no
+// API; its tests are the product. They need the "gpu" suite (see
+// internal/testenv), which the project's full test command does not require,
+// and skip with a reason elsewhere.
+//
+// On a GPU node the suite asserts that
+//
+//   - discovery (nvmlnode.Discover with its defaults) finds every GPU that
+//     nvidia-smi -L lists, by UUID;
+//   - every library in the driver volume's lib64 loads (dlopen, RTLD_NOW)
+//     with the volume's own directories first on the search path;
+//   - in a native container given one GPU, CUDA works (testdata/cudacheck:
+//     cuInit, a context, an allocation, a memset and a copy back, verified)
+//     and nvidia-smi -L lists exactly that GPU;
+//   - in a native container given none, CUDA finds no device, and a device
+//     node the container makes itself (mknod) for a GPU cannot be opened:
+//     EPERM from the device cgroup.
+//
+// It never changes a GPU's settings: no MIG mode, clocks, persistence or
+// compute mode. A GPU in MIG mode is not chosen for the CUDA container.
+//
+// The suite ships as a bundle that needs neither Go nor Docker nor a
+// registry on the GPU node: `make hwtest` builds, into hwbundle/, stripped
+// test binaries (go test -c) of this package and of the suites worth running
+// on real hardware, the static probe (testdata/probe), cudacheck built with
+// gcc against libdl alone, run.sh, and a tarball of them all.
+// `bash hwbundle/run.sh` (or `make hwrun`) runs it as root on the GPU node.
+// The test binaries find the probe and cudacheck through GPUISO_PROBE and
+// GPUISO_CUDACHECK, which run.sh sets, or next to themselves.
+//
+// Without a GPU the tests that can run anyway do: cudacheck is built with
+// gcc and must report a missing driver or device cleanly, the host's driver
+// volume must load, and the bundle is built and checked.
+package hwtest
