@@ -2,7 +2,6 @@ package allocator
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -70,7 +69,7 @@ type settings struct {
 func WithStateDir(dir string) Option {
 	return func(s *settings) error {
 		if dir == "" {
-			return errors.New("empty state directory")
+			return fmt.Errorf("empty state directory: %w", ErrInvalidRequest)
 		}
 		s.stateDir = dir
 		return nil
@@ -117,7 +116,7 @@ func WithShared(devices ...string) Option {
 func WithLogger(l *slog.Logger) Option {
 	return func(s *settings) error {
 		if l == nil {
-			return errors.New("nil logger")
+			return fmt.Errorf("nil logger: %w", ErrInvalidRequest)
 		}
 		s.logger = l
 		return nil

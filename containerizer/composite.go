@@ -9,6 +9,7 @@ import (
 	"sync"
 
 	"github.com/gpuiso/gpuiso/allocator"
+	"github.com/gpuiso/gpuiso/node"
 )
 
 // Composite puts a native and a Docker containerizer behind one
@@ -38,10 +39,10 @@ var _ Containerizer = (*Composite)(nil)
 // ErrNotSupported.
 func NewComposite(alloc *allocator.Allocator, native, docker Containerizer) (*Composite, error) {
 	if alloc == nil {
-		return nil, errors.New("composite containerizer: nil allocator")
+		return nil, fmt.Errorf("composite containerizer: nil allocator: %w", node.ErrInvalid)
 	}
 	if native == nil && docker == nil {
-		return nil, errors.New("composite containerizer: no back end")
+		return nil, fmt.Errorf("composite containerizer: no back end: %w", node.ErrInvalid)
 	}
 	c := &Composite{alloc: alloc, backends: map[Kind]Containerizer{}, routes: map[string]Kind{}, launching: map[string]chan struct{}{}}
 	if native != nil {

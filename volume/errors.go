@@ -4,11 +4,13 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+
+	"github.com/gpuiso/gpuiso/node"
 )
 
 var (
 	// ErrInvalidVersion: a driver version is not digits separated by dots.
-	ErrInvalidVersion = errors.New("invalid driver version")
+	ErrInvalidVersion = node.Sentinel(node.ErrInvalid, "invalid driver version")
 	// ErrInvalidName: a name (a user, a capability, a library name from the
 	// ld.so cache) is not acceptable, e.g. it holds "/" or "..".
 	ErrInvalidName = errors.New("invalid name")

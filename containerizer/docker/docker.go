@@ -132,7 +132,7 @@ func WithReconcileAllocator() Option {
 func WithLogger(l *slog.Logger) Option {
 	return func(c *config) error {
 		if l == nil {
-			return errors.New("nil logger")
+			return fmt.Errorf("nil logger: %w", node.ErrInvalid)
 		}
 		c.logger = l
 		return nil
@@ -171,7 +171,7 @@ type entry struct {
 // to, with GPUs of alloc, whose node inv describes.
 func New(cli Client, alloc *allocator.Allocator, inv *node.Inventory, opts ...Option) (*Containerizer, error) {
 	if cli == nil || alloc == nil || inv == nil {
-		return nil, errors.New("docker containerizer: nil client, allocator or inventory")
+		return nil, fmt.Errorf("docker containerizer: nil client, allocator or inventory: %w", node.ErrInvalid)
 	}
 	cfg := config{
 		devRoot:     node.DefaultDevRoot,

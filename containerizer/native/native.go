@@ -140,7 +140,7 @@ type container struct {
 // the containerizer may have run before.
 func New(cfg Config) (*Containerizer, error) {
 	if cfg.Allocator == nil || cfg.Inventory == nil || cfg.Isolator == nil {
-		return nil, errors.New("native containerizer: Allocator, Inventory and Isolator are required")
+		return nil, fmt.Errorf("native containerizer: Allocator, Inventory and Isolator are required: %w", node.ErrInvalid)
 	}
 	if cfg.DevRoot == "" {
 		cfg.DevRoot = node.DefaultDevRoot
@@ -528,7 +528,7 @@ func (c *Containerizer) Usage(ctx context.Context, id string) (nvmlnode.Usage, e
 		return nvmlnode.Usage{}, fmt.Errorf("usage of %s: no NVML: %w", id, isolator.ErrNotSupported)
 	}
 	if ret := c.cfg.NVML.Init(); ret != nvml.SUCCESS {
-		return nvmlnode.Usage{}, fmt.Errorf("usage of %s: nvml init: %s", id, nvml.ErrorString(ret))
+		return nvmlnode.Usage{}, fmt.Errorf("usage of %s: %w", id, &nvmlnode.NVMLError{Op: "init", Device: -1, Return: ret})
 	}
 	defer c.cfg.NVML.Shutdown()
 	pids, err := c.cfg.Isolator.Processes(ctx, id)

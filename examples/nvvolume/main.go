@@ -24,6 +24,7 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
+	"github.com/gpuiso/gpuiso/node/nvmlnode"
 	"github.com/gpuiso/gpuiso/volume"
 )
 
@@ -156,12 +157,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 // driver it fails and the manager falls back to the library file's name.
 func nvmlVersion(context.Context) (string, error) {
 	if ret := nvml.Init(); ret != nvml.SUCCESS {
-		return "", fmt.Errorf("nvml: %s", nvml.ErrorString(ret))
+		return "", &nvmlnode.NVMLError{Op: "driver version", Device: -1, Return: ret}
 	}
 	defer nvml.Shutdown()
 	v, ret := nvml.SystemGetDriverVersion()
 	if ret != nvml.SUCCESS {
-		return "", fmt.Errorf("nvml: %s", nvml.ErrorString(ret))
+		return "", &nvmlnode.NVMLError{Op: "driver version", Device: -1, Return: ret}
 	}
 	return v, nil
 }

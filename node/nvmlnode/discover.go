@@ -2,7 +2,6 @@ package nvmlnode
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -29,7 +28,7 @@ type config struct {
 func WithNVML(lib nvml.Interface) Option {
 	return func(c *config) error {
 		if lib == nil {
-			return errors.New("nil NVML interface")
+			return fmt.Errorf("nil NVML interface: %w", node.ErrInvalid)
 		}
 		c.lib = lib
 		return nil

@@ -1,23 +1,24 @@
 package simnode
 
 import (
-	"errors"
 	"fmt"
 	"strings"
+
+	"github.com/gpuiso/gpuiso/node"
 )
 
 var (
 	// ErrInvalidSpec: a topology description is malformed.
-	ErrInvalidSpec = errors.New("invalid topology description")
+	ErrInvalidSpec = node.Sentinel(node.ErrInvalid, "invalid topology description")
 	// ErrUnknownTopology: no shipped topology has that name.
-	ErrUnknownTopology = errors.New("unknown topology")
+	ErrUnknownTopology = node.Sentinel(node.ErrNotFound, "unknown topology")
 	// ErrNoSuchGPU: an index names no GPU of the node.
-	ErrNoSuchGPU = errors.New("no such GPU")
+	ErrNoSuchGPU = node.Sentinel(node.ErrNotFound, "no such GPU")
 	// ErrRealDev: the simulated host's device nodes would land in the
 	// host's real /dev, which the simulation never writes to.
-	ErrRealDev = errors.New("refusing to create simulated device nodes in the real /dev")
+	ErrRealDev = node.Sentinel(node.ErrInvalid, "refusing to create simulated device nodes in the real /dev")
 	// ErrInvalidVersion: a driver version is not digits and dots.
-	ErrInvalidVersion = errors.New("invalid driver version")
+	ErrInvalidVersion = node.Sentinel(node.ErrInvalid, "invalid driver version")
 )
 
 // UnknownTopologyError names a topology that is not shipped, and those that are.
