@@ -21,7 +21,6 @@ import (
 
 	"github.com/gpuiso/gpuiso/allocator"
 	"github.com/gpuiso/gpuiso/containerizer"
-	"github.com/gpuiso/gpuiso/internal/linux"
 	"github.com/gpuiso/gpuiso/isolator"
 	"github.com/gpuiso/gpuiso/isolator/cgroups"
 	"github.com/gpuiso/gpuiso/volume"
@@ -169,7 +168,8 @@ func validate(spec containerizer.Spec) error {
 	case spec.Dir != "" && !filepath.IsAbs(spec.Dir):
 		return fmt.Errorf("%w: working directory %q is not absolute", containerizer.ErrInvalidSpec, spec.Dir)
 	}
-	return nil
+	_, err := confinementOf(spec)
+	return err
 }
 
 // launch does the work of Launch; each step registers its undo.
@@ -216,8 +216,10 @@ func (c *Containerizer) launch(ctx context.Context, spec containerizer.Spec, ct 
 		mounts = append(mounts, specs.Mount{Source: inj.Mount.Source, Destination: inj.Mount.Destination, Type: inj.Mount.Type, Options: inj.Mount.Options})
 		env = isolator.MergeEnv(env, inj.Env)
 		ct.rec.Volume, ct.rec.VolumeVersion = vol.Path, vol.Version
-		if err := os.MkdirAll(inj.Mount.Destination, 0o755); err != nil {
-			return fmt.Errorf("driver volume mount point: %w", err)
+		if spec.RootFS == "" { // the init makes it in a root file system
+			if err := os.MkdirAll(inj.Mount.Destination, 0o755); err != nil {
+				return fmt.Errorf("driver volume mount point: %w", err)
+			}
 		}
 	}
 	plan, err := isolator.NewPlan(spec.ID, c.cfg.Inventory, c.cfg.DevRoot, al.Devices, mounts, env)
@@ -256,7 +258,7 @@ func (c *Containerizer) start(ctx context.Context, spec containerizer.Spec, ct *
 	cmd.Env = []string{initEnv + "=1"}
 	cmd.ExtraFiles = []*os.File{r}
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = spec.Stdin, spec.Stdout, spec.Stderr
-	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: linux.CloneNewNS, Setsid: true}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: initCloneFlags, Setsid: true}
 	inCgroup := false
 	if c.cfg.Isolator.Version() == cgroups.V2 {
 		// Born inside its cgroup (clone3 CLONE_INTO_CGROUP).
@@ -288,7 +290,12 @@ func (c *Containerizer) start(ctx context.Context, spec containerizer.Spec, ct *
 		kill()
 		return fmt.Errorf("record: %w", err)
 	}
-	cfg := initConfig{Args: spec.Command, Env: plan.Env, Dir: spec.Dir, DevDir: c.devDir(spec.ID), Mounts: plan.Mounts, ExitFile: c.exitPath(spec.ID)}
+	cf, err := confinementOf(spec)
+	if err != nil {
+		kill()
+		return err
+	}
+	cfg := initConfig{Args: spec.Command, Env: plan.Env, Dir: spec.Dir, DevDir: c.devDir(spec.ID), Mounts: plan.Mounts, ExitFile: c.exitPath(spec.ID), Confine: cf}
 	if err := writeConfig(w, cfg); err != nil {
 		kill()
 		return fmt.Errorf("configure init: %w", err)
