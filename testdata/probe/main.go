@@ -10,6 +10,7 @@
 //	probe env NAME...     "<name>=<value>" for each variable that is set
 //	probe exit CODE       exits with CODE
 //	probe sleep SECONDS   sleeps, then exits 0 (a container that keeps running)
+//	probe escape KEY=VALUE...   tries the ways out of a container (see escape.go)
 package main
 
 import (
@@ -74,6 +75,8 @@ func main() {
 			code, _ = strconv.Atoi(args[0])
 		}
 		os.Exit(code)
+	case "escape":
+		escape(args)
 	case "sleep":
 		secs := 0
 		if len(args) > 0 {
@@ -95,7 +98,8 @@ func result(err error) string {
 		for _, e := range []struct {
 			errno syscall.Errno
 			name  string
-		}{{syscall.ENXIO, "ENXIO"}, {syscall.EPERM, "EPERM"}, {syscall.EACCES, "EACCES"}, {syscall.ENOENT, "ENOENT"}, {syscall.EROFS, "EROFS"}} {
+		}{{syscall.ENXIO, "ENXIO"}, {syscall.EPERM, "EPERM"}, {syscall.EACCES, "EACCES"}, {syscall.ENOENT, "ENOENT"}, {syscall.EROFS, "EROFS"},
+			{syscall.ESRCH, "ESRCH"}, {syscall.EBUSY, "EBUSY"}, {syscall.EINVAL, "EINVAL"}, {syscall.ENOSYS, "ENOSYS"}, {syscall.EBADF, "EBADF"}} {
 			if errno == e.errno {
 				return e.name
 			}
