@@ -52,6 +52,10 @@ type Spec struct {
 	// system, which the container pivots into; empty means the container
 	// shares the host's (see package native for what it gets either way).
 	RootFS string `json:"rootfs,omitempty"`
+	// Labels are the labels of the image RootFS was unpacked from: with
+	// RootFS and Env they decide whether a native container gets the driver
+	// volume, as for a Docker image (volume.Image.NeedsVolume).
+	Labels map[string]string `json:"labels,omitempty"`
 	// User runs the command as this user and group instead of root.
 	User *User `json:"user,omitempty"`
 	// CapAdd adds capabilities ("SYS_PTRACE" or "CAP_SYS_PTRACE") to the

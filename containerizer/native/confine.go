@@ -8,6 +8,7 @@ import (
 
 	"github.com/gpuiso/gpuiso/containerizer"
 	"github.com/gpuiso/gpuiso/internal/linux"
+	"github.com/gpuiso/gpuiso/volume"
 )
 
 // DefaultCapabilities are the capabilities a container's command gets when
@@ -77,6 +78,16 @@ func confinementOf(spec containerizer.Spec) (confinement, error) {
 		cf.RootFS = filepath.Clean(spec.RootFS)
 	}
 	return cf, nil
+}
+
+// wantsVolume reports whether a container gets the driver volume. One with
+// its own root file system gets it when its image asks, as a Docker
+// container would; one on the host's root file system keeps what it had.
+func wantsVolume(spec containerizer.Spec) bool {
+	if spec.RootFS == "" {
+		return true
+	}
+	return volume.Image{Labels: spec.Labels, Env: spec.Env}.NeedsVolume()
 }
 
 // capNames names the capability numbers caps.

@@ -85,9 +85,21 @@ func TestEscape(t *testing.T) {
 	var victim struct {
 		gpu, other string
 	}
-	for _, v := range []cgroups.Version{cgroups.V1, cgroups.V2} {
-		t.Run("native-"+v.String(), func(t *testing.T) {
+	type column struct {
+		v      cgroups.Version
+		rootfs bool
+	}
+	for _, col := range []column{{cgroups.V1, false}, {cgroups.V2, false}, {cgroups.V1, true}, {cgroups.V2, true}} {
+		v, name := col.v, "native/"+col.v.String()
+		if col.rootfs {
+			name += "+rootfs"
+		}
+		t.Run(name, func(t *testing.T) {
 			n := newNode(t, v)
+			var root, probe = "", n.probe
+			if col.rootfs {
+				root, probe = rootFS(t, n.probe), "/probe"
+			}
 			ctx := context.Background()
 			// The victim: another container holding GPU 0.
 			if _, err := n.c.Launch(ctx, containerizer.Spec{ID: "victim", Command: []string{n.probe, "sleep", "60"}, GPUs: allocator.Request{Devices: []string{"0"}}}); err != nil {
@@ -97,8 +109,8 @@ func TestEscape(t *testing.T) {
 			gpu := fmt.Sprintf("195:%d", minor)
 			other := filepath.Join(n.dirs.State, "victim", "dev", fmt.Sprintf("nvidia%d", minor))
 			var out bytes.Buffer
-			_, err := n.c.Launch(ctx, containerizer.Spec{ID: "attacker", GPUs: allocator.Request{Devices: []string{"1"}},
-				Command: []string{n.probe, "escape", "gpu=" + gpu, "other=" + other, fmt.Sprintf("hostpid=%d", os.Getpid())},
+			_, err := n.c.Launch(ctx, containerizer.Spec{ID: "attacker", GPUs: allocator.Request{Devices: []string{"1"}}, RootFS: root, Env: []string{"NVIDIA_VISIBLE_DEVICES=all"},
+				Command: []string{probe, "escape", "gpu=" + gpu, "other=" + other, fmt.Sprintf("hostpid=%d", os.Getpid())},
 				Stdout:  &out, Stderr: &out})
 			if err != nil {
 				t.Fatal(err)
@@ -107,9 +119,9 @@ func TestEscape(t *testing.T) {
 				t.Fatalf("attacker: exit %d, %v\n%s", st.Code, err, out.String())
 			}
 			r := parseEscape(t, out.String())
-			checkRefused(t, "native "+v.String(), r)
-			columns["native/"+v.String()] = r
-			names = append(names, "native/"+v.String())
+			checkRefused(t, name, r)
+			columns[name] = r
+			names = append(names, name)
 			victim.gpu, victim.other = gpu, other
 		})
 	}

@@ -203,7 +203,7 @@ func (c *Containerizer) launch(ctx context.Context, spec containerizer.Spec, ct 
 
 	var mounts []specs.Mount
 	env := isolator.MergeEnv(defaultEnv(), spec.Env)
-	if c.cfg.Volumes != nil {
+	if c.cfg.Volumes != nil && wantsVolume(spec) {
 		vol, err := c.cfg.Volumes.Build(ctx)
 		if err != nil {
 			return fmt.Errorf("driver volume: %w", err)
