@@ -16,7 +16,7 @@ import (
 )
 
 // rootFS makes a root file system holding only the probe, at /probe.
-func rootFS(t *testing.T, probe string) string {
+func rootFS(t testing.TB, probe string) string {
 	t.Helper()
 	dir := filepath.Join(t.TempDir(), "rootfs")
 	if err := os.MkdirAll(dir, 0o755); err != nil {
