@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -13,6 +14,9 @@ import (
 
 	"github.com/gpuiso/gpuiso/allocator"
 	"github.com/gpuiso/gpuiso/containerizer"
+	"github.com/gpuiso/gpuiso/containerizer/rootfs"
+	"github.com/gpuiso/gpuiso/internal/testenv"
+	"github.com/gpuiso/gpuiso/isolator/cgroups"
 )
 
 // rootFS makes a root file system holding only the probe, at /probe.
@@ -148,4 +152,47 @@ func TestRootFSUpdateRecover(t *testing.T) {
 			t.Fatal(err)
 		}
 	})
+}
+
+// TestRootFSFromDockerSave unpacks what `docker save` writes of a probe
+// image labelled for the driver volume and runs it natively: its entrypoint
+// runs and the volume is there.
+func TestRootFSFromDockerSave(t *testing.T) {
+	testenv.RequireRoot(t)
+	cli := testenv.RequireDocker(t)
+	testenv.LockDocker(t, false)
+	n := newNode(t, cgroups.V1)
+	tag := testenv.BuildProbeImage(t, cli, testenv.ProbeImage{Labels: map[string]string{"com.nvidia.volumes.needed": "nvidia_driver"}})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	res, err := cli.ImageSave(ctx, []string{tag})
+	if err != nil {
+		t.Fatal(err)
+	}
+	archive := filepath.Join(t.TempDir(), "image.tar")
+	f, err := os.Create(archive)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = io.Copy(f, res)
+	res.Close()
+	f.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	root := filepath.Join(t.TempDir(), "rootfs")
+	img, err := rootfs.Unpack(ctx, archive, root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	_, err = n.c.Launch(ctx, containerizer.Spec{ID: "saved", RootFS: root, Labels: img.Labels, Env: img.Env,
+		Command: append(slices.Clone(img.Entrypoint), "ls", "/usr/local/nvidia"), GPUs: allocator.Request{Count: 1}, Stdout: &out, Stderr: &out})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.c.Destroy(ctx, "saved")
+	if st, err := n.c.Wait(ctx, "saved"); err != nil || st.Code != 0 || !strings.Contains(out.String(), "bin\n") {
+		t.Fatalf("exit %d, %v; /usr/local/nvidia holds %q", st.Code, err, out.String())
+	}
 }
