@@ -48,6 +48,19 @@ type Spec struct {
 	Dir string `json:"dir,omitempty"`
 	// GPUs is what the container asks of the allocator.
 	GPUs allocator.Request `json:"gpus"`
+	// RootFS is a directory holding a native container's own root file
+	// system, which the container pivots into; empty means the container
+	// shares the host's (see package native for what it gets either way).
+	RootFS string `json:"rootfs,omitempty"`
+	// Labels are the labels of the image RootFS was unpacked from: with
+	// RootFS and Env they decide whether a native container gets the driver
+	// volume, as for a Docker image (volume.Image.NeedsVolume).
+	Labels map[string]string `json:"labels,omitempty"`
+	// User runs the command as this user and group instead of root.
+	User *User `json:"user,omitempty"`
+	// CapAdd adds capabilities ("SYS_PTRACE" or "CAP_SYS_PTRACE") to the
+	// default set the command gets (Docker's).
+	CapAdd []string `json:"capAdd,omitempty"`
 	// Stdin feeds the container's standard input; nil means none.
 	Stdin io.Reader `json:"-"`
 	// Stdout and Stderr receive the container's output; nil discards it.

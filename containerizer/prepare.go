@@ -48,6 +48,14 @@ type Image struct {
 	RootFS string
 }
 
+// WantsVolume reports whether a container of img, with env set over the
+// image's, gets the driver volume: only with a root file system of its own,
+// and only when the image asks for it (the com.nvidia.volumes.needed label,
+// or NVIDIA_VISIBLE_DEVICES set and not void).
+func (img Image) WantsVolume(env []string) bool {
+	return img.OwnRoot && volume.Image{Labels: img.Labels, Env: isolator.MergeEnv(img.Env, env)}.NeedsVolume()
+}
+
 // Prepared is what a container gets, ready for a back end to run: the
 // allocation, the isolation plan (device nodes and rules, mounts and the
 // environment to set over the image's), and the driver volume when it has
@@ -114,7 +122,7 @@ func (pr *Preparer) Prepare(ctx context.Context, spec Spec, img Image) (p *Prepa
 	if err := volume.Check(req, drv, nil); err != nil {
 		return p, err
 	}
-	needsVolume := img.OwnRoot && req.NeedsVolume()
+	needsVolume := img.WantsVolume(spec.Env)
 	if needsVolume && pr.Volumes == nil {
 		return p, ErrNoVolume
 	}

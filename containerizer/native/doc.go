@@ -3,7 +3,7 @@
 //
 // # The model
 //
-// A container is a command in its own mount namespace, with
+// A container is a command in its own mount, pid and cgroup namespaces, with
 //
 //   - its own device cgroup (package isolator/cgroups, v1 or v2) allowing the
 //     runtime's default devices, the driver's control devices and exactly the
@@ -22,6 +22,44 @@
 //
 // What a container gets is decided by containerizer.Preparer, the step both
 // back ends share; this package only runs it.
+//
+// # Confinement
+//
+// Every container is confined as Docker confines one by default, so that a
+// root process inside cannot undo its device isolation:
+//
+//   - capabilities: the bounding, effective and permitted sets hold Docker's
+//     default list ([DefaultCapabilities]) plus Spec.CapAdd; inheritable and
+//     ambient are empty; Spec.User runs the command as another user, which
+//     then has none;
+//   - no_new_privs, and a seccomp filter equal to Docker's default profile
+//     for those capabilities. The profile comes as data from
+//     github.com/moby/profiles/seccomp (the very profile Docker loads) and
+//     is compiled to BPF by github.com/elastic/go-seccomp-bpf, pure Go, so
+//     the module needs no libseccomp and no cgo for it. The filter covers
+//     the machine's own ABI: 32-bit and x32 calls are refused outright;
+//   - /proc of the container's own pid namespace, with Docker's masked paths
+//     (/proc/kcore, /proc/keys, /proc/timer_list, /sys/firmware, ...) and
+//     read-only paths (/proc/sys, /proc/sysrq-trigger, ...);
+//   - /sys read-only, and under it the cgroup file systems of the container's
+//     cgroup namespace, read-only: the container sees its own cgroup as the
+//     root and can write neither its cgroup.procs nor its devices.allow.
+//
+// The init applies all of it once it is in its cgroup, on one locked OS
+// thread that forks the command and then ends: capability sets, the seccomp
+// filter (installed without TSYNC) and the cgroup namespace belong to a
+// thread, and the rest of the init keeps its privileges to wait for the
+// command and record its exit status.
+//
+// # Root file system
+//
+// With Spec.RootFS (a directory, see package containerizer/rootfs to unpack
+// an image into one) the container pivots into it (pivot_root; the host's
+// root is detached) with its private /dev, /proc, read-only /sys, and the
+// driver volume read-only, nosuid, nodev at /usr/local/nvidia when the image
+// asks for it (label com.nvidia.volumes.needed in Spec.Labels, or
+// NVIDIA_VISIBLE_DEVICES set and not void in Spec.Env), as for a Docker
+// image. Without one, the container keeps the host's file system.
 //
 // The container's first process is an init: the containerizer's own binary,
 // started again with [Init] at the top of its main. It waits, blocked on a

@@ -13,8 +13,6 @@ import (
 	"syscall"
 
 	"github.com/opencontainers/runtime-spec/specs-go"
-
-	"github.com/gpuiso/gpuiso/internal/linux"
 )
 
 // initEnv marks a process started as a container's init.
@@ -29,6 +27,7 @@ type initConfig struct {
 	DevDir   string        `json:"devDir"`
 	Mounts   []specs.Mount `json:"mounts,omitempty"`
 	ExitFile string        `json:"exitFile"`
+	Confine  confinement   `json:"confine"`
 	// Bare: the init runs in its parent's namespaces and sets nothing up
 	// (the package's tests of its bookkeeping, without root).
 	Bare bool `json:"bare,omitempty"`
@@ -63,59 +62,38 @@ func runInit() int {
 		fmt.Fprintf(os.Stderr, "gpuiso init: read config: %v\n", err)
 		return exitInitFailed
 	}
-	if !cfg.Bare {
-		if err := setupMounts(cfg); err != nil {
-			fmt.Fprintf(os.Stderr, "gpuiso init: %v\n", err)
-			return exitInitFailed
-		}
+	// The state directory is opened now: a container with its own root
+	// file system leaves the host's behind.
+	state, err := os.OpenRoot(filepath.Dir(cfg.ExitFile))
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "gpuiso init: %v\n", err)
+		return exitInitFailed
 	}
-	code := runCommand(cfg)
-	if err := writeJSON(cfg.ExitFile, exitRecord{Code: code}); err != nil {
+	defer state.Close()
+	code, ran := runCommand(cfg)
+	if !ran && code == exitInitFailed {
+		return code // the container was not set up: nothing to record
+	}
+	if err := writeExit(state, filepath.Base(cfg.ExitFile), exitRecord{Code: code}); err != nil {
 		fmt.Fprintf(os.Stderr, "gpuiso init: record exit status: %v\n", err)
 	}
 	return code
 }
 
-// setupMounts runs in the container's new mount namespace: nothing it mounts
-// reaches the host's.
-func setupMounts(cfg initConfig) error {
-	if err := linux.MakeRSlave("/"); err != nil {
-		return err
-	}
-	if err := linux.BindMount(cfg.DevDir, "/dev", false); err != nil {
-		return err
-	}
-	if err := linux.MountDevpts("/dev/pts"); err != nil {
-		return err
-	}
-	if err := linux.MountTmpfs("/dev/shm", 0o1777); err != nil {
-		return err
-	}
-	for _, m := range cfg.Mounts {
-		if err := linux.BindMount(m.Source, m.Destination, slices.Contains(m.Options, "ro")); err != nil {
-			return err
-		}
-	}
-	return nil
-}
+// isReadOnly reports whether mount options ask for a read-only mount.
+func isReadOnly(options []string) bool { return slices.Contains(options, "ro") }
 
-// runCommand runs the container's command, forwarding signals to it, and
-// returns its exit code (128+N when killed by signal N).
-func runCommand(cfg initConfig) int {
-	path, err := lookPath(cfg.Args[0], cfg.Env)
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "gpuiso init: %v\n", err)
-		return exitNotFound
-	}
-	cmd := exec.Command(path, cfg.Args[1:]...)
-	cmd.Args[0] = cfg.Args[0]
-	cmd.Env, cmd.Dir = cfg.Env, cfg.Dir
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+// runCommand sets the container up, runs its command confined (see
+// startContainer), forwarding signals to it, and returns its exit code
+// (128+N when killed by signal N), and whether the command ran.
+func runCommand(cfg initConfig) (int, bool) {
 	sigs := make(chan os.Signal, 8)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGUSR1, syscall.SIGUSR2)
-	if err := cmd.Start(); err != nil {
+	defer signal.Stop(sigs)
+	cmd, code, err := startContainer(cfg)
+	if err != nil {
 		fmt.Fprintf(os.Stderr, "gpuiso init: %v\n", err)
-		return exitNotRunnable
+		return code, false
 	}
 	go func() {
 		for s := range sigs {
@@ -123,18 +101,17 @@ func runCommand(cfg initConfig) int {
 		}
 	}()
 	err = cmd.Wait()
-	signal.Stop(sigs)
 	var ee *exec.ExitError
 	if errors.As(err, &ee) {
 		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-			return 128 + int(ws.Signal())
+			return 128 + int(ws.Signal()), true
 		}
-		return ee.ExitCode()
+		return ee.ExitCode(), true
 	}
 	if err != nil {
-		return exitInitFailed
+		return exitInitFailed, true
 	}
-	return 0
+	return 0, true
 }
 
 // lookPath finds name on the PATH of the container's environment.

@@ -21,7 +21,6 @@ import (
 
 	"github.com/gpuiso/gpuiso/allocator"
 	"github.com/gpuiso/gpuiso/containerizer"
-	"github.com/gpuiso/gpuiso/internal/linux"
 	"github.com/gpuiso/gpuiso/isolator"
 	"github.com/gpuiso/gpuiso/isolator/cgroups"
 	"github.com/gpuiso/gpuiso/node"
@@ -221,7 +220,8 @@ func validate(spec containerizer.Spec) error {
 	case spec.Dir != "" && !filepath.IsAbs(spec.Dir):
 		return fmt.Errorf("%w: working directory %q is not absolute", containerizer.ErrInvalidSpec, spec.Dir)
 	}
-	return nil
+	_, err := confinementOf(spec)
+	return err
 }
 
 // launch does the work of Launch; each step registers its undo.
@@ -247,8 +247,13 @@ func (c *Containerizer) launch(ctx context.Context, spec containerizer.Spec, ct 
 	}
 	undo = append(undo, func() { os.RemoveAll(c.dir(spec.ID)) })
 	// A container without a root file system of its own shares the host's,
-	// and with it the host's driver: it gets no volume over it.
-	prep, err := c.prep.Prepare(ctx, spec, containerizer.Image{Env: defaultEnv()})
+	// and with it the host's driver: it gets no volume over it. One with
+	// its own gets the volume when its image asks for it.
+	img := containerizer.Image{Env: defaultEnv()}
+	if spec.RootFS != "" {
+		img = containerizer.Image{Labels: spec.Labels, OwnRoot: true, RootFS: spec.RootFS}
+	}
+	prep, err := c.prep.Prepare(ctx, spec, img)
 	if err != nil {
 		return err
 	}
@@ -304,7 +309,7 @@ func (c *Containerizer) start(ctx context.Context, spec containerizer.Spec, ct *
 	cmd.Env = []string{initEnv + "=1"}
 	cmd.ExtraFiles = []*os.File{r}
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = spec.Stdin, spec.Stdout, spec.Stderr
-	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: linux.CloneNewNS, Setsid: true}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: initCloneFlags, Setsid: true}
 	if c.bare {
 		cmd.SysProcAttr.Cloneflags = 0
 	}
@@ -339,7 +344,12 @@ func (c *Containerizer) start(ctx context.Context, spec containerizer.Spec, ct *
 		kill()
 		return fmt.Errorf("record: %w", err)
 	}
-	cfg := initConfig{Args: spec.Command, Env: ct.env, Dir: spec.Dir, DevDir: c.devDir(spec.ID), Mounts: plan.Mounts, ExitFile: c.exitPath(spec.ID), Bare: c.bare}
+	cf, err := confinementOf(spec)
+	if err != nil {
+		kill()
+		return err
+	}
+	cfg := initConfig{Args: spec.Command, Env: ct.env, Dir: spec.Dir, DevDir: c.devDir(spec.ID), Mounts: plan.Mounts, ExitFile: c.exitPath(spec.ID), Confine: cf, Bare: c.bare}
 	if err := writeConfig(w, cfg); err != nil {
 		kill()
 		return fmt.Errorf("configure init: %w", err)

@@ -73,6 +73,40 @@ func writeJSON(path string, v any) error {
 	return d.Sync()
 }
 
+// writeExit writes v to name in dir atomically, as writeJSON does, through
+// a handle on the directory opened before the init left the host's root.
+func writeExit(dir *os.Root, name string, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	tmp := "." + name + ".tmp"
+	f, err := dir.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(b)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = dir.Rename(tmp, name)
+	}
+	if err != nil {
+		dir.Remove(tmp)
+		return err
+	}
+	d, err := dir.Open(".")
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
+
 func readJSON(path string, v any) error {
 	b, err := os.ReadFile(path)
 	if err != nil {

@@ -1,10 +1,17 @@
-// Command gpurun runs a command as a GPU container: in its own mount
-// namespace and device cgroup, with a private /dev holding only its GPUs, the
-// driver volume read-only at /usr/local/nvidia, and NVIDIA_VISIBLE_DEVICES /
-// CUDA_VISIBLE_DEVICES naming its GPUs. It exits with the command's status.
+// Command gpurun runs a command as a GPU container: in its own mount, pid and
+// cgroup namespaces and device cgroup, with a private /dev holding only its
+// GPUs, the driver volume read-only at /usr/local/nvidia, and
+// NVIDIA_VISIBLE_DEVICES / CUDA_VISIBLE_DEVICES naming its GPUs, confined as
+// Docker confines a container by default (capabilities, seccomp, read-only
+// /sys and cgroups, masked /proc). It exits with the command's status.
 //
 //	gpurun [--simulate NAME] [--gpus N | --devices LIST] [--policy P] [--state-dir DIR]
-//	       [--cgroup v1|v2] [--quiet] -- CMD [ARGS...]
+//	       [--cgroup v1|v2] [--rootfs DIR] [--user UID[:GID]] [--cap-add CAP]...
+//	       [--quiet] -- CMD [ARGS...]
+//
+// --rootfs runs the command in DIR as its root file system; --user runs it as
+// that user (with no capabilities); --cap-add adds a capability to Docker's
+// default set (repeatable).
 //
 // --simulate runs on a simulated node: real cgroups and real device nodes
 // with NVIDIA's numbers, under a temporary directory. gpurun needs root.
@@ -52,12 +59,28 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	stateDir := fs.String("state-dir", "", "keep the allocator's state in DIR (default: in memory)")
 	version := fs.String("cgroup", "", "cgroup version for devices: v1 or v2 (default: the host's)")
 	quiet := fs.Bool("quiet", false, "do not print which GPUs and volume the command got")
+	rootfs := fs.String("rootfs", "", "run the command in DIR as its root file system")
+	user := fs.String("user", "", "run the command as UID[:GID]")
+	var capAdd []string
+	fs.Func("cap-add", "add a capability to the default set (repeatable)", func(s string) error {
+		capAdd = append(capAdd, s)
+		return nil
+	})
 	if err := fs.Parse(args); err != nil {
 		return exitUsage
 	}
 	if fs.NArg() == 0 {
 		fmt.Fprintln(stderr, "gpurun: no command (gpurun [flags] -- CMD [ARGS...])")
 		return exitUsage
+	}
+	var usr *containerizer.User
+	if *user != "" {
+		u, err := containerizer.ParseUser(*user)
+		if err != nil {
+			fmt.Fprintf(stderr, "gpurun: --user: %v\n", err)
+			return exitUsage
+		}
+		usr = &u
 	}
 	req := allocator.Request{Count: *gpus}
 	if *devices != "" {
@@ -111,7 +134,8 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	}
 
 	id := fmt.Sprintf("gpurun-%d", os.Getpid())
-	ct, err := c.Launch(ctx, containerizer.Spec{ID: id, Command: fs.Args(), GPUs: req, Stdin: stdin, Stdout: stdout, Stderr: stderr})
+	ct, err := c.Launch(ctx, containerizer.Spec{ID: id, Command: fs.Args(), GPUs: req, Stdin: stdin, Stdout: stdout, Stderr: stderr,
+		RootFS: *rootfs, User: usr, CapAdd: capAdd})
 	if err != nil {
 		fmt.Fprintf(stderr, "gpurun: %v\n", err)
 		return exitFailed

@@ -46,6 +46,11 @@ func TestSimulated(t *testing.T) {
 			if _, _, code := gpurun("--simulate", "pcie8", "--gpus", "2", "--quiet", "--cgroup", v, "--", "/bin/true"); code != 0 {
 				t.Fatalf("--quiet run exited %d", code)
 			}
+			out, errOut, code = gpurun("--simulate", "pcie8", "--quiet", "--cgroup", v, "--user", "1000:1000", "--cap-add", "SYS_PTRACE", "--",
+				"/bin/sh", "-c", `id -u; grep -E '^Cap(Eff|Bnd)' /proc/self/status`)
+			if code != 0 || out != "1000\nCapEff:\t0000000000000000\nCapBnd:\t00000000a80c25fb\n" {
+				t.Fatalf("--user --cap-add: exit %d, stdout %q, stderr %q", code, out, errOut)
+			}
 		})
 	}
 }
@@ -73,9 +78,13 @@ func TestUsage(t *testing.T) {
 		"unknown node":   {"--simulate", "dgx-z9", "--", "true"},
 		"too many GPUs":  {"--simulate", "pcie8", "--gpus", "9", "--", "true"},
 		"unknown device": {"--simulate", "pcie8", "--devices", "42", "--", "true"},
+		"bad user":       {"--user", "nobody", "--", "true"},
+		"bad capability": {"--simulate", "pcie8", "--cap-add", "SYS_NOPE", "--", "true"},
+		"bad rootfs":     {"--simulate", "pcie8", "--rootfs", "/nonexistent", "--", "true"},
 	} {
 		t.Run(name, func(t *testing.T) {
-			if name == "too many GPUs" || name == "unknown device" || name == "bad policy" || name == "unknown node" {
+			switch name {
+			case "too many GPUs", "unknown device", "bad policy", "unknown node", "bad capability", "bad rootfs":
 				testenv.RequireRoot(t) // gets as far as the simulated host
 			}
 			if _, errOut, code := gpurun(args...); code == 0 || errOut == "" {

@@ -5,3 +5,7 @@ import "github.com/gpuiso/gpuiso/node"
 // ErrNotSupported is returned on operating systems that lack the kernel
 // interface asked for.
 var ErrNotSupported = node.Sentinel(node.ErrNotSupported, "not supported on this operating system")
+
+// ErrUnknownCapability is returned for a capability name the kernel does not
+// define.
+var ErrUnknownCapability = node.Sentinel(node.ErrInvalid, "unknown capability")

@@ -12,6 +12,7 @@
 //	probe exit CODE       exits with CODE
 //	probe sleep SECONDS   sleeps, then exits 0 (a container that keeps running)
 //	probe do CMD ARGS... [-- CMD ARGS...]...   several of the above in turn
+//	probe escape KEY=VALUE...   tries the ways out of a container (see escape.go)
 package main
 
 import (
@@ -101,6 +102,8 @@ func run(cmd string, args []string) {
 			code, _ = strconv.Atoi(args[0])
 		}
 		os.Exit(code)
+	case "escape":
+		escape(args)
 	case "sleep":
 		secs := 0
 		if len(args) > 0 {
@@ -122,7 +125,8 @@ func result(err error) string {
 		for _, e := range []struct {
 			errno syscall.Errno
 			name  string
-		}{{syscall.ENXIO, "ENXIO"}, {syscall.ENODEV, "ENODEV"}, {syscall.EPERM, "EPERM"}, {syscall.EACCES, "EACCES"}, {syscall.ENOENT, "ENOENT"}, {syscall.EROFS, "EROFS"}} {
+		}{{syscall.ENXIO, "ENXIO"}, {syscall.ENODEV, "ENODEV"}, {syscall.EPERM, "EPERM"}, {syscall.EACCES, "EACCES"}, {syscall.ENOENT, "ENOENT"}, {syscall.EROFS, "EROFS"},
+			{syscall.ESRCH, "ESRCH"}, {syscall.EBUSY, "EBUSY"}, {syscall.EINVAL, "EINVAL"}, {syscall.ENOSYS, "ENOSYS"}, {syscall.EBADF, "EBADF"}} {
 			if errno == e.errno {
 				return e.name
 			}

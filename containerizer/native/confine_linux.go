@@ -1,0 +1,247 @@
+package native
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"syscall"
+
+	"github.com/gpuiso/gpuiso/internal/linux"
+)
+
+// initCloneFlags are the namespaces a container's init is born in: its own
+// mount and pid namespaces. The cgroup namespace comes later, once the init
+// is in its cgroup (see startContainer).
+const initCloneFlags = linux.CloneNewNS | linux.CloneNewPID
+
+// startContainer sets up the container's file system and starts its command
+// confined. It runs on a thread of its own, locked and never unlocked: the
+// cgroup namespace, capability sets, no_new_privs bit and seccomp filter it
+// takes on belong to that thread alone, which forks the command (so the
+// command inherits them) and then ends. The rest of the init keeps its
+// privileges to wait for the command and record its exit status. On error
+// it returns the init's exit code for it.
+func startContainer(cfg initConfig) (*exec.Cmd, int, error) {
+	type result struct {
+		cmd  *exec.Cmd
+		code int
+		err  error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread ends with this goroutine
+		cmd, code, err := confineAndStart(cfg)
+		ch <- result{cmd, code, err}
+	}()
+	r := <-ch
+	return r.cmd, r.code, r.err
+}
+
+func confineAndStart(cfg initConfig) (*exec.Cmd, int, error) {
+	if cfg.Bare {
+		return startBare(cfg)
+	}
+	cf := cfg.Confine
+	policy, err := seccompPolicy(capNames(cf.Caps))
+	if err != nil {
+		return nil, exitInitFailed, err
+	}
+	if err := setupFS(cfg); err != nil {
+		return nil, exitInitFailed, err
+	}
+	path, err := lookPath(cfg.Args[0], cfg.Env)
+	if err != nil {
+		return nil, exitNotFound, err
+	}
+	cmd := exec.Command(path, cfg.Args[1:]...)
+	cmd.Args[0] = cfg.Args[0]
+	cmd.Env, cmd.Dir = cfg.Env, cfg.Dir
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+	if cf.User != nil {
+		// Leaving uid 0 clears the permitted and effective sets: the
+		// command has no capabilities, as in Docker.
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: cf.User.UID, Gid: cf.User.GID, Groups: []uint32{}}}
+	}
+	if err := linux.SetNoNewPrivs(); err != nil {
+		return nil, exitInitFailed, err
+	}
+	if err := linux.LimitCapabilities(cf.Caps); err != nil {
+		return nil, exitInitFailed, err
+	}
+	if err := loadSeccomp(policy); err != nil {
+		return nil, exitInitFailed, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, exitNotRunnable, err
+	}
+	return cmd, 0, nil
+}
+
+// setupFS runs in the container's new mount namespace (nothing it mounts
+// reaches the host's) on the locked thread: private /dev, the plan's mounts,
+// a /proc of the container's pid namespace with Docker's masked and
+// read-only paths, a read-only /sys with the cgroup file systems of a new
+// cgroup namespace, read-only, and, with a root file system, pivot_root.
+func setupFS(cfg initConfig) error {
+	cgroups := hostCgroups() // before /sys is covered
+	if err := linux.MakeRSlave("/"); err != nil {
+		return err
+	}
+	root := "/"
+	if cfg.Confine.RootFS != "" {
+		root = cfg.Confine.RootFS
+		if err := linux.BindMount(root, root, false); err != nil { // a mount point to pivot into
+			return err
+		}
+	}
+	at := func(p string) string { return filepath.Join(root, p) }
+	for _, d := range []string{"/dev", "/proc", "/sys"} {
+		if err := os.MkdirAll(at(d), 0o755); err != nil {
+			return err
+		}
+	}
+	if err := linux.BindMount(cfg.DevDir, at("/dev"), false); err != nil {
+		return err
+	}
+	if err := linux.MountDevpts(at("/dev/pts")); err != nil {
+		return err
+	}
+	if err := linux.MountTmpfs(at("/dev/shm"), 0o1777); err != nil {
+		return err
+	}
+	for _, m := range cfg.Mounts {
+		if root != "/" {
+			if err := os.MkdirAll(at(m.Destination), 0o755); err != nil {
+				return fmt.Errorf("mount point %s: %w", m.Destination, err)
+			}
+		}
+		if err := linux.BindMount(m.Source, at(m.Destination), isReadOnly(m.Options)); err != nil {
+			return err
+		}
+	}
+	if err := linux.MountProc(at("/proc")); err != nil {
+		return err
+	}
+	if err := linux.MountSysfs(at("/sys")); err != nil {
+		return err
+	}
+	if err := linux.UnshareCgroup(); err != nil {
+		return err
+	}
+	if err := mountCgroups(at("/sys/fs/cgroup"), cgroups); err != nil {
+		return err
+	}
+	for _, p := range maskedPaths() {
+		if err := linux.MaskPath(at(p), at("/dev/null")); err != nil {
+			return err
+		}
+	}
+	for _, p := range readOnlyPaths() {
+		if _, err := os.Stat(at(p)); errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err := linux.BindMount(at(p), at(p), true); err != nil {
+			return err
+		}
+	}
+	if root != "/" {
+		return linux.PivotRoot(root)
+	}
+	return nil
+}
+
+// cgroupLayout is how the host mounts its cgroup file systems.
+type cgroupLayout struct {
+	unified bool     // cgroup2 at /sys/fs/cgroup
+	cgroup2 bool     // cgroup2 at /sys/fs/cgroup/unified (hybrid)
+	v1      []string // v1 hierarchies: names under /sys/fs/cgroup
+	links   map[string]string
+}
+
+func hostCgroups() cgroupLayout {
+	var l cgroupLayout
+	if t, err := linux.FilesystemType("/sys/fs/cgroup"); err == nil && t == linux.Cgroup2Magic {
+		l.unified = true
+		return l
+	}
+	if t, err := linux.FilesystemType("/sys/fs/cgroup/unified"); err == nil && t == linux.Cgroup2Magic {
+		l.cgroup2 = true
+	}
+	entries, _ := os.ReadDir("/sys/fs/cgroup")
+	l.links = map[string]string{}
+	for _, e := range entries {
+		p := filepath.Join("/sys/fs/cgroup", e.Name())
+		if e.Type()&os.ModeSymlink != 0 {
+			if target, err := os.Readlink(p); err == nil {
+				l.links[e.Name()] = target
+			}
+			continue
+		}
+		if t, err := linux.FilesystemType(p); err == nil && t == linux.CgroupMagic {
+			l.v1 = append(l.v1, e.Name())
+		}
+	}
+	return l
+}
+
+// mountCgroups mounts the host's cgroup hierarchies at dir read-only, as the
+// calling thread's cgroup namespace shows them. The devices hierarchy and
+// cgroup2 must mount; another v1 hierarchy that does not is left out.
+func mountCgroups(dir string, l cgroupLayout) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	if l.unified {
+		return linux.MountCgroup(dir, "")
+	}
+	if err := linux.MountTmpfs(dir, 0o755); err != nil {
+		return err
+	}
+	if l.cgroup2 {
+		if err := os.Mkdir(filepath.Join(dir, "unified"), 0o555); err != nil {
+			return err
+		}
+		if err := linux.MountCgroup(filepath.Join(dir, "unified"), ""); err != nil {
+			return err
+		}
+	}
+	for _, name := range l.v1 {
+		p := filepath.Join(dir, name)
+		if err := os.Mkdir(p, 0o555); err != nil {
+			return err
+		}
+		opts := name
+		if name == "systemd" {
+			opts = "none,name=systemd"
+		}
+		if err := linux.MountCgroup(p, opts); err != nil && name == "devices" {
+			return err
+		}
+	}
+	for name, target := range l.links {
+		if err := os.Symlink(target, filepath.Join(dir, name)); err != nil {
+			return err
+		}
+	}
+	return linux.RemountReadOnly(dir)
+}
+
+// startBare starts the command with nothing set up around it: the
+// containerizer's own tests of its bookkeeping, without root.
+func startBare(cfg initConfig) (*exec.Cmd, int, error) {
+	path, err := lookPath(cfg.Args[0], cfg.Env)
+	if err != nil {
+		return nil, exitNotFound, err
+	}
+	cmd := exec.Command(path, cfg.Args[1:]...)
+	cmd.Args[0] = cfg.Args[0]
+	cmd.Env, cmd.Dir = cfg.Env, cfg.Dir
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+	if err := cmd.Start(); err != nil {
+		return nil, exitNotRunnable, err
+	}
+	return cmd, 0, nil
+}

@@ -1,0 +1,219 @@
+package native_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"text/tabwriter"
+	"time"
+
+	"github.com/gpuiso/gpuiso/allocator"
+	"github.com/gpuiso/gpuiso/containerizer"
+	"github.com/gpuiso/gpuiso/containerizer/docker"
+	"github.com/gpuiso/gpuiso/containerizer/native"
+	"github.com/gpuiso/gpuiso/internal/testenv"
+	"github.com/gpuiso/gpuiso/isolator/cgroups"
+)
+
+// dockerDefaultCapEff is CapEff of a root process under Docker's default
+// capabilities.
+const dockerDefaultCapEff = "00000000a80425fb"
+
+// escapeResults maps each probe of `probe escape` to its result.
+type escapeResults struct {
+	order []string
+	res   map[string]string
+}
+
+func parseEscape(t *testing.T, out string) escapeResults {
+	t.Helper()
+	r := escapeResults{res: map[string]string{}}
+	for l := range strings.Lines(out) {
+		k, v, ok := strings.Cut(strings.TrimSpace(l), " ")
+		if !ok {
+			continue
+		}
+		r.order = append(r.order, k)
+		r.res[k] = strings.TrimSpace(v)
+	}
+	if len(r.order) < 15 {
+		t.Fatalf("the escape probe answered %d lines:\n%s", len(r.order), out)
+	}
+	return r
+}
+
+// checkRefused fails t for every probe that got through.
+func checkRefused(t *testing.T, who string, r escapeResults) {
+	t.Helper()
+	for _, k := range r.order {
+		v := r.res[k]
+		switch k {
+		case "CapBnd", "CapEff":
+			if v != dockerDefaultCapEff {
+				t.Errorf("%s: %s %s, want Docker's %s", who, k, v, dockerDefaultCapEff)
+			}
+		case "NoNewPrivs": // Docker sets it only when asked
+			if who != "docker" && v != "1" {
+				t.Errorf("%s: no_new_privs %s", who, v)
+			}
+		case "Seccomp":
+			if v != "2" {
+				t.Errorf("%s: seccomp mode %s, want 2 (filter)", who, v)
+			}
+		case "pids-visible":
+			if n := len(strings.Split(v, ",")); n > 2 {
+				t.Errorf("%s: sees %d processes (%s): not its own pid namespace", who, n, v)
+			}
+		default:
+			if v == "ok" {
+				t.Errorf("%s: %s got through", who, k)
+			}
+		}
+	}
+}
+
+// TestEscape runs the escape probes as root in a native container, on
+// cgroup v1 and v2, and the same probes in a Docker container as the
+// reference; every one must be refused. It logs the table of errnos.
+func TestEscape(t *testing.T) {
+	columns := map[string]escapeResults{}
+	var names []string
+	var victim struct {
+		gpu, other string
+	}
+	type column struct {
+		v      cgroups.Version
+		rootfs bool
+	}
+	for _, col := range []column{{cgroups.V1, false}, {cgroups.V2, false}, {cgroups.V1, true}, {cgroups.V2, true}} {
+		v, name := col.v, "native/"+col.v.String()
+		if col.rootfs {
+			name += "+rootfs"
+		}
+		t.Run(name, func(t *testing.T) {
+			n := newNode(t, v)
+			var root, probe = "", n.probe
+			if col.rootfs {
+				root, probe = rootFS(t, n.probe), "/probe"
+			}
+			ctx := context.Background()
+			// The victim: another container holding GPU 0.
+			if _, err := n.c.Launch(ctx, containerizer.Spec{ID: "victim", Command: []string{n.probe, "sleep", "60"}, GPUs: allocator.Request{Devices: []string{"0"}}}); err != nil {
+				t.Fatal(err)
+			}
+			minor := n.inv.Devices[0].Minor
+			gpu := fmt.Sprintf("%d:%d", n.inv.Devices[0].Node.Major, n.inv.Devices[0].Node.Minor)
+			other := filepath.Join(n.dirs.State, "victim", "dev", fmt.Sprintf("nvidia%d", minor))
+			var out bytes.Buffer
+			_, err := n.c.Launch(ctx, containerizer.Spec{ID: "attacker", GPUs: allocator.Request{Devices: []string{"1"}}, RootFS: root, Env: []string{"NVIDIA_VISIBLE_DEVICES=all"},
+				Command: []string{probe, "escape", "gpu=" + gpu, "other=" + other, fmt.Sprintf("hostpid=%d", os.Getpid())},
+				Stdout:  &out, Stderr: &out})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st, err := n.c.Wait(ctx, "attacker"); err != nil || st.Code != 0 {
+				t.Fatalf("attacker: exit %d, %v\n%s", st.Code, err, out.String())
+			}
+			r := parseEscape(t, out.String())
+			checkRefused(t, name, r)
+			columns[name] = r
+			names = append(names, name)
+			victim.gpu, victim.other = gpu, other
+		})
+	}
+	t.Run("docker", func(t *testing.T) {
+		testenv.RequireRoot(t)
+		cli := testenv.RequireDocker(t)
+		testenv.LockDocker(t, false)
+		n := newNode(t, cgroups.V1)
+		img := testenv.BuildProbeImage(t, cli, testenv.ProbeImage{Env: map[string]string{"NVIDIA_VISIBLE_DEVICES": "all"}})
+		ns := fmt.Sprintf("test-escape-%d", time.Now().UnixNano())
+		dz, err := docker.New(cli, n.alloc, n.inv, docker.WithDevRoot(n.host.DevRoot), docker.WithVolumes(n.vols), docker.WithNamespace(ns), docker.WithStopTimeout(time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		if _, err := n.c.Launch(ctx, containerizer.Spec{ID: "victim", Command: []string{n.probe, "sleep", "60"}, GPUs: allocator.Request{Devices: []string{"0"}}}); err != nil {
+			t.Fatal(err)
+		}
+		minor := n.inv.Devices[0].Minor
+		var out bytes.Buffer
+		_, err = dz.Launch(ctx, containerizer.Spec{ID: "attacker", Image: img, GPUs: allocator.Request{Devices: []string{"1"}},
+			Command: []string{"escape", fmt.Sprintf("gpu=%d:%d", n.inv.Devices[0].Node.Major, n.inv.Devices[0].Node.Minor), "other=" + filepath.Join(n.dirs.State, "victim", "dev", fmt.Sprintf("nvidia%d", minor)), fmt.Sprintf("hostpid=%d", os.Getpid())},
+			Stdout:  &out, Stderr: &out})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer dz.Destroy(context.WithoutCancel(ctx), "attacker")
+		if st, err := dz.Wait(ctx, "attacker"); err != nil || st.Code != 0 {
+			t.Fatalf("attacker: exit %d, %v\n%s", st.Code, err, out.String())
+		}
+		r := parseEscape(t, out.String())
+		checkRefused(t, "docker", r)
+		columns["docker"] = r
+		names = append(names, "docker")
+	})
+	if len(names) == 0 {
+		return
+	}
+	var tab strings.Builder
+	w := tabwriter.NewWriter(&tab, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(w, "probe\t%s\n", strings.Join(names, "\t"))
+	for _, k := range columns[names[0]].order {
+		row := []string{k}
+		for _, c := range names {
+			row = append(row, columns[c].res[k])
+		}
+		fmt.Fprintln(w, strings.Join(row, "\t"))
+	}
+	w.Flush()
+	t.Logf("escape probes (victim GPU %s, its node %s):\n%s", victim.gpu, victim.other, tab.String())
+}
+
+// TestConfinementOptions runs a container as another user and one with a
+// capability added back.
+func TestConfinementOptions(t *testing.T) {
+	n := newNode(t, cgroups.V1)
+	for _, tc := range []struct {
+		name string
+		spec containerizer.Spec
+		want []string
+	}{
+		{name: "default", want: []string{"CapEff:\t" + dockerDefaultCapEff, "Uid:\t0\t0\t0\t0", "NoNewPrivs:\t1", "Seccomp:\t2"}},
+		{name: "user", spec: containerizer.Spec{User: &containerizer.User{UID: 1000, GID: 1001}},
+			want: []string{"CapEff:\t0000000000000000", "Uid:\t1000\t1000\t1000\t1000", "Gid:\t1001\t1001\t1001\t1001", "Groups:\t "}},
+		{name: "cap-add", spec: containerizer.Spec{CapAdd: []string{"SYS_PTRACE"}}, want: []string{"CapEff:\t00000000a80c25fb"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			spec := tc.spec
+			spec.ID, spec.Command = "opts-"+tc.name, []string{"/bin/cat", "/proc/self/status"}
+			spec.GPUs = allocator.Request{Count: 1}
+			var out bytes.Buffer
+			spec.Stdout, spec.Stderr = &out, &out
+			ctx := context.Background()
+			if _, err := n.c.Launch(ctx, spec); err != nil {
+				t.Fatal(err)
+			}
+			defer n.c.Destroy(ctx, spec.ID)
+			if st, err := n.c.Wait(ctx, spec.ID); err != nil || st.Code != 0 {
+				t.Fatalf("exit %d, %v\n%s", st.Code, err, out.String())
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(out.String(), w+"\n") {
+					t.Errorf("no %q in /proc/self/status:\n%s", w, out.String())
+				}
+			}
+		})
+	}
+	if _, err := n.c.Launch(context.Background(), containerizer.Spec{ID: "bad-cap", Command: []string{"/bin/true"}, GPUs: allocator.Request{Count: 1}, CapAdd: []string{"SYS_NOPE"}}); err == nil {
+		t.Fatal("an unknown capability was accepted")
+	}
+	if len(native.DefaultCapabilities()) != 14 {
+		t.Fatalf("DefaultCapabilities() = %v", native.DefaultCapabilities())
+	}
+}

@@ -1,0 +1,36 @@
+//go:build !linux
+
+package linux
+
+// Clone flags have no meaning here.
+const (
+	CloneNewPID    = 0
+	CloneNewCgroup = 0
+)
+
+// UnshareCgroup is not supported on this operating system.
+func UnshareCgroup() error { return ErrNotSupported }
+
+// LimitCapabilities is not supported on this operating system.
+func LimitCapabilities([]int) error { return ErrNotSupported }
+
+// SetNoNewPrivs is not supported on this operating system.
+func SetNoNewPrivs() error { return ErrNotSupported }
+
+// PivotRoot is not supported on this operating system.
+func PivotRoot(string) error { return ErrNotSupported }
+
+// MountProc is not supported on this operating system.
+func MountProc(string) error { return ErrNotSupported }
+
+// MountSysfs is not supported on this operating system.
+func MountSysfs(string) error { return ErrNotSupported }
+
+// MountCgroup is not supported on this operating system.
+func MountCgroup(string, string) error { return ErrNotSupported }
+
+// RemountReadOnly is not supported on this operating system.
+func RemountReadOnly(string) error { return ErrNotSupported }
+
+// MaskPath is not supported on this operating system.
+func MaskPath(string, string) error { return ErrNotSupported }
