@@ -13,6 +13,8 @@ var (
 	ErrUnknownTopology = errors.New("unknown topology")
 	// ErrNoSuchGPU: an index names no GPU of the node.
 	ErrNoSuchGPU = errors.New("no such GPU")
+	// ErrNoSuchMIGDevice: no MIG device of the GPU has those instance ids.
+	ErrNoSuchMIGDevice = errors.New("no such MIG device")
 	// ErrRealDev: the simulated host's device nodes would land in the
 	// host's real /dev, which the simulation never writes to.
 	ErrRealDev = errors.New("refusing to create simulated device nodes in the real /dev")
