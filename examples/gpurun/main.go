@@ -3,10 +3,12 @@
 // driver volume read-only at /usr/local/nvidia, and NVIDIA_VISIBLE_DEVICES /
 // CUDA_VISIBLE_DEVICES naming its GPUs. It exits with the command's status.
 //
-//	gpurun [--simulate NAME] [--gpus N | --devices LIST] [--policy P] [--state-dir DIR]
+//	gpurun [--simulate NAME] [--gpus N | --devices LIST | --mig PROFILE] [--policy P] [--state-dir DIR]
 //	       [--cgroup v1|v2] [--quiet] -- CMD [ARGS...]
 //
-// --simulate runs on a simulated node: real cgroups and real device nodes
+// --mig PROFILE asks for --gpus MIG devices of that profile ("1g.10gb")
+// instead of whole GPUs, on a node with MIG enabled on some GPUs
+// (--simulate hgx-h100-mig). --simulate runs on a simulated node: real cgroups and real device nodes
 // with NVIDIA's numbers, under a temporary directory. gpurun needs root.
 package main
 
@@ -47,7 +49,8 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	fs.SetOutput(stderr)
 	simulate := fs.String("simulate", "", "run on a simulated node: "+strings.Join(simnode.Names(), ", "))
 	gpus := fs.Int("gpus", 1, "number of GPUs")
-	devices := fs.String("devices", "", "comma-separated GPUs (indexes, UUIDs or bus ids) instead of --gpus")
+	devices := fs.String("devices", "", "comma-separated GPUs (indexes, UUIDs, bus ids or MIG- UUIDs) instead of --gpus")
+	mig := fs.String("mig", "", "MIG profile (e.g. 1g.10gb): --gpus MIG devices of it instead of whole GPUs")
 	policy := fs.String("policy", string(allocator.PolicyTopology), "placement policy: topology, pack or spread")
 	stateDir := fs.String("state-dir", "", "keep the allocator's state in DIR (default: in memory)")
 	version := fs.String("cgroup", "", "cgroup version for devices: v1 or v2 (default: the host's)")
@@ -59,8 +62,12 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		fmt.Fprintln(stderr, "gpurun: no command (gpurun [flags] -- CMD [ARGS...])")
 		return exitUsage
 	}
-	req := allocator.Request{Count: *gpus}
+	req := allocator.Request{Count: *gpus, MIG: *mig}
 	if *devices != "" {
+		if *mig != "" {
+			fmt.Fprintln(stderr, "gpurun: --devices and --mig exclude each other")
+			return exitUsage
+		}
 		req = allocator.Request{Devices: strings.Split(*devices, ",")}
 	}
 	settings := []allocator.Option{allocator.WithPolicy(allocator.Policy(*policy))}
