@@ -64,6 +64,8 @@ type settings struct {
 	quotas    map[string]int
 	shareable []string
 	logger    *slog.Logger
+	// migManager creates MIG devices on demand (WithMIGManager), or nil.
+	migManager MIGManager
 }
 
 // WithStateDir makes the allocator durable: its state lives in a file in
@@ -734,6 +736,7 @@ func (a *Allocator) release(ctx context.Context, owner string) error {
 	if err := a.persist(ctx, func() { a.apply(owner, h) }); err != nil {
 		return err
 	}
+	a.releaseDynamic(ctx, h)
 	if a.cfg.logger.Enabled(ctx, slog.LevelDebug) {
 		a.cfg.logger.Debug("released", "owner", owner)
 	}

@@ -42,7 +42,10 @@
 // shares); MarkUnhealthy takes a "MIG-" UUID for one device, and a GPU's
 // owners include those of its MIG devices; MIG holdings and health are in
 // the state file (optional fields, so older files load unchanged). Resize
-// and Retain refuse MIG allocations.
+// and Retain refuse MIG allocations. With [WithMIGManager] (off by default;
+// simnode provides one for simulated nodes) a profile the layout cannot serve
+// gets MIG devices created on GPUs with MIG enabled and room, destroyed again
+// on release; a request that fails part way destroys what it created.
 //
 // # Placement
 //

@@ -2,6 +2,7 @@ package allocator
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -26,8 +27,10 @@ type migTable struct {
 }
 
 type migUnit struct {
-	pos int // the parent's position
-	dev node.MIGDevice
+	pos     int // the parent's position
+	dev     node.MIGDevice
+	dynamic bool // created on demand (WithMIGManager): destroyed on release
+	gone    bool // a destroyed dynamic device's slot, free for the next
 }
 
 // initMIG builds the MIG table from the inventory. A GPU with MIG enabled
@@ -57,7 +60,7 @@ func (a *Allocator) initMIG() error {
 // migUnitOf finds a MIG device by its UUID.
 func (a *Allocator) migUnitOf(uuid string) (int, bool) {
 	for k, u := range a.mig.units {
-		if strings.EqualFold(u.dev.UUID, strings.TrimSpace(uuid)) {
+		if !u.gone && strings.EqualFold(u.dev.UUID, strings.TrimSpace(uuid)) {
 			return k, true
 		}
 	}
@@ -68,7 +71,7 @@ func (a *Allocator) migUnitOf(uuid string) (int, bool) {
 // parent healthy.
 func (a *Allocator) migUsable(k int) bool {
 	u := a.mig.units[k]
-	return a.mig.owner[k] == "" && a.mig.health[k].Healthy && a.health[u.pos].Healthy
+	return !u.gone && a.mig.owner[k] == "" && a.mig.health[k].Healthy && a.health[u.pos].Healthy
 }
 
 // isMIGRequest tells whether r asks for MIG devices.
@@ -90,15 +93,31 @@ func (a *Allocator) allocateMIG(ctx context.Context, owner string, r Request) (A
 		return Allocation{}, ErrOwnerExists
 	}
 	units, err := a.placeMIG(match)
+	var created []int // MIG devices created for this request (WithMIGManager)
+	var short *InsufficientError
+	if err != nil && a.cfg.migManager != nil && match.profile != "" && len(match.must) == 0 && errors.As(err, &short) {
+		created, err = a.createMIG(ctx, match, short.Requested-short.Free)
+		if err == nil {
+			units, err = a.placeMIG(match)
+		}
+	}
+	undo := func() {
+		if derr := a.destroyUnits(ctx, created); derr != nil {
+			err = errors.Join(err, derr)
+		}
+	}
 	if err != nil {
+		undo()
 		return Allocation{}, err
 	}
 	h := &holding{group: r.Group, shared: -1, mig: units}
-	if err := a.checkQuota(owner, h); err != nil {
+	if err = a.checkQuota(owner, h); err != nil {
+		undo()
 		return Allocation{}, err
 	}
 	a.apply(owner, h)
-	if err := a.persist(ctx, func() { a.apply(owner, nil) }); err != nil {
+	if err = a.persist(ctx, func() { a.apply(owner, nil) }); err != nil {
+		undo()
 		return Allocation{}, err
 	}
 	if a.cfg.logger.Enabled(ctx, slog.LevelDebug) {
@@ -309,7 +328,7 @@ func (a *Allocator) migUUIDs(units []int) []string {
 func (a *Allocator) migOwnersOf(p int) []string {
 	var out []string
 	for k, u := range a.mig.units {
-		if u.pos == p && a.mig.owner[k] != "" && !slices.Contains(out, a.mig.owner[k]) {
+		if !u.gone && u.pos == p && a.mig.owner[k] != "" && !slices.Contains(out, a.mig.owner[k]) {
 			out = append(out, a.mig.owner[k])
 		}
 	}
@@ -397,6 +416,9 @@ func (a *Allocator) checkMIGInvariants() error {
 		}
 	}
 	for k, o := range a.mig.owner {
+		if a.mig.units[k].gone && o != "" {
+			return fmt.Errorf("a destroyed MIG device is held by %s", o)
+		}
 		if held[k] != o {
 			return fmt.Errorf("MIG device %s says %q, owners say %q", a.mig.units[k].dev.UUID, o, held[k])
 		}

@@ -16,6 +16,8 @@ type savedMIG struct {
 	GI         int    `json:"gi"`
 	CI         int    `json:"ci"`
 	Profile    string `json:"profile,omitempty"`
+	// Dynamic marks a device created on demand, destroyed on release.
+	Dynamic bool `json:"dynamic,omitempty"`
 }
 
 type savedMIGHealth struct {
@@ -27,7 +29,7 @@ func (a *Allocator) savedMIGs(units []int) []savedMIG {
 	var out []savedMIG
 	for _, k := range units {
 		d := a.mig.units[k].dev
-		out = append(out, savedMIG{UUID: d.UUID, ParentUUID: d.ParentUUID, GI: d.GI, CI: d.CI, Profile: d.Profile})
+		out = append(out, savedMIG{UUID: d.UUID, ParentUUID: d.ParentUUID, GI: d.GI, CI: d.CI, Profile: d.Profile, Dynamic: a.mig.units[k].dynamic})
 	}
 	return out
 }
@@ -35,7 +37,7 @@ func (a *Allocator) savedMIGs(units []int) []savedMIG {
 func (a *Allocator) savedMIGHealth() []savedMIGHealth {
 	var out []savedMIGHealth
 	for k, h := range a.mig.health {
-		if !h.Healthy && a.mig.units[k].dev.Health.Healthy {
+		if !h.Healthy && !a.mig.units[k].gone {
 			out = append(out, savedMIGHealth{UUID: a.mig.units[k].dev.UUID, Reason: h.Reason})
 		}
 	}
@@ -56,6 +58,7 @@ func (a *Allocator) restoreMIG(so savedOwner, h *holding, warn func(string, ...a
 			return fmt.Errorf("MIG device %s held twice: %w", m.UUID, ErrCorruptState)
 		}
 		a.mig.owner[k] = so.Owner
+		a.mig.units[k].dynamic = m.Dynamic
 		h.mig = append(h.mig, k)
 	}
 	slices.Sort(h.mig)

@@ -39,6 +39,10 @@
 // ([Node.MIGUUID]), so they are the same in every run. hgx-h100-mig and
 // dgx-a100-mig split GPUs 0-3 in mixed layouts and leave 4-7 whole.
 // [Node.InjectMIGXID] delivers an XID the driver attributes to one instance.
+// [Node.MIGManager] creates and destroys MIG devices on GPUs with MIG
+// enabled (dynamic MIG, in simulation only; each call all or nothing, with
+// the host tree's capability nodes kept in step), for
+// allocator.WithMIGManager.
 //
 // On a MIG-capable node MakeHost adds the nvidia-caps side: a third free
 // major (Host.CapsMajor, the "nvidia-caps" line of /proc/devices),

@@ -1,6 +1,7 @@
 package simnode_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -152,5 +153,47 @@ func TestMakeHostMIG(t *testing.T) {
 	entries, _ := os.ReadDir(filepath.Join(h.DevRoot, "nvidia-caps"))
 	if len(entries) != want {
 		t.Fatalf("%d capability nodes, want %d", len(entries), want)
+	}
+}
+
+// TestMIGManagerHost: a MIG device created on a simulated host gets its
+// capability files and nodes, is refused where the GPU has no room or MIG
+// is off, and takes them along when destroyed.
+func TestMIGManagerHost(t *testing.T) {
+	testenv.RequireRoot(t)
+	ctx := context.Background()
+	sim, _ := simnode.New("dgx-a100-mig")
+	h, err := sim.MakeHost(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Remove()
+	m := sim.MIGManager(h)
+	d, err := m.CreateMIG(ctx, sim.UUID(3), "4g.20gb")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.GI != 1 || d.Profile != "4g.20gb" || d.GIAccess.Major != h.CapsMajor || len(sim.MIGDevices(3)) != 1 {
+		t.Fatalf("created %+v", d)
+	}
+	for _, c := range []node.DeviceNode{d.GIAccess, d.CIAccess} {
+		if num, err := linux.StatDevice(c.Path); err != nil || num.Minor != c.Minor {
+			t.Fatalf("%s: %+v, %v", c.Path, num, err)
+		}
+	}
+	if _, err := m.CreateMIG(ctx, sim.UUID(3), "4g.20gb"); !errors.Is(err, node.ErrInsufficient) {
+		t.Fatalf("a second 4g.20gb: %v", err)
+	}
+	if _, err := m.CreateMIG(ctx, sim.UUID(5), "1g.5gb"); !errors.Is(err, simnode.ErrMIGLayout) {
+		t.Fatalf("MIG device on a GPU with MIG off: %v", err)
+	}
+	if err := m.DestroyMIG(ctx, sim.UUID(3), d.UUID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(d.GIAccess.Path); !errors.Is(err, os.ErrNotExist) || len(sim.MIGDevices(3)) != 0 {
+		t.Fatalf("destroyed device left %v, %d devices", err, len(sim.MIGDevices(3)))
+	}
+	if err := m.DestroyMIG(ctx, sim.UUID(3), d.UUID); !errors.Is(err, simnode.ErrNoSuchMIGDevice) {
+		t.Fatalf("second destroy: %v", err)
 	}
 }
