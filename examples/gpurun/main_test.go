@@ -84,3 +84,28 @@ func TestUsage(t *testing.T) {
 		})
 	}
 }
+
+// TestSimulatedMIG runs a command on one 1g.10gb MIG device of a simulated
+// HGX H100 with MIG: it sees its parent's node and two capability nodes (its
+// GPU and compute instances'), and NVIDIA_VISIBLE_DEVICES names the MIG UUID.
+func TestSimulatedMIG(t *testing.T) {
+	testenv.RequireRoot(t)
+	testenv.RequireCgroupV2(t)
+	out, errOut, code := gpurun("--simulate", "hgx-h100-mig", "--mig", "1g.10gb", "--cgroup", "v2", "--",
+		"/bin/sh", "-c", `ls /dev | grep '^nvidia[0-9]'; ls -R /dev | grep -c '^nvidia-cap[0-9]'; echo "$NVIDIA_VISIBLE_DEVICES"`)
+	if code != 0 {
+		t.Fatalf("exit %d\nstdout: %s\nstderr: %s", code, out, errOut)
+	}
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if len(lines) != 3 || lines[0] != "nvidia1" || lines[1] != "2" || !strings.HasPrefix(lines[2], "MIG-") || strings.Contains(lines[2], ",") {
+		t.Fatalf("the command saw %q", lines)
+	}
+	for name, args := range map[string][]string{
+		"devices and mig": {"--devices", "1", "--mig", "1g.10gb", "--", "true"},
+		"unknown profile": {"--simulate", "hgx-h100-mig", "--mig", "1g.5gb", "--", "true"},
+	} {
+		if _, errOut, code := gpurun(args...); code == 0 || errOut == "" {
+			t.Errorf("%s: exit %d, stderr %q", name, code, errOut)
+		}
+	}
+}
