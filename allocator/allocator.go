@@ -42,6 +42,7 @@ type Allocator struct {
 	health    []node.Health
 	store     *store
 	warnings  []string
+	mig       migTable
 }
 
 // holding is what one owner holds: whole GPUs, or memory on one GPU.
@@ -50,6 +51,7 @@ type holding struct {
 	devices uint64 // exclusive GPUs by position
 	shared  int    // position of the shared GPU, or -1
 	memory  uint64 // bytes on the shared GPU
+	mig     []int  // MIG devices by unit number, ascending
 }
 
 // Option configures New.
@@ -61,6 +63,8 @@ type settings struct {
 	quotas    map[string]int
 	shareable []string
 	logger    *slog.Logger
+	// migManager creates MIG devices on demand (WithMIGManager), or nil.
+	migManager MIGManager
 }
 
 // WithStateDir makes the allocator durable: its state lives in a file in
@@ -186,6 +190,9 @@ func New(inv *node.Inventory, opts ...Option) (*Allocator, error) {
 			a.shares[i] = map[string]uint64{}
 		}
 	}
+	if err := a.initMIG(); err != nil {
+		return nil, fmt.Errorf("new allocator: %w", err)
+	}
 	if s.stateDir != "" {
 		st, err := openStore(s.stateDir)
 		if err != nil {
@@ -248,13 +255,22 @@ type Request struct {
 	// MemoryBytes, when set, asks for that much memory on one shareable GPU
 	// (see WithShared) instead of whole GPUs. Count must then be 0 or 1.
 	MemoryBytes uint64 `json:"memoryBytes,omitempty"`
+	// MIG, when set, asks for MIG devices of that GPU-instance profile
+	// ("1g.10gb") instead of whole GPUs: Count of them (default 1). GPUs
+	// with MIG enabled are handed out only this way, never whole.
+	MIG string `json:"mig,omitempty"`
+	// MIGMemoryBytes, when set, asks for MIG devices of at least that much
+	// memory, the smallest that fit, instead of a profile.
+	MIGMemoryBytes uint64 `json:"migMemoryBytes,omitempty"`
 }
 
 // Allocation is what an owner holds.
 type Allocation struct {
 	Owner string `json:"owner"`
 	Group string `json:"group,omitempty"`
-	// Devices are the GPUs, in inventory order.
+	// Devices are the GPUs, in inventory order; for MIG devices each is
+	// its parent's identity with the device's "MIG-" UUID and a MIG part
+	// (instance ids and capability nodes).
 	Devices []node.DeviceRef `json:"devices"`
 	// Shared tells whether this is a slice of one GPU's memory.
 	Shared bool `json:"shared,omitempty"`
@@ -394,6 +410,17 @@ func (a *Allocator) Allocate(ctx context.Context, owner string, r Request) (Allo
 }
 
 func describe(r Request) string {
+	if isMIGRequest(r) {
+		n := max(r.Count, len(r.Devices), 1)
+		what := r.MIG
+		if what == "" && r.MIGMemoryBytes > 0 {
+			what = fmt.Sprintf(">= %d bytes", r.MIGMemoryBytes)
+		}
+		if what == "" {
+			return fmt.Sprintf("%d mig devices", n)
+		}
+		return fmt.Sprintf("%d mig devices of %s", n, what)
+	}
 	if r.MemoryBytes > 0 {
 		return fmt.Sprintf("%d bytes of gpu memory", r.MemoryBytes)
 	}
@@ -413,6 +440,9 @@ func (a *Allocator) allocate(ctx context.Context, owner string, r Request) (Allo
 	}
 	if err := node.ValidateOwner(owner); err != nil {
 		return Allocation{}, err
+	}
+	if isMIGRequest(r) {
+		return a.allocateMIG(ctx, owner, r)
 	}
 	c, err := a.compile(r)
 	if err != nil {
@@ -454,7 +484,7 @@ func (a *Allocator) allocate(ctx context.Context, owner string, r Request) (Allo
 func (a *Allocator) usable() uint64 {
 	var m uint64
 	for p := range a.n {
-		if a.health[p].Healthy && a.exclusive[p] == "" && len(a.shares[p]) == 0 {
+		if a.health[p].Healthy && a.exclusive[p] == "" && len(a.shares[p]) == 0 && a.mig.parents&(1<<p) == 0 {
 			m |= 1 << p
 		}
 	}
@@ -502,6 +532,8 @@ func (a *Allocator) why(p int, c compiled) string {
 		return "owned by " + a.exclusive[p]
 	case len(a.shares[p]) > 0:
 		return "shared"
+	case a.mig.parents&(1<<p) != 0:
+		return "MIG enabled (handed out by MIG device)"
 	case !a.health[p].Healthy:
 		return a.health[p].String()
 	case c.match&(1<<p) == 0:
@@ -567,7 +599,7 @@ func (a *Allocator) groupDevices(group, except string) uint64 {
 		if o == except || h.group != group {
 			continue
 		}
-		m |= h.devices
+		m |= h.devices | a.migParentsOf(h.mig)
 		if h.shared >= 0 {
 			m |= 1 << h.shared
 		}
@@ -581,7 +613,7 @@ func (a *Allocator) checkQuota(owner string, h *holding) error {
 		return nil
 	}
 	used := a.groupDevices(h.group, owner)
-	want := h.devices
+	want := h.devices | a.migParentsOf(h.mig)
 	if h.shared >= 0 {
 		want |= 1 << h.shared
 	}
@@ -593,6 +625,7 @@ func (a *Allocator) checkQuota(owner string, h *holding) error {
 
 // apply makes owner hold h (nil: nothing), in memory.
 func (a *Allocator) apply(owner string, h *holding) {
+	a.applyMIG(owner, a.owners[owner], h)
 	if old := a.owners[owner]; old != nil {
 		for _, p := range a.positions(old.devices) {
 			a.exclusive[p] = ""
@@ -653,7 +686,9 @@ func (a *Allocator) name(p int) string {
 
 func (a *Allocator) allocation(owner string, h *holding) Allocation {
 	al := Allocation{Owner: owner, Group: h.group}
-	if h.shared >= 0 {
+	if len(h.mig) > 0 {
+		al.Devices = a.migRefs(h.mig)
+	} else if h.shared >= 0 {
 		al.Shared, al.MemoryBytes = true, h.memory
 		al.Devices = []node.DeviceRef{a.inv.Devices[h.shared].Ref()}
 	} else {
@@ -706,6 +741,7 @@ func (a *Allocator) release(ctx context.Context, owner string) error {
 	if err := a.persist(ctx, func() { a.apply(owner, h) }); err != nil {
 		return err
 	}
+	a.releaseDynamic(ctx, h)
 	if a.cfg.logger.Enabled(ctx, slog.LevelDebug) {
 		a.cfg.logger.Debug("released", "owner", owner)
 	}
@@ -742,6 +778,9 @@ func (a *Allocator) resize(ctx context.Context, owner string, count int) (Alloca
 	if h.shared >= 0 {
 		return Allocation{}, fmt.Errorf("shared allocation: %w", ErrInvalidRequest)
 	}
+	if len(h.mig) > 0 {
+		return Allocation{}, fmt.Errorf("MIG allocation: %w", ErrInvalidRequest)
+	}
 	have := bits.OnesCount64(h.devices)
 	next := &holding{group: h.group, shared: -1}
 	switch {
@@ -768,10 +807,23 @@ func (a *Allocator) resize(ctx context.Context, owner string, count int) (Alloca
 }
 
 // Owners returns who holds device (index, UUID or bus id): one exclusive
-// owner, the owners of its shares, or none.
+// owner, the owners of its shares or of its MIG devices, or none. A MIG
+// device ("MIG-" UUID) has one owner or none.
 func (a *Allocator) Owners(device string) ([]string, error) {
 	if a.inv == nil {
 		return nil, ErrNotMade
+	}
+	if node.IsMIGUUID(strings.TrimSpace(device)) {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		k, ok := a.migUnitOf(device)
+		if !ok {
+			return nil, fmt.Errorf("owners: MIG device %q: %w", device, ErrUnknownDevice)
+		}
+		if o := a.mig.owner[k]; o != "" {
+			return []string{o}, nil
+		}
+		return []string{}, nil
 	}
 	p, err := a.resolve(device)
 	if err != nil {
@@ -790,6 +842,7 @@ func (a *Allocator) ownersOf(p int) []string {
 	for o := range a.shares[p] {
 		out = append(out, o)
 	}
+	out = append(out, a.migOwnersOf(p)...)
 	sort.Strings(out)
 	return out
 }
@@ -838,6 +891,7 @@ func (a *Allocator) Devices() []node.Device {
 	for p := range a.n {
 		out[p] = a.inv.Devices[p].Clone()
 		out[p].Health = a.health[p]
+		a.withMIGHealth(p, &out[p])
 	}
 	return out
 }
@@ -898,7 +952,7 @@ func (a *Allocator) checkInvariants() error {
 			if a.shares[h.shared][o] != h.memory {
 				return fmt.Errorf("owner %s share mismatch", o)
 			}
-		} else if h.devices == 0 {
+		} else if h.devices == 0 && len(h.mig) == 0 {
 			return fmt.Errorf("owner %s holds nothing", o)
 		}
 	}
@@ -922,7 +976,7 @@ func (a *Allocator) checkInvariants() error {
 			return fmt.Errorf("%s shares %d bytes of %d", a.name(p), used, a.inv.Devices[p].MemoryBytes)
 		}
 	}
-	return nil
+	return a.checkMIGInvariants()
 }
 
 // shrinkSet is the count GPUs of held that a shrink keeps: healthy ones

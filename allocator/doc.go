@@ -26,6 +26,27 @@
 // [ErrUnknownOwner], [ErrUnknownDevice], [ErrDuplicateDevice],
 // [ErrDeviceUnavailable] and [ErrInvalidRequest].
 //
+// # MIG
+//
+// A GPU with MIG enabled is handed out only by its MIG devices, never whole
+// or shared; a whole GPU has no instances. A request with Request.MIG (a
+// profile, "1g.10gb") or Request.MIGMemoryBytes (the smallest devices of at
+// least that memory), or naming "MIG-" UUIDs in Devices, gets Count MIG
+// devices (default 1) on GPUs matching its model and constraints. Placement
+// packs: each device goes to the parent with the most MIG devices already
+// held, then (best fit) the one with the fewest left free, so whole parents
+// stay free. The allocation's Devices are the parents' references with the
+// devices' "MIG-" UUIDs and a node.MIGRef each (instance ids and capability
+// nodes); NVIDIA_VISIBLE_DEVICES names the MIG UUIDs. Quotas count a parent
+// once per group however many of its devices the group holds (as for
+// shares); MarkUnhealthy takes a "MIG-" UUID for one device, and a GPU's
+// owners include those of its MIG devices; MIG holdings and health are in
+// the state file (optional fields, so older files load unchanged). Resize
+// and Retain refuse MIG allocations. With [WithMIGManager] (off by default;
+// simnode provides one for simulated nodes) a profile the layout cannot serve
+// gets MIG devices created on GPUs with MIG enabled and room, destroyed again
+// on release; a request that fails part way destroys what it created.
+//
 // # Placement
 //
 // [PolicyTopology], the default, chooses the set with the highest link

@@ -3,12 +3,15 @@ package allocator
 import (
 	"context"
 	"fmt"
+	"strings"
 
 	"github.com/gpuiso/gpuiso/node"
 )
 
-// MarkUnhealthy stops device (index, UUID or bus id) from being handed out,
-// with reason, and returns its owners, who keep it until they release it.
+// MarkUnhealthy stops device (index, UUID or bus id, or a MIG device's
+// "MIG-" UUID) from being handed out, with reason, and returns its owners,
+// who keep it until they release it. A GPU's owners include those of its
+// MIG devices, which go out of service with it.
 func (a *Allocator) MarkUnhealthy(ctx context.Context, device, reason string) ([]string, error) {
 	if a.inv == nil {
 		return nil, ErrNotMade
@@ -34,6 +37,15 @@ func (a *Allocator) MarkHealthy(ctx context.Context, device string) error {
 func (a *Allocator) setHealth(ctx context.Context, device string, h node.Health) ([]string, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
+	}
+	if node.IsMIGUUID(strings.TrimSpace(device)) {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		k, ok := a.migUnitOf(device)
+		if !ok {
+			return nil, fmt.Errorf("MIG device %q: %w", device, ErrUnknownDevice)
+		}
+		return a.setMIGHealth(ctx, k, h)
 	}
 	p, err := a.resolve(device)
 	if err != nil {

@@ -66,6 +66,9 @@ func (a *Allocator) Reconcile(ctx context.Context, live []string) (ReconcileResu
 	if err := a.persist(ctx, undo); err != nil {
 		return ReconcileResult{}, fmt.Errorf("reconcile: %w", err)
 	}
+	for _, h := range gone {
+		a.releaseDynamic(ctx, h)
+	}
 	a.cfg.logger.Info("reconciled", "released", res.Released, "kept", len(res.Kept), "unknown", res.Unknown)
 	return res, nil
 }

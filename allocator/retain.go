@@ -41,6 +41,9 @@ func (a *Allocator) retain(ctx context.Context, owner string, keep []string) (Al
 	if h.shared >= 0 {
 		return Allocation{}, fmt.Errorf("shared allocation: %w", ErrInvalidRequest)
 	}
+	if len(h.mig) > 0 {
+		return Allocation{}, fmt.Errorf("MIG allocation: %w", ErrInvalidRequest)
+	}
 	var set uint64
 	for _, ref := range keep {
 		p, err := a.resolve(ref)

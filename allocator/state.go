@@ -39,6 +39,9 @@ type envelope struct {
 type savedState struct {
 	Owners    []savedOwner  `json:"owners"`
 	Unhealthy []savedHealth `json:"unhealthy,omitempty"`
+	// UnhealthyMIG are MIG devices marked unhealthy (optional: files
+	// written before MIG support have none).
+	UnhealthyMIG []savedMIGHealth `json:"unhealthyMig,omitempty"`
 }
 
 type savedDevice struct {
@@ -53,6 +56,8 @@ type savedOwner struct {
 	Devices     []savedDevice `json:"devices,omitempty"`
 	Shared      *savedDevice  `json:"shared,omitempty"`
 	MemoryBytes uint64        `json:"memoryBytes,omitempty"`
+	// MIG are the MIG devices held (optional, see savedMIG).
+	MIG []savedMIG `json:"mig,omitempty"`
 }
 
 type savedHealth struct {
@@ -116,8 +121,14 @@ func decodeState(b []byte) (*savedState, error) {
 			return nil, corrupt("owner %s listed twice", o.Owner)
 		}
 		seen[o.Owner] = true
-		if (len(o.Devices) == 0) == (o.Shared == nil) {
-			return nil, corrupt("owner %s must hold either whole GPUs or one share", o.Owner)
+		kinds := 0
+		for _, has := range []bool{len(o.Devices) > 0, o.Shared != nil, len(o.MIG) > 0} {
+			if has {
+				kinds++
+			}
+		}
+		if kinds != 1 {
+			return nil, corrupt("owner %s must hold either whole GPUs, one share or MIG devices", o.Owner)
 		}
 		if o.Shared != nil && o.MemoryBytes == 0 {
 			return nil, corrupt("owner %s holds a share of no memory", o.Owner)
@@ -138,6 +149,7 @@ func (a *Allocator) snapshot() *savedState {
 			d := a.saved(h.shared)
 			so.Shared, so.MemoryBytes = &d, h.memory
 		}
+		so.MIG = a.savedMIGs(h.mig)
 		s.Owners = append(s.Owners, so)
 	}
 	sort.Slice(s.Owners, func(i, j int) bool { return s.Owners[i].Owner < s.Owners[j].Owner })
@@ -146,6 +158,7 @@ func (a *Allocator) snapshot() *savedState {
 			s.Unhealthy = append(s.Unhealthy, savedHealth{Device: a.saved(p), Reason: a.health[p].Reason})
 		}
 	}
+	s.UnhealthyMIG = a.savedMIGHealth()
 	return s
 }
 
@@ -212,7 +225,10 @@ func (a *Allocator) restore(s *savedState) error {
 				h.shared, h.memory = p, so.MemoryBytes
 			}
 		}
-		if h.devices == 0 && h.shared < 0 {
+		if err := a.restoreMIG(so, h, warn); err != nil {
+			return err
+		}
+		if h.devices == 0 && h.shared < 0 && len(h.mig) == 0 {
 			continue
 		}
 		a.owners[so.Owner] = h
@@ -222,6 +238,7 @@ func (a *Allocator) restore(s *savedState) error {
 			a.health[p] = node.Unhealthy(u.Reason)
 		}
 	}
+	a.restoreMIGHealth(s.UnhealthyMIG)
 	return nil
 }
 

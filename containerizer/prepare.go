@@ -175,7 +175,7 @@ func (pr *Preparer) Prepare(ctx context.Context, spec Spec, img Image) (p *Prepa
 // NoGPUs reports whether r asks for nothing: such a container holds nothing
 // in the allocator and gets no GPU.
 func NoGPUs(r allocator.Request) bool {
-	return r.Count == 0 && len(r.Devices) == 0 && r.MemoryBytes == 0
+	return r.Count == 0 && len(r.Devices) == 0 && r.MemoryBytes == 0 && r.MIG == "" && r.MIGMemoryBytes == 0
 }
 
 // devices returns the inventory's devices of refs, for requirement checks.

@@ -13,4 +13,7 @@ var (
 	ErrUnknownContainer = node.Sentinel(node.ErrNotFound, "unknown container")
 	// ErrUnknownGPU: a plan names a GPU that is not a device of the node.
 	ErrUnknownGPU = node.Sentinel(node.ErrInvalid, "not a GPU of this node")
+	// ErrNoMIGCaps: a MIG device's capability nodes are unknown (discovery
+	// found no nvidia-caps minors), so it cannot be isolated.
+	ErrNoMIGCaps = node.Sentinel(node.ErrUnavailable, "MIG capability nodes unknown")
 )

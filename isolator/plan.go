@@ -64,17 +64,33 @@ func NewPlan(owner string, inv *node.Inventory, devRoot string, gpus []node.Devi
 	}
 	var uuids []string
 	for _, g := range gpus {
-		known := slices.ContainsFunc(inv.Devices, func(d node.Device) bool { return d.UUID == g.UUID && d.Node == g.Node })
-		if !known || g.Node.Path == "" || g.UUID == "" {
-			return nil, fmt.Errorf("plan for %s: GPU %d (%s): %w", owner, g.Index, g.UUID, ErrUnknownGPU)
+		if g.MIG != nil {
+			if err := checkMIG(inv, g); err != nil {
+				return nil, fmt.Errorf("plan for %s: MIG device %s of GPU %d: %w", owner, g.UUID, g.Index, err)
+			}
+		} else {
+			known := slices.ContainsFunc(inv.Devices, func(d node.Device) bool { return d.UUID == g.UUID && d.Node == g.Node })
+			if !known || g.Node.Path == "" || g.UUID == "" {
+				return nil, fmt.Errorf("plan for %s: GPU %d (%s): %w", owner, g.Index, g.UUID, ErrUnknownGPU)
+			}
 		}
 		p.GPUs = append(p.GPUs, g)
 		name := filepath.Base(g.Node.Path)
-		p.Devices = append(p.Devices, DeviceNode{
+		p.addDevice(DeviceNode{
 			Path:     filepath.Join(ContainerDevRoot, name),
 			HostPath: filepath.Join(devRoot, name),
 			Major:    g.Node.Major, Minor: g.Node.Minor,
 		})
+		// A MIG device: its GPU instance's and compute instance's
+		// capability nodes, under the same names as on the host.
+		for _, c := range g.MIG.CapNodes() {
+			name := filepath.Join(node.NVIDIACapsDir, filepath.Base(c.Path))
+			p.addDevice(DeviceNode{
+				Path:     filepath.Join(ContainerDevRoot, name),
+				HostPath: filepath.Join(devRoot, name),
+				Major:    c.Major, Minor: c.Minor,
+			})
+		}
 		uuids = append(uuids, g.UUID)
 	}
 	p.Rules = GPURules(inv.ControlDevices, gpus)
@@ -85,6 +101,36 @@ func NewPlan(owner string, inv *node.Inventory, devRoot string, gpus []node.Devi
 	}
 	p.Env = append([]string{EnvVisibleDevices + "=" + visible, EnvCUDAVisibleDevices + "=" + strings.Join(uuids, ",")}, env...)
 	return p, nil
+}
+
+// addDevice adds a node to the plan once: two MIG devices of one GPU share
+// their parent's node.
+func (p *Plan) addDevice(d DeviceNode) {
+	if !slices.Contains(p.Devices, d) {
+		p.Devices = append(p.Devices, d)
+	}
+}
+
+// checkMIG verifies that a MIG reference names a MIG device of inv as
+// discovery found it: its parent (by UUID and node), its instance ids and
+// both capability nodes, without which the device cannot be isolated.
+func checkMIG(inv *node.Inventory, g node.DeviceRef) error {
+	i := slices.IndexFunc(inv.Devices, func(d node.Device) bool { return d.UUID == g.MIG.ParentUUID && d.Node == g.Node })
+	if i < 0 || g.Node.Path == "" || !node.IsMIGUUID(g.UUID) {
+		return ErrUnknownGPU
+	}
+	k := slices.IndexFunc(inv.Devices[i].MIGDevices, func(m node.MIGDevice) bool { return m.UUID == g.UUID })
+	if k < 0 {
+		return ErrUnknownGPU
+	}
+	m := inv.Devices[i].MIGDevices[k]
+	if m.GI != g.MIG.GI || m.CI != g.MIG.CI || m.GIAccess != g.MIG.GIAccess || m.CIAccess != g.MIG.CIAccess {
+		return fmt.Errorf("instance or capability nodes differ from the node's: %w", ErrUnknownGPU)
+	}
+	if m.GIAccess.Path == "" || m.CIAccess.Path == "" {
+		return ErrNoMIGCaps
+	}
+	return nil
 }
 
 // MergeEnv returns base with every "KEY=value" of over set, replacing the

@@ -139,7 +139,9 @@ func DefaultRules() []Rule {
 // GPURules is the allow list of a GPU container: the defaults, the control
 // devices every GPU container needs (nvidiactl, nvidia-uvm,
 // nvidia-uvm-tools), then one rule per owned GPU for its device node, with
-// the numbers discovery read (c <major>:<minor> rwm).
+// the numbers discovery read (c <major>:<minor> rwm). A MIG device adds its
+// parent's node and the capability nodes of its GPU instance and compute
+// instance, nothing of its sibling instances.
 func GPURules(control []node.ControlDevice, gpus []node.DeviceRef) []Rule {
 	rules := DefaultRules()
 	for _, c := range control {
@@ -151,6 +153,9 @@ func GPURules(control []node.ControlDevice, gpus []node.DeviceRef) []Rule {
 	for _, d := range gpus {
 		if d.Node.Path != "" {
 			rules = append(rules, Allow(int64(d.Node.Major), int64(d.Node.Minor), "rwm"))
+		}
+		for _, c := range d.MIG.CapNodes() {
+			rules = append(rules, Allow(int64(c.Major), int64(c.Minor), "rwm"))
 		}
 	}
 	return Canonical(rules)

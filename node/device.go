@@ -3,6 +3,7 @@ package node
 import (
 	"fmt"
 	"maps"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -44,6 +45,13 @@ type Device struct {
 	NUMANode int `json:"numaNode"`
 	// MIG is the device's current multi-instance GPU mode.
 	MIG MIGMode `json:"mig,omitempty"`
+	// MIGProfiles are the GPU-instance profiles of a MIG-capable GPU, read
+	// whether or not MIG is enabled.
+	MIGProfiles []MIGProfile `json:"migProfiles,omitempty"`
+	// MIGDevices are the MIG devices of a GPU with MIG enabled, in GPU- then
+	// compute-instance id order. Such a GPU is handed out only by its MIG
+	// devices, never whole.
+	MIGDevices []MIGDevice `json:"migDevices,omitempty"`
 	// Health tells whether the device may be handed out.
 	Health Health `json:"health"`
 	// Attributes are Nomad-style fingerprint attributes (see the Attr
@@ -68,8 +76,17 @@ func (n DeviceNode) String() string {
 // nothing with d.
 func (d Device) Clone() Device {
 	d.Attributes = maps.Clone(d.Attributes)
+	d.MIGProfiles = slices.Clone(d.MIGProfiles)
+	for i := range d.MIGProfiles {
+		d.MIGProfiles[i].Placements = slices.Clone(d.MIGProfiles[i].Placements)
+	}
+	d.MIGDevices = slices.Clone(d.MIGDevices)
 	return d
 }
+
+// MIGSplit tells whether the GPU is split into MIG devices: MIG is enabled,
+// so it is handed out by instance and never whole.
+func (d Device) MIGSplit() bool { return d.MIG == MIGEnabled }
 
 // NodeName is the device node's name under the dev root, "nvidia<minor>",
 // or "" when the minor number is unknown.
@@ -196,6 +213,10 @@ type DeviceRef struct {
 	Model string `json:"model,omitempty"`
 	// Node is the GPU's device node.
 	Node DeviceNode `json:"node"`
+	// MIG, when set, makes the reference a MIG device of the GPU: UUID is
+	// then the device's "MIG-" UUID, and Index, Minor, BusID, Model and
+	// Node are its parent's.
+	MIG *MIGRef `json:"mig,omitempty"`
 }
 
 // Ref is the device's identity as allocations carry it.

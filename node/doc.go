@@ -11,7 +11,15 @@
 // assumes NVIDIA's numbers: a simulated node may use a free major, a real
 // one whatever its driver registered.
 //
-// A [DeviceRef] is a device as allocations carry it. [ValidateOwner] is the
+// A GPU with MIG enabled ([Device.MIGSplit]) carries its [MIGDevice]s
+// (parent, "MIG-" UUID, GPU- and compute-instance ids, profile, memory, SMs,
+// placement and the GI and CI access capability nodes under
+// /dev/nvidia-caps); a MIG-capable GPU carries its [MIGProfile] table either
+// way. [ParseMIGMinors] reads the nvidia-caps driver's mig-minors table.
+//
+// A [DeviceRef] is a device as allocations carry it; for a MIG device it
+// holds the parent's identity and node with the device's "MIG-" UUID and a
+// [MIGRef] (instance ids and capability nodes). [ValidateOwner] is the
 // one owner-id rule that every package obeys, because owner ids become file,
 // cgroup and Docker names. [ParseProcDevices] reads /proc/devices.
 //

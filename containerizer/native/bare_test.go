@@ -138,7 +138,7 @@ func (m *memDev) makeDev(dir string, nodes []isolator.DeviceNode) error {
 	}
 	m.dirs[dir] = map[string]isolator.DeviceNode{}
 	for _, n := range nodes {
-		m.dirs[dir][filepath.Base(n.Path)] = n
+		m.dirs[dir][strings.TrimPrefix(n.Path, "/dev/")] = n
 	}
 	return os.MkdirAll(dir, 0o700)
 }
@@ -146,14 +146,14 @@ func (m *memDev) makeDev(dir string, nodes []isolator.DeviceNode) error {
 func (m *memDev) addNode(dir string, n isolator.DeviceNode) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.dirs[dir][filepath.Base(n.Path)] = n
+	m.dirs[dir][strings.TrimPrefix(n.Path, "/dev/")] = n
 	return nil
 }
 
 func (m *memDev) removeNode(dir string, n isolator.DeviceNode) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	delete(m.dirs[dir], filepath.Base(n.Path))
+	delete(m.dirs[dir], strings.TrimPrefix(n.Path, "/dev/"))
 	return nil
 }
 

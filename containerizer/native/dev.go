@@ -6,10 +6,12 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 
 	"github.com/gpuiso/gpuiso/internal/linux"
 	"github.com/gpuiso/gpuiso/isolator"
+	"github.com/gpuiso/gpuiso/node"
 )
 
 type pseudoDevice struct {
@@ -69,7 +71,10 @@ func makeDev(dir string, nodes []isolator.DeviceNode) error {
 // addNode binds the host's node n.HostPath into a container's /dev under its
 // own name, after checking that it is the character device the plan says.
 func addNode(dir string, n isolator.DeviceNode) error {
-	p := filepath.Join(dir, filepath.Base(n.Path))
+	p, err := nodePath(dir, n)
+	if err != nil {
+		return err
+	}
 	if have, err := linux.StatDevice(p); err == nil && have.Major == n.Major && have.Minor == n.Minor {
 		return nil // already there
 	}
@@ -79,6 +84,9 @@ func addNode(dir string, n isolator.DeviceNode) error {
 	}
 	if !host.Char || host.Major != n.Major || host.Minor != n.Minor {
 		return fmt.Errorf("device node %s: %s is %d:%d, want %d:%d", n.Path, n.HostPath, host.Major, host.Minor, n.Major, n.Minor)
+	}
+	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil { // nvidia-caps/
+		return fmt.Errorf("device node %s: %w", n.Path, err)
 	}
 	f, err := os.OpenFile(p, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600) // the mount point
 	if err != nil {
@@ -95,15 +103,28 @@ func addNode(dir string, n isolator.DeviceNode) error {
 // removeNode unbinds a node from a container's /dev and deletes its mount
 // point.
 func removeNode(dir string, n isolator.DeviceNode) error {
-	p := filepath.Join(dir, filepath.Base(n.Path))
+	p, err := nodePath(dir, n)
+	if err != nil {
+		return err
+	}
 	if err := linux.DetachUnmount(p); err != nil && !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, syscall.EINVAL) {
 		return err
 	}
-	err := os.Remove(p)
+	err = os.Remove(p)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil
 	}
 	return err
+}
+
+// nodePath is where n appears under a container's /dev directory dir: its
+// path below the container's /dev (nvidia0, nvidia-caps/nvidia-cap12).
+func nodePath(dir string, n isolator.DeviceNode) (string, error) {
+	rel, err := filepath.Rel(isolator.ContainerDevRoot, n.Path)
+	if err != nil || rel == "." || strings.HasPrefix(rel, "..") {
+		return "", fmt.Errorf("device node %s: not under %s: %w", n.Path, isolator.ContainerDevRoot, node.ErrInvalid)
+	}
+	return filepath.Join(dir, rel), nil
 }
 
 // removeDev unmounts a container's /dev and removes its directory.

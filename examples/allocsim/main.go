@@ -259,7 +259,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "allocsim: %v\n", err)
 		return 1
 	}
-	gpus := len(inv.Devices)
+	gpus := 0 // whole GPUs: those with MIG enabled go by MIG device
+	for _, d := range inv.Devices {
+		if !d.MIGSplit() {
+			gpus++
+		}
+	}
 	work := workload(*seed, *jobs, gpus, *load)
 	var results []*result
 	for _, pol := range pols {
@@ -271,11 +276,24 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		results = append(results, r)
 	}
 	report(stdout, *topology, gpus, *seed, *jobs, *load, results)
+	if hasMIG(inv) {
+		mwork := migWorkload(*seed, *jobs, inv, *load)
+		var mres []*migResult
+		for _, spread := range []bool{false, true} {
+			r, err := simulateMIG(ctx, inv, mwork, spread)
+			if err != nil {
+				fmt.Fprintf(stderr, "allocsim: MIG workload: %v\n", err)
+				return 1
+			}
+			mres = append(mres, r)
+		}
+		reportMIG(stdout, *jobs, *load, mres)
+	}
 	return 0
 }
 
 func report(w io.Writer, topology string, gpus int, seed uint64, jobs int, load float64, results []*result) {
-	fmt.Fprintf(w, "node %s (%d GPUs), seed %d, %d jobs of 1/2/4/8 GPUs, offered load %.2f\n\n", topology, gpus, seed, jobs, load)
+	fmt.Fprintf(w, "node %s (%d whole GPUs), seed %d, %d jobs of 1/2/4/8 GPUs, offered load %.2f\n\n", topology, gpus, seed, jobs, load)
 	var sizes []int
 	for _, s := range []int{2, 4, 8} {
 		if s <= gpus {

@@ -97,3 +97,23 @@ func TestWorkload(t *testing.T) {
 		t.Fatalf("sizes %v", seen)
 	}
 }
+
+// TestRunMIG: on a node with MIG devices the report adds the MIG workload,
+// with the allocator's placement beside the spreading baseline, and the
+// GPU workload runs on the whole GPUs alone.
+func TestRunMIG(t *testing.T) {
+	var out, errOut bytes.Buffer
+	args := []string{"-topology", "dgx-a100-mig", "-jobs", "400", "-seed", "3"}
+	if rc := run(context.Background(), args, &out, &errOut); rc != 0 {
+		t.Fatalf("rc %d: %s", rc, errOut.String())
+	}
+	for _, want := range []string{"(4 whole GPUs)", "MIG workload: 400 jobs", "pack (allocator)", "spread (baseline)", "accepted by profile (allocator): 1g.5gb"} {
+		if !strings.Contains(out.String(), want) {
+			t.Fatalf("no %q in\n%s", want, out.String())
+		}
+	}
+	var plain bytes.Buffer
+	if rc := run(context.Background(), []string{"-topology", "dgx-a100", "-jobs", "50"}, &plain, &errOut); rc != 0 || strings.Contains(plain.String(), "MIG workload") {
+		t.Fatalf("rc %d, a MIG workload on a node without MIG devices:\n%s", rc, plain.String())
+	}
+}

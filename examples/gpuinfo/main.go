@@ -18,6 +18,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"text/tabwriter"
 
@@ -120,6 +121,7 @@ func printInventory(w io.Writer, inv *node.Inventory, simulated string) {
 		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\n", d.Index, minor, or(d.BusID, "-"), or(d.Model, "-"), mem, numa, d.Health)
 	}
 	tw.Flush()
+	printMIG(w, inv)
 
 	if len(inv.Devices) > 1 {
 		fmt.Fprintln(w)
@@ -157,6 +159,55 @@ func printInventory(w io.Writer, inv *node.Inventory, simulated string) {
 			fmt.Fprintln(w, "  "+s)
 		}
 	}
+}
+
+// printMIG lists the MIG devices of every GPU with MIG enabled, under a
+// line naming the GPU, and the profile table of the MIG-capable GPUs.
+func printMIG(w io.Writer, inv *node.Inventory) {
+	for _, d := range inv.Devices {
+		if !d.MIGSplit() {
+			continue
+		}
+		fmt.Fprintf(w, "\nGPU %d (%s): MIG enabled, %d MIG devices\n", d.Index, or(d.UUID, "-"), len(d.MIGDevices))
+		if len(d.MIGDevices) == 0 {
+			continue
+		}
+		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "  GI\tCI\tPROFILE\tMEMORY\tSMS\tPLACEMENT\tUUID\tCAPS (GI, CI)")
+		for _, m := range d.MIGDevices {
+			caps := "-"
+			if m.GIAccess.Path != "" && m.CIAccess.Path != "" {
+				caps = fmt.Sprintf("%d:%d, %d:%d", m.GIAccess.Major, m.GIAccess.Minor, m.CIAccess.Major, m.CIAccess.Minor)
+			}
+			fmt.Fprintf(tw, "  %d\t%d\t%s\t%d MiB\t%d\t%s\t%s\t%s\n", m.GI, m.CI, or(m.Profile, "-"), m.MemoryBytes>>20, m.SMs, m.Placement, m.UUID, caps)
+		}
+		tw.Flush()
+	}
+	// The profile table, once per distinct table.
+	var shown [][]node.MIGProfile
+	for _, d := range inv.Devices {
+		if len(d.MIGProfiles) == 0 || slices.ContainsFunc(shown, func(t []node.MIGProfile) bool { return sameProfiles(t, d.MIGProfiles) }) {
+			continue
+		}
+		shown = append(shown, d.MIGProfiles)
+		fmt.Fprintf(w, "\nMIG profiles of %s:\n", or(d.Model, "GPU "+fmt.Sprint(d.Index)))
+		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "  PROFILE\tID\tCOUNT\tSMS\tMEMORY\tPLACEMENTS")
+		for _, p := range d.MIGProfiles {
+			var pl []string
+			for _, x := range p.Placements {
+				pl = append(pl, x.String())
+			}
+			fmt.Fprintf(tw, "  %s\t%d\t%d\t%d\t%d MiB\t%s\n", p.Name, p.ID, p.Count, p.SMs, p.MemoryBytes>>20, strings.Join(pl, " "))
+		}
+		tw.Flush()
+	}
+}
+
+func sameProfiles(a, b []node.MIGProfile) bool {
+	return slices.EqualFunc(a, b, func(x, y node.MIGProfile) bool {
+		return x.Name == y.Name && x.ID == y.ID && x.Count == y.Count && x.MemoryBytes == y.MemoryBytes && slices.Equal(x.Placements, y.Placements)
+	})
 }
 
 // cell is one entry of the topology matrix: NV<n> where NVLinks join the

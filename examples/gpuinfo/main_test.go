@@ -28,7 +28,7 @@ func gpuinfo(t *testing.T, args ...string) (stdout, stderr string, code int) {
 // TestSimulatedOutput compares the printed inventory of every shipped
 // topology with the expected text under testdata/.
 func TestSimulatedOutput(t *testing.T) {
-	for _, name := range []string{"dgx1-volta", "dgx-a100", "rtx8000x4"} {
+	for _, name := range []string{"dgx1-volta", "dgx-a100", "rtx8000x4", "hgx-h100-mig"} {
 		t.Run(name, func(t *testing.T) {
 			out, errOut, code := gpuinfo(t, "--simulate", name, "--driver-version", "535.104.05", "--dev-root", t.TempDir())
 			if code != 0 {

@@ -5,15 +5,18 @@
 // Docker confines a container by default (capabilities, seccomp, read-only
 // /sys and cgroups, masked /proc). It exits with the command's status.
 //
-//	gpurun [--simulate NAME] [--gpus N | --devices LIST] [--policy P] [--state-dir DIR]
-//	       [--cgroup v1|v2] [--rootfs DIR] [--user UID[:GID]] [--cap-add CAP]...
-//	       [--quiet] -- CMD [ARGS...]
+//	gpurun [--simulate NAME] [--gpus N | --devices LIST | --mig PROFILE] [--policy P]
+//	       [--state-dir DIR] [--cgroup v1|v2] [--rootfs DIR] [--user UID[:GID]]
+//	       [--cap-add CAP]... [--quiet] -- CMD [ARGS...]
 //
-// --rootfs runs the command in DIR as its root file system; --user runs it as
-// that user (with no capabilities); --cap-add adds a capability to Docker's
-// default set (repeatable).
+// --mig takes one MIG device of that profile (e.g. 1g.10gb) instead of whole
+// GPUs; --rootfs runs the command in DIR as its root file system; --user runs
+// it as that user (with no capabilities); --cap-add adds a capability to
+// Docker's default set (repeatable).
 //
-// --simulate runs on a simulated node: real cgroups and real device nodes
+// --mig PROFILE asks for --gpus MIG devices of that profile ("1g.10gb")
+// instead of whole GPUs, on a node with MIG enabled on some GPUs
+// (--simulate hgx-h100-mig). --simulate runs on a simulated node: real cgroups and real device nodes
 // with NVIDIA's numbers, under a temporary directory. gpurun needs root.
 package main
 
@@ -54,7 +57,8 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	fs.SetOutput(stderr)
 	simulate := fs.String("simulate", "", "run on a simulated node: "+strings.Join(simnode.Names(), ", "))
 	gpus := fs.Int("gpus", 1, "number of GPUs")
-	devices := fs.String("devices", "", "comma-separated GPUs (indexes, UUIDs or bus ids) instead of --gpus")
+	devices := fs.String("devices", "", "comma-separated GPUs (indexes, UUIDs, bus ids or MIG- UUIDs) instead of --gpus")
+	mig := fs.String("mig", "", "MIG profile (e.g. 1g.10gb): --gpus MIG devices of it instead of whole GPUs")
 	policy := fs.String("policy", string(allocator.PolicyTopology), "placement policy: topology, pack or spread")
 	stateDir := fs.String("state-dir", "", "keep the allocator's state in DIR (default: in memory)")
 	version := fs.String("cgroup", "", "cgroup version for devices: v1 or v2 (default: the host's)")
@@ -82,8 +86,12 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		}
 		usr = &u
 	}
-	req := allocator.Request{Count: *gpus}
+	req := allocator.Request{Count: *gpus, MIG: *mig}
 	if *devices != "" {
+		if *mig != "" {
+			fmt.Fprintln(stderr, "gpurun: --devices and --mig exclude each other")
+			return exitUsage
+		}
 		req = allocator.Request{Devices: strings.Split(*devices, ",")}
 	}
 	settings := []allocator.Option{allocator.WithPolicy(allocator.Policy(*policy))}

@@ -93,3 +93,35 @@ func TestUsage(t *testing.T) {
 		})
 	}
 }
+
+// TestSimulatedMIG runs a command on one 1g.10gb MIG device of a simulated
+// HGX H100 with MIG: it sees its parent's node and two capability nodes (its
+// GPU and compute instances'), and NVIDIA_VISIBLE_DEVICES names the MIG UUID.
+func TestSimulatedMIG(t *testing.T) {
+	testenv.RequireRoot(t)
+	testenv.RequireCgroupV2(t)
+	probe := testenv.BuildProbe(t)
+	out, errOut, code := gpurun("--simulate", "hgx-h100-mig", "--mig", "1g.10gb", "--cgroup", "v2", "--",
+		"/bin/sh", "-c", `ls /dev | grep '^nvidia[0-9]'; ls /dev/nvidia-caps | wc -l; echo "$NVIDIA_VISIBLE_DEVICES"
+			major=$((0x$(stat -c %t /dev/nvidia-caps/$(ls /dev/nvidia-caps | head -1))))
+			top=$(for f in /dev/nvidia-caps/*; do echo $((0x$(stat -c %T $f))); done | sort -n | tail -1)
+			`+probe+` mknod /dev/sibling $major $((top + 1)) open`)
+	if code != 0 {
+		t.Fatalf("exit %d\nstdout: %s\nstderr: %s", code, out, errOut)
+	}
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	// Its parent's node, its GPU and compute instances' capability nodes, its
+	// MIG UUID; a capability node it makes of a sibling instance is denied.
+	if len(lines) != 5 || lines[0] != "nvidia1" || strings.TrimSpace(lines[1]) != "2" || !strings.HasPrefix(lines[2], "MIG-") ||
+		strings.Contains(lines[2], ",") || lines[3] != "/dev/sibling ok" || lines[4] != "/dev/sibling EPERM" {
+		t.Fatalf("the command saw %q\nstderr: %s", lines, errOut)
+	}
+	for name, args := range map[string][]string{
+		"devices and mig": {"--devices", "1", "--mig", "1g.10gb", "--", "true"},
+		"unknown profile": {"--simulate", "hgx-h100-mig", "--mig", "1g.5gb", "--", "true"},
+	} {
+		if _, errOut, code := gpurun(args...); code == 0 || errOut == "" {
+			t.Errorf("%s: exit %d, stderr %q", name, code, errOut)
+		}
+	}
+}

@@ -99,6 +99,10 @@ type discovery struct {
 	major   uint32            // the NVIDIA driver's major
 	inv     *node.Inventory
 	handles []nvml.Device // by position; nil for a device NVML did not hand out
+	// migMinors is the nvidia-caps driver's mig-minors table, read on first
+	// use; noMIGMinors says it could not be read (warned once).
+	migMinors   map[string]uint32
+	noMIGMinors bool
 }
 
 func (d *discovery) warn(format string, args ...any) {
@@ -232,6 +236,7 @@ func (d *discovery) device(i int, h nvml.Device) node.Device {
 		dev.MIG = node.MIGUnsupported
 	}
 	d.attributes(r, h, dev.Attributes)
+	d.mig(r, h, &dev)
 
 	switch {
 	case r.lost != nil:

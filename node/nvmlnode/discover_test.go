@@ -84,12 +84,16 @@ func TestDiscoverShippedTopologies(t *testing.T) {
 					t.Errorf("device %d memory attribute = %+v", i, a)
 				}
 				wantMIG := node.MIGUnsupported
-				if spec.GPU.MIGCapable {
+				switch {
+				case g.MIG != nil:
+					wantMIG = node.MIGEnabled
+				case spec.GPU.MIGCapable:
 					wantMIG = node.MIGDisabled
 				}
 				if d.MIG != wantMIG {
 					t.Errorf("device %d MIG = %q, want %q", i, d.MIG, wantMIG)
 				}
+				checkMIG(t, sim, d)
 			}
 			want, err := spec.Topology()
 			if err != nil {

@@ -17,6 +17,19 @@
 // the driver is not loaded), stats each GPU's and control device's node
 // under the dev root, and records them in the inventory as data.
 //
+// # MIG
+//
+// For a MIG-capable GPU, Discover reads the GPU-instance profile table
+// (name such as "1g.10gb", NVML id, count, SMs, memory, placements) also when
+// MIG is disabled, and, when it is enabled, every MIG device as it stands:
+// its "MIG-" UUID, GPU- and compute-instance ids, profile, memory, SMs,
+// placement, and its two capability nodes (GI and CI access), whose minors
+// come from /proc/driver/nvidia-caps/mig-minors (else the capability's proc
+// file), whose major is the nvidia-caps line of /proc/devices, and which are
+// stat'ed under <dev>/nvidia-caps. Discovery only reads: it never changes a
+// GPU's MIG mode or layout. Monitor attributes an event that names a GPU
+// instance to that MIG device alone ([HealthEvent].MIG).
+//
 // # Host paths
 //
 // Discover reads the dev root (/dev), proc root (/proc) and sys root (/sys);

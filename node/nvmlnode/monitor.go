@@ -25,15 +25,18 @@ func ApplicationXID(xid uint64) bool { return slices.Contains(applicationXIDs[:]
 type Target interface {
 	// Devices are the GPUs to watch, as they are now.
 	Devices() []node.Device
-	// MarkUnhealthy stops a GPU (by UUID) from being handed out and
-	// returns its owners.
+	// MarkUnhealthy stops a GPU, or one MIG device of a GPU (by "GPU-" or
+	// "MIG-" UUID), from being handed out and returns its owners.
 	MarkUnhealthy(ctx context.Context, device, reason string) ([]string, error)
 }
 
 // HealthEvent is what the monitor saw and did.
 type HealthEvent struct {
-	// Device is the GPU, as it is now (unhealthy).
+	// Device is the GPU, as it is now (unhealthy, unless MIG is set).
 	Device node.Device
+	// MIG, when set, is the MIG device of Device that the driver named as
+	// the event's source: it alone is marked unhealthy.
+	MIG *node.MIGDevice
 	// XID is the XID error, or 0 for a double-bit ECC error.
 	XID uint64
 	// Owners are those holding the GPU: their containers are affected.
@@ -79,6 +82,14 @@ func Monitor(ctx context.Context, lib nvml.Interface, target Target, notify func
 			dev.Health = node.Unhealthy(reason)
 		}
 		notify(HealthEvent{Device: dev, XID: xid, Owners: owners, Err: err})
+	}
+	// markMIG marks MIG device m of GPU p unhealthy and tells the caller.
+	markMIG := func(p int, m node.MIGDevice, xid uint64, reason string) {
+		owners, err := target.MarkUnhealthy(ctx, m.UUID, reason)
+		if err == nil {
+			m.Health = node.Unhealthy(reason)
+		}
+		notify(HealthEvent{Device: devices[p].Clone(), MIG: &m, XID: xid, Owners: owners, Err: err})
 	}
 	handles := make([]nvml.Device, len(devices))
 	var problems []error
@@ -155,8 +166,33 @@ func Monitor(ctx context.Context, lib nvml.Interface, target Target, notify func
 		default:
 			continue
 		}
+		if migs := migSources(devices[p], e); len(migs) > 0 {
+			for _, m := range migs {
+				markMIG(p, m, xid, reason)
+			}
+			continue
+		}
 		mark(p, xid, reason)
 	}
+}
+
+// noInstance is the GPU- or compute-instance id of an event about the
+// whole GPU.
+const noInstance = 0xFFFFFFFF
+
+// migSources are the MIG devices of d an event names by GPU instance (and,
+// when set, compute instance); none for an event about the whole GPU.
+func migSources(d node.Device, e nvml.EventData) []node.MIGDevice {
+	if e.GpuInstanceId == noInstance || len(d.MIGDevices) == 0 {
+		return nil
+	}
+	var out []node.MIGDevice
+	for _, m := range d.MIGDevices {
+		if uint32(m.GI) == e.GpuInstanceId && (e.ComputeInstanceId == noInstance || uint32(m.CI) == e.ComputeInstanceId) {
+			out = append(out, m)
+		}
+	}
+	return out
 }
 
 // handle finds the NVML handle of d: by UUID, then bus id, then index.

@@ -42,12 +42,7 @@ func (n *Node) newDevice(i int) *mock.Device {
 		return nvml.Memory{Total: total, Free: total}, nvml.SUCCESS
 	}
 	d.GetNumaNodeIdFunc = func() (int, nvml.Return) { return g.NUMANode, nvml.SUCCESS }
-	d.GetMigModeFunc = func() (int, int, nvml.Return) {
-		if !m.MIGCapable {
-			return 0, 0, nvml.ERROR_NOT_SUPPORTED
-		}
-		return nvml.DEVICE_MIG_DISABLE, nvml.DEVICE_MIG_DISABLE, nvml.SUCCESS
-	}
+	n.addMIG(i, d)
 	if m.BAR1MiB > 0 {
 		d.GetBAR1MemoryInfoFunc = func() (nvml.BAR1Memory, nvml.Return) {
 			total := uint64(m.BAR1MiB) * mib

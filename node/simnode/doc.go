@@ -2,8 +2,8 @@
 // run and proven on machines without a GPU.
 //
 // A [Node] is built from a topology description ([Spec]); the shipped ones
-// (see [Names]) are dgx1-volta, dgx1-pascal, dgx-a100, hgx-h100, dgx2,
-// rtx8000x4 and pcie8. Its [Node.NVML] answers as the node's driver would,
+// (see [Names]) are dgx1-volta, dgx1-pascal, dgx-a100, dgx-a100-mig,
+// hgx-h100, hgx-h100-mig, dgx2, rtx8000x4 and pcie8. Its [Node.NVML] answers as the node's driver would,
 // through go-nvml's mock types: stable UUIDs and bus ids, PCIe topology,
 // NVLinks (NVSwitch systems link every GPU to the switches), memory and
 // fingerprint attributes, and event sets. What a real driver could not
@@ -21,6 +21,37 @@
 // node gives EPERM where the device cgroup denies it and something else
 // (ENXIO: no driver answers) where it allows it, also on a host whose real
 // NVIDIA driver owns major 195. It never writes into the real /dev.
+//
+// # MIG
+//
+// A MIG-capable model names its profile table ("migProfiles": a100-40gb,
+// h100-80gb, see [MIGProfileTables]): the GPU-instance profiles NVML reports
+// by profile index, with NVML's profile ids, instance counts, SMs, memory and
+// possible placements (start and size in eight memory slices), whether MIG is
+// enabled or not. A GPU with a "mig" layout has MIG enabled and is split into
+// the GPU instances it lists ([MIGLayout]), each placed by the hardware's
+// rules (a placement the profile allows, no overlap, no more instances of a
+// profile than the GPU holds) and holding one compute instance that spans it:
+// a MIG device, reached through NVML's MIG calls (GetMigDeviceHandleByIndex,
+// GetGpuInstanceById, DeviceGetHandleByUUID of its "MIG-" UUID). GPU-instance
+// ids follow the placement (0 for the whole GPU, 1-2 halves, 3-6 quarters,
+// 7-13 single slices); UUIDs derive from the topology, GPU and instance
+// ([Node.MIGUUID]), so they are the same in every run. hgx-h100-mig and
+// dgx-a100-mig split GPUs 0-3 in mixed layouts and leave 4-7 whole.
+// [Node.InjectMIGXID] delivers an XID the driver attributes to one instance.
+// [Node.MIGManager] creates and destroys MIG devices on GPUs with MIG
+// enabled (dynamic MIG, in simulation only; each call all or nothing, with
+// the host tree's capability nodes kept in step), for
+// allocator.WithMIGManager.
+//
+// On a MIG-capable node MakeHost adds the nvidia-caps side: a third free
+// major (Host.CapsMajor, the "nvidia-caps" line of /proc/devices),
+// /proc/driver/nvidia-caps/mig-minors (config 1, monitor 2, then for each
+// GPU minor G, GPU instance I of 15 and compute instance C of 8:
+// "gpu<G>/gi<I>/access <M>", "gpu<G>/gi<I>/ci<C>/access <M+1+C>"), the
+// capability files /proc/driver/nvidia/capabilities/gpu<G>/mig/gi<I>[/ci<C>]/access
+// ("DeviceFileMinor: <M>", "DeviceFileMode: 292") of every instance, and
+// their nodes /dev/nvidia-caps/nvidia-cap<M>, with config and monitor.
 //
 // The simulated driver version is the host's installed NVIDIA user-space
 // driver's when there is one (so simulated nodes and the real driver volume

@@ -14,6 +14,8 @@ var (
 	ErrUnknownTopology = node.Sentinel(node.ErrNotFound, "unknown topology")
 	// ErrNoSuchGPU: an index names no GPU of the node.
 	ErrNoSuchGPU = node.Sentinel(node.ErrNotFound, "no such GPU")
+	// ErrNoSuchMIGDevice: no MIG device of the GPU has those instance ids.
+	ErrNoSuchMIGDevice = node.Sentinel(node.ErrNotFound, "no such MIG device")
 	// ErrRealDev: the simulated host's device nodes would land in the
 	// host's real /dev, which the simulation never writes to.
 	ErrRealDev = node.Sentinel(node.ErrInvalid, "refusing to create simulated device nodes in the real /dev")

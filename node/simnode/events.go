@@ -64,13 +64,19 @@ func (n *Node) register(i int, types uint64, set nvml.EventSet) nvml.Return {
 
 // deliver queues an event of GPU i on every set registered for its type.
 func (n *Node) deliver(i int, eventType, data uint64) {
+	n.deliverTo(i, eventType, data, invalidInstance, invalidInstance)
+}
+
+// deliverTo queues an event of GPU i, attributed to GPU instance gi and
+// compute instance ci (invalidInstance for the whole GPU).
+func (n *Node) deliverTo(i int, eventType, data uint64, gi, ci uint32) {
 	n.mu.Lock()
 	sets := append([]*eventSet(nil), n.sets...)
 	n.mu.Unlock()
 	for _, s := range sets {
 		s.mu.Lock()
 		if !s.freed && s.registered[i]&eventType != 0 {
-			s.queue = append(s.queue, nvml.EventData{Device: n.devices[i], EventType: eventType, EventData: data})
+			s.queue = append(s.queue, nvml.EventData{Device: n.devices[i], EventType: eventType, EventData: data, GpuInstanceId: gi, ComputeInstanceId: ci})
 			close(s.wake)
 			s.wake = make(chan struct{})
 		}

@@ -32,6 +32,10 @@ type Host struct {
 	// UVMMajor is the major number given to nvidia-uvm and nvidia-uvm-tools:
 	// another one no driver of the real host uses.
 	UVMMajor uint32
+	// CapsMajor is the major number of the MIG capability nodes
+	// (/dev/nvidia-caps/nvidia-cap<M>, the nvidia-caps driver's): a third
+	// one no driver of the real host uses.
+	CapsMajor uint32
 }
 
 // MakeHost creates the node's host tree under dir (created if missing),
@@ -48,11 +52,11 @@ func (n *Node) MakeHost(dir string) (*Host, error) {
 			return nil, fmt.Errorf("make simulated host in %s: %w", dir, &fs.PathError{Op: "create", Path: p, Err: fs.ErrExist})
 		}
 	}
-	majors, err := freeMajors(node.DefaultProcRoot, 2)
+	majors, err := freeMajors(node.DefaultProcRoot, 3)
 	if err != nil {
 		return nil, fmt.Errorf("make simulated host in %s: %w", dir, err)
 	}
-	h.NVIDIAMajor, h.UVMMajor = majors[0], majors[1]
+	h.NVIDIAMajor, h.UVMMajor, h.CapsMajor = majors[0], majors[1], majors[2]
 	if err := n.populate(h); err != nil {
 		h.Remove()
 		return nil, fmt.Errorf("make simulated host in %s: %w", dir, err)
@@ -95,10 +99,13 @@ func (n *Node) populate(h *Host) error {
 			return err
 		}
 	}
+	if err := n.populateCaps(h); err != nil {
+		return err
+	}
 
 	files := map[string]string{
-		filepath.Join(h.ProcRoot, "devices"): fmt.Sprintf("Character devices:\n  1 mem\n  5 /dev/tty\n%3d nvidia\n%3d nvidia-uvm\n\nBlock devices:\n  8 sd\n",
-			h.NVIDIAMajor, h.UVMMajor),
+		filepath.Join(h.ProcRoot, "devices"): fmt.Sprintf("Character devices:\n  1 mem\n  5 /dev/tty\n%3d nvidia\n%3d nvidia-uvm\n%3d nvidia-caps\n\nBlock devices:\n  8 sd\n",
+			h.NVIDIAMajor, h.UVMMajor, h.CapsMajor),
 		filepath.Join(h.ProcRoot, "driver", "nvidia", "version"): fmt.Sprintf(
 			"NVRM version: NVIDIA UNIX x86_64 Kernel Module  %s  (simulated node %s)\n", n.driverVersion, n.spec.Name),
 	}

@@ -28,6 +28,7 @@ type Node struct {
 	sets    []*eventSet
 	inited  int
 	procs   [][]nvml.ProcessInfo
+	mig     []migState
 	samples [][]nvml.ProcessUtilizationSample
 }
 
@@ -109,9 +110,15 @@ func NewFromSpec(spec *Spec, opts ...Option) (*Node, error) {
 		lost:          make([]bool, len(spec.GPUs)),
 		procs:         make([][]nvml.ProcessInfo, len(spec.GPUs)),
 		samples:       make([][]nvml.ProcessUtilizationSample, len(spec.GPUs)),
+		mig:           make([]migState, len(spec.GPUs)),
 	}
 	for i := range n.spec.GPUs {
 		n.devices = append(n.devices, n.newDevice(i))
+	}
+	for i := range n.spec.GPUs {
+		if err := n.initMIG(i); err != nil {
+			return nil, fmt.Errorf("simulated node %s: %w", spec.Name, err)
+		}
 	}
 	n.lib = n.newInterface()
 	return n, nil
@@ -212,6 +219,9 @@ func (n *Node) newInterface() *mock.Interface {
 				if n.UUID(i) == uuid {
 					return n.devices[i], nvml.SUCCESS
 				}
+			}
+			if h, ok := n.migHandle(uuid); ok {
+				return h, nvml.SUCCESS
 			}
 			return nil, nvml.ERROR_NOT_FOUND
 		},

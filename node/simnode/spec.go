@@ -54,6 +54,9 @@ type Model struct {
 	PersistenceMode   bool   `json:"persistenceMode,omitempty"`
 	DisplayMode       bool   `json:"displayMode,omitempty"`
 	MIGCapable        bool   `json:"migCapable,omitempty"`
+	// MIGProfiles names the model's MIG profile table (see
+	// MIGProfileTables), for a MIG-capable model.
+	MIGProfiles string `json:"migProfiles,omitempty"`
 }
 
 // GPU is one GPU's place on the node.
@@ -70,6 +73,8 @@ type GPU struct {
 	Switches []int `json:"switches,omitempty"`
 	// Board, when set, groups GPUs on one board (a dual-GPU card).
 	Board *int `json:"board,omitempty"`
+	// MIG, when set, enables MIG on the GPU and splits it as it says.
+	MIG *MIGLayout `json:"mig,omitempty"`
 }
 
 // Names lists the shipped topologies.
@@ -79,6 +84,7 @@ func Names() []string {
 	for _, e := range entries {
 		names = append(names, strings.TrimSuffix(e.Name(), ".json"))
 	}
+	slices.Sort(names)
 	return names
 }
 
@@ -150,6 +156,22 @@ func (s *Spec) validate() error {
 	if s.NVSwitchLinks < 0 {
 		bad("negative NVSwitch links")
 	}
+	if s.GPU.MIGProfiles != "" && (!s.GPU.MIGCapable || migProfileTables[s.GPU.MIGProfiles] == nil) {
+		bad("MIG profile table %q needs a MIG-capable model and one of %v", s.GPU.MIGProfiles, MIGProfileTables())
+	}
+	for i, g := range s.GPUs {
+		if g.MIG == nil {
+			continue
+		}
+		table := s.profiles()
+		if table == nil {
+			errs = append(errs, fmt.Errorf("%w: GPU %d: MIG layout on a model without a MIG profile table: %w", ErrInvalidSpec, i, ErrMIGLayout))
+			continue
+		}
+		if _, err := placeAll(table, g.MIG.Instances); err != nil {
+			errs = append(errs, fmt.Errorf("%w: GPU %d: %w", ErrInvalidSpec, i, err))
+		}
+	}
 	return errors.Join(errs...)
 }
 
@@ -213,6 +235,10 @@ func (s *Spec) clone() *Spec {
 	c.GPUs = make([]GPU, len(s.GPUs))
 	for i, g := range s.GPUs {
 		g.Switches = slices.Clone(g.Switches)
+		if g.MIG != nil {
+			l := MIGLayout{Instances: slices.Clone(g.MIG.Instances)}
+			g.MIG = &l
+		}
 		c.GPUs[i] = g
 	}
 	c.NVLinks = slices.Clone(s.NVLinks)
