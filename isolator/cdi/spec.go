@@ -101,11 +101,23 @@ func New(inv *node.Inventory, opts ...Option) (*specs.Spec, error) {
 		if !usable(d) {
 			continue
 		}
+		if d.MIGSplit() {
+			// A split GPU is handed out by instance, never whole.
+			for _, m := range migDevices(d) {
+				spec.Devices = append(spec.Devices, m)
+				all.DeviceNodes = append(all.DeviceNodes, m.ContainerEdits.DeviceNodes...)
+			}
+			for _, m := range d.MIGDevices {
+				if migUsable(d, m) {
+					uuids = append(uuids, m.UUID)
+				}
+			}
+			continue
+		}
 		edits := gpuEdits(d)
 		spec.Devices = append(spec.Devices,
 			specs.Device{Name: strconv.Itoa(d.Index), ContainerEdits: edits},
 			specs.Device{Name: d.UUID, ContainerEdits: gpuEdits(d)})
-		spec.Devices = append(spec.Devices, migDevices(d)...)
 		all.DeviceNodes = append(all.DeviceNodes, edits.DeviceNodes...)
 		uuids = append(uuids, d.UUID)
 	}
@@ -155,14 +167,37 @@ func gpuEdits(d node.Device) specs.ContainerEdits {
 	}
 }
 
-// migDevices are the devices of GPU d's MIG instances, each named
+// migDevices are the devices of GPU d's healthy MIG instances, each named
 // "<index>:<gi>:<ci>" and by its "MIG-..." UUID, giving the parent's node
-// (the GPU's, as gpuEdits) plus the caps nodes of its GPU and compute
-// instances. The node model does not carry MIG instances yet: until it
-// does there are none. This is where they go.
+// plus the caps nodes of its GPU and compute instances, and naming the MIG
+// UUID in the environment. Nothing of the sibling instances is in them.
 func migDevices(d node.Device) []specs.Device {
-	_ = d
-	return nil
+	var out []specs.Device
+	for _, m := range d.MIGDevices {
+		if !migUsable(d, m) {
+			continue
+		}
+		edits := func() specs.ContainerEdits {
+			return specs.ContainerEdits{
+				DeviceNodes: []*specs.DeviceNode{
+					deviceNode(filepath.Base(d.Node.Path), d.Node),
+					deviceNode(filepath.Join(node.NVIDIACapsDir, filepath.Base(m.GIAccess.Path)), m.GIAccess),
+					deviceNode(filepath.Join(node.NVIDIACapsDir, filepath.Base(m.CIAccess.Path)), m.CIAccess),
+				},
+				Env: []string{isolator.EnvVisibleDevices + "=" + m.UUID},
+			}
+		}
+		out = append(out,
+			specs.Device{Name: fmt.Sprintf("%d:%d:%d", d.Index, m.GI, m.CI), ContainerEdits: edits()},
+			specs.Device{Name: m.UUID, ContainerEdits: edits()})
+	}
+	return out
+}
+
+// migUsable reports whether MIG device m of GPU d goes into a spec: both
+// healthy, with its caps nodes known.
+func migUsable(d node.Device, m node.MIGDevice) bool {
+	return m.Health.Healthy && m.UUID != "" && m.GIAccess.Path != "" && m.CIAccess.Path != ""
 }
 
 // deviceNode is the node n of the host at /dev/<name> in the container.

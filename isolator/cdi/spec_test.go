@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"flag"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -202,4 +203,50 @@ func device(spec *specs.Spec, name string) *specs.Device {
 		}
 	}
 	return nil
+}
+
+// TestNewMIG: a GPU split into MIG devices is listed by instance, never
+// whole; each instance gets its parent's node and its own two caps nodes,
+// nothing of its siblings, and its MIG UUID.
+func TestNewMIG(t *testing.T) {
+	caps := func(m uint32) node.DeviceNode {
+		return node.DeviceNode{Path: fmt.Sprintf("/dev/nvidia-caps/nvidia-cap%d", m), Major: 241, Minor: m}
+	}
+	mig := func(gi, ci int, giCap, ciCap uint32) node.MIGDevice {
+		return node.MIGDevice{Parent: 0, ParentUUID: "GPU-0", UUID: fmt.Sprintf("MIG-%d-%d", gi, ci), GI: gi, CI: ci, Profile: "1g.10gb",
+			GIAccess: caps(giCap), CIAccess: caps(ciCap), Health: node.Healthy()}
+	}
+	inv := &node.Inventory{Devices: []node.Device{
+		{Index: 0, Minor: 0, UUID: "GPU-0", Node: node.DeviceNode{Path: "/dev/nvidia0", Major: 195, Minor: 0}, MIG: node.MIGEnabled,
+			Health: node.Healthy(), MIGDevices: []node.MIGDevice{mig(7, 0, 66, 67), mig(8, 0, 75, 76)}},
+		{Index: 1, Minor: 1, UUID: "GPU-1", Node: node.DeviceNode{Path: "/dev/nvidia1", Major: 195, Minor: 1}, Health: node.Healthy()},
+	}}
+	spec, err := cdi.New(inv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	byName := map[string][]string{}
+	for _, d := range spec.Devices {
+		for _, n := range d.ContainerEdits.DeviceNodes {
+			byName[d.Name] = append(byName[d.Name], fmt.Sprintf("%s=%d:%d", n.Path, n.Major, n.Minor))
+		}
+		byName[d.Name] = append(byName[d.Name], d.ContainerEdits.Env...)
+	}
+	for _, whole := range []string{"0", "GPU-0"} {
+		if _, ok := byName[whole]; ok {
+			t.Errorf("split GPU listed whole as %q", whole)
+		}
+	}
+	want := []string{"/dev/nvidia0=195:0", "/dev/nvidia-caps/nvidia-cap66=241:66", "/dev/nvidia-caps/nvidia-cap67=241:67", "NVIDIA_VISIBLE_DEVICES=MIG-7-0"}
+	for _, name := range []string{"0:7:0", "MIG-7-0"} {
+		if got := byName[name]; !slices.Equal(got, want) {
+			t.Errorf("%s = %v, want %v", name, got, want)
+		}
+	}
+	if got := byName["all"]; !slices.Contains(got, "NVIDIA_VISIBLE_DEVICES=MIG-7-0,MIG-8-0,GPU-1") {
+		t.Errorf("all = %v", got)
+	}
+	if _, ok := byName["1"]; !ok {
+		t.Error("whole GPU 1 missing")
+	}
 }
