@@ -43,12 +43,14 @@ type Allocator struct {
 	health    []node.Health
 	store     *store
 	warnings  []string
+	shareCfg  uint64 // GPUs configured shareable (WithShared)
 }
 
 // holding is what one owner holds: whole GPUs, or memory on one GPU.
 type holding struct {
 	group   string
-	devices uint64 // exclusive GPUs by position
+	holder  *Holder // what proves the owner alive, or nil
+	devices uint64  // exclusive GPUs by position
 	shared  int    // position of the shared GPU, or -1
 	memory  uint64 // bytes on the shared GPU
 }
@@ -62,6 +64,7 @@ type settings struct {
 	quotas    map[string]int
 	shareable []string
 	logger    *slog.Logger
+	procRoot  string
 }
 
 // WithStateDir makes the allocator durable: its state lives in a file in
@@ -129,7 +132,7 @@ func WithLogger(l *slog.Logger) Option {
 // saved state; a state file that cannot be trusted fails New with a
 // *StateError, never a silent reset.
 func New(inv *node.Inventory, opts ...Option) (*Allocator, error) {
-	s := settings{policy: PolicyTopology, quotas: map[string]int{}, logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	s := settings{policy: PolicyTopology, quotas: map[string]int{}, logger: slog.New(slog.NewTextHandler(io.Discard, nil)), procRoot: node.DefaultProcRoot}
 	for _, opt := range opts {
 		if err := opt(&s); err != nil {
 			return nil, fmt.Errorf("new allocator: %w", err)
@@ -186,21 +189,17 @@ func New(inv *node.Inventory, opts ...Option) (*Allocator, error) {
 		if a.shares[i] == nil {
 			a.shares[i] = map[string]uint64{}
 		}
+		a.shareCfg |= 1 << i
 	}
 	if s.stateDir != "" {
-		st, err := openStore(s.stateDir)
+		st, err := openStore(s.stateDir, s.procRoot)
 		if err != nil {
 			return nil, fmt.Errorf("new allocator: %w", err)
 		}
 		a.store = st
-		saved, err := st.load()
-		if err != nil {
+		if err := a.open(); err != nil {
+			st.close()
 			return nil, fmt.Errorf("new allocator: %w", err)
-		}
-		if saved != nil {
-			if err := a.restore(saved); err != nil {
-				return nil, fmt.Errorf("new allocator: %w", &StateError{File: st.path(), Err: err})
-			}
 		}
 	}
 	return a, nil
@@ -249,6 +248,9 @@ type Request struct {
 	// MemoryBytes, when set, asks for that much memory on one shareable GPU
 	// (see WithShared) instead of whole GPUs. Count must then be 0 or 1.
 	MemoryBytes uint64 `json:"memoryBytes,omitempty"`
+	// Holder, when set, is the process whose life the allocation lasts:
+	// ReleaseDead frees it once that process is provably gone.
+	Holder *Holder `json:"holder,omitempty"`
 }
 
 // Allocation is what an owner holds.
@@ -261,6 +263,8 @@ type Allocation struct {
 	Shared bool `json:"shared,omitempty"`
 	// MemoryBytes is the memory of a shared allocation.
 	MemoryBytes uint64 `json:"memoryBytes,omitempty"`
+	// Holder is the request's Holder, if it had one.
+	Holder *Holder `json:"holder,omitempty"`
 	// Env is what the container's environment should carry:
 	// NVIDIA_VISIBLE_DEVICES and, for a shared GPU, the MPS memory limit
 	// CUDA_MPS_PINNED_DEVICE_MEM_LIMIT.
@@ -302,10 +306,18 @@ type compiled struct {
 	hasAff   bool
 	group    string
 	memory   uint64
+	holder   *Holder
 }
 
 func (a *Allocator) compile(r Request) (compiled, error) {
 	c := compiled{group: r.Group, memory: r.MemoryBytes}
+	if r.Holder != nil {
+		if err := r.Holder.validate(); err != nil {
+			return c, err
+		}
+		h := *r.Holder
+		c.holder = &h
+	}
 	if r.Count < 0 {
 		return c, fmt.Errorf("count %d: %w", r.Count, ErrInvalidRequest)
 	}
@@ -418,10 +430,15 @@ func (a *Allocator) allocate(ctx context.Context, owner string, r Request) (Allo
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	unlock, err := a.lockState(ctx)
+	if err != nil {
+		return Allocation{}, err
+	}
+	defer unlock()
 	if _, ok := a.owners[owner]; ok {
 		return Allocation{}, ErrOwnerExists
 	}
-	h := &holding{group: c.group, shared: -1}
+	h := &holding{group: c.group, shared: -1, holder: c.holder}
 	if c.memory > 0 {
 		p, err := a.placeShared(c)
 		if err != nil {
@@ -651,6 +668,10 @@ func (a *Allocator) name(p int) string {
 
 func (a *Allocator) allocation(owner string, h *holding) Allocation {
 	al := Allocation{Owner: owner, Group: h.group}
+	if h.holder != nil {
+		hh := *h.holder
+		al.Holder = &hh
+	}
 	if h.shared >= 0 {
 		al.Shared, al.MemoryBytes = true, h.memory
 		al.Devices = []node.DeviceRef{a.inv.Devices[h.shared].Ref()}
@@ -693,6 +714,11 @@ func (a *Allocator) release(ctx context.Context, owner string) error {
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	unlock, err := a.lockState(ctx)
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	h, ok := a.owners[owner]
 	if !ok {
 		return ErrUnknownOwner
@@ -727,6 +753,11 @@ func (a *Allocator) resize(ctx context.Context, owner string, count int) (Alloca
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	unlock, err := a.lockState(ctx)
+	if err != nil {
+		return Allocation{}, err
+	}
+	defer unlock()
 	h, ok := a.owners[owner]
 	if !ok {
 		return Allocation{}, ErrUnknownOwner
@@ -735,7 +766,7 @@ func (a *Allocator) resize(ctx context.Context, owner string, count int) (Alloca
 		return Allocation{}, fmt.Errorf("shared allocation: %w", ErrInvalidRequest)
 	}
 	have := bits.OnesCount64(h.devices)
-	next := &holding{group: h.group, shared: -1}
+	next := &holding{group: h.group, shared: -1, holder: h.holder}
 	switch {
 	case count == have:
 		return a.allocation(owner, h), nil
@@ -778,6 +809,7 @@ func (a *Allocator) Owners(device string) ([]string, error) {
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	a.refresh()
 	return a.ownersOf(p), nil
 }
 
@@ -797,6 +829,7 @@ func (a *Allocator) ownersOf(p int) []string {
 func (a *Allocator) Allocation(owner string) (Allocation, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	a.refresh()
 	h, ok := a.owners[owner]
 	if !ok {
 		return Allocation{}, fmt.Errorf("allocation of %s: %w", owner, ErrUnknownOwner)
@@ -808,6 +841,7 @@ func (a *Allocator) Allocation(owner string) (Allocation, error) {
 func (a *Allocator) Allocations() []Allocation {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	a.refresh()
 	names := make([]string, 0, len(a.owners))
 	for o := range a.owners {
 		names = append(names, o)
@@ -824,6 +858,7 @@ func (a *Allocator) Allocations() []Allocation {
 func (a *Allocator) Devices() []node.Device {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	a.refresh()
 	out := make([]node.Device, a.n)
 	for p := range a.n {
 		out[p] = a.inv.Devices[p].Clone()
@@ -836,6 +871,7 @@ func (a *Allocator) Devices() []node.Device {
 func (a *Allocator) Free() []int {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	a.refresh()
 	return a.positions(a.usable())
 }
 

@@ -32,6 +32,11 @@ func (a *Allocator) Reconcile(ctx context.Context, live []string) (ReconcileResu
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	unlock, err := a.lockState(ctx)
+	if err != nil {
+		return res, fmt.Errorf("reconcile: %w", err)
+	}
+	defer unlock()
 	gone := map[string]*holding{}
 	for o, h := range a.owners {
 		if alive[o] {
