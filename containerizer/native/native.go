@@ -69,6 +69,8 @@ type Config struct {
 // It is safe for concurrent use.
 type Containerizer struct {
 	cfg Config
+	// self is this process as the supervisor of the containers it launches.
+	self allocator.Holder
 
 	mu         sync.Mutex
 	containers map[string]*container
@@ -123,7 +125,7 @@ func New(cfg Config) (*Containerizer, error) {
 	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
 		return nil, fmt.Errorf("native containerizer: %w", err)
 	}
-	return &Containerizer{cfg: cfg, containers: map[string]*container{}}, nil
+	return &Containerizer{cfg: cfg, self: self(cfg.ProcRoot), containers: map[string]*container{}}, nil
 }
 
 func (c *Containerizer) dir(id string) string     { return filepath.Join(c.cfg.StateDir, id) }
@@ -186,13 +188,10 @@ func (c *Containerizer) launch(ctx context.Context, spec containerizer.Spec, ct 
 	}()
 	// Undo runs even when ctx is cancelled.
 	bg := context.WithoutCancel(ctx)
-	if _, statErr := os.Stat(c.dir(spec.ID)); statErr == nil {
-		return fmt.Errorf("%w: state of an earlier container %s is left (run Recover)", containerizer.ErrContainerExists, spec.ID)
-	}
-
-	// The state directory comes first: a crash at any later point leaves
-	// it behind for Recover, which then gives back whatever was taken.
-	if err := os.Mkdir(c.dir(spec.ID), 0o700); err != nil {
+	// The state directory comes first, naming its supervisor: a crash at
+	// any later point leaves it behind for Recover or Clean, which then
+	// give back whatever was taken.
+	if err := c.claim(spec.ID); err != nil {
 		return err
 	}
 	undo = append(undo, func() { os.RemoveAll(c.dir(spec.ID)) })
@@ -416,6 +415,11 @@ func (c *Containerizer) teardown(ctx context.Context, id string, rec record) err
 	}
 	if c.cfg.Volumes != nil && rec.VolumeVersion != "" {
 		if err := c.cfg.Volumes.Release(ctx, rec.VolumeVersion, id); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			errs = append(errs, err)
+		}
+	} else if c.cfg.Volumes != nil {
+		// Killed between acquiring a volume and its first record.
+		if err := c.releaseVolumeUser(ctx, id); err != nil {
 			errs = append(errs, err)
 		}
 	}
