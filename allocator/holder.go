@@ -38,9 +38,6 @@ func (h Holder) validate() error {
 // ProcessHolder returns the holder that names the running process pid, as
 // the proc file system procRoot ("" means /proc) shows it.
 func ProcessHolder(procRoot string, pid int) (Holder, error) {
-	if procRoot == "" {
-		procRoot = "/proc"
-	}
 	st, err := readStat(procRoot, pid)
 	if err != nil {
 		return Holder{}, fmt.Errorf("holder %d: %w", pid, err)
@@ -67,6 +64,9 @@ type procStat struct {
 
 // readStat reads the state (field 3) and start time (field 22) of pid.
 func readStat(procRoot string, pid int) (procStat, error) {
+	if procRoot == "" {
+		procRoot = "/proc"
+	}
 	b, err := os.ReadFile(filepath.Join(procRoot, strconv.Itoa(pid), "stat"))
 	if err != nil {
 		return procStat{}, err
@@ -109,8 +109,8 @@ func processGone(procRoot string, pid int) bool {
 }
 
 // Dead reports whether h's process provably ended: its pid is gone, is a
-// zombie, or names a process started at another time. When procRoot cannot
-// be read, nothing is provably dead.
+// zombie, or names a process started at another time. procRoot "" means
+// /proc; when it cannot be read, nothing is provably dead.
 func (h Holder) Dead(procRoot string) bool {
 	if !procReadable(procRoot) {
 		return false

@@ -427,7 +427,7 @@ func (c *Containerizer) teardown(ctx context.Context, id string, rec record) err
 		errs = append(errs, err)
 	}
 	if len(errs) == 0 {
-		if err := os.RemoveAll(c.dir(id)); err != nil {
+		if err := c.removeDir(id); err != nil {
 			errs = append(errs, err)
 		}
 	}

@@ -178,3 +178,17 @@ func (c *Containerizer) releaseVolumeUser(ctx context.Context, id string) error 
 	}
 	return errors.Join(errs...)
 }
+
+// removeDir removes container id's directory: first renamed to a claim name
+// of this process, so that a crash half way through leaves a directory
+// that Clean and Recover remove, never one without its supervisor record.
+func (c *Containerizer) removeDir(id string) error {
+	tmp := filepath.Join(c.cfg.StateDir, fmt.Sprintf("%s%s.%d.%d", claimPrefix, id, c.self.Pid, c.self.Start))
+	if err := os.Rename(c.dir(id), tmp); err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil
+		}
+		return err
+	}
+	return os.RemoveAll(tmp)
+}

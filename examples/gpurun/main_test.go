@@ -12,6 +12,9 @@ import (
 
 func TestMain(m *testing.M) {
 	native.Init() // this test binary is the containers' init
+	if os.Getenv(asGpurunEnv) != "" {
+		main() // a gpurun process of the multi-process tests
+	}
 	os.Exit(m.Run())
 }
 
