@@ -51,8 +51,8 @@ type holding struct {
 	group   string
 	holder  *Holder // what proves the owner alive, or nil
 	devices uint64  // exclusive GPUs by position
-	shared  int    // position of the shared GPU, or -1
-	memory  uint64 // bytes on the shared GPU
+	shared  int     // position of the shared GPU, or -1
+	memory  uint64  // bytes on the shared GPU
 }
 
 // Option configures New.
