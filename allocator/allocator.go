@@ -186,6 +186,9 @@ func New(inv *node.Inventory, opts ...Option) (*Allocator, error) {
 		if err != nil {
 			return nil, fmt.Errorf("new allocator: shared device: %w", err)
 		}
+		if a.shareCfg&(1<<i) != 0 {
+			return nil, fmt.Errorf("new allocator: shared device %q: %w", ref, ErrDuplicateDevice)
+		}
 		if a.shares[i] == nil {
 			a.shares[i] = map[string]uint64{}
 		}
@@ -354,9 +357,15 @@ func (a *Allocator) compile(r Request) (compiled, error) {
 	if err != nil {
 		return c, err
 	}
+	if model != "" && !a.hasModel(model) {
+		return c, fmt.Errorf("model %q: no GPU of this node is one: %w", model, ErrInvalidRequest)
+	}
 	for _, k := range r.Constraints {
 		if err := k.Validate(); err != nil {
 			return c, fmt.Errorf("%w: %w", ErrInvalidRequest, err)
+		}
+		if err := a.knownAttribute(k); err != nil {
+			return c, err
 		}
 	}
 	if len(r.Affinities) > MaxAffinities {
@@ -365,6 +374,9 @@ func (a *Allocator) compile(r Request) (compiled, error) {
 	for _, k := range r.Affinities {
 		if err := k.Validate(); err != nil {
 			return c, fmt.Errorf("%w: %w", ErrInvalidRequest, err)
+		}
+		if err := a.knownAttribute(k.Constraint); err != nil {
+			return c, err
 		}
 	}
 	if model == "" && len(r.Constraints) == 0 && len(r.Affinities) == 0 {

@@ -264,3 +264,14 @@ func BenchmarkSharedStateDir(b *testing.B) {
 		})
 	}
 }
+
+// TestSharedDeviceNamedTwice: WithShared refuses a GPU named twice, by
+// the same or another reference.
+func TestSharedDeviceNamedTwice(t *testing.T) {
+	inv := simInv(t, "dgx1-volta")
+	for _, refs := range [][]string{{"0", "0"}, {"1", inv.Devices[1].UUID}} {
+		if _, err := allocator.New(inv, allocator.WithShared(refs...)); !errors.Is(err, allocator.ErrDuplicateDevice) {
+			t.Errorf("WithShared(%q): %v, want ErrDuplicateDevice", refs, err)
+		}
+	}
+}
