@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -110,6 +111,9 @@ func runCommand(cfg initConfig) int {
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGUSR1, syscall.SIGUSR2)
 	if err := cmd.Start(); err != nil {
 		fmt.Fprintf(os.Stderr, "gpuiso init: %v\n", err)
+		if errors.Is(err, fs.ErrNotExist) {
+			return exitNotFound // a path naming nothing
+		}
 		return exitNotRunnable
 	}
 	go func() {
