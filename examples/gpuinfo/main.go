@@ -76,6 +76,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		opts = append(opts, nvmlnode.WithNVML(node.NVML()))
 	}
 	if *library != "" {
+		if err := nvmlnode.CheckLibrary(*library); err != nil {
+			fmt.Fprintln(stderr, "gpuinfo: "+cli.ExplainDiscover(err))
+			return 1
+		}
 		opts = append(opts, nvmlnode.WithNVML(nvml.New(nvml.WithLibraryPath(*library))))
 	}
 
