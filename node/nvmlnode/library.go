@@ -37,10 +37,10 @@ func CheckLibrary(path string) error {
 	}
 	defer f.Close()
 	if f.Type != elf.ET_DYN {
-		return notNVML(path, "not a shared object (ELF type " + f.Type.String() + ")")
+		return notNVML(path, "not a shared object (ELF type "+f.Type.String()+")")
 	}
 	if want := nativeMachine(); want != elf.EM_NONE && f.Machine != want {
-		return notNVML(path, "built for " + f.Machine.String())
+		return notNVML(path, "built for "+f.Machine.String())
 	}
 	syms, err := f.DynamicSymbols()
 	if err != nil {

@@ -4,7 +4,10 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
 	"github.com/gpuiso/gpuiso/internal/testenv"
 	"github.com/gpuiso/gpuiso/node"
@@ -35,4 +38,30 @@ func TestCheckLibrary(t *testing.T) {
 			t.Fatal(err)
 		}
 	})
+}
+
+// TestErrorTextStable: an NVML error reads the same before and after a real
+// NVML library was loaded in the process (go-nvml's ErrorString switches to
+// the library's prose then).
+func TestErrorTextStable(t *testing.T) {
+	e := &nvmlnode.NVMLError{Op: "get uuid", Device: 3, Return: nvml.ERROR_GPU_IS_LOST}
+	before := e.Error()
+	if lib, err := findLibrary(); err == nil {
+		l := nvml.New(nvml.WithLibraryPath(lib))
+		if l.Init() == nvml.SUCCESS {
+			defer l.Shutdown()
+		}
+	}
+	if after := e.Error(); after != before || !strings.Contains(after, "ERROR_GPU_IS_LOST") {
+		t.Fatalf("before %q, after %q", before, after)
+	}
+}
+
+func findLibrary() (string, error) {
+	for _, p := range []string{"/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1", "/usr/lib64/libnvidia-ml.so.1"} {
+		if _, err := os.Stat(p); err == nil {
+			return p, nil
+		}
+	}
+	return "", os.ErrNotExist
 }

@@ -92,5 +92,5 @@ func nvmlErr(op string, ret nvml.Return) error {
 	if ret == nvml.ERROR_NOT_SUPPORTED {
 		return fmt.Errorf("%s: %w", op, node.ErrNotSupported)
 	}
-	return fmt.Errorf("%s: %s", op, nvml.ErrorString(ret))
+	return fmt.Errorf("%s: %s", op, returnName(ret))
 }
