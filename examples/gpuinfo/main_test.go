@@ -100,8 +100,8 @@ func TestUsageErrors(t *testing.T) {
 		"bad simulated driver version": {"--simulate", "pcie8", "--driver-version", "../x"},
 	} {
 		t.Run(name, func(t *testing.T) {
-			if _, _, code := gpuinfo(t, args...); code == 0 {
-				t.Fatalf("gpuinfo %q exited 0", args)
+			if _, errOut, code := gpuinfo(t, args...); code == 0 || strings.Count(errOut, "\n") != 1 {
+				t.Fatalf("gpuinfo %q: exit %d, stderr %q; want an error in one line", args, code, errOut)
 			}
 		})
 	}
