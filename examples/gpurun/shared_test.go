@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -265,11 +266,12 @@ func TestConcurrentRuns(t *testing.T) {
 	r.checkClean(ids)
 }
 
-// TestKilledRuns: gpurun processes on one state directory are SIGKILLed at
-// random points of their lives (up to 450 ms), four at a time; each next
-// start cleans up after them. No GPU is ever held by two running
-// containers, and after a last run that takes all 8 GPUs nothing is left.
-// GPUISO_CRASH_KILLS sets the number of kills (default 20).
+// TestKilledRuns: gpurun processes on one state directory are SIGKILLed,
+// four at a time: half at a random point of their start (up to 450 ms), half
+// up to 450 ms after their container started. Each next start cleans up
+// after them. No GPU is ever held by two running containers, and after a
+// last run that takes all 8 GPUs nothing is left. GPUISO_CRASH_KILLS sets
+// the number of kills (default 20).
 func TestKilledRuns(t *testing.T) {
 	r := newSharedRun(t)
 	kills := envInt("GPUISO_CRASH_KILLS", 20)
@@ -279,10 +281,25 @@ func TestKilledRuns(t *testing.T) {
 	go func() { r.sample(stop); close(done) }()
 	var ids []string
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 7))
+	var mu sync.Mutex
+	running := 0 // kills of a run whose container had started
 	for k := 0; k < kills; k += batch {
 		var wg sync.WaitGroup
-		for range min(batch, kills-k) {
-			cmd := r.gpurun(context.Background(), "--gpus", "2", "--", "/bin/sh", "-c", "sleep 5")
+		for i := range min(batch, kills-k) {
+			args := []string{"--gpus", "2", "--", "/bin/sh", "-c", "sleep 5"}
+			afterStart := (k+i)%2 == 1
+			if afterStart {
+				args = append([]string{"--quiet=false"}, args...)
+			}
+			cmd := r.gpurun(context.Background(), args...)
+			var lines io.Reader
+			if afterStart {
+				pr, err := cmd.StderrPipe()
+				if err != nil {
+					t.Fatal(err)
+				}
+				lines = pr
+			}
 			if err := cmd.Start(); err != nil {
 				t.Fatal(err)
 			}
@@ -291,6 +308,16 @@ func TestKilledRuns(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
+				if lines != nil {
+					// gpurun's one line comes once the container runs.
+					line, err := bufio.NewReader(lines).ReadString('\n')
+					if err == nil && strings.HasPrefix(line, "gpurun: GPUs") {
+						mu.Lock()
+						running++
+						mu.Unlock()
+					}
+					go io.Copy(io.Discard, lines)
+				}
 				time.Sleep(delay)
 				cmd.Process.Signal(syscall.SIGKILL)
 				cmd.Wait()
@@ -309,5 +336,5 @@ func TestKilledRuns(t *testing.T) {
 		t.Error(f)
 	}
 	r.checkClean(ids)
-	t.Logf("%d kills (%d of them seen with a running container), then one run of 8 GPUs", kills, len(r.seen))
+	t.Logf("%d kills (%d after their container started; %d containers seen running), then one run of 8 GPUs", kills, running, len(r.seen))
 }
