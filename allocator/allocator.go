@@ -43,15 +43,17 @@ type Allocator struct {
 	store     *store
 	warnings  []string
 	mig       migTable
+	shareCfg  uint64 // GPUs configured shareable (WithShared)
 }
 
 // holding is what one owner holds: whole GPUs, or memory on one GPU.
 type holding struct {
 	group   string
-	devices uint64 // exclusive GPUs by position
-	shared  int    // position of the shared GPU, or -1
-	memory  uint64 // bytes on the shared GPU
-	mig     []int  // MIG devices by unit number, ascending
+	holder  *Holder // what proves the owner alive, or nil
+	devices uint64  // exclusive GPUs by position
+	shared  int     // position of the shared GPU, or -1
+	memory  uint64  // bytes on the shared GPU
+	mig     []int   // MIG devices by unit number, ascending
 }
 
 // Option configures New.
@@ -65,6 +67,7 @@ type settings struct {
 	logger    *slog.Logger
 	// migManager creates MIG devices on demand (WithMIGManager), or nil.
 	migManager MIGManager
+	procRoot  string
 }
 
 // WithStateDir makes the allocator durable: its state lives in a file in
@@ -132,7 +135,7 @@ func WithLogger(l *slog.Logger) Option {
 // saved state; a state file that cannot be trusted fails New with a
 // *StateError, never a silent reset.
 func New(inv *node.Inventory, opts ...Option) (*Allocator, error) {
-	s := settings{policy: PolicyTopology, quotas: map[string]int{}, logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	s := settings{policy: PolicyTopology, quotas: map[string]int{}, logger: slog.New(slog.NewTextHandler(io.Discard, nil)), procRoot: node.DefaultProcRoot}
 	for _, opt := range opts {
 		if err := opt(&s); err != nil {
 			return nil, fmt.Errorf("new allocator: %w", err)
@@ -186,27 +189,26 @@ func New(inv *node.Inventory, opts ...Option) (*Allocator, error) {
 		if err != nil {
 			return nil, fmt.Errorf("new allocator: shared device: %w", err)
 		}
+		if a.shareCfg&(1<<i) != 0 {
+			return nil, fmt.Errorf("new allocator: shared device %q: %w", ref, ErrDuplicateDevice)
+		}
 		if a.shares[i] == nil {
 			a.shares[i] = map[string]uint64{}
 		}
+		a.shareCfg |= 1 << i
 	}
 	if err := a.initMIG(); err != nil {
 		return nil, fmt.Errorf("new allocator: %w", err)
 	}
 	if s.stateDir != "" {
-		st, err := openStore(s.stateDir)
+		st, err := openStore(s.stateDir, s.procRoot)
 		if err != nil {
 			return nil, fmt.Errorf("new allocator: %w", err)
 		}
 		a.store = st
-		saved, err := st.load()
-		if err != nil {
+		if err := a.open(); err != nil {
+			st.close()
 			return nil, fmt.Errorf("new allocator: %w", err)
-		}
-		if saved != nil {
-			if err := a.restore(saved); err != nil {
-				return nil, fmt.Errorf("new allocator: %w", &StateError{File: st.path(), Err: err})
-			}
 		}
 	}
 	return a, nil
@@ -262,6 +264,9 @@ type Request struct {
 	// MIGMemoryBytes, when set, asks for MIG devices of at least that much
 	// memory, the smallest that fit, instead of a profile.
 	MIGMemoryBytes uint64 `json:"migMemoryBytes,omitempty"`
+	// Holder, when set, is the process whose life the allocation lasts:
+	// ReleaseDead frees it once that process is provably gone.
+	Holder *Holder `json:"holder,omitempty"`
 }
 
 // Allocation is what an owner holds.
@@ -276,6 +281,8 @@ type Allocation struct {
 	Shared bool `json:"shared,omitempty"`
 	// MemoryBytes is the memory of a shared allocation.
 	MemoryBytes uint64 `json:"memoryBytes,omitempty"`
+	// Holder is the request's Holder, if it had one.
+	Holder *Holder `json:"holder,omitempty"`
 	// Env is what the container's environment should carry:
 	// NVIDIA_VISIBLE_DEVICES and, for a shared GPU, the MPS memory limit
 	// CUDA_MPS_PINNED_DEVICE_MEM_LIMIT.
@@ -317,10 +324,18 @@ type compiled struct {
 	hasAff   bool
 	group    string
 	memory   uint64
+	holder   *Holder
 }
 
 func (a *Allocator) compile(r Request) (compiled, error) {
 	c := compiled{group: r.Group, memory: r.MemoryBytes}
+	if r.Holder != nil {
+		if err := r.Holder.validate(); err != nil {
+			return c, err
+		}
+		h := *r.Holder
+		c.holder = &h
+	}
 	if r.Count < 0 {
 		return c, fmt.Errorf("count %d: %w", r.Count, ErrInvalidRequest)
 	}
@@ -357,9 +372,15 @@ func (a *Allocator) compile(r Request) (compiled, error) {
 	if err != nil {
 		return c, err
 	}
+	if model != "" && !a.hasModel(model) {
+		return c, fmt.Errorf("model %q: no GPU of this node is one: %w", model, ErrInvalidRequest)
+	}
 	for _, k := range r.Constraints {
 		if err := k.Validate(); err != nil {
 			return c, fmt.Errorf("%w: %w", ErrInvalidRequest, err)
+		}
+		if err := a.knownAttribute(k); err != nil {
+			return c, err
 		}
 	}
 	if len(r.Affinities) > MaxAffinities {
@@ -368,6 +389,9 @@ func (a *Allocator) compile(r Request) (compiled, error) {
 	for _, k := range r.Affinities {
 		if err := k.Validate(); err != nil {
 			return c, fmt.Errorf("%w: %w", ErrInvalidRequest, err)
+		}
+		if err := a.knownAttribute(k.Constraint); err != nil {
+			return c, err
 		}
 	}
 	if model == "" && len(r.Constraints) == 0 && len(r.Affinities) == 0 {
@@ -450,10 +474,15 @@ func (a *Allocator) allocate(ctx context.Context, owner string, r Request) (Allo
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	unlock, err := a.lockState(ctx)
+	if err != nil {
+		return Allocation{}, err
+	}
+	defer unlock()
 	if _, ok := a.owners[owner]; ok {
 		return Allocation{}, ErrOwnerExists
 	}
-	h := &holding{group: c.group, shared: -1}
+	h := &holding{group: c.group, shared: -1, holder: c.holder}
 	if c.memory > 0 {
 		p, err := a.placeShared(c)
 		if err != nil {
@@ -686,6 +715,10 @@ func (a *Allocator) name(p int) string {
 
 func (a *Allocator) allocation(owner string, h *holding) Allocation {
 	al := Allocation{Owner: owner, Group: h.group}
+	if h.holder != nil {
+		hh := *h.holder
+		al.Holder = &hh
+	}
 	if len(h.mig) > 0 {
 		al.Devices = a.migRefs(h.mig)
 	} else if h.shared >= 0 {
@@ -733,6 +766,11 @@ func (a *Allocator) release(ctx context.Context, owner string) error {
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	unlock, err := a.lockState(ctx)
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	h, ok := a.owners[owner]
 	if !ok {
 		return ErrUnknownOwner
@@ -771,6 +809,11 @@ func (a *Allocator) resize(ctx context.Context, owner string, count int) (Alloca
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	unlock, err := a.lockState(ctx)
+	if err != nil {
+		return Allocation{}, err
+	}
+	defer unlock()
 	h, ok := a.owners[owner]
 	if !ok {
 		return Allocation{}, ErrUnknownOwner
@@ -782,7 +825,7 @@ func (a *Allocator) resize(ctx context.Context, owner string, count int) (Alloca
 		return Allocation{}, fmt.Errorf("MIG allocation: %w", ErrInvalidRequest)
 	}
 	have := bits.OnesCount64(h.devices)
-	next := &holding{group: h.group, shared: -1}
+	next := &holding{group: h.group, shared: -1, holder: h.holder}
 	switch {
 	case count == have:
 		return a.allocation(owner, h), nil
@@ -831,6 +874,7 @@ func (a *Allocator) Owners(device string) ([]string, error) {
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	a.refresh()
 	return a.ownersOf(p), nil
 }
 
@@ -854,6 +898,7 @@ func (a *Allocator) Allocation(owner string) (Allocation, error) {
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	a.refresh()
 	h, ok := a.owners[owner]
 	if !ok {
 		return Allocation{}, fmt.Errorf("allocation of %s: %w", owner, ErrUnknownOwner)
@@ -868,6 +913,7 @@ func (a *Allocator) Allocations() []Allocation {
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	a.refresh()
 	names := make([]string, 0, len(a.owners))
 	for o := range a.owners {
 		names = append(names, o)
@@ -887,6 +933,7 @@ func (a *Allocator) Devices() []node.Device {
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	a.refresh()
 	out := make([]node.Device, a.n)
 	for p := range a.n {
 		out[p] = a.inv.Devices[p].Clone()
@@ -903,6 +950,7 @@ func (a *Allocator) Free() []int {
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	a.refresh()
 	return a.positions(a.usable())
 }
 

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -421,4 +422,36 @@ func modelName(s string) (string, error) {
 		return "", fmt.Errorf("model %q: want nvidia/gpu/<model>: %w", s, ErrInvalidRequest)
 	}
 	return s, nil
+}
+
+// builtinAttributes are the attributes every device answers (see lookup).
+var builtinAttributes = []string{"model", "brand", "architecture", "compute_capability", "uuid", "bus_id", "mig", "numa_node", "index", "minor", "vendor", "type"}
+
+// hasModel tells whether some GPU of the node is of model.
+func (a *Allocator) hasModel(model string) bool {
+	for _, d := range a.inv.Devices {
+		if strings.EqualFold(d.Model, model) {
+			return true
+		}
+	}
+	return false
+}
+
+// knownAttribute refuses a constraint on an attribute no GPU of the node
+// has (a misspelling would otherwise read as "not enough free GPUs"); only
+// is_set and is_not_set may ask about any attribute.
+func (a *Allocator) knownAttribute(c Constraint) error {
+	if c.Operator == OpIsSet || c.Operator == OpIsNotSet {
+		return nil
+	}
+	name := attributeName(c.Attribute)
+	if slices.Contains(builtinAttributes, name) {
+		return nil
+	}
+	for _, d := range a.inv.Devices {
+		if _, ok := d.Attributes[name]; ok {
+			return nil
+		}
+	}
+	return fmt.Errorf("constraint %q: no GPU of this node has attribute %q: %w", c.String(), name, ErrInvalidRequest)
 }

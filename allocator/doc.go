@@ -80,6 +80,29 @@
 // never silently reset. After a crash, [Allocator.Reconcile] takes the
 // owners the isolators still see and releases every other.
 //
+// # One state directory, many processes
+//
+// A state directory may be shared by any number of allocators, in one
+// process or in many (on Linux). Every change takes an exclusive flock on
+// [LockFile] in the directory, reads the state file again when it differs
+// (by SHA-256) from what this allocator last read or wrote, applies the
+// change, writes the file atomically and lets go; reads take no lock and see
+// the last complete file. Temporary files carry their writer's pid, and only
+// those of writers that provably died are removed. The cost is one
+// read-and-hash of the state file beside the fsynced write: on the test
+// hosts (2 shared cores, ext4) BenchmarkSharedStateDir measured about 550
+// Allocate+Release pairs a second from 1 process and 350 from 4 processes
+// together on one directory (ratio 0.64: the lock serialises the fsyncs).
+// Processes sharing a directory must share a pid namespace.
+//
+// An owner may name a [Holder] in its [Request]: the process (pid and start
+// time, field 22 of /proc/<pid>/stat) whose life the allocation lasts.
+// [Allocator.ReleaseDead] releases the owners whose holder provably died
+// (pid gone, reused by a later process, or a zombie) and never a live one
+// or one without a holder. Release a dead holder's GPUs only once its
+// container's processes are gone; the containerizers do that themselves
+// (native: Containerizer.Clean).
+//
 // # Node attributes
 //
 // [Allocator.NodeAttributes] (Mesos agent attributes, see

@@ -53,6 +53,11 @@ func (a *Allocator) setHealth(ctx context.Context, device string, h node.Health)
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	unlock, err := a.lockState(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
 	return a.setHealthLocked(ctx, p, h)
 }
 

@@ -110,6 +110,7 @@ type nodeSummary struct {
 func (a *Allocator) summary() nodeSummary {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	a.refresh()
 	var s nodeSummary
 	models, fams, ccs := map[string]bool{}, map[string]bool{}, map[string]bool{}
 	for p, d := range a.inv.Devices {

@@ -20,7 +20,9 @@ type ReconcileResult struct {
 
 // Reconcile makes the allocator agree with the owners the isolators still
 // see alive, after a crash or restart: every other owner is released, in
-// one change that is on disk before Reconcile returns.
+// one change that is on disk before Reconcile returns. With a state
+// directory shared by several processes, live must name every process's
+// live owners (or use ReleaseDead, which needs no such list).
 func (a *Allocator) Reconcile(ctx context.Context, live []string) (ReconcileResult, error) {
 	if a.inv == nil {
 		return ReconcileResult{}, ErrNotMade
@@ -35,6 +37,11 @@ func (a *Allocator) Reconcile(ctx context.Context, live []string) (ReconcileResu
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	unlock, err := a.lockState(ctx)
+	if err != nil {
+		return res, fmt.Errorf("reconcile: %w", err)
+	}
+	defer unlock()
 	gone := map[string]*holding{}
 	for o, h := range a.owners {
 		if alive[o] {

@@ -34,6 +34,11 @@ func (a *Allocator) retain(ctx context.Context, owner string, keep []string) (Al
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	unlock, err := a.lockState(ctx)
+	if err != nil {
+		return Allocation{}, err
+	}
+	defer unlock()
 	h, ok := a.owners[owner]
 	if !ok {
 		return Allocation{}, ErrUnknownOwner
@@ -58,7 +63,7 @@ func (a *Allocator) retain(ctx context.Context, owner string, keep []string) (Al
 		}
 		set |= 1 << p
 	}
-	next := &holding{group: h.group, devices: set, shared: -1}
+	next := &holding{group: h.group, devices: set, shared: -1, holder: h.holder}
 	a.apply(owner, next)
 	if err := a.persist(ctx, func() { a.apply(owner, h) }); err != nil {
 		return Allocation{}, err

@@ -12,6 +12,8 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
+	"strings"
 
 	"github.com/gpuiso/gpuiso/node"
 )
@@ -58,6 +60,7 @@ type savedOwner struct {
 	MemoryBytes uint64        `json:"memoryBytes,omitempty"`
 	// MIG are the MIG devices held (optional, see savedMIG).
 	MIG []savedMIG `json:"mig,omitempty"`
+	Holder      *Holder       `json:"holder,omitempty"`
 }
 
 type savedHealth struct {
@@ -141,7 +144,7 @@ func decodeState(b []byte) (*savedState, error) {
 func (a *Allocator) snapshot() *savedState {
 	s := &savedState{Owners: make([]savedOwner, 0, len(a.owners))}
 	for o, h := range a.owners {
-		so := savedOwner{Owner: o, Group: h.group}
+		so := savedOwner{Owner: o, Group: h.group, Holder: h.holder}
 		for _, p := range a.positions(h.devices) {
 			so.Devices = append(so.Devices, a.saved(p))
 		}
@@ -193,7 +196,7 @@ func (a *Allocator) restore(s *savedState) error {
 		a.cfg.logger.Warn(msg)
 	}
 	for _, so := range s.Owners {
-		h := &holding{group: so.Group, shared: -1}
+		h := &holding{group: so.Group, shared: -1, holder: so.Holder}
 		for _, d := range so.Devices {
 			p, ok := a.find(d)
 			if !ok {
@@ -253,12 +256,23 @@ func (a *Allocator) sharedSum(p int) uint64 {
 	return s
 }
 
-// store keeps the state file of a state directory.
+// store keeps the state file of a state directory, and the lock file
+// through which processes sharing the directory take turns.
 type store struct {
-	dir string
+	dir      string
+	procRoot string
+	lockFile *os.File
+	// sum is the SHA-256 of the state file as this allocator last read or
+	// wrote it; known is false until then, and none says there was no file.
+	sum   [sha256.Size]byte
+	known bool
+	none  bool
 }
 
-func openStore(dir string) (*store, error) {
+// LockFile is the name of the lock file in the state directory.
+const LockFile = "allocations.lock"
+
+func openStore(dir, procRoot string) (*store, error) {
 	abs, err := filepath.Abs(dir)
 	if err != nil {
 		return nil, fmt.Errorf("state directory %s: %w", dir, err)
@@ -266,19 +280,19 @@ func openStore(dir string) (*store, error) {
 	if err := os.MkdirAll(abs, 0o700); err != nil {
 		return nil, fmt.Errorf("state directory: %w", err)
 	}
-	// Temporary files of writes that never reached their rename.
-	if old, err := filepath.Glob(filepath.Join(abs, "."+StateFile+".*.tmp")); err == nil {
-		for _, f := range old {
-			_ = os.Remove(f)
-		}
+	f, err := os.OpenFile(filepath.Join(abs, LockFile), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("state directory lock: %w", err)
 	}
-	return &store{dir: abs}, nil
+	return &store{dir: abs, procRoot: procRoot, lockFile: f}, nil
 }
+
+func (s *store) close() error { return s.lockFile.Close() }
 
 func (s *store) path() string { return filepath.Join(s.dir, StateFile) }
 
-// load reads the state file: nil when there is none.
-func (s *store) load() (*savedState, error) {
+// read returns the state file's bytes: nil, nil when there is none.
+func (s *store) read() ([]byte, error) {
 	f, err := os.Open(s.path())
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
@@ -294,11 +308,58 @@ func (s *store) load() (*savedState, error) {
 	if buf.Len() > maxStateSize {
 		return nil, &StateError{File: s.path(), Err: fmt.Errorf("larger than %d bytes: %w", maxStateSize, ErrCorruptState)}
 	}
-	st, err := decodeState(buf.Bytes())
+	return buf.Bytes(), nil
+}
+
+// changed reads the state file and tells whether it differs from what this
+// allocator last saw; st is its decoded content (nil: no file).
+func (s *store) changed() (st *savedState, b []byte, changed bool, err error) {
+	b, err = s.read()
 	if err != nil {
-		return nil, &StateError{File: s.path(), Err: err}
+		return nil, nil, false, err
 	}
-	return st, nil
+	sum := sha256.Sum256(b)
+	if s.known && (b == nil) == s.none && (b == nil || sum == s.sum) {
+		return nil, nil, false, nil
+	}
+	if b != nil {
+		if st, err = decodeState(b); err != nil {
+			return nil, nil, false, &StateError{File: s.path(), Err: err}
+		}
+	}
+	return st, b, true, nil
+}
+
+// seen records b (nil: no file) as the state this allocator holds.
+func (s *store) seen(b []byte) {
+	s.sum, s.known, s.none = sha256.Sum256(b), true, b == nil
+}
+
+// tempPrefix starts the names of this process's temporary state files:
+// the pid in the name says whose a leftover is.
+func tempPrefix(pid int) string { return "." + StateFile + "." + strconv.Itoa(pid) + "." }
+
+// removeStale deletes temporary state files that writers which died
+// mid-write left behind. The caller holds the directory's lock, so no live
+// process is writing one; a file is still removed only when its writer is
+// provably gone.
+func (s *store) removeStale() {
+	old, err := filepath.Glob(filepath.Join(s.dir, "."+StateFile+".*.tmp"))
+	if err != nil {
+		return
+	}
+	self := os.Getpid()
+	for _, f := range old {
+		rest := strings.TrimPrefix(filepath.Base(f), "."+StateFile+".")
+		pidStr, _, ok := strings.Cut(rest, ".")
+		pid, err := strconv.Atoi(pidStr)
+		if !ok || err != nil || pid <= 0 {
+			continue // not a name this package makes
+		}
+		if pid == self || processGone(s.procRoot, pid) {
+			_ = os.Remove(f)
+		}
+	}
 }
 
 // save writes the state atomically: a temporary file in the same
@@ -309,7 +370,7 @@ func (s *store) save(st *savedState) error {
 	if err != nil {
 		return fmt.Errorf("encode state: %w", err)
 	}
-	tmp, err := os.CreateTemp(s.dir, "."+StateFile+".*.tmp")
+	tmp, err := os.CreateTemp(s.dir, tempPrefix(os.Getpid())+"*.tmp")
 	if err != nil {
 		return fmt.Errorf("write state: %w", err)
 	}
@@ -334,6 +395,7 @@ func (s *store) save(st *savedState) error {
 		return fmt.Errorf("rename state: %w", err)
 	}
 	ok = true
+	s.seen(b)
 	d, err := os.Open(s.dir)
 	if err != nil {
 		return fmt.Errorf("sync state directory: %w", err)

@@ -26,6 +26,9 @@ func TestMain(m *testing.M) {
 	if dir := os.Getenv(crashChildEnv); dir != "" {
 		os.Exit(crashChild(dir))
 	}
+	if dir := os.Getenv(sharedWorkerEnv); dir != "" {
+		os.Exit(sharedWorker(dir))
+	}
 	os.Exit(m.Run())
 }
 
@@ -64,9 +67,9 @@ func TestStateSurvivesRestart(t *testing.T) {
 	if err := allocator.CheckInvariants(b); err != nil {
 		t.Fatal(err)
 	}
-	// No temporary files are left behind.
+	// No temporary files are left behind: the state and its lock file.
 	entries, _ := os.ReadDir(dir)
-	if len(entries) != 1 || entries[0].Name() != allocator.StateFile {
+	if len(entries) != 2 || entries[0].Name() != allocator.StateFile || entries[1].Name() != allocator.LockFile {
 		t.Fatalf("state dir holds %v", entries)
 	}
 }

@@ -68,6 +68,7 @@ type config struct {
 	reconcile   bool
 	logger      *slog.Logger
 	cdiKind     string // WithCDI; "" for device mappings always
+	labels      map[string]string
 }
 
 // WithDevRoot sets the host directory holding the GPUs' device nodes
@@ -100,6 +101,24 @@ func WithNamespace(ns string) Option {
 			return fmt.Errorf("namespace: %w", err)
 		}
 		c.namespace = ns
+		return nil
+	}
+}
+
+// WithLabels adds labels to every container the containerizer creates (a
+// supervisor's identity, for instance). Labels under "io.gpuiso." are the
+// containerizer's own and refused here.
+func WithLabels(labels map[string]string) Option {
+	return func(c *config) error {
+		for k := range labels {
+			if k == "" || strings.HasPrefix(k, "io.gpuiso.") && !strings.HasPrefix(k, "io.gpuiso.x.") {
+				return fmt.Errorf("label %q: empty or reserved (io.gpuiso.*, but io.gpuiso.x.* is free)", k)
+			}
+		}
+		if c.labels == nil {
+			c.labels = map[string]string{}
+		}
+		maps.Copy(c.labels, labels)
 		return nil
 	}
 }
@@ -268,6 +287,9 @@ func (z *Containerizer) Launch(ctx context.Context, spec containerizer.Spec) (c 
 	}
 	if vol != nil {
 		cfg.Labels[LabelVolume] = vol.Version
+	}
+	for k, v := range z.cfg.labels {
+		cfg.Labels[k] = v
 	}
 	hc := &container.HostConfig{}
 	if err := dcfg.Apply(cfg, hc); err != nil {

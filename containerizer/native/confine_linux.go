@@ -3,6 +3,7 @@ package native
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -75,6 +76,9 @@ func confineAndStart(cfg initConfig) (*exec.Cmd, int, error) {
 		return nil, exitInitFailed, err
 	}
 	if err := cmd.Start(); err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil, exitNotFound, err // a path naming nothing
+		}
 		return nil, exitNotRunnable, err
 	}
 	return cmd, 0, nil
@@ -241,6 +245,9 @@ func startBare(cfg initConfig) (*exec.Cmd, int, error) {
 	cmd.Env, cmd.Dir = cfg.Env, cfg.Dir
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
 	if err := cmd.Start(); err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil, exitNotFound, err // a path naming nothing
+		}
 		return nil, exitNotRunnable, err
 	}
 	return cmd, 0, nil

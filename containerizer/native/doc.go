@@ -78,6 +78,22 @@
 // isolator/cgroups implements it), so its bookkeeping is tested without root
 // against a recording fake, besides the real root tests.
 //
+// # Sharing a state directory
+//
+// Containerizers in several processes may share one state directory (and
+// one allocator state directory): gpurun does. Each container's directory
+// names its supervisor, the process that launched or adopted it (pid and
+// start time), from the moment it exists: it is made under a temporary
+// name with the record inside and renamed into place, and it is renamed
+// away before it is removed. [Containerizer.Recover] adopts or tears down
+// only the containers of supervisors that provably died, and
+// [Containerizer.Clean] tears them down (processes killed, cgroup, /dev
+// mounts, volume user, GPUs and directory given back) for programs whose
+// containers should not outlive them. Neither touches a container of a live
+// process. Cgroups that no directory explains are removed only within the
+// isolator's own parent: give each state directory its own with
+// [CgroupParent].
+//
 // # Who owns what
 //
 // The containerizer owns, per container: the allocation named by its id, its

@@ -108,6 +108,8 @@ func (hostDevices) removeDev(dir string) error                            { retu
 // It is safe for concurrent use.
 type Containerizer struct {
 	cfg  Config
+	// self is this process as the supervisor of the containers it launches.
+	self allocator.Holder
 	prep *containerizer.Preparer
 	dev  devices
 	// bare starts inits without namespaces, mounts or confinement: only
@@ -169,7 +171,7 @@ func New(cfg Config) (*Containerizer, error) {
 		return nil, fmt.Errorf("native containerizer: %w", err)
 	}
 	prep := &containerizer.Preparer{Allocator: cfg.Allocator, Inventory: cfg.Inventory, Volumes: cfg.Volumes, DevRoot: cfg.DevRoot}
-	return &Containerizer{cfg: cfg, prep: prep, dev: hostDevices{}, containers: map[string]*container{}}, nil
+	return &Containerizer{cfg: cfg, prep: prep, dev: hostDevices{}, self: self(cfg.ProcRoot), containers: map[string]*container{}}, nil
 }
 
 func (c *Containerizer) dir(id string) string     { return filepath.Join(c.cfg.StateDir, id) }
@@ -236,13 +238,10 @@ func (c *Containerizer) launch(ctx context.Context, spec containerizer.Spec, ct 
 	}()
 	// Undo runs even when ctx is cancelled.
 	bg := context.WithoutCancel(ctx)
-	if _, statErr := os.Stat(c.dir(spec.ID)); statErr == nil {
-		return fmt.Errorf("%w: state of an earlier container %s is left (run Recover)", containerizer.ErrContainerExists, spec.ID)
-	}
-
-	// The state directory comes first: a crash at any later point leaves
-	// it behind for Recover, which then gives back whatever was taken.
-	if err := os.Mkdir(c.dir(spec.ID), 0o700); err != nil {
+	// The state directory comes first, naming its supervisor: a crash at
+	// any later point leaves it behind for Recover or Clean, which then
+	// give back whatever was taken.
+	if err := c.claim(spec.ID); err != nil {
 		return err
 	}
 	undo = append(undo, func() { os.RemoveAll(c.dir(spec.ID)) })
@@ -483,12 +482,17 @@ func (c *Containerizer) teardown(ctx context.Context, id string, rec record) err
 		if err := c.cfg.Volumes.Release(ctx, rec.VolumeVersion, id); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			errs = append(errs, err)
 		}
+	} else if c.cfg.Volumes != nil {
+		// Killed between acquiring a volume and its first record.
+		if err := c.releaseVolumeUser(ctx, id); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	if err := c.cfg.Allocator.Release(ctx, id); err != nil && !errors.Is(err, allocator.ErrUnknownOwner) {
 		errs = append(errs, err)
 	}
 	if len(errs) == 0 {
-		if err := os.RemoveAll(c.dir(id)); err != nil {
+		if err := c.removeDir(id); err != nil {
 			errs = append(errs, err)
 		}
 	}

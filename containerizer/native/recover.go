@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"path/filepath"
 	"slices"
 
 	"github.com/gpuiso/gpuiso/allocator"
@@ -25,6 +26,10 @@ func (c *Containerizer) Recover(ctx context.Context) ([]containerizer.Container,
 	if c.containers == nil {
 		return nil, fmt.Errorf("recover: %w", containerizer.ErrNotMade)
 	}
+	// Cgroups are listed before directories: a container's directory is
+	// made before its cgroup and removed after it, so a cgroup listed here
+	// whose directory is missing below is truly no one's.
+	owners, ownersErr := c.cfg.Isolator.Owners(ctx)
 	entries, err := os.ReadDir(c.cfg.StateDir)
 	if err != nil {
 		return nil, fmt.Errorf("recover: %w", err)
@@ -32,14 +37,25 @@ func (c *Containerizer) Recover(ctx context.Context) ([]containerizer.Container,
 	var adopted []containerizer.Container
 	var errs []error
 	seen := map[string]bool{}
+	var others []string
 	for _, e := range entries {
 		id := e.Name()
+		if c.deadClaim(id) {
+			if err := os.RemoveAll(filepath.Join(c.cfg.StateDir, id)); err != nil {
+				errs = append(errs, fmt.Errorf("recover: %w", err))
+			}
+			continue
+		}
 		if !e.IsDir() || node.ValidateOwner(id) != nil {
 			continue
 		}
 		seen[id] = true
 		if _, err := c.get(id); err == nil {
 			continue // already known to this process
+		}
+		if c.supervisedElsewhere(id) {
+			others = append(others, id) // a live process's container
+			continue
 		}
 		ct, err := c.recoverOne(ctx, id)
 		switch {
@@ -49,9 +65,8 @@ func (c *Containerizer) Recover(ctx context.Context) ([]containerizer.Container,
 			adopted = append(adopted, c.describe(id, ct))
 		}
 	}
-	owners, err := c.cfg.Isolator.Owners(ctx)
-	if err != nil {
-		errs = append(errs, fmt.Errorf("recover: %w", err))
+	if ownersErr != nil {
+		errs = append(errs, fmt.Errorf("recover: %w", ownersErr))
 	}
 	for _, id := range owners {
 		if !seen[id] {
@@ -64,7 +79,7 @@ func (c *Containerizer) Recover(ctx context.Context) ([]containerizer.Container,
 		}
 	}
 	if c.cfg.ReconcileAllocator {
-		live := make([]string, 0, len(adopted))
+		live := slices.Clone(others)
 		for _, ct := range c.Containers() {
 			live = append(live, ct.ID)
 		}
@@ -105,6 +120,9 @@ func (c *Containerizer) recoverOne(ctx context.Context, id string) (*container, 
 	plan, err := isolator.NewPlan(id, c.cfg.Inventory, c.cfg.DevRoot, rec.GPUs, rec.Mounts, rec.Env)
 	if err != nil {
 		return nil, err
+	}
+	if err := writeJSON(c.supPath(id), c.self); err != nil {
+		return nil, fmt.Errorf("adopt: %w", err)
 	}
 	ct := &container{rec: rec, plan: plan, state: containerizer.StateRunning, exited: make(chan struct{})}
 	c.mu.Lock()

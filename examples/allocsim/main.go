@@ -218,19 +218,28 @@ func percentile(d []time.Duration, q float64) time.Duration {
 	return s[min(len(s)-1, int(math.Ceil(q*float64(len(s))))-1)]
 }
 
+// maxJobs bounds -jobs: the workload is held in memory (tens of bytes a job).
+const maxJobs = 10_000_000
+
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("allocsim", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs.SetOutput(io.Discard)
 	topology := fs.String("topology", "dgx1-volta", "simulated node: "+strings.Join(simnode.Names(), ", "))
 	seed := fs.Uint64("seed", 1, "workload seed")
 	jobs := fs.Int("jobs", 5000, "number of jobs")
 	load := fs.Float64("load", 0.9, "offered load, as a fraction of the node's GPUs")
 	policies := fs.String("policies", "topology,pack,spread", "comma-separated policies to compare")
 	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			fs.SetOutput(stderr)
+			fs.PrintDefaults()
+			return 0
+		}
+		fmt.Fprintf(stderr, "allocsim: %v (see allocsim -help)\n", err)
 		return 2
 	}
-	if fs.NArg() > 0 || *jobs <= 0 || *load <= 0 {
-		fmt.Fprintln(stderr, "allocsim: want flags only, -jobs > 0 and -load > 0")
+	if fs.NArg() > 0 || *jobs <= 0 || *jobs > maxJobs || !(*load > 0) || math.IsInf(*load, 0) {
+		fmt.Fprintf(stderr, "allocsim: want flags only, 0 < -jobs <= %d and a finite -load > 0\n", maxJobs)
 		return 2
 	}
 	var pols []allocator.Policy

@@ -54,9 +54,10 @@ func TestRun(t *testing.T) {
 }
 
 func TestRunBadArguments(t *testing.T) {
-	for _, args := range [][]string{{"-topology", "nope"}, {"-policies", "best"}, {"-jobs", "0"}, {"extra"}, {"-nosuchflag"}} {
+	for _, args := range [][]string{{"-topology", "nope"}, {"-policies", "best"}, {"-jobs", "0"}, {"extra"}, {"-nosuchflag"},
+		{"-jobs", "2000000000"}, {"-load", "NaN"}, {"-load", "+Inf"}, {"-load", "-1"}} {
 		var out, errOut bytes.Buffer
-		if rc := run(context.Background(), args, &out, &errOut); rc != 2 || errOut.Len() == 0 {
+		if rc := run(context.Background(), args, &out, &errOut); rc != 2 || bytes.Count(errOut.Bytes(), []byte("\n")) != 1 {
 			t.Errorf("%v: rc %d, stderr %q", args, rc, errOut.String())
 		}
 	}

@@ -15,23 +15,31 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
 	"os/signal"
+	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
+	cerrdefs "github.com/containerd/errdefs"
 	"github.com/moby/moby/client"
 
 	"github.com/gpuiso/gpuiso/allocator"
 	"github.com/gpuiso/gpuiso/containerizer"
 	"github.com/gpuiso/gpuiso/containerizer/docker"
 	"github.com/gpuiso/gpuiso/internal/cli"
+	isodocker "github.com/gpuiso/gpuiso/isolator/docker"
 	"github.com/gpuiso/gpuiso/node/simnode"
+	"github.com/gpuiso/gpuiso/volume"
 )
 
 func main() {
@@ -43,79 +51,117 @@ func main() {
 
 // Exit codes of dockerrun itself (as docker run's); anything else is the
 // container's.
-const (
-	exitFailed = 125
-	exitUsage  = 2
-)
+const exitFailed = 125
+
+// DefaultStateDir keeps the allocator's state of every dockerrun on the host.
+const DefaultStateDir = "/run/gpuiso/dockerrun"
+
+// LabelSupervisor names the dockerrun process that runs a container,
+// "<pid>.<start time>": a container whose dockerrun has died is removed by
+// the next dockerrun (or dockerrun gc).
+const LabelSupervisor = "io.gpuiso.x.dockerrun.supervisor"
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("dockerrun", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs.SetOutput(io.Discard)
 	simulate := fs.String("simulate", "", "run on a simulated node: "+strings.Join(simnode.Names(), ", "))
 	gpus := fs.Int("gpus", 1, "number of GPUs")
 	devices := fs.String("devices", "", "comma-separated GPUs (indexes, UUIDs or bus ids) instead of --gpus")
+	stateDir := fs.String("state-dir", DefaultStateDir, "the allocator's state, shared by every dockerrun that names it")
 	quiet := fs.Bool("quiet", false, "do not print which GPUs and volume the container got")
-	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: dockerrun [--simulate NAME] [--gpus N | --devices LIST] [--quiet] IMAGE [CMD...]")
-		fs.PrintDefaults()
+	fail := func(format string, a ...any) int {
+		fmt.Fprintf(stderr, "dockerrun: "+format+"\n", a...)
+		return exitFailed
+	}
+	gc := len(args) > 0 && args[0] == "gc"
+	if gc {
+		args = args[1:]
 	}
 	if err := fs.Parse(args); err != nil {
-		return exitUsage
+		if errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintln(stderr, "usage: dockerrun [--simulate NAME] [--gpus N | --devices LIST] [--state-dir DIR] [--quiet] IMAGE [CMD...]")
+			fmt.Fprintln(stderr, "       dockerrun gc [--simulate NAME] [--state-dir DIR]   (remove what killed runs left)")
+			fs.SetOutput(stderr)
+			fs.PrintDefaults()
+			return 0
+		}
+		return fail("%v (see dockerrun --help)", err)
 	}
-	if fs.NArg() == 0 {
-		fmt.Fprintln(stderr, "dockerrun: no image (dockerrun [flags] IMAGE [CMD...])")
-		return exitUsage
+	if fs.NArg() == 0 && !gc {
+		return fail("no image (dockerrun [flags] IMAGE [CMD...])")
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if set["gpus"] && set["devices"] {
+		return fail("--gpus and --devices exclude each other: --devices names the GPUs, and their number")
 	}
 	req := allocator.Request{Count: *gpus}
 	if *devices != "" {
 		req = allocator.Request{Devices: strings.Split(*devices, ",")}
 	}
+	state, err := filepath.Abs(*stateDir)
+	if err != nil {
+		return fail("%v", err)
+	}
+	self, err := allocator.ProcessHolder("", os.Getpid())
+	if err != nil {
+		return fail("%v", err)
+	}
+	req.Holder = &self
 
 	dc, err := client.New(client.FromEnv)
 	if err != nil {
-		fmt.Fprintf(stderr, "dockerrun: %v\n", err)
-		return exitFailed
+		return fail("%v", err)
 	}
 	defer dc.Close()
 	pingCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	_, err = dc.Ping(pingCtx, client.PingOptions{NegotiateAPIVersion: true})
 	cancel()
 	if err != nil {
-		fmt.Fprintf(stderr, "dockerrun: no Docker daemon answers: %v\n", err)
-		return exitFailed
+		return fail("no Docker daemon answers: %v", err)
 	}
 
+	if *simulate != "" {
+		_, _ = cli.RemoveDeadTemp("") // simulated nodes of killed runs
+	}
 	nd, err := cli.OpenNode(ctx, *simulate)
 	if err != nil {
-		fmt.Fprintln(stderr, "dockerrun: "+err.Error())
-		return exitFailed
+		return fail("%v", err)
 	}
 	defer nd.Close()
 	inv, devRoot, where := nd.Inventory, nd.DevRoot, nd.Where
-	alloc, err := allocator.New(inv)
+	alloc, err := allocator.New(inv, allocator.WithStateDir(state))
 	if err != nil {
-		fmt.Fprintf(stderr, "dockerrun: %v\n", err)
-		return exitFailed
+		return fail("%v", err)
 	}
+	defer alloc.Close()
 	id := fmt.Sprintf("dockerrun-%d", os.Getpid())
-	opts := []docker.Option{docker.WithDevRoot(devRoot), docker.WithNamespace(id)}
+	ns := namespace(state)
 	vols, volNote := cli.DriverVolume(ctx)
+	if err := collect(ctx, dc, alloc, vols, ns); err != nil {
+		fmt.Fprintf(stderr, "dockerrun: cleaning up after killed runs: %v\n", err)
+		if gc {
+			return exitFailed
+		}
+	}
+	if gc {
+		return 0
+	}
+	opts := []docker.Option{docker.WithDevRoot(devRoot), docker.WithNamespace(ns),
+		docker.WithLabels(map[string]string{LabelSupervisor: fmt.Sprintf("%d.%d", self.Pid, self.Start)})}
 	if vols != nil {
 		opts = append(opts, docker.WithVolumes(vols))
 	}
 	z, err := docker.New(dc, alloc, inv, opts...)
 	if err != nil {
-		fmt.Fprintf(stderr, "dockerrun: %v\n", err)
-		return exitFailed
+		return fail("%v", err)
 	}
-
 	ct, err := z.Launch(ctx, containerizer.Spec{ID: id, Image: fs.Arg(0), Command: fs.Args()[1:], GPUs: req, Stdout: stdout, Stderr: stderr})
 	if err != nil {
 		if errors.Is(err, docker.ErrNoVolume) {
 			err = fmt.Errorf("%w (%s)", err, volNote)
 		}
-		fmt.Fprintf(stderr, "dockerrun: %v\n", err)
-		return exitFailed
+		return fail("%v", err)
 	}
 	defer z.Destroy(context.WithoutCancel(ctx), id)
 	if !*quiet {
@@ -127,6 +173,83 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 128 + int(syscall.SIGINT)
 	}
 	return st.Code
+}
+
+// namespace is the containerizer namespace of the runs sharing a state
+// directory.
+func namespace(stateDir string) string {
+	sum := sha256.Sum256([]byte(stateDir))
+	return "dockerrun-" + hex.EncodeToString(sum[:6])
+}
+
+// collect removes what killed runs left: first the containers whose
+// supervisor is provably dead (force-removed), then the allocations and
+// volume users of owners whose holder is dead. Owners are taken from the
+// allocator before containers are listed: a run dead by then can create no
+// container the listing misses.
+func collect(ctx context.Context, dc *client.Client, alloc *allocator.Allocator, vols *volume.Manager, ns string) error {
+	dead := map[string]bool{}
+	for _, al := range alloc.Allocations() {
+		if al.Holder != nil && al.Holder.Dead("") {
+			dead[al.Owner] = true
+		}
+	}
+	list, err := dc.ContainerList(ctx, client.ContainerListOptions{
+		All:     true,
+		Filters: make(client.Filters).Add("label", docker.LabelNamespace+"="+ns),
+	})
+	if err != nil {
+		return err
+	}
+	var errs []error
+	release := func(owner, version string) {
+		if err := alloc.Release(ctx, owner); err != nil && !errors.Is(err, allocator.ErrUnknownOwner) {
+			errs = append(errs, err)
+		}
+		if vols == nil {
+			return
+		}
+		vs, err := vols.List(ctx)
+		if err != nil {
+			errs = append(errs, err)
+		}
+		for _, v := range vs {
+			if (version == "" || v.Version == version) && slices.Contains(v.Users, owner) {
+				if err := vols.Release(ctx, v.Version, owner); err != nil {
+					errs = append(errs, err)
+				}
+			}
+		}
+	}
+	for _, c := range list.Items {
+		owner := c.Labels[isodocker.LabelOwner]
+		if !dead[owner] && !supervisorDead(c.Labels[LabelSupervisor]) {
+			continue
+		}
+		_, err := dc.ContainerRemove(ctx, c.ID, client.ContainerRemoveOptions{Force: true})
+		if err != nil && !cerrdefs.IsNotFound(err) {
+			errs = append(errs, err)
+			continue
+		}
+		release(owner, c.Labels[docker.LabelVolume])
+		delete(dead, owner)
+	}
+	for owner := range dead {
+		release(owner, "")
+	}
+	return errors.Join(errs...)
+}
+
+// supervisorDead reads a LabelSupervisor value: true when that dockerrun
+// provably ended.
+func supervisorDead(v string) bool {
+	p, s, ok := strings.Cut(v, ".")
+	pid, err1 := strconv.Atoi(p)
+	start, err2 := strconv.ParseUint(s, 10, 64)
+	if !ok || err1 != nil || err2 != nil || pid <= 0 {
+		return false
+	}
+	return allocator.Holder{Pid: pid, Start: start}.Dead("")
 }
 
 func volumeNote(path string) string {

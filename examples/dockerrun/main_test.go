@@ -16,11 +16,16 @@ func dockerrun(args ...string) (stdout, stderr string, code int) {
 	return out.String(), errOut.String(), code
 }
 
+// TestUsage: a bad command line is dockerrun's own error (125, as docker
+// run's) in one line; --help alone prints the usage.
 func TestUsage(t *testing.T) {
-	for _, args := range [][]string{nil, {"--gpus"}, {"--bogus", "img"}} {
-		if _, errOut, code := dockerrun(args...); code != exitUsage || errOut == "" {
-			t.Errorf("dockerrun %q: exit %d, stderr %q; want %d and a message", args, code, errOut, exitUsage)
+	for _, args := range [][]string{nil, {"--gpus"}, {"--bogus", "img"}, {"--gpus", "2", "--devices", "1,3", "img"}} {
+		if _, errOut, code := dockerrun(args...); code != exitFailed || strings.Count(errOut, "\n") != 1 {
+			t.Errorf("dockerrun %q: exit %d, stderr %q; want %d and one line", args, code, errOut, exitFailed)
 		}
+	}
+	if _, errOut, code := dockerrun("--help"); code != 0 || !strings.Contains(errOut, "usage:") {
+		t.Errorf("--help: exit %d, stderr %q", code, errOut)
 	}
 }
 

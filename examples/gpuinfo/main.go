@@ -13,6 +13,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -39,7 +40,7 @@ func main() {
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("gpuinfo", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs.SetOutput(io.Discard)
 	simulate := fs.String("simulate", "", "use a simulated node: "+strings.Join(simnode.Names(), ", "))
 	driverVersion := fs.String("driver-version", "", "simulated driver version (default: the host's NVIDIA libraries', if any)")
 	asJSON := fs.Bool("json", false, "print the inventory as JSON")
@@ -48,6 +49,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	sysRoot := fs.String("sys-root", node.DefaultSysRoot, "sys file system")
 	library := fs.String("nvml-library", "", "path of libnvidia-ml.so.1 (default: the dynamic loader's search)")
 	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			fs.SetOutput(stderr)
+			fs.PrintDefaults()
+			return 0
+		}
+		fmt.Fprintf(stderr, "gpuinfo: %v (see gpuinfo --help)\n", err)
 		return 2
 	}
 	if fs.NArg() > 0 {
@@ -77,6 +84,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		opts = append(opts, nvmlnode.WithNVML(node.NVML()))
 	}
 	if *library != "" {
+		if err := nvmlnode.CheckLibrary(*library); err != nil {
+			fmt.Fprintln(stderr, "gpuinfo: "+cli.ExplainDiscover(err))
+			return 1
+		}
 		opts = append(opts, nvmlnode.WithNVML(nvml.New(nvml.WithLibraryPath(*library))))
 	}
 

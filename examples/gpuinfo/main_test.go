@@ -100,8 +100,8 @@ func TestUsageErrors(t *testing.T) {
 		"bad simulated driver version": {"--simulate", "pcie8", "--driver-version", "../x"},
 	} {
 		t.Run(name, func(t *testing.T) {
-			if _, _, code := gpuinfo(t, args...); code == 0 {
-				t.Fatalf("gpuinfo %q exited 0", args)
+			if _, errOut, code := gpuinfo(t, args...); code == 0 || strings.Count(errOut, "\n") != 1 {
+				t.Fatalf("gpuinfo %q: exit %d, stderr %q; want an error in one line", args, code, errOut)
 			}
 		})
 	}
@@ -112,6 +112,31 @@ func TestUsageErrors(t *testing.T) {
 func TestLibraryMissing(t *testing.T) {
 	out, errOut, code := gpuinfo(t, "--nvml-library", filepath.Join(t.TempDir(), "libnvidia-ml.so.1"))
 	assertOneLine(t, out, errOut, code, "NVML library libnvidia-ml.so.1 not found")
+}
+
+// TestNotNVMLLibrary: a file that is not an NVML library (text, a program,
+// a library without nvmlInit_v2) is refused in one line before it is loaded.
+func TestNotNVMLLibrary(t *testing.T) {
+	text := filepath.Join(t.TempDir(), "libnvidia-ml.so.1")
+	if err := os.WriteFile(text, []byte("not a library\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cases := map[string]string{"text": text, "program": exe}
+	if libc, err := filepath.Glob("/lib/x86_64-linux-gnu/libc.so.6"); err == nil && len(libc) == 1 {
+		cases["other library"] = libc[0]
+	}
+	for name, path := range cases {
+		t.Run(name, func(t *testing.T) {
+			out, errOut, code := gpuinfo(t, "--nvml-library", path)
+			if code != 1 || out != "" || strings.Count(errOut, "\n") != 1 || !strings.Contains(errOut, "not an NVML library") {
+				t.Fatalf("exit %d, stdout %q, stderr %q: want 1 and one line saying it is not an NVML library", code, out, errOut)
+			}
+		})
+	}
 }
 
 // TestDriverNotLoaded runs against the host's real NVIDIA libraries, which

@@ -22,11 +22,13 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"syscall"
 
@@ -46,21 +48,19 @@ func main() {
 	os.Exit(code)
 }
 
-// Exit codes of gpurun itself; anything else is the command's.
-const (
-	exitFailed = 125
-	exitUsage  = 2
-)
+// Exit codes of gpurun itself, as docker run has them; anything else is the
+// command's (126: it could not be run, 127: it was not found).
+const exitFailed = 125
 
 func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("gpurun", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs.SetOutput(io.Discard)
 	simulate := fs.String("simulate", "", "run on a simulated node: "+strings.Join(simnode.Names(), ", "))
 	gpus := fs.Int("gpus", 1, "number of GPUs")
 	devices := fs.String("devices", "", "comma-separated GPUs (indexes, UUIDs, bus ids or MIG- UUIDs) instead of --gpus")
 	mig := fs.String("mig", "", "MIG profile (e.g. 1g.10gb): --gpus MIG devices of it instead of whole GPUs")
 	policy := fs.String("policy", string(allocator.PolicyTopology), "placement policy: topology, pack or spread")
-	stateDir := fs.String("state-dir", "", "keep the allocator's state in DIR (default: in memory)")
+	stateDir := fs.String("state-dir", "", "keep the allocator's state in DIR, shared with every gpurun that names it (default: in memory)")
 	version := fs.String("cgroup", "", "cgroup version for devices: v1 or v2 (default: the host's)")
 	quiet := fs.Bool("quiet", false, "do not print which GPUs and volume the command got")
 	rootfs := fs.String("rootfs", "", "run the command in DIR as its root file system")
@@ -70,34 +70,43 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		capAdd = append(capAdd, s)
 		return nil
 	})
+	fail := func(format string, a ...any) int {
+		fmt.Fprintf(stderr, "gpurun: "+format+"\n", a...)
+		return exitFailed
+	}
 	if err := fs.Parse(args); err != nil {
-		return exitUsage
+		if errors.Is(err, flag.ErrHelp) {
+			fs.SetOutput(stderr)
+			fmt.Fprintln(stderr, "usage: gpurun [flags] -- CMD [ARGS...]")
+			fs.PrintDefaults()
+			return 0
+		}
+		return fail("%v (see gpurun --help)", err)
 	}
 	if fs.NArg() == 0 {
-		fmt.Fprintln(stderr, "gpurun: no command (gpurun [flags] -- CMD [ARGS...])")
-		return exitUsage
+		return fail("no command (gpurun [flags] -- CMD [ARGS...])")
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if set["gpus"] && set["devices"] {
+		return fail("--gpus and --devices exclude each other: --devices names the GPUs, and their number")
 	}
 	var usr *containerizer.User
 	if *user != "" {
 		u, err := containerizer.ParseUser(*user)
 		if err != nil {
-			fmt.Fprintf(stderr, "gpurun: --user: %v\n", err)
-			return exitUsage
+			return fail("--user: %v", err)
 		}
 		usr = &u
 	}
 	req := allocator.Request{Count: *gpus, MIG: *mig}
 	if *devices != "" {
 		if *mig != "" {
-			fmt.Fprintln(stderr, "gpurun: --devices and --mig exclude each other")
-			return exitUsage
+			return fail("--devices and --mig exclude each other")
 		}
 		req = allocator.Request{Devices: strings.Split(*devices, ",")}
 	}
 	settings := []allocator.Option{allocator.WithPolicy(allocator.Policy(*policy))}
-	if *stateDir != "" {
-		settings = append(settings, allocator.WithStateDir(*stateDir))
-	}
 	var isoOpts []cgroups.Option
 	switch *version {
 	case "":
@@ -106,47 +115,63 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	case "v2":
 		isoOpts = append(isoOpts, cgroups.WithVersion(cgroups.V2))
 	default:
-		fmt.Fprintf(stderr, "gpurun: --cgroup %q: want v1 or v2\n", *version)
-		return exitUsage
+		return fail("--cgroup %q: want v1 or v2", *version)
+	}
+	// Runs sharing a state directory share the allocator's state, the
+	// containers' records (one directory each, naming the gpurun that
+	// supervises it) and a cgroup parent of their own; each run first
+	// cleans up after runs that were killed.
+	var state string
+	if *stateDir != "" {
+		abs, err := filepath.Abs(*stateDir)
+		if err != nil {
+			return fail("%v", err)
+		}
+		settings = append(settings, allocator.WithStateDir(abs))
+		isoOpts = append(isoOpts, cgroups.WithParent(native.CgroupParent(abs)))
+		state = filepath.Join(abs, "native")
+		// Simulated nodes of killed runs.
+		_, _ = cli.RemoveDeadTemp("")
 	}
 
 	// The node: the host's, or a simulated one under a temporary directory.
 	nd, err := cli.OpenNode(ctx, *simulate)
 	if err != nil {
-		fmt.Fprintln(stderr, "gpurun: "+err.Error())
-		return exitFailed
+		return fail("%v", err)
 	}
 	defer nd.Close()
 	inv, devRoot, where := nd.Inventory, nd.DevRoot, nd.Where
 	alloc, err := allocator.New(inv, settings...)
 	if err != nil {
-		fmt.Fprintf(stderr, "gpurun: %v\n", err)
-		return exitUsage
+		return fail("%v", err)
 	}
+	defer alloc.Close()
 	iso, err := cgroups.New(isoOpts...)
 	if err != nil {
-		fmt.Fprintf(stderr, "gpurun: %v\n", err)
-		return exitFailed
+		return fail("%v", err)
 	}
 	vols, _ := cli.DriverVolume(ctx)
-	state, err := os.MkdirTemp("", "gpurun-")
-	if err != nil {
-		fmt.Fprintf(stderr, "gpurun: %v\n", err)
-		return exitFailed
+	if state == "" {
+		if state, err = os.MkdirTemp("", "gpurun-"); err != nil {
+			return fail("%v", err)
+		}
+		defer os.RemoveAll(state)
 	}
-	defer os.RemoveAll(state)
 	c, err := native.New(native.Config{Allocator: alloc, Inventory: inv, Isolator: iso, Volumes: vols, DevRoot: devRoot, StateDir: state})
 	if err != nil {
-		fmt.Fprintf(stderr, "gpurun: %v\n", err)
-		return exitFailed
+		return fail("%v", err)
+	}
+	if *stateDir != "" {
+		if _, err := c.Clean(ctx); err != nil {
+			fmt.Fprintf(stderr, "gpurun: cleaning up after killed runs: %v\n", err)
+		}
 	}
 
 	id := fmt.Sprintf("gpurun-%d", os.Getpid())
 	ct, err := c.Launch(ctx, containerizer.Spec{ID: id, Command: fs.Args(), GPUs: req, Stdin: stdin, Stdout: stdout, Stderr: stderr,
 		RootFS: *rootfs, User: usr, CapAdd: capAdd})
 	if err != nil {
-		fmt.Fprintf(stderr, "gpurun: %v\n", err)
-		return exitFailed
+		return fail("%v", err)
 	}
 	defer c.Destroy(context.WithoutCancel(ctx), id)
 	if !*quiet {

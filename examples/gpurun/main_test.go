@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -12,6 +13,9 @@ import (
 
 func TestMain(m *testing.M) {
 	native.Init() // this test binary is the containers' init
+	if os.Getenv(asGpurunEnv) != "" {
+		main() // a gpurun process of the multi-process tests
+	}
 	os.Exit(m.Run())
 }
 
@@ -69,28 +73,60 @@ func TestNoDriver(t *testing.T) {
 	}
 }
 
+// TestUsage: gpurun's own errors exit 125 (as docker run's) with one line;
+// --help alone prints the usage.
 func TestUsage(t *testing.T) {
+	corrupt := t.TempDir()
+	if err := os.WriteFile(filepath.Join(corrupt, "allocations.json"), []byte("{"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	for name, args := range map[string][]string{
-		"no command":     {"--simulate", "pcie8"},
-		"bad cgroup":     {"--cgroup", "v3", "--", "true"},
-		"unknown flag":   {"--gpu", "1", "--", "true"},
-		"bad policy":     {"--simulate", "pcie8", "--policy", "random", "--", "true"},
-		"unknown node":   {"--simulate", "dgx-z9", "--", "true"},
-		"too many GPUs":  {"--simulate", "pcie8", "--gpus", "9", "--", "true"},
-		"unknown device": {"--simulate", "pcie8", "--devices", "42", "--", "true"},
-		"bad user":       {"--user", "nobody", "--", "true"},
-		"bad capability": {"--simulate", "pcie8", "--cap-add", "SYS_NOPE", "--", "true"},
-		"bad rootfs":     {"--simulate", "pcie8", "--rootfs", "/nonexistent", "--", "true"},
+		"no command":        {"--simulate", "pcie8"},
+		"bad cgroup":        {"--cgroup", "v3", "--", "true"},
+		"unknown flag":      {"--gpu", "1", "--", "true"},
+		"bad flag value":    {"--gpus", "two", "--", "true"},
+		"gpus with devices": {"--gpus", "2", "--devices", "1,3", "--", "true"},
+		"bad policy":        {"--simulate", "pcie8", "--policy", "random", "--", "true"},
+		"unknown node":      {"--simulate", "dgx-z9", "--", "true"},
+		"too many GPUs":     {"--simulate", "pcie8", "--gpus", "9", "--", "true"},
+		"unknown device":    {"--simulate", "pcie8", "--devices", "42", "--", "true"},
+		"corrupt state":     {"--simulate", "pcie8", "--state-dir", corrupt, "--", "true"},
+		"bad user":          {"--user", "nobody", "--", "true"},
+		"bad capability":    {"--simulate", "pcie8", "--cap-add", "SYS_NOPE", "--", "true"},
+		"bad rootfs":        {"--simulate", "pcie8", "--rootfs", "/nonexistent", "--", "true"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			switch name {
-			case "too many GPUs", "unknown device", "bad policy", "unknown node", "bad capability", "bad rootfs":
+			case "too many GPUs", "unknown device", "bad policy", "unknown node", "corrupt state", "bad capability", "bad rootfs":
 				testenv.RequireRoot(t) // gets as far as the simulated host
 			}
-			if _, errOut, code := gpurun(args...); code == 0 || errOut == "" {
-				t.Fatalf("gpurun %q: exit %d, stderr %q", args, code, errOut)
+			_, errOut, code := gpurun(args...)
+			if code != exitFailed || strings.Count(errOut, "\n") != 1 {
+				t.Fatalf("gpurun %q: exit %d, stderr %q; want %d and one line", args, code, errOut, exitFailed)
 			}
 		})
+	}
+	if _, errOut, code := gpurun("--help"); code != 0 || !strings.Contains(errOut, "usage:") {
+		t.Errorf("--help: exit %d, stderr %q", code, errOut)
+	}
+}
+
+// TestCommandExitCodes: a command that cannot be found exits 127, one that
+// cannot be run 126, as under docker run.
+func TestCommandExitCodes(t *testing.T) {
+	testenv.RequireRoot(t)
+	testenv.RequireCgroupV1Devices(t)
+	notExec := filepath.Join(t.TempDir(), "data")
+	if err := os.WriteFile(notExec, []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		cmd  string
+		want int
+	}{{"no-such-command-here", 127}, {"/no/such/file", 127}, {notExec, 126}} {
+		if _, errOut, code := gpurun("--simulate", "pcie8", "--cgroup", "v1", "--quiet", "--", tc.cmd); code != tc.want {
+			t.Errorf("gpurun -- %s: exit %d, want %d (stderr %q)", tc.cmd, code, tc.want, errOut)
+		}
 	}
 }
 

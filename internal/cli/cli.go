@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/gpuiso/gpuiso/allocator"
 	"github.com/gpuiso/gpuiso/node"
 	"github.com/gpuiso/gpuiso/node/nvmlnode"
 	"github.com/gpuiso/gpuiso/node/simnode"
@@ -57,7 +58,7 @@ func OpenNode(ctx context.Context, simulate string) (*Node, error) {
 	if err != nil {
 		return nil, err
 	}
-	dir, err := os.MkdirTemp("", "gpuiso-node-")
+	dir, err := os.MkdirTemp("", TempPattern(nodeTempPrefix))
 	if err != nil {
 		return nil, err
 	}
@@ -72,6 +73,53 @@ func OpenNode(ctx context.Context, simulate string) (*Node, error) {
 		return nil, err
 	}
 	return &Node{Inventory: inv, DevRoot: host.DevRoot, Where: " of simulated " + simulate, dir: dir}, nil
+}
+
+const nodeTempPrefix = "gpuiso-node"
+
+// TempPattern is an os.MkdirTemp pattern for a temporary directory of this
+// process: "<prefix>-<pid>.<start time>-*", so that RemoveDeadTemp can tell
+// when its maker has died.
+func TempPattern(prefix string) string {
+	h, err := allocator.ProcessHolder("", os.Getpid())
+	if err != nil {
+		return prefix + "-"
+	}
+	return fmt.Sprintf("%s-%d.%d-", prefix, h.Pid, h.Start)
+}
+
+// RemoveDeadTemp removes the temporary directories (named by TempPattern
+// with prefix, or the simulated nodes of OpenNode when prefix is "") whose
+// maker has provably died, and returns them.
+func RemoveDeadTemp(prefix string) ([]string, error) {
+	if prefix == "" {
+		prefix = nodeTempPrefix
+	}
+	matches, err := filepath.Glob(filepath.Join(os.TempDir(), prefix+"-*.*-*"))
+	if err != nil {
+		return nil, err
+	}
+	var removed []string
+	var errs []error
+	for _, m := range matches {
+		rest := strings.TrimPrefix(filepath.Base(m), prefix+"-")
+		id, _, ok := strings.Cut(rest, "-")
+		pidStr, startStr, ok2 := strings.Cut(id, ".")
+		pid, err1 := strconv.Atoi(pidStr)
+		start, err2 := strconv.ParseUint(startStr, 10, 64)
+		if !ok || !ok2 || err1 != nil || err2 != nil || pid <= 0 {
+			continue
+		}
+		if !(allocator.Holder{Pid: pid, Start: start}).Dead("") {
+			continue
+		}
+		if err := os.RemoveAll(m); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		removed = append(removed, m)
+	}
+	return removed, errors.Join(errs...)
 }
 
 // Close removes a simulated node's host tree.

@@ -32,9 +32,9 @@ type NVMLError struct {
 
 func (e *NVMLError) Error() string {
 	if e.Device >= 0 {
-		return fmt.Sprintf("nvml: gpu %d: %s: %s", e.Device, e.Op, nvml.ErrorString(e.Return))
+		return fmt.Sprintf("nvml: gpu %d: %s: %s", e.Device, e.Op, returnName(e.Return))
 	}
-	return fmt.Sprintf("nvml: %s: %s", e.Op, nvml.ErrorString(e.Return))
+	return fmt.Sprintf("nvml: %s: %s", e.Op, returnName(e.Return))
 }
 
 // Is maps NVML's result codes to this package's sentinels, so that

@@ -1,0 +1,171 @@
+package allocator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+)
+
+// Holder is what proves an owner alive: a process, named by its pid and
+// its start time (field 22 of /proc/<pid>/stat, clock ticks since boot),
+// which tells it from a later process given the same pid. An owner whose
+// holder is provably dead (no such pid, another start time, or a zombie)
+// is released by ReleaseDead; an owner without a holder, or whose holder
+// cannot be checked, never is.
+//
+// Holders are checked in the proc file system of the allocator (see
+// WithProcRoot): every process sharing a state directory must be in the
+// same pid namespace.
+type Holder struct {
+	Pid   int    `json:"pid"`
+	Start uint64 `json:"start"`
+}
+
+func (h Holder) validate() error {
+	if h.Pid <= 0 || h.Start == 0 {
+		return fmt.Errorf("holder pid %d started at %d: %w", h.Pid, h.Start, ErrInvalidRequest)
+	}
+	return nil
+}
+
+// ProcessHolder returns the holder that names the running process pid, as
+// the proc file system procRoot ("" means /proc) shows it.
+func ProcessHolder(procRoot string, pid int) (Holder, error) {
+	st, err := readStat(procRoot, pid)
+	if err != nil {
+		return Holder{}, fmt.Errorf("holder %d: %w", pid, err)
+	}
+	return Holder{Pid: pid, Start: st.start}, nil
+}
+
+// WithProcRoot sets the proc file system holders are checked in (default
+// /proc).
+func WithProcRoot(dir string) Option {
+	return func(s *settings) error {
+		if dir == "" {
+			return errors.New("empty proc root")
+		}
+		s.procRoot = dir
+		return nil
+	}
+}
+
+type procStat struct {
+	state byte
+	start uint64
+}
+
+// readStat reads the state (field 3) and start time (field 22) of pid.
+func readStat(procRoot string, pid int) (procStat, error) {
+	if procRoot == "" {
+		procRoot = "/proc"
+	}
+	b, err := os.ReadFile(filepath.Join(procRoot, strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return procStat{}, err
+	}
+	// The command name (field 2) may hold spaces and parentheses: fields
+	// are counted from the last ')'.
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return procStat{}, fmt.Errorf("/proc/%d/stat: no command name", pid)
+	}
+	f := strings.Fields(s[i+1:])
+	if len(f) < 20 || len(f[0]) != 1 {
+		return procStat{}, fmt.Errorf("/proc/%d/stat: %d fields", pid, len(f)+2)
+	}
+	start, err := strconv.ParseUint(f[19], 10, 64)
+	if err != nil {
+		return procStat{}, fmt.Errorf("/proc/%d/stat: start time: %w", pid, err)
+	}
+	return procStat{state: f[0][0], start: start}, nil
+}
+
+// procReadable tells whether procRoot is a proc file system this process
+// can read: without one no process can be proven gone.
+func procReadable(procRoot string) bool {
+	_, err := readStat(procRoot, os.Getpid())
+	return err == nil
+}
+
+// processGone reports whether pid provably does not run.
+func processGone(procRoot string, pid int) bool {
+	if !procReadable(procRoot) {
+		return false
+	}
+	st, err := readStat(procRoot, pid)
+	if errors.Is(err, fs.ErrNotExist) {
+		return true
+	}
+	return err == nil && (st.state == 'Z' || st.state == 'X')
+}
+
+// Dead reports whether h's process provably ended: its pid is gone, is a
+// zombie, or names a process started at another time. procRoot "" means
+// /proc; when it cannot be read, nothing is provably dead.
+func (h Holder) Dead(procRoot string) bool {
+	if !procReadable(procRoot) {
+		return false
+	}
+	st, err := readStat(procRoot, h.Pid)
+	if errors.Is(err, fs.ErrNotExist) {
+		return true
+	}
+	if err != nil {
+		return false
+	}
+	return st.start != h.Start || st.state == 'Z' || st.state == 'X'
+}
+
+// ReleaseDead releases every owner whose holder is provably dead, in one
+// change on disk before it returns, and returns those owners, sorted.
+// Owners without a holder are kept.
+//
+// A caller that isolates the owners (cgroups, containers) should first make
+// sure their processes are gone: a holder that died leaving its container
+// running would otherwise have its GPUs handed out while still in use.
+func (a *Allocator) ReleaseDead(ctx context.Context) ([]string, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("release dead owners: %w", err)
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	unlock, err := a.lockState(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("release dead owners: %w", err)
+	}
+	defer unlock()
+	gone := map[string]*holding{}
+	for o, h := range a.owners {
+		if h.holder != nil && h.holder.Dead(a.cfg.procRoot) {
+			gone[o] = h
+		}
+	}
+	if len(gone) == 0 {
+		return nil, nil
+	}
+	released := make([]string, 0, len(gone))
+	for o := range gone {
+		a.apply(o, nil)
+		released = append(released, o)
+	}
+	sort.Strings(released)
+	err = a.persist(ctx, func() {
+		for o, h := range gone {
+			a.apply(o, h)
+		}
+	})
+	if err != nil {
+		return nil, fmt.Errorf("release dead owners: %w", err)
+	}
+	a.cfg.logger.Info("released owners whose holder died", "owners", released)
+	return slices.Clip(released), nil
+}

@@ -1,0 +1,121 @@
+package allocator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/gpuiso/gpuiso/internal/linux"
+)
+
+// A state directory may be shared by any number of allocators, in one
+// process or many (on Linux): every change takes the directory's lock
+// (flock on LockFile), reads the state file again when another allocator
+// changed it since, applies, writes the file atomically and lets go. Reads
+// (Allocation, Allocations, Owners, Free, Devices) take no lock: they pick
+// up the last complete state file, which a rename replaces whole.
+//
+// Elsewhere than on Linux the lock is not available: the directory then
+// serves one allocator at a time.
+
+// lockState takes the state directory's lock and brings memory up to date
+// with the state file. The caller holds a.mu and calls the returned unlock
+// when its change is on disk.
+func (a *Allocator) lockState(ctx context.Context) (unlock func(), err error) {
+	if a.store == nil {
+		return func() {}, nil
+	}
+	locked := true
+	if err := linux.Lock(ctx, a.store.lockFile); err != nil {
+		if !errors.Is(err, linux.ErrNotSupported) {
+			return nil, fmt.Errorf("lock state directory: %w", err)
+		}
+		locked = false
+	}
+	unlock = func() {
+		if locked {
+			_ = linux.Unlock(a.store.lockFile)
+		}
+	}
+	if err := a.reload(false); err != nil {
+		unlock()
+		return nil, err
+	}
+	return unlock, nil
+}
+
+// refresh brings memory up to date with the state file for a read; on an
+// error the last good view stays. The caller holds a.mu.
+func (a *Allocator) refresh() {
+	if a.store != nil {
+		_ = a.reload(false)
+	}
+}
+
+// reload replaces the allocator's view with the state file when the file
+// changed since this allocator last read or wrote it. Only the first load
+// (New) keeps its warnings.
+func (a *Allocator) reload(first bool) error {
+	st, b, changed, err := a.store.changed()
+	if err != nil || !changed {
+		return err
+	}
+	warnings := a.warnings
+	a.reset()
+	if st != nil {
+		if err := a.restore(st); err != nil {
+			a.reset()
+			a.store.known = false
+			return &StateError{File: a.store.path(), Err: err}
+		}
+	}
+	if !first {
+		a.warnings = warnings
+	}
+	a.store.seen(b)
+	return nil
+}
+
+// reset empties the allocator: no owners, configured shares only, the
+// inventory's health.
+func (a *Allocator) reset() {
+	a.owners = map[string]*holding{}
+	for p := range a.n {
+		a.exclusive[p] = ""
+		a.shares[p] = nil
+		if a.shareCfg&(1<<p) != 0 {
+			a.shares[p] = map[string]uint64{}
+		}
+		a.health[p] = a.inv.Devices[p].Health
+	}
+}
+
+// Close lets go of the state directory. An allocator without one has
+// nothing to close; a closed allocator must not be used again.
+func (a *Allocator) Close() error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.store == nil || a.store.lockFile == nil {
+		return nil
+	}
+	err := a.store.close()
+	a.store.lockFile = nil
+	return err
+}
+
+// open loads the state directory for New: under the lock, it removes what
+// dead writers left and reads the state file.
+func (a *Allocator) open() error {
+	locked := true
+	if err := linux.Lock(context.Background(), a.store.lockFile); err != nil {
+		if !errors.Is(err, linux.ErrNotSupported) {
+			return fmt.Errorf("lock state directory: %w", err)
+		}
+		locked = false
+	}
+	if locked {
+		defer linux.Unlock(a.store.lockFile)
+	}
+	a.store.removeStale()
+	return a.reload(true)
+}

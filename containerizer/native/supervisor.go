@@ -1,0 +1,194 @@
+package native
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"github.com/gpuiso/gpuiso/allocator"
+	"github.com/gpuiso/gpuiso/containerizer"
+	"github.com/gpuiso/gpuiso/isolator/cgroups"
+	"github.com/gpuiso/gpuiso/node"
+)
+
+// Several processes may share one state directory (each launching and
+// supervising its own containers, as gpurun does). Each container's
+// directory names its supervisor, the process that launched it (or adopted
+// it in Recover), in supervisor.json, from the moment the directory exists:
+// it is made under a temporary name (".new-<id>.<pid>.<start>") holding the
+// file and renamed into place. Recover and Clean touch only containers whose
+// supervisor is this process or provably dead, so one process's recovery
+// never tears down a container that another live process is launching or
+// running.
+
+const (
+	supervisorFile = "supervisor.json"
+	claimPrefix    = ".new-"
+)
+
+// CgroupParent is the cgroup parent for the containers of a state
+// directory: "gpuiso/i<12 hex digits of the directory's hash>". Containerizers
+// on distinct state directories then never see each other's cgroups, and
+// Recover's removal of cgroups no record explains stays within its own.
+func CgroupParent(stateDir string) string {
+	abs, err := filepath.Abs(stateDir)
+	if err != nil {
+		abs = stateDir
+	}
+	sum := sha256.Sum256([]byte(filepath.Clean(abs)))
+	return cgroups.DefaultParent + "/i" + hex.EncodeToString(sum[:6])
+}
+
+// self names this process as a supervisor; the zero Holder where the proc
+// file system cannot tell (then nothing is ever proven dead either).
+func self(procRoot string) allocator.Holder {
+	h, err := allocator.ProcessHolder(procRoot, os.Getpid())
+	if err != nil {
+		return allocator.Holder{}
+	}
+	return h
+}
+
+func (c *Containerizer) supPath(id string) string { return filepath.Join(c.dir(id), supervisorFile) }
+
+// claim makes container id's directory, holding its supervisor record.
+func (c *Containerizer) claim(id string) error {
+	tmp := filepath.Join(c.cfg.StateDir, fmt.Sprintf("%s%s.%d.%d", claimPrefix, id, c.self.Pid, c.self.Start))
+	if err := os.Mkdir(tmp, 0o700); err != nil {
+		return err
+	}
+	if err := writeJSON(filepath.Join(tmp, supervisorFile), c.self); err != nil {
+		os.RemoveAll(tmp)
+		return err
+	}
+	if err := os.Rename(tmp, c.dir(id)); err != nil {
+		os.RemoveAll(tmp)
+		if errors.Is(err, fs.ErrExist) || errors.Is(err, syscall.ENOTEMPTY) {
+			return fmt.Errorf("%w: state of an earlier container %s is left (run Recover or Clean)", containerizer.ErrContainerExists, id)
+		}
+		return err
+	}
+	return nil
+}
+
+// supervisedElsewhere tells whether container id's directory names a live
+// supervisor other than this process: such a container is not this
+// process's to recover or clean.
+func (c *Containerizer) supervisedElsewhere(id string) bool {
+	var sup allocator.Holder
+	if err := readJSON(c.supPath(id), &sup); err != nil {
+		// A directory an older version made has no supervisor record;
+		// one being removed has none any more.
+		return false
+	}
+	if sup == c.self {
+		return false
+	}
+	return !sup.Dead(c.cfg.ProcRoot)
+}
+
+// deadClaim tells whether name is a claim directory of a dead process.
+func (c *Containerizer) deadClaim(name string) bool {
+	rest, ok := strings.CutPrefix(name, claimPrefix)
+	if !ok {
+		return false
+	}
+	f := strings.Split(rest, ".")
+	if len(f) < 3 {
+		return false
+	}
+	pid, err1 := strconv.Atoi(f[len(f)-2])
+	start, err2 := strconv.ParseUint(f[len(f)-1], 10, 64)
+	if err1 != nil || err2 != nil || pid <= 0 {
+		return false
+	}
+	h := allocator.Holder{Pid: pid, Start: start}
+	return h != c.self && h.Dead(c.cfg.ProcRoot)
+}
+
+// Clean tears down the containers of the state directory whose supervisor
+// is provably dead: it kills their processes and gives back their cgroups,
+// /dev mounts, volume users, GPUs and directories, as Destroy does. It
+// leaves alone containers this process knows and those of live supervisors,
+// and returns the ids it cleaned. A program that runs its containers only
+// while it lives (gpurun) calls Clean at its start; an agent that re-adopts
+// its containers after a restart calls Recover instead.
+func (c *Containerizer) Clean(ctx context.Context) ([]string, error) {
+	entries, err := os.ReadDir(c.cfg.StateDir)
+	if err != nil {
+		return nil, fmt.Errorf("clean: %w", err)
+	}
+	var cleaned []string
+	var errs []error
+	for _, e := range entries {
+		id := e.Name()
+		if c.deadClaim(id) {
+			if err := os.RemoveAll(filepath.Join(c.cfg.StateDir, id)); err != nil {
+				errs = append(errs, fmt.Errorf("clean: %w", err))
+			}
+			continue
+		}
+		if !e.IsDir() || node.ValidateOwner(id) != nil {
+			continue
+		}
+		if _, err := c.get(id); err == nil {
+			continue
+		}
+		var sup allocator.Holder
+		if err := readJSON(c.supPath(id), &sup); err != nil || sup == c.self || !sup.Dead(c.cfg.ProcRoot) {
+			continue
+		}
+		var rec record
+		if err := readJSON(c.recPath(id), &rec); err != nil {
+			rec = record{ID: id}
+		}
+		c.cfg.Logger.Info("cleaning up a container whose supervisor died", "id", id, "supervisor", sup.Pid)
+		if err := c.teardown(ctx, id, rec); err != nil {
+			errs = append(errs, fmt.Errorf("clean %s: %w", id, err))
+			continue
+		}
+		cleaned = append(cleaned, id)
+	}
+	return cleaned, errors.Join(errs...)
+}
+
+// releaseVolumeUser removes id as a user of every volume that lists it: for
+// a container whose record did not yet name its volume.
+func (c *Containerizer) releaseVolumeUser(ctx context.Context, id string) error {
+	vols, err := c.cfg.Volumes.List(ctx)
+	var errs []error
+	if err != nil {
+		errs = append(errs, err)
+	}
+	for _, v := range vols {
+		if slices.Contains(v.Users, id) {
+			if err := c.cfg.Volumes.Release(ctx, v.Version, id); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// removeDir removes container id's directory: first renamed to a claim name
+// of this process, so that a crash half way through leaves a directory
+// that Clean and Recover remove, never one without its supervisor record.
+func (c *Containerizer) removeDir(id string) error {
+	tmp := filepath.Join(c.cfg.StateDir, fmt.Sprintf("%s%s.%d.%d", claimPrefix, id, c.self.Pid, c.self.Start))
+	if err := os.Rename(c.dir(id), tmp); err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil
+		}
+		return err
+	}
+	return os.RemoveAll(tmp)
+}
