@@ -67,7 +67,7 @@ type settings struct {
 	logger    *slog.Logger
 	// migManager creates MIG devices on demand (WithMIGManager), or nil.
 	migManager MIGManager
-	procRoot  string
+	procRoot   string
 }
 
 // WithStateDir makes the allocator durable: its state lives in a file in

@@ -59,8 +59,8 @@ type savedOwner struct {
 	Shared      *savedDevice  `json:"shared,omitempty"`
 	MemoryBytes uint64        `json:"memoryBytes,omitempty"`
 	// MIG are the MIG devices held (optional, see savedMIG).
-	MIG []savedMIG `json:"mig,omitempty"`
-	Holder      *Holder       `json:"holder,omitempty"`
+	MIG    []savedMIG `json:"mig,omitempty"`
+	Holder *Holder    `json:"holder,omitempty"`
 }
 
 type savedHealth struct {

@@ -107,7 +107,7 @@ func (hostDevices) removeDev(dir string) error                            { retu
 // Containerizer runs native GPU containers; see the package documentation.
 // It is safe for concurrent use.
 type Containerizer struct {
-	cfg  Config
+	cfg Config
 	// self is this process as the supervisor of the containers it launches.
 	self allocator.Holder
 	prep *containerizer.Preparer
