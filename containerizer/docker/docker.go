@@ -424,8 +424,9 @@ func (z *Containerizer) Destroy(ctx context.Context, id string) error {
 	// A container being launched is destroyed once its launch has ended.
 	z.mu.Lock()
 	pending, ok := z.containers[id]
+	launching := ok && pending.launching
 	z.mu.Unlock()
-	if ok && pending.launching {
+	if launching {
 		select {
 		case <-pending.ready:
 		case <-ctx.Done():

@@ -40,6 +40,11 @@ func readOnlyPaths() []string {
 type confinement struct {
 	// RootFS is the container's own root file system; "" keeps the host's.
 	RootFS string `json:"rootfs,omitempty"`
+	// HostRoot, for a container that keeps the host's file system, is an
+	// empty directory where the init binds the host's root read-only
+	// (with a private /tmp and, when set, its working directory writable)
+	// and pivots into it.
+	HostRoot string `json:"hostRoot,omitempty"`
 	// Caps are the capability numbers the command keeps.
 	Caps []int `json:"caps"`
 	// User, when set, is who the command runs as.

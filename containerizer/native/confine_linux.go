@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"syscall"
 
 	"github.com/gpuiso/gpuiso/internal/linux"
@@ -95,9 +96,15 @@ func setupFS(cfg initConfig) error {
 		return err
 	}
 	root := "/"
-	if cfg.Confine.RootFS != "" {
+	switch {
+	case cfg.Confine.RootFS != "":
 		root = cfg.Confine.RootFS
 		if err := linux.BindMount(root, root, false); err != nil { // a mount point to pivot into
+			return err
+		}
+	case cfg.Confine.HostRoot != "":
+		root = cfg.Confine.HostRoot
+		if err := hostRootReadOnly(root, cfg.Dir); err != nil {
 			return err
 		}
 	}
@@ -153,6 +160,55 @@ func setupFS(cfg initConfig) error {
 	}
 	if root != "/" {
 		return linux.PivotRoot(root)
+	}
+	return nil
+}
+
+// hostRootReadOnly binds the host's whole mount tree at root and makes every
+// mount of it read-only, as a container's view of the host: the container
+// may read the host's programs, libraries and driver, and change none of
+// them. The host's /tmp (world-writable on the host too) and dir (the
+// working directory), when set, stay writable. /dev, /proc and /sys are
+// mounted afresh over their copies afterwards.
+func hostRootReadOnly(root, dir string) error {
+	if err := linux.BindMount("/", root, false); err != nil {
+		return err
+	}
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return err
+	}
+	points, err := linux.ParseMountPoints(f, root)
+	f.Close()
+	if err != nil {
+		return err
+	}
+	covered := func(p string) bool {
+		for _, d := range []string{"/dev", "/proc", "/sys"} {
+			if p == filepath.Join(root, d) || strings.HasPrefix(p, filepath.Join(root, d)+"/") {
+				return true
+			}
+		}
+		return false
+	}
+	for _, p := range points {
+		if covered(p) {
+			continue // hidden under the container's own
+		}
+		if err := linux.RemountReadOnly(p); err != nil {
+			return err
+		}
+	}
+	for _, w := range []string{"/tmp", dir} {
+		if w == "" || w == "/" {
+			continue
+		}
+		if _, err := os.Stat(w); err != nil {
+			continue // nothing of the host's to share
+		}
+		if err := linux.BindMount(w, filepath.Join(root, w), false); err != nil {
+			return err
+		}
 	}
 	return nil
 }

@@ -97,9 +97,20 @@ func TestEscape(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			n := newNode(t, v)
 			var root, probe = "", n.probe
+			// Without a root file system of its own the container sees the
+			// host's, read-only, and no volume; with one, the volume.
+			hostFile := fmt.Sprintf("/gpuiso-escape-%d", os.Getpid())
+			where := []string{"hostfile=" + hostFile}
 			if col.rootfs {
 				root, probe = rootFS(t, n.probe), "/probe"
+				where = []string{"volume=/usr/local/nvidia"}
 			}
+			t.Cleanup(func() {
+				if _, err := os.Stat(hostFile); err == nil {
+					os.Remove(hostFile)
+					t.Errorf("the container created %s on the host", hostFile)
+				}
+			})
 			ctx := context.Background()
 			// The victim: another container holding GPU 0.
 			if _, err := n.c.Launch(ctx, containerizer.Spec{ID: "victim", Command: []string{n.probe, "sleep", "60"}, GPUs: allocator.Request{Devices: []string{"0"}}}); err != nil {
@@ -110,7 +121,7 @@ func TestEscape(t *testing.T) {
 			other := filepath.Join(n.dirs.State, "victim", "dev", fmt.Sprintf("nvidia%d", minor))
 			var out bytes.Buffer
 			_, err := n.c.Launch(ctx, containerizer.Spec{ID: "attacker", GPUs: allocator.Request{Devices: []string{"1"}}, RootFS: root, Env: []string{"NVIDIA_VISIBLE_DEVICES=all"},
-				Command: []string{probe, "escape", "gpu=" + gpu, "other=" + other, fmt.Sprintf("hostpid=%d", os.Getpid())},
+				Command: append([]string{probe, "escape", "gpu=" + gpu, "other=" + other, fmt.Sprintf("hostpid=%d", os.Getpid())}, where...),
 				Stdout:  &out, Stderr: &out})
 			if err != nil {
 				t.Fatal(err)
@@ -144,7 +155,7 @@ func TestEscape(t *testing.T) {
 		minor := n.inv.Devices[0].Minor
 		var out bytes.Buffer
 		_, err = dz.Launch(ctx, containerizer.Spec{ID: "attacker", Image: img, GPUs: allocator.Request{Devices: []string{"1"}},
-			Command: []string{"escape", fmt.Sprintf("gpu=%d:%d", n.inv.Devices[0].Node.Major, n.inv.Devices[0].Node.Minor), "other=" + filepath.Join(n.dirs.State, "victim", "dev", fmt.Sprintf("nvidia%d", minor)), fmt.Sprintf("hostpid=%d", os.Getpid())},
+			Command: []string{"escape", "volume=/usr/local/nvidia", fmt.Sprintf("gpu=%d:%d", n.inv.Devices[0].Node.Major, n.inv.Devices[0].Node.Minor), "other=" + filepath.Join(n.dirs.State, "victim", "dev", fmt.Sprintf("nvidia%d", minor)), fmt.Sprintf("hostpid=%d", os.Getpid())},
 			Stdout:  &out, Stderr: &out})
 		if err != nil {
 			t.Fatal(err)

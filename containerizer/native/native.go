@@ -175,6 +175,7 @@ func New(cfg Config) (*Containerizer, error) {
 }
 
 func (c *Containerizer) dir(id string) string     { return filepath.Join(c.cfg.StateDir, id) }
+func (c *Containerizer) rootDir(id string) string { return filepath.Join(c.dir(id), "root") }
 func (c *Containerizer) devDir(id string) string  { return filepath.Join(c.dir(id), "dev") }
 func (c *Containerizer) recPath(id string) string { return filepath.Join(c.dir(id), "container.json") }
 func (c *Containerizer) exitPath(id string) string {
@@ -265,6 +266,12 @@ func (c *Containerizer) launch(ctx context.Context, spec containerizer.Spec, ct 
 	}
 	ct.plan, ct.env = plan, env
 
+	if spec.RootFS == "" {
+		// The mount point of the host's root, read-only, in the container.
+		if err := os.Mkdir(c.rootDir(spec.ID), 0o700); err != nil {
+			return err
+		}
+	}
 	if err := c.dev.makeDev(c.devDir(spec.ID), plan.Devices); err != nil {
 		c.dev.removeDev(c.devDir(spec.ID))
 		return fmt.Errorf("private /dev: %w", err)
@@ -348,6 +355,9 @@ func (c *Containerizer) start(ctx context.Context, spec containerizer.Spec, ct *
 		kill()
 		return err
 	}
+	if cf.RootFS == "" {
+		cf.HostRoot = c.rootDir(spec.ID)
+	}
 	cfg := initConfig{Args: spec.Command, Env: ct.env, Dir: spec.Dir, DevDir: c.devDir(spec.ID), Mounts: plan.Mounts, ExitFile: c.exitPath(spec.ID), Confine: cf, Bare: c.bare}
 	if err := writeConfig(w, cfg); err != nil {
 		kill()
@@ -387,7 +397,10 @@ func (c *Containerizer) reap(id string, ct *container) {
 // watch polls an adopted init (not a child of this process) until it ends,
 // then takes the status the init recorded.
 func (c *Containerizer) watch(id string, ct *container) {
-	for alive(c.cfg.ProcRoot, ct.rec.Pid, ct.rec.Start) {
+	c.mu.Lock()
+	pid, start := ct.rec.Pid, ct.rec.Start
+	c.mu.Unlock()
+	for alive(c.cfg.ProcRoot, pid, start) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	code := 128 + int(syscall.SIGKILL) // killed before it could record anything

@@ -20,9 +20,10 @@ var finitModule = map[string]uintptr{"amd64": 313, "arm64": 273}[runtime.GOARCH]
 //	gpu=MAJOR:MINOR   a GPU of another container (mknod, then open)
 //	other=PATH        a device node in another container's /dev
 //	hostpid=PID       a process of the host (ptrace)
-//	volume=DIR        the driver volume's mount point
+//	volume=DIR        the driver volume's mount point ("n/a" without)
+//	hostfile=PATH     a file of the host's root file system to create ("n/a" without)
 func escape(args []string) {
-	set := map[string]string{"volume": "/usr/local/nvidia"}
+	set := map[string]string{}
 	for _, a := range args {
 		k, v, _ := strings.Cut(a, "=")
 		set[k] = v
@@ -36,8 +37,20 @@ func escape(args []string) {
 	report("write-sys", rewrite("/sys/kernel/profiling"))
 	report("umount-dev", syscall.Unmount("/dev", syscall.MNT_DETACH))
 	report("mount-over-dev", syscall.Mount("tmpfs", "/dev", "tmpfs", 0, ""))
-	report("remount-volume-rw", syscall.Mount("", set["volume"], "", syscall.MS_REMOUNT|syscall.MS_BIND, ""))
-	report("write-volume", os.WriteFile(set["volume"]+"/escape", nil, 0o644))
+	if v := set["volume"]; v != "" {
+		report("remount-volume-rw", syscall.Mount("", v, "", syscall.MS_REMOUNT|syscall.MS_BIND, ""))
+		report("write-volume", os.WriteFile(v+"/escape", nil, 0o644))
+	} else {
+		fmt.Println("remount-volume-rw n/a")
+		fmt.Println("write-volume n/a")
+	}
+	if h := set["hostfile"]; h != "" {
+		report("write-host-root", os.WriteFile(h, nil, 0o644))
+		report("remount-root-rw", syscall.Mount("", "/", "", syscall.MS_REMOUNT|syscall.MS_BIND, ""))
+	} else {
+		fmt.Println("write-host-root n/a")
+		fmt.Println("remount-root-rw n/a")
+	}
 	if g := set["gpu"]; g != "" {
 		major, minor, _ := strings.Cut(g, ":")
 		ma, _ := strconv.Atoi(major)
