@@ -139,6 +139,9 @@ func (i *Isolator) Path(owner string) string { return filepath.Join(i.mount, i.p
 // else is denied), creating the cgroup if needed. On a live cgroup it
 // changes only what differs and never denies a device that stays allowed.
 func (i *Isolator) Apply(ctx context.Context, owner string, rules []isolator.Rule) error {
+	if i.mount == "" {
+		return ErrNotMade
+	}
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -168,6 +171,9 @@ func (i *Isolator) Apply(ctx context.Context, owner string, rules []isolator.Rul
 
 // Rules reads the allow rules in force for owner from the kernel.
 func (i *Isolator) Rules(ctx context.Context, owner string) ([]isolator.Rule, error) {
+	if i.mount == "" {
+		return nil, ErrNotMade
+	}
 	if err := node.ValidateOwner(owner); err != nil {
 		return nil, err
 	}
@@ -182,6 +188,9 @@ func (i *Isolator) Rules(ctx context.Context, owner string) ([]isolator.Rule, er
 
 // AddProcess moves pid into owner's cgroup.
 func (i *Isolator) AddProcess(ctx context.Context, owner string, pid int) error {
+	if i.mount == "" {
+		return ErrNotMade
+	}
 	if err := node.ValidateOwner(owner); err != nil {
 		return err
 	}
@@ -196,6 +205,9 @@ func (i *Isolator) AddProcess(ctx context.Context, owner string, pid int) error 
 
 // Processes lists the processes in owner's cgroup.
 func (i *Isolator) Processes(ctx context.Context, owner string) ([]int, error) {
+	if i.mount == "" {
+		return nil, ErrNotMade
+	}
 	if err := node.ValidateOwner(owner); err != nil {
 		return nil, err
 	}
@@ -221,6 +233,9 @@ func (i *Isolator) Processes(ctx context.Context, owner string) ([]int, error) {
 // until the cgroup is empty) and removes the cgroup. A cgroup that is
 // already gone is not an error.
 func (i *Isolator) Destroy(ctx context.Context, owner string) error {
+	if i.mount == "" {
+		return ErrNotMade
+	}
 	if err := node.ValidateOwner(owner); err != nil {
 		return err
 	}
@@ -267,6 +282,9 @@ func (i *Isolator) Destroy(ctx context.Context, owner string) error {
 // Owners lists the containers whose cgroups exist: what recovery after a
 // restart starts from.
 func (i *Isolator) Owners(ctx context.Context) ([]string, error) {
+	if i.mount == "" {
+		return nil, ErrNotMade
+	}
 	entries, err := os.ReadDir(filepath.Join(i.mount, i.parent))
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil

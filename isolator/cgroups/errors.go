@@ -1,14 +1,19 @@
 package cgroups
 
 import (
-	"errors"
 	"fmt"
 
 	"github.com/gpuiso/gpuiso/isolator"
+	"github.com/gpuiso/gpuiso/node"
 )
 
 // ErrVerify: the rules read back from the kernel differ from those written.
-var ErrVerify = errors.New("device rules read back differ from those applied")
+var ErrVerify = node.Sentinel(node.ErrCorrupt, "device rules read back differ from those applied")
+
+// ErrNotMade: an Isolator was not made with New (its zero value): it
+// refuses every call rather than touch paths relative to the working
+// directory.
+var ErrNotMade = node.Sentinel(node.ErrInvalid, "cgroups isolator not made with New")
 
 // VerifyError carries what was applied and what the kernel holds.
 type VerifyError struct {

@@ -153,6 +153,9 @@ func (i *Isolator) rulesV2(owner string) ([]isolator.Rule, error) {
 // Programs counts the device programs attached to owner's cgroup (v2 only):
 // one after any number of updates.
 func (i *Isolator) Programs(ctx context.Context, owner string) (int, error) {
+	if i.mount == "" {
+		return 0, ErrNotMade
+	}
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
@@ -179,6 +182,9 @@ func (i *Isolator) Programs(ctx context.Context, owner string) (int, error) {
 // SysProcAttr.UseCgroupFD), which is faster than moving it in afterwards and
 // leaves no moment outside. Only for V2; the caller closes the file.
 func (i *Isolator) OpenCgroup(owner string) (*os.File, error) {
+	if i.mount == "" {
+		return nil, ErrNotMade
+	}
 	if i.version != V2 {
 		return nil, fmt.Errorf("open cgroup: cgroup %s: %w", i.version, isolator.ErrNotSupported)
 	}
