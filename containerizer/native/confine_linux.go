@@ -174,6 +174,12 @@ func hostRootReadOnly(root, dir string) error {
 	if err := linux.BindMount("/", root, false); err != nil {
 		return err
 	}
+	// The copy takes no mount events from the host any more: a mount made
+	// on the host later must not appear writable in the container, and one
+	// unmounted there must not vanish under the walk below.
+	if err := linux.MakeRPrivate(root); err != nil {
+		return err
+	}
 	f, err := os.Open("/proc/self/mountinfo")
 	if err != nil {
 		return err

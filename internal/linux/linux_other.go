@@ -37,6 +37,9 @@ func MountDevTmpfs(string) error { return ErrNotSupported }
 // MakeRSlave is not supported on this operating system.
 func MakeRSlave(string) error { return ErrNotSupported }
 
+// MakeRPrivate is not supported on this operating system.
+func MakeRPrivate(string) error { return ErrNotSupported }
+
 // BindMount is not supported on this operating system.
 func BindMount(string, string, bool) error { return ErrNotSupported }
 

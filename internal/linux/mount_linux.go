@@ -24,6 +24,15 @@ func MakeRSlave(path string) error {
 	return nil
 }
 
+// MakeRPrivate makes the mount at path and every mount below it private:
+// they neither send nor receive mount events.
+func MakeRPrivate(path string) error {
+	if err := unix.Mount("", path, "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+		return &fs.PathError{Op: "make rprivate", Path: path, Err: err}
+	}
+	return nil
+}
+
 // BindMount binds src (recursively) onto dst; with readOnly the bind is then
 // remounted read-only, nosuid and nodev.
 func BindMount(src, dst string, readOnly bool) error {
