@@ -6,13 +6,18 @@
 // /sys and cgroups, masked /proc). It exits with the command's status.
 //
 //	gpurun [--simulate NAME] [--gpus N | --devices LIST | --mig PROFILE] [--policy P]
-//	       [--state-dir DIR] [--cgroup v1|v2] [--rootfs DIR] [--user UID[:GID]]
+//	       [--state-dir DIR] [--cgroup v1|v2] [--rootfs DIR [--label K=V]... | --image ARCHIVE]
+//	       [--user UID[:GID]]
 //	       [--cap-add CAP]... [--quiet] -- CMD [ARGS...]
 //
 // --mig takes one MIG device of that profile (e.g. 1g.10gb) instead of whole
-// GPUs; --rootfs runs the command in DIR as its root file system; --user runs
-// it as that user (with no capabilities); --cap-add adds a capability to
-// Docker's default set (repeatable).
+// GPUs; --rootfs runs the command in DIR as its root file system (--label
+// KEY=VALUE says what its image declares, such as
+// com.nvidia.volumes.needed=nvidia_driver for the driver volume); --image
+// unpacks an OCI layout or a docker save archive and runs in it, with its
+// labels, environment and entrypoint; --user runs it as that user (with no
+// capabilities); --cap-add adds a capability to Docker's default set
+// (repeatable).
 //
 // --mig PROFILE asks for --gpus MIG devices of that profile ("1g.10gb")
 // instead of whole GPUs, on a node with MIG enabled on some GPUs
@@ -29,12 +34,14 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 
 	"github.com/gpuiso/gpuiso/allocator"
 	"github.com/gpuiso/gpuiso/containerizer"
 	"github.com/gpuiso/gpuiso/containerizer/native"
+	"github.com/gpuiso/gpuiso/containerizer/rootfs"
 	"github.com/gpuiso/gpuiso/internal/cli"
 	"github.com/gpuiso/gpuiso/isolator/cgroups"
 	"github.com/gpuiso/gpuiso/node/simnode"
@@ -63,7 +70,17 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	stateDir := fs.String("state-dir", "", "keep the allocator's state in DIR, shared with every gpurun that names it (default: in memory)")
 	version := fs.String("cgroup", "", "cgroup version for devices: v1 or v2 (default: the host's)")
 	quiet := fs.Bool("quiet", false, "do not print which GPUs and volume the command got")
-	rootfs := fs.String("rootfs", "", "run the command in DIR as its root file system")
+	rootDir := fs.String("rootfs", "", "run the command in DIR as its root file system")
+	image := fs.String("image", "", "unpack the image ARCHIVE (an OCI layout, or a tar of one or of docker save) and run in it")
+	labels := map[string]string{}
+	fs.Func("label", "KEY=VALUE: a label of the --rootfs image, such as com.nvidia.volumes.needed=nvidia_driver (repeatable)", func(s string) error {
+		k, v, ok := strings.Cut(s, "=")
+		if !ok || k == "" {
+			return fmt.Errorf("want KEY=VALUE")
+		}
+		labels[k] = v
+		return nil
+	})
 	user := fs.String("user", "", "run the command as UID[:GID]")
 	var capAdd []string
 	fs.Func("cap-add", "add a capability to the default set (repeatable)", func(s string) error {
@@ -83,8 +100,11 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		}
 		return fail("%v (see gpurun --help)", err)
 	}
-	if fs.NArg() == 0 {
+	if fs.NArg() == 0 && *image == "" {
 		return fail("no command (gpurun [flags] -- CMD [ARGS...])")
+	}
+	if *image != "" && *rootDir != "" {
+		return fail("--image and --rootfs exclude each other")
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
@@ -168,8 +188,31 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	}
 
 	id := fmt.Sprintf("gpurun-%d", os.Getpid())
-	ct, err := c.Launch(ctx, containerizer.Spec{ID: id, Command: fs.Args(), GPUs: req, Stdin: stdin, Stdout: stdout, Stderr: stderr,
-		RootFS: *rootfs, User: usr, CapAdd: capAdd})
+	spec := containerizer.Spec{ID: id, Command: fs.Args(), GPUs: req, Stdin: stdin, Stdout: stdout, Stderr: stderr,
+		RootFS: *rootDir, Labels: labels, User: usr, CapAdd: capAdd}
+	if *image != "" {
+		// The image's labels and environment decide the driver volume, as
+		// for a Docker image; its entrypoint runs the arguments (or its CMD).
+		dir, err := os.MkdirTemp("", cli.TempPattern("gpurun-rootfs"))
+		if err != nil {
+			return fail("%v", err)
+		}
+		defer os.RemoveAll(dir)
+		img, err := rootfs.Unpack(ctx, *image, filepath.Join(dir, "rootfs"))
+		if err != nil {
+			return fail("%v", err)
+		}
+		spec.RootFS, spec.Labels, spec.Env, spec.Dir = filepath.Join(dir, "rootfs"), img.Labels, img.Env, img.WorkingDir
+		args := fs.Args()
+		if len(args) == 0 {
+			args = img.Cmd
+		}
+		spec.Command = append(slices.Clone(img.Entrypoint), args...)
+		if len(spec.Command) == 0 {
+			return fail("image %s has no entrypoint or command, and none was given", *image)
+		}
+	}
+	ct, err := c.Launch(ctx, spec)
 	if err != nil {
 		return fail("%v", err)
 	}
