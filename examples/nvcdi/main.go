@@ -16,7 +16,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -48,10 +47,6 @@ const usage = `usage: nvcdi generate|list|validate [flags]
 `
 
 // Exit statuses.
-const (
-	exitOK    = 0
-	exitError = 125 // the program's own error, as docker run has it
-)
 
 // defaultSimRoot is where --simulate makes a node's device nodes unless
 // --dev-root says otherwise: they must outlive the command, since the spec
@@ -67,24 +62,13 @@ func (m *multi) Set(v string) error { *m = append(*m, v); return nil }
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fail := func(format string, a ...any) int {
 		fmt.Fprintf(stderr, format+"\n", a...)
-		return exitError
+		return cli.ExitError
 	}
-	if len(args) == 0 {
-		return fail("nvcdi: no command (generate, list or validate; see nvcdi --help)")
-	}
-	if args[0] == "-h" || args[0] == "-help" || args[0] == "--help" {
-		fmt.Fprint(stdout, usage)
-		return exitOK
-	}
-	if strings.HasPrefix(args[0], "-") {
-		return fail("nvcdi: %s before the command (generate, list or validate; see nvcdi --help)", args[0])
-	}
-	cmd := args[0]
-	if cmd != "generate" && cmd != "list" && cmd != "validate" {
-		return fail("nvcdi: unknown command %q (generate, list or validate)", cmd)
+	cmd, code, done := cli.Subcommand("nvcdi", []string{"generate", "list", "validate"}, args, usage, stdout, stderr)
+	if done {
+		return code
 	}
 	fs := flag.NewFlagSet("nvcdi "+cmd, flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
 	var dirs multi
 	var dir, kind, vol, simulate, devRoot *string
 	switch cmd {
@@ -97,13 +81,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	case "list":
 		fs.Var(&dirs, "dir", "spec directory, repeatable (default "+strings.Join(cdi.DefaultDirs(), " and ")+")")
 	}
-	if err := fs.Parse(args[1:]); errors.Is(err, flag.ErrHelp) {
-		fmt.Fprint(stdout, usage)
-		fs.SetOutput(stdout)
-		fs.PrintDefaults()
-		return exitOK
-	} else if err != nil {
-		return fail("nvcdi %s: %v (see nvcdi --help)", cmd, err)
+	if code, done := cli.Parse(fs, args[1:], usage, stdout, stderr); done {
+		return code
 	}
 
 	switch cmd {
@@ -116,7 +95,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			return fail("nvcdi validate: %v", err)
 		}
 		fmt.Fprintf(stdout, "%s: valid, cdiVersion %s, kind %s, %d devices\n", fs.Arg(0), spec.Version, spec.Kind, len(spec.Devices))
-		return exitOK
+		return cli.ExitOK
 	case "list":
 		if fs.NArg() > 0 {
 			return fail("nvcdi list: unexpected arguments %q", fs.Args())
@@ -128,7 +107,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		if err != nil {
 			return fail("nvcdi list: %s", strings.ReplaceAll(err.Error(), "\n", "; "))
 		}
-		return exitOK
+		return cli.ExitOK
 	}
 
 	// generate
@@ -185,7 +164,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	for _, d := range spec.Devices {
 		fmt.Fprintf(stdout, "%s=%s\n", spec.Kind, d.Name)
 	}
-	return exitOK
+	return cli.ExitOK
 }
 
 // simulated discovers the simulated node name whose host tree lives under

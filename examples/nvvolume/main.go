@@ -13,7 +13,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -24,6 +23,7 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
+	"github.com/gpuiso/gpuiso/internal/cli"
 	"github.com/gpuiso/gpuiso/node/nvmlnode"
 	"github.com/gpuiso/gpuiso/volume"
 )
@@ -42,43 +42,26 @@ const usage = `usage: nvvolume build|list|gc [flags]
 `
 
 // Exit statuses.
-const (
-	exitOK    = 0
-	exitError = 125 // the program's own error, as docker run has it
-)
 
 // run is the command: it returns the exit status.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fail := func(format string, a ...any) int {
 		fmt.Fprintf(stderr, format+"\n", a...)
-		return exitError
+		return cli.ExitError
 	}
-	if len(args) == 0 {
-		return fail("nvvolume: no command (build, list or gc; see nvvolume --help)")
+	cmd, code, done := cli.Subcommand("nvvolume", []string{"build", "list", "gc"}, args, usage, stdout, stderr)
+	if done {
+		return code
 	}
-	if args[0] == "-h" || args[0] == "-help" || args[0] == "--help" {
-		fmt.Fprint(stdout, usage)
-		return exitOK
-	}
-	if strings.HasPrefix(args[0], "-") {
-		return fail("nvvolume: %s before the command (build, list or gc; see nvvolume --help)", args[0])
-	}
-	cmd := args[0]
 	fs := flag.NewFlagSet("nvvolume "+cmd, flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
 	root := fs.String("root", volume.DefaultRoot, "directory holding the volumes")
 	driverRoot := fs.String("driver-root", "", "directory the driver is installed under (default: the first of "+strings.Join(volume.DefaultDriverRoots(), ", ")+" with the driver in its ld.so cache)")
 	version := fs.String("driver-version", "", "driver version (default: detected)")
 	caps := fs.String("capabilities", "all", "capabilities the volume serves, comma-separated, or all")
 	verify := fs.Bool("verify", false, "build: read every copied file to verify an existing volume")
 	keep := fs.String("keep", "", "gc: a version to keep even when unused")
-	if err := fs.Parse(args[1:]); errors.Is(err, flag.ErrHelp) {
-		fmt.Fprint(stdout, usage)
-		fs.SetOutput(stdout)
-		fs.PrintDefaults()
-		return exitOK
-	} else if err != nil {
-		return fail("nvvolume %s: %v (see nvvolume --help)", cmd, err)
+	if code, done := cli.Parse(fs, args[1:], usage, stdout, stderr); done {
+		return code
 	}
 	if fs.NArg() > 0 {
 		return fail("nvvolume %s: unexpected arguments %q", cmd, fs.Args())
@@ -150,7 +133,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			return fail("nvvolume gc: %v", err)
 		}
 	}
-	return exitOK
+	return cli.ExitOK
 }
 
 // nvmlVersion asks NVML for the loaded driver's version; without a kernel
