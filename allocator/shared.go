@@ -22,8 +22,8 @@ import (
 // with the state file. The caller holds a.mu and calls the returned unlock
 // when its change is on disk.
 func (a *Allocator) lockState(ctx context.Context) (unlock func(), err error) {
-	if a.store == nil {
-		return func() {}, nil
+	if a.store == nil || a.store.held > 0 {
+		return func() {}, nil // no directory, or Exclusive holds it
 	}
 	locked := true
 	if err := linux.Lock(ctx, a.store.lockFile); err != nil {
@@ -42,6 +42,40 @@ func (a *Allocator) lockState(ctx context.Context) (unlock func(), err error) {
 		return nil, err
 	}
 	return unlock, nil
+}
+
+// Exclusive runs fn while this allocator holds the state directory's lock:
+// no allocator of another process changes the state meanwhile, so fn can
+// bring the state in line with something outside it (a container daemon's
+// containers, say) and act on it as one step. The allocator's own methods
+// may be called from fn; other allocators on the directory (in this process
+// or another) wait. Without a state directory fn simply runs.
+func (a *Allocator) Exclusive(ctx context.Context, fn func() error) error {
+	if a.inv == nil {
+		return ErrNotMade
+	}
+	if fn == nil {
+		return fmt.Errorf("exclusive: nil function: %w", ErrInvalidRequest)
+	}
+	a.mu.Lock()
+	unlock, err := a.lockState(ctx)
+	if err != nil {
+		a.mu.Unlock()
+		return fmt.Errorf("exclusive: %w", err)
+	}
+	if a.store != nil {
+		a.store.held++
+	}
+	a.mu.Unlock()
+	defer func() {
+		a.mu.Lock()
+		if a.store != nil {
+			a.store.held--
+		}
+		unlock()
+		a.mu.Unlock()
+	}()
+	return fn()
 }
 
 // refresh brings memory up to date with the state file for a read; on an

@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -273,5 +274,55 @@ func TestSharedDeviceNamedTwice(t *testing.T) {
 		if _, err := allocator.New(inv, allocator.WithShared(refs...)); !errors.Is(err, allocator.ErrDuplicateDevice) {
 			t.Errorf("WithShared(%q): %v, want ErrDuplicateDevice", refs, err)
 		}
+	}
+}
+
+// TestExclusive: while one allocator runs a function under Exclusive, an
+// allocator of the same directory waits for it, and then sees what the
+// function did; the function itself may change the state.
+func TestExclusive(t *testing.T) {
+	dir := t.TempDir()
+	inv := simInv(t, "dgx1-volta")
+	a1, err := allocator.New(inv, allocator.WithStateDir(dir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a1.Close()
+	a2, err := allocator.New(inv.Clone(), allocator.WithStateDir(dir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a2.Close()
+	ctx := context.Background()
+	done := make(chan allocator.Allocation, 1)
+	err = a1.Exclusive(ctx, func() error {
+		go func() {
+			al, err := a2.Allocate(ctx, "second", allocator.Request{Count: 8})
+			if err != nil {
+				al = allocator.Allocation{Owner: err.Error()}
+			}
+			done <- al
+		}()
+		time.Sleep(200 * time.Millisecond)
+		select {
+		case al := <-done:
+			return fmt.Errorf("the other allocator changed the state during Exclusive: %+v", al)
+		default:
+		}
+		_, err := a1.Allocate(ctx, "first", allocator.Request{Devices: []string{"0"}})
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if al := <-done; !strings.Contains(al.Owner, "not enough free GPUs") { // 8 asked, 7 free after "first"
+		t.Fatalf("after Exclusive: %+v", al)
+	}
+	if _, err := a2.Allocation("first"); err != nil {
+		t.Fatalf("the other allocator does not see the change made under Exclusive: %v", err)
+	}
+	var zero allocator.Allocator
+	if err := zero.Exclusive(ctx, func() error { return nil }); !errors.Is(err, allocator.ErrNotMade) {
+		t.Fatalf("zero allocator: %v", err)
 	}
 }

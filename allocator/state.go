@@ -262,6 +262,10 @@ type store struct {
 	dir      string
 	procRoot string
 	lockFile *os.File
+	// held counts the Exclusive calls of this allocator in progress: the
+	// lock is this allocator's for as long, and its changes do not take it
+	// again.
+	held int
 	// sum is the SHA-256 of the state file as this allocator last read or
 	// wrote it; known is false until then, and none says there was no file.
 	sum   [sha256.Size]byte

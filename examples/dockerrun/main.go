@@ -17,6 +17,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -38,6 +39,7 @@ import (
 	"github.com/gpuiso/gpuiso/containerizer/docker"
 	"github.com/gpuiso/gpuiso/internal/cli"
 	isodocker "github.com/gpuiso/gpuiso/isolator/docker"
+	"github.com/gpuiso/gpuiso/node"
 	"github.com/gpuiso/gpuiso/node/simnode"
 	"github.com/gpuiso/gpuiso/volume"
 )
@@ -138,15 +140,6 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	id := fmt.Sprintf("dockerrun-%d", os.Getpid())
 	ns := namespace(state)
 	vols, volNote := cli.DriverVolume(ctx)
-	if err := collect(ctx, dc, alloc, vols, ns); err != nil {
-		fmt.Fprintf(stderr, "dockerrun: cleaning up after killed runs: %v\n", err)
-		if gc {
-			return exitFailed
-		}
-	}
-	if gc {
-		return 0
-	}
 	opts := []docker.Option{docker.WithDevRoot(devRoot), docker.WithNamespace(ns),
 		docker.WithLabels(map[string]string{LabelSupervisor: fmt.Sprintf("%d.%d", self.Pid, self.Start)})}
 	if vols != nil {
@@ -156,14 +149,42 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return fail("%v", err)
 	}
-	ct, err := z.Launch(ctx, containerizer.Spec{ID: id, Image: fs.Arg(0), Command: fs.Args()[1:], GPUs: req, Stdout: stdout, Stderr: stderr})
+	// The daemon is the truth, and every run reads and changes it under the
+	// allocator's lock: what killed runs left is removed, the allocation is
+	// brought in line with the containers' labels, and only then is this
+	// run's container created. No other run acts in between.
+	var ct containerizer.Container
+	err = alloc.Exclusive(ctx, func() error {
+		if err := collect(ctx, dc, alloc, vols, ns); err != nil {
+			if gc {
+				return err
+			}
+			fmt.Fprintf(stderr, "dockerrun: cleaning up after killed runs: %v\n", err)
+		}
+		if err := adopt(ctx, dc, alloc, ns); err != nil {
+			return err
+		}
+		if gc {
+			return nil
+		}
+		var err error
+		ct, err = z.Launch(ctx, containerizer.Spec{ID: id, Image: fs.Arg(0), Command: fs.Args()[1:], GPUs: req, Stdout: stdout, Stderr: stderr})
+		return err
+	})
+	if gc {
+		if err != nil {
+			return fail("%v", err)
+		}
+		return 0
+	}
 	if err != nil {
 		if errors.Is(err, docker.ErrNoVolume) {
 			err = fmt.Errorf("%w (%s)", err, volNote)
 		}
 		return fail("%v", err)
 	}
-	defer z.Destroy(context.WithoutCancel(ctx), id)
+	// Removing the container and giving back its GPUs is one step too.
+	defer alloc.Exclusive(context.WithoutCancel(ctx), func() error { return z.Destroy(context.WithoutCancel(ctx), id) })
 	if !*quiet {
 		fmt.Fprintf(stderr, "dockerrun: %s%s; %s; container %.12s\n", cli.DescribeGPUs(ct.GPUs), where, volumeNote(ct.Volume), ct.RuntimeID)
 	}
@@ -180,6 +201,54 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 func namespace(stateDir string) string {
 	sum := sha256.Sum256([]byte(stateDir))
 	return "dockerrun-" + hex.EncodeToString(sum[:6])
+}
+
+// adopt makes the allocator hold, for every container of the namespace
+// whose dockerrun lives, the GPUs its labels name: the daemon is the truth
+// when a state file was lost or replaced. The caller holds the allocator's
+// lock (Exclusive).
+func adopt(ctx context.Context, dc *client.Client, alloc *allocator.Allocator, ns string) error {
+	list, err := dc.ContainerList(ctx, client.ContainerListOptions{
+		All:     true,
+		Filters: make(client.Filters).Add("label", docker.LabelNamespace+"="+ns),
+	})
+	if err != nil {
+		return fmt.Errorf("list containers: %w", err)
+	}
+	var errs []error
+	for _, c := range list.Items {
+		owner, sup := c.Labels[isodocker.LabelOwner], c.Labels[LabelSupervisor]
+		holder, ok := parseSupervisor(sup)
+		if owner == "" || !ok || holder.Dead("") {
+			continue // not a live run's (collect removes the dead ones)
+		}
+		var gpus []node.DeviceRef
+		if err := json.Unmarshal([]byte(c.Labels[isodocker.LabelGPUs]), &gpus); err != nil {
+			errs = append(errs, fmt.Errorf("container %.12s: label %s: %w", c.ID, isodocker.LabelGPUs, err))
+			continue
+		}
+		want := make([]string, 0, len(gpus))
+		for _, g := range gpus {
+			want = append(want, g.UUID)
+		}
+		if al, err := alloc.Allocation(owner); err == nil {
+			have := make([]string, 0, len(al.Devices))
+			for _, d := range al.Devices {
+				have = append(have, d.UUID)
+			}
+			if !slices.Equal(have, want) {
+				errs = append(errs, fmt.Errorf("container %.12s of %s has GPUs %v, the allocator gives it %v", c.ID, owner, want, have))
+			}
+			continue
+		}
+		if len(want) == 0 {
+			continue // a container without GPUs holds nothing
+		}
+		if _, err := alloc.Allocate(ctx, owner, allocator.Request{Devices: want, Holder: &holder}); err != nil {
+			errs = append(errs, fmt.Errorf("container %.12s of %s: %w", c.ID, owner, err))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // collect removes what killed runs left: first the containers whose
@@ -243,13 +312,19 @@ func collect(ctx context.Context, dc *client.Client, alloc *allocator.Allocator,
 // supervisorDead reads a LabelSupervisor value: true when that dockerrun
 // provably ended.
 func supervisorDead(v string) bool {
+	h, ok := parseSupervisor(v)
+	return ok && h.Dead("")
+}
+
+// parseSupervisor reads a LabelSupervisor value, "<pid>.<start time>".
+func parseSupervisor(v string) (allocator.Holder, bool) {
 	p, s, ok := strings.Cut(v, ".")
 	pid, err1 := strconv.Atoi(p)
 	start, err2 := strconv.ParseUint(s, 10, 64)
 	if !ok || err1 != nil || err2 != nil || pid <= 0 {
-		return false
+		return allocator.Holder{}, false
 	}
-	return allocator.Holder{Pid: pid, Start: start}.Dead("")
+	return allocator.Holder{Pid: pid, Start: start}, true
 }
 
 func volumeNote(path string) string {

@@ -207,3 +207,36 @@ func TestKilledDockerRuns(t *testing.T) {
 	t.Logf("%d kills left %d containers before the next start", kills, n)
 	r.checkClean()
 }
+
+// TestDaemonIsTheTruth: when the allocator's state is lost while a run's
+// container lives, the next run takes that container's GPUs from its labels
+// (under the state directory's lock) and never hands them out again.
+func TestDaemonIsTheTruth(t *testing.T) {
+	r := newDockerRuns(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	long := r.cmd(ctx, "--gpus", "2", r.img, "sleep", "60")
+	if err := long.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { long.Process.Signal(syscall.SIGTERM); long.Wait() }()
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(50 * time.Millisecond) {
+		if _, running := r.containers(); len(running) > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the long run's container never ran")
+		}
+	}
+	// The state is lost: its file is gone, the container still runs.
+	if err := os.Remove(filepath.Join(r.state, allocator.StateFile)); err != nil {
+		t.Fatal(err)
+	}
+	out, err := r.cmd(ctx, "--gpus", "8", r.img, "exit", "0").CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "not enough free GPUs") {
+		t.Fatalf("8 GPUs while a container holds 2: %v\n%s", err, out)
+	}
+	if out, err := r.cmd(ctx, "--gpus", "6", r.img, "exit", "0").CombinedOutput(); err != nil {
+		t.Fatalf("the 6 free GPUs: %v\n%s", err, out)
+	}
+}
