@@ -158,6 +158,13 @@ func setupFS(cfg initConfig) error {
 			return err
 		}
 	}
+	if cfg.Confine.HostRoot != "" {
+		// The containerizer's state (every container's record and /dev)
+		// is none of the container's business.
+		if err := linux.MaskPath(at(filepath.Dir(filepath.Dir(cfg.DevDir))), at("/dev/null")); err != nil {
+			return err
+		}
+	}
 	if root != "/" {
 		return linux.PivotRoot(root)
 	}
@@ -201,7 +208,14 @@ func hostRootReadOnly(root, dir string) error {
 		if covered(p) {
 			continue // hidden under the container's own
 		}
-		if err := linux.RemountReadOnly(p); err != nil {
+		err := linux.RemountReadOnly(p)
+		if err != nil && p != root && (errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.EINVAL)) {
+			// Gone since the listing: the host removed its mount point
+			// (a Docker container's overlay, say), which detaches the copy
+			// here too. Nothing of it is left to protect.
+			continue
+		}
+		if err != nil {
 			return err
 		}
 	}
