@@ -23,7 +23,7 @@ provision:
 # The packages that neither talk to NVML nor need Linux: the node model, the
 # allocator, volume logic, the isolation plans and renderings, the Docker
 # back end. They must build without cgo and for another GOOS.
-PURE := ./node ./allocator ./volume ./isolator/... ./containerizer ./containerizer/docker ./internal/ldcache ./internal/linux
+PURE := ./node ./allocator ./volume ./isolator/... ./containerizer ./containerizer/docker ./containerizer/rootfs ./internal/ldcache ./internal/linux
 
 ## check: formatting, vet, and the pure packages built without cgo and for darwin
 check:

@@ -23,9 +23,9 @@ rm -rf "$stage" "$out/bin" "$out/run.sh" "$out/gpuiso-hwtest.tar.gz"
 mkdir -p "$stage/bin"
 cd "$root"
 for p in "${pkgs[@]}"; do
-  "$GO" test -c -ldflags='-s -w' -o "$stage/bin/$(basename "$p").test" "./$p"
+  "$GO" test -c -buildvcs=false -ldflags='-s -w' -o "$stage/bin/$(basename "$p").test" "./$p"
 done
-CGO_ENABLED=0 "$GO" build -trimpath -ldflags='-s -w' -o "$stage/bin/probe" ./testdata/probe
+CGO_ENABLED=0 "$GO" build -buildvcs=false -trimpath -ldflags='-s -w' -o "$stage/bin/probe" ./testdata/probe
 "$CC" -O2 -s -Wall -Wextra -Werror -o "$stage/bin/cudacheck" testdata/cudacheck/cudacheck.c -ldl
 install -m 0755 internal/hwtest/run.sh "$stage/run.sh"
 git rev-parse --short HEAD >"$stage/REVISION" 2>/dev/null || echo unknown >"$stage/REVISION"

@@ -46,7 +46,7 @@ func BuildProbe(tb testing.TB) string {
 		tb.Fatalf("no prebuilt probe (set %s, or put it next to the test binary) and no go command to build one: %v", ProbeEnv, err)
 	}
 	out := filepath.Join(tb.TempDir(), "probe")
-	cmd := exec.Command("go", "build", "-trimpath", "-o", out, ProbePackage)
+	cmd := exec.Command("go", "build", "-buildvcs=false", "-trimpath", "-o", out, ProbePackage)
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if b, err := cmd.CombinedOutput(); err != nil {
 		tb.Fatalf("build probe: %v\n%s", err, b)
