@@ -1,13 +1,11 @@
 package native_test
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"syscall"
@@ -70,24 +68,7 @@ func runAgent() int {
 func TestRecoverAfterSIGKILL(t *testing.T) {
 	versions(t, func(t *testing.T, n *testNode) {
 		ctx := context.Background()
-		cfg := agentConfig{Dirs: n.dirs, Version: n.version, Parent: n.parentCG, Launch: map[string]string{
-			"long-a": "sleep 1000", "long-b": "sleep 1000", "short": "sleep 0.3",
-		}}
-		b, _ := json.Marshal(cfg)
-		exe, _ := os.Executable()
-		agent := exec.Command(exe, "-test.run=^$")
-		agent.Env = append(os.Environ(), agentEnv+"="+string(b))
-		agent.Stderr = os.Stderr
-		out, _ := agent.StdoutPipe()
-		if err := agent.Start(); err != nil {
-			t.Fatal(err)
-		}
-		line, _ := bufio.NewReader(out).ReadString('\n')
-		if line != "ready\n" {
-			agent.Process.Kill()
-			agent.Wait()
-			t.Fatalf("agent: %q", line)
-		}
+		agent := startAgent(t, n, map[string]string{"long-a": "sleep 1000", "long-b": "sleep 1000", "short": "sleep 0.3"})
 		if err := agent.Process.Signal(syscall.SIGKILL); err != nil {
 			t.Fatal(err)
 		}
