@@ -2,7 +2,9 @@ package containerizer
 
 import (
 	"context"
+	"fmt"
 	"io"
+	"os"
 
 	"github.com/gpuiso/gpuiso/allocator"
 	"github.com/gpuiso/gpuiso/node"
@@ -61,6 +63,14 @@ type Spec struct {
 	// CapAdd adds capabilities ("SYS_PTRACE" or "CAP_SYS_PTRACE") to the
 	// default set the command gets (Docker's).
 	CapAdd []string `json:"capAdd,omitempty"`
+	// Network is the container's network: NetworkPrivate (the default, its
+	// own network namespace with only a loopback interface, as Docker's
+	// "none") or NetworkHost (the host's, an explicit opt-in: the container
+	// then reaches every listener and abstract socket of the host).
+	Network Network `json:"network,omitempty"`
+	// ExtraFiles are handed to a native container's command as descriptors
+	// 3, 4, ...; nothing else the caller holds open crosses into it.
+	ExtraFiles []*os.File `json:"-"`
 	// Stdin feeds the container's standard input; nil means none.
 	Stdin io.Reader `json:"-"`
 	// Stdout and Stderr receive the container's output; nil discards it.
@@ -69,6 +79,29 @@ type Spec struct {
 	// own writes.
 	Stdout io.Writer `json:"-"`
 	Stderr io.Writer `json:"-"`
+}
+
+// Network is the network a container is in.
+type Network string
+
+// Networks.
+const (
+	// NetworkPrivate is a network namespace of the container's own,
+	// holding only a loopback interface.
+	NetworkPrivate Network = ""
+	// NetworkNone is NetworkPrivate by Docker's name.
+	NetworkNone Network = "none"
+	// NetworkHost is the host's network namespace.
+	NetworkHost Network = "host"
+)
+
+// ParseNetwork reads a network name: "", "none" or "host".
+func ParseNetwork(s string) (Network, error) {
+	switch n := Network(s); n {
+	case NetworkPrivate, NetworkNone, NetworkHost:
+		return n, nil
+	}
+	return "", fmt.Errorf("%w: network %q: want none or host", ErrInvalidSpec, s)
 }
 
 // Kind is a containerizer back end.

@@ -231,6 +231,12 @@ func (z *Containerizer) Launch(ctx context.Context, spec containerizer.Spec) (c 
 	if spec.Image == "" {
 		return c, fmt.Errorf("launch %s: %w: no image", spec.ID, containerizer.ErrInvalidSpec)
 	}
+	if _, err := containerizer.ParseNetwork(string(spec.Network)); err != nil {
+		return c, fmt.Errorf("launch %s: %w", spec.ID, err)
+	}
+	if len(spec.ExtraFiles) > 0 {
+		return c, fmt.Errorf("launch %s: extra files for a docker container: %w", spec.ID, containerizer.ErrNotSupported)
+	}
 	if spec.Stdin != nil {
 		return c, fmt.Errorf("launch %s: standard input for a docker container: %w", spec.ID, containerizer.ErrNotSupported)
 	}
@@ -292,6 +298,9 @@ func (z *Containerizer) Launch(ctx context.Context, spec containerizer.Spec) (c 
 		cfg.Labels[k] = v
 	}
 	hc := &container.HostConfig{}
+	if spec.Network != containerizer.NetworkPrivate {
+		hc.NetworkMode = container.NetworkMode(spec.Network) // "none" or "host", checked at validation
+	}
 	if err := dcfg.Apply(cfg, hc); err != nil {
 		return c, fmt.Errorf("launch %s: %w", spec.ID, err)
 	}

@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 
 	"github.com/gpuiso/gpuiso/containerizer"
 	"github.com/gpuiso/gpuiso/internal/linux"
@@ -49,6 +50,30 @@ type confinement struct {
 	Caps []int `json:"caps"`
 	// User, when set, is who the command runs as.
 	User *containerizer.User `json:"user,omitempty"`
+	// HostNetwork keeps the host's network namespace; otherwise the init
+	// was born in a new one, where it brings the loopback interface up.
+	HostNetwork bool `json:"hostNetwork,omitempty"`
+	// Hostname names the container's UTS namespace.
+	Hostname string `json:"hostname,omitempty"`
+}
+
+// privateDirs are the host's directories a container that keeps the host's
+// file system gets a private, empty, writable tmpfs over (nosuid, nodev):
+// /tmp, shared by every user of the host, and /run (and /var/run where it is
+// not a link to it), where the host's daemons keep their control sockets:
+// Docker's, containerd's, Podman's, systemd's. A read-only mount does not
+// stop connect(2) on a socket, so the sockets must not be there at all.
+func privateDirs() []string { return []string{"/tmp", "/run", "/var/run"} }
+
+// engineDirs are the state directories of the host's container engines,
+// hidden (an empty read-only tmpfs) from a container that keeps the host's
+// file system: they hold other containers' files and the engines' sockets
+// (the kubelet's device-plugin and pod-resources sockets among them).
+func engineDirs() []string {
+	return []string{
+		"/var/lib/docker", "/var/lib/containerd", "/var/lib/containers",
+		"/var/lib/kubelet", "/var/lib/crio", "/var/lib/lxd", "/var/lib/incus",
+	}
 }
 
 // confinementOf checks spec's confinement fields and turns them into what
@@ -71,6 +96,11 @@ func confinementOf(spec containerizer.Spec) (confinement, error) {
 		u := *spec.User
 		cf.User = &u
 	}
+	network, err := containerizer.ParseNetwork(string(spec.Network))
+	if err != nil {
+		return cf, err
+	}
+	cf.HostNetwork = network == containerizer.NetworkHost
 	if spec.RootFS != "" {
 		if !filepath.IsAbs(spec.RootFS) {
 			return cf, fmt.Errorf("%w: root file system %q is not absolute", containerizer.ErrInvalidSpec, spec.RootFS)
@@ -79,9 +109,45 @@ func confinementOf(spec containerizer.Spec) (confinement, error) {
 		if err != nil || !fi.IsDir() {
 			return cf, fmt.Errorf("%w: root file system %q is not a directory", containerizer.ErrInvalidSpec, spec.RootFS)
 		}
+		real, err := filepath.EvalSymlinks(spec.RootFS)
+		if err != nil {
+			return cf, fmt.Errorf("%w: root file system %q: %w", containerizer.ErrInvalidSpec, spec.RootFS, err)
+		}
+		if real == "/" {
+			return cf, fmt.Errorf("%w: root file system %q is the host's root: a container keeps the host's file system read-only without one", containerizer.ErrInvalidSpec, spec.RootFS)
+		}
 		cf.RootFS = filepath.Clean(spec.RootFS)
 	}
 	return cf, nil
+}
+
+// checkRootFS refuses a root file system that holds the containerizer's
+// state directory: the container could rewrite every container's record.
+func checkRootFS(rootfs, stateDir string) error {
+	if rootfs == "" {
+		return nil
+	}
+	root, err := filepath.EvalSymlinks(rootfs)
+	if err != nil {
+		return fmt.Errorf("%w: root file system %q: %w", containerizer.ErrInvalidSpec, rootfs, err)
+	}
+	state, err := filepath.EvalSymlinks(stateDir)
+	if err != nil {
+		state = filepath.Clean(stateDir)
+	}
+	if rel, err := filepath.Rel(root, state); err == nil && rel != ".." && !strings.HasPrefix(rel, "../") {
+		return fmt.Errorf("%w: root file system %q holds the state directory %s", containerizer.ErrInvalidSpec, rootfs, stateDir)
+	}
+	return nil
+}
+
+// hostname is what a container's UTS namespace is called: its id, cut to
+// what the kernel takes.
+func hostname(id string) string {
+	if len(id) > 63 {
+		return id[:63]
+	}
+	return id
 }
 
 // capNames names the capability numbers caps.

@@ -15,9 +15,10 @@ import (
 )
 
 // initCloneFlags are the namespaces a container's init is born in: its own
-// mount and pid namespaces. The cgroup namespace comes later, once the init
-// is in its cgroup (see startContainer).
-const initCloneFlags = linux.CloneNewNS | linux.CloneNewPID
+// mount, pid, IPC and UTS namespaces, and its own network namespace unless
+// the spec asks for the host's (see start). The cgroup namespace comes
+// later, once the init is in its cgroup (see startContainer).
+const initCloneFlags = linux.CloneNewNS | linux.CloneNewPID | linux.CloneNewIPC | linux.CloneNewUTS
 
 // startContainer sets up the container's file system and starts its command
 // confined. It runs on a thread of its own, locked and never unlocked: the
@@ -62,6 +63,7 @@ func confineAndStart(cfg initConfig) (*exec.Cmd, int, error) {
 	cmd.Args[0] = cfg.Args[0]
 	cmd.Env, cmd.Dir = cfg.Env, cfg.Dir
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+	cmd.ExtraFiles = extraFiles(cfg.ExtraFiles)
 	if cf.User != nil {
 		// Leaving uid 0 clears the permitted and effective sets: the
 		// command has no capabilities, as in Docker.
@@ -85,12 +87,33 @@ func confineAndStart(cfg initConfig) (*exec.Cmd, int, error) {
 	return cmd, 0, nil
 }
 
+// extraFiles are the n descriptors the init got after its config's: the
+// spec's ExtraFiles, for the command.
+func extraFiles(n int) []*os.File {
+	files := make([]*os.File, n)
+	for i := range files {
+		files[i] = os.NewFile(uintptr(4+i), fmt.Sprintf("extra-%d", i))
+	}
+	return files
+}
+
 // setupFS runs in the container's new mount namespace (nothing it mounts
-// reaches the host's) on the locked thread: private /dev, the plan's mounts,
-// a /proc of the container's pid namespace with Docker's masked and
-// read-only paths, a read-only /sys with the cgroup file systems of a new
-// cgroup namespace, read-only, and, with a root file system, pivot_root.
+// reaches the host's) on the locked thread: the network and host name of
+// its own namespaces, private /dev and /tmp, the plan's mounts, a /proc of
+// the container's pid namespace with Docker's masked and read-only paths,
+// a read-only /sys with the cgroup file systems of a new cgroup namespace,
+// read-only, and, with a root file system, pivot_root.
 func setupFS(cfg initConfig) error {
+	if !cfg.Confine.HostNetwork {
+		if err := linux.LoopbackUp(); err != nil {
+			return err
+		}
+	}
+	if cfg.Confine.Hostname != "" {
+		if err := linux.SetHostname(cfg.Confine.Hostname); err != nil {
+			return err
+		}
+	}
 	cgroups := hostCgroups() // before /sys is covered
 	if err := linux.MakeRSlave("/"); err != nil {
 		return err
@@ -104,13 +127,21 @@ func setupFS(cfg initConfig) error {
 		}
 	case cfg.Confine.HostRoot != "":
 		root = cfg.Confine.HostRoot
-		if err := hostRootReadOnly(root, cfg.Dir); err != nil {
+		if err := hostRootReadOnly(root); err != nil {
 			return err
 		}
 	}
+	// Every path below is resolved inside root: an image's links never
+	// lead a mount point out of it. /dev, /proc and /sys, reached by plain
+	// paths afterwards, must be directories of the root itself.
+	r, err := linux.OpenRoot(root)
+	if err != nil {
+		return err
+	}
+	defer r.Close()
 	at := func(p string) string { return filepath.Join(root, p) }
 	for _, d := range []string{"/dev", "/proc", "/sys"} {
-		if err := os.MkdirAll(at(d), 0o755); err != nil {
+		if err := r.Dir(d); err != nil {
 			return err
 		}
 	}
@@ -120,17 +151,20 @@ func setupFS(cfg initConfig) error {
 	if err := linux.MountDevpts(at("/dev/pts")); err != nil {
 		return err
 	}
-	if err := linux.MountTmpfs(at("/dev/shm"), 0o1777); err != nil {
+	if err := linux.MountTmpfs(at("/dev/shm"), 0o777|os.ModeSticky); err != nil {
 		return err
 	}
-	for _, m := range cfg.Mounts {
-		if root != "/" {
-			if err := os.MkdirAll(at(m.Destination), 0o755); err != nil {
-				return fmt.Errorf("mount point %s: %w", m.Destination, err)
-			}
-		}
-		if err := linux.BindMount(m.Source, at(m.Destination), isReadOnly(m.Options)); err != nil {
+	if err := r.Tmpfs("/tmp", 0o777|os.ModeSticky); err != nil {
+		return err
+	}
+	if cfg.Confine.HostRoot != "" {
+		if err := hideHostState(r, at, cfg.Dir); err != nil {
 			return err
+		}
+	}
+	for _, m := range cfg.Mounts {
+		if err := r.Bind(m.Source, m.Destination, isReadOnly(m.Options)); err != nil {
+			return fmt.Errorf("mount %s: %w", m.Destination, err)
 		}
 	}
 	if err := linux.MountProc(at("/proc")); err != nil {
@@ -171,18 +205,61 @@ func setupFS(cfg initConfig) error {
 	return nil
 }
 
+// hideHostState covers, in a container's read-only view of the host, what
+// must not be reached at all: the host's runtime directories get a private
+// tmpfs each (no host socket left in them), the container engines' state
+// directories are masked. dir, the container's working directory, is then
+// shared writable with the host, nosuid and nodev, unless it lies in one of
+// the private directories (it is then the container's own, empty).
+func hideHostState(r *linux.Root, at func(string) string, dir string) error {
+	for _, p := range privateDirs() {
+		fi, err := os.Lstat(at(p))
+		if err != nil || !fi.IsDir() {
+			continue // absent, or a link to another (/var/run -> /run)
+		}
+		if err := r.Tmpfs(p, 0o755|dirSticky(p)); err != nil {
+			return err
+		}
+	}
+	for _, p := range engineDirs() {
+		if err := linux.MaskPath(at(p), at("/dev/null")); err != nil {
+			return err
+		}
+	}
+	if dir == "" || dir == "/" {
+		return nil
+	}
+	for _, p := range append(privateDirs(), engineDirs()...) {
+		if dir == p || strings.HasPrefix(dir, p+"/") {
+			return os.MkdirAll(at(dir), 0o755) // the container's own, in its private tmpfs
+		}
+	}
+	if _, err := os.Stat(dir); err != nil {
+		return nil // nothing of the host's to share
+	}
+	return linux.BindMountNoSUID(dir, at(dir))
+}
+
+// dirSticky is the sticky bit for /tmp, the one private directory every
+// user may write to.
+func dirSticky(p string) os.FileMode {
+	if p == "/tmp" {
+		return 0o777 | os.ModeSticky
+	}
+	return 0
+}
+
 // hostRootReadOnly binds the host's whole mount tree at root and makes every
 // mount of it read-only, as a container's view of the host: the container
 // may read the host's programs, libraries and driver, and change none of
-// them. The host's /tmp (world-writable on the host too) and dir (the
-// working directory), when set, stay writable. /dev, /proc and /sys are
-// mounted afresh over their copies afterwards.
-func hostRootReadOnly(root, dir string) error {
+// them. /dev, /proc and /sys are mounted afresh over their copies
+// afterwards; hideHostState covers what it must not reach at all.
+func hostRootReadOnly(root string) error {
 	if err := linux.BindMount("/", root, false); err != nil {
 		return err
 	}
 	// The copy takes no mount events from the host any more: a mount made
-	// on the host later must not appear writable in the container, and one
+	// on the host later must not appear writable in it, and one
 	// unmounted there must not vanish under the walk below.
 	if err := linux.MakeRPrivate(root); err != nil {
 		return err
@@ -216,17 +293,6 @@ func hostRootReadOnly(root, dir string) error {
 			continue
 		}
 		if err != nil {
-			return err
-		}
-	}
-	for _, w := range []string{"/tmp", dir} {
-		if w == "" || w == "/" {
-			continue
-		}
-		if _, err := os.Stat(w); err != nil {
-			continue // nothing of the host's to share
-		}
-		if err := linux.BindMount(w, filepath.Join(root, w), false); err != nil {
 			return err
 		}
 	}
@@ -320,6 +386,7 @@ func startBare(cfg initConfig) (*exec.Cmd, int, error) {
 	cmd.Args[0] = cfg.Args[0]
 	cmd.Env, cmd.Dir = cfg.Env, cfg.Dir
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+	cmd.ExtraFiles = extraFiles(cfg.ExtraFiles)
 	if err := cmd.Start(); err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
 			return nil, exitNotFound, err // a path naming nothing

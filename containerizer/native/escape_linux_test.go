@@ -4,9 +4,13 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"text/tabwriter"
 	"time"
@@ -68,9 +72,11 @@ func checkRefused(t *testing.T, who string, r escapeResults) {
 			if n := len(strings.Split(v, ",")); n > 2 {
 				t.Errorf("%s: sees %d processes (%s): not its own pid namespace", who, n, v)
 			}
+		case "open-fds":
+			// Checked by the caller, which knows the descriptor it left open.
 		default:
-			if v == "ok" {
-				t.Errorf("%s: %s got through", who, k)
+			if v == "ok" || strings.HasPrefix(v, "ok:") {
+				t.Errorf("%s: %s got through (%s)", who, k, v)
 			}
 		}
 	}
@@ -89,6 +95,7 @@ func TestEscape(t *testing.T) {
 		v      cgroups.Version
 		rootfs bool
 	}
+	host := hostBait(t)
 	for _, col := range []column{{cgroups.V1, false}, {cgroups.V2, false}, {cgroups.V1, true}, {cgroups.V2, true}} {
 		v, name := col.v, "native/"+col.v.String()
 		if col.rootfs {
@@ -100,10 +107,11 @@ func TestEscape(t *testing.T) {
 			// Without a root file system of its own the container sees the
 			// host's, read-only, and no volume; with one, the volume.
 			hostFile := fmt.Sprintf("/gpuiso-escape-%d", os.Getpid())
-			where := []string{"hostfile=" + hostFile}
+			where := append(host.args(), "hostfile="+hostFile, "workdir=1")
+			workdir := t.TempDir()
 			if col.rootfs {
-				root, probe = rootFS(t, n.probe), "/probe"
-				where = []string{"volume=/usr/local/nvidia"}
+				root, probe, workdir = rootFS(t, n.probe), "/probe", ""
+				where = append(host.args(), "volume=/usr/local/nvidia")
 			}
 			t.Cleanup(func() {
 				if _, err := os.Stat(hostFile); err == nil {
@@ -120,7 +128,7 @@ func TestEscape(t *testing.T) {
 			gpu := fmt.Sprintf("%d:%d", n.inv.Devices[0].Node.Major, n.inv.Devices[0].Node.Minor)
 			other := filepath.Join(n.dirs.State, "victim", "dev", fmt.Sprintf("nvidia%d", minor))
 			var out bytes.Buffer
-			_, err := n.c.Launch(ctx, containerizer.Spec{ID: "attacker", GPUs: allocator.Request{Devices: []string{"1"}}, RootFS: root, Env: []string{"NVIDIA_VISIBLE_DEVICES=all"},
+			_, err := n.c.Launch(ctx, containerizer.Spec{ID: "attacker", GPUs: allocator.Request{Devices: []string{"1"}}, RootFS: root, Env: []string{"NVIDIA_VISIBLE_DEVICES=all"}, Dir: workdir,
 				Command: append([]string{probe, "escape", "gpu=" + gpu, "other=" + other, fmt.Sprintf("hostpid=%d", os.Getpid())}, where...),
 				Stdout:  &out, Stderr: &out})
 			if err != nil {
@@ -131,6 +139,7 @@ func TestEscape(t *testing.T) {
 			}
 			r := parseEscape(t, out.String())
 			checkRefused(t, name, r)
+			host.check(t, name, r, workdir)
 			columns[name] = r
 			names = append(names, name)
 			victim.gpu, victim.other = gpu, other
@@ -226,5 +235,93 @@ func TestConfinementOptions(t *testing.T) {
 	}
 	if len(native.DefaultCapabilities()) != 14 {
 		t.Fatalf("DefaultCapabilities() = %v", native.DefaultCapabilities())
+	}
+}
+
+// bait is what the host offers an attacker in a native container: its
+// daemons' sockets, a listener on its loopback, an abstract socket, a
+// directory left open without close-on-exec, and its /tmp.
+type bait struct {
+	sockets  []string
+	tcp      string
+	abstract string
+	fd       int
+	fdDir    string
+	plant    string
+}
+
+// hostBait sets the bait up for the whole test: real daemon sockets where
+// the host has them, and one of the test's own in /run.
+func hostBait(t *testing.T) *bait {
+	t.Helper()
+	testenv.RequireRoot(t)
+	b := &bait{plant: fmt.Sprintf("gpuiso-escape-plant-%d", os.Getpid())}
+	own := fmt.Sprintf("/run/gpuiso-escape-%d.sock", os.Getpid())
+	for _, spec := range []struct{ network, addr string }{{"unix", own}, {"tcp", "127.0.0.1:0"}, {"unix", fmt.Sprintf("@gpuiso-escape-%d", os.Getpid())}} {
+		l, err := net.Listen(spec.network, spec.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { l.Close() })
+		go func() {
+			for {
+				c, err := l.Accept()
+				if err != nil {
+					return
+				}
+				c.Close()
+			}
+		}()
+		switch {
+		case spec.network == "tcp":
+			b.tcp = l.Addr().String()
+		case strings.HasPrefix(spec.addr, "@"):
+			b.abstract = spec.addr[1:]
+		}
+	}
+	b.sockets = []string{own}
+	for _, p := range []string{"/run/docker.sock", "/run/containerd/containerd.sock", "/run/podman/podman.sock"} {
+		if fi, err := os.Stat(p); err == nil && fi.Mode()&os.ModeSocket != 0 {
+			b.sockets = append(b.sockets, p)
+		}
+	}
+	b.fdDir = t.TempDir()
+	fd, err := syscall.Open(b.fdDir, syscall.O_RDONLY|syscall.O_DIRECTORY, 0) // no O_CLOEXEC: as a careless caller leaves it
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { syscall.Close(fd) })
+	b.fd = fd
+	t.Cleanup(func() {
+		for _, p := range []string{filepath.Join("/tmp", b.plant), filepath.Join("/tmp", b.plant+"-null")} {
+			os.Remove(p)
+		}
+	})
+	return b
+}
+
+func (b *bait) args() []string {
+	return []string{"sockets=" + strings.Join(b.sockets, ","), "tcp=" + b.tcp, "abstract=" + b.abstract, fmt.Sprintf("fd=%d", b.fd), "plant=" + b.plant}
+}
+
+// check looks from the host at what the attacker left: nothing in the
+// host's /tmp or the directory it held open; the descriptor not among its
+// open ones. The working directory is shared: what was planted there is
+// there, but neither setuid nor device files work in it (checked inside).
+func (b *bait) check(t *testing.T, who string, r escapeResults, workdir string) {
+	t.Helper()
+	for _, p := range []string{filepath.Join("/tmp", b.plant), filepath.Join("/tmp", b.plant+"-null"), filepath.Join(b.fdDir, "gpuiso-escape-fd")} {
+		if _, err := os.Lstat(p); err == nil {
+			os.Remove(p)
+			t.Errorf("%s: the container wrote %s on the host", who, p)
+		}
+	}
+	if slices.Contains(strings.Split(r.res["open-fds"], ","), strconv.Itoa(b.fd)) {
+		t.Errorf("%s: the container holds the caller's fd %d (open: %s)", who, b.fd, r.res["open-fds"])
+	}
+	if workdir != "" {
+		if _, err := os.Stat(filepath.Join(workdir, b.plant)); err != nil {
+			t.Errorf("%s: the shared working directory does not hold what the container wrote: %v", who, err)
+		}
 	}
 }

@@ -13,6 +13,8 @@ import (
 	"syscall"
 
 	"github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/gpuiso/gpuiso/internal/linux"
 )
 
 // initEnv marks a process started as a container's init.
@@ -28,6 +30,9 @@ type initConfig struct {
 	Mounts   []specs.Mount `json:"mounts,omitempty"`
 	ExitFile string        `json:"exitFile"`
 	Confine  confinement   `json:"confine"`
+	// ExtraFiles is how many descriptors after the config's (fd 3) the
+	// command gets, as its fds 3, 4, ...
+	ExtraFiles int `json:"extraFiles,omitempty"`
 	// Bare: the init runs in its parent's namespaces and sets nothing up
 	// (the package's tests of its bookkeeping, without root).
 	Bare bool `json:"bare,omitempty"`
@@ -52,6 +57,13 @@ const (
 )
 
 func runInit() int {
+	// Whatever the caller of the containerizer left open without
+	// close-on-exec came along: it stops here. Only fds 0-2 and the
+	// ExtraFiles the spec names reach the command.
+	if err := linux.CloseExecFrom(3); err != nil {
+		fmt.Fprintf(os.Stderr, "gpuiso init: %v\n", err)
+		return exitInitFailed
+	}
 	// The config arrives on fd 3 only after the containerizer has moved
 	// this process into the container's cgroup.
 	pipe := os.NewFile(3, "init-config")

@@ -21,6 +21,7 @@ import (
 
 	"github.com/gpuiso/gpuiso/allocator"
 	"github.com/gpuiso/gpuiso/containerizer"
+	"github.com/gpuiso/gpuiso/internal/linux"
 	"github.com/gpuiso/gpuiso/isolator"
 	"github.com/gpuiso/gpuiso/isolator/cgroups"
 	"github.com/gpuiso/gpuiso/node"
@@ -188,7 +189,7 @@ func (c *Containerizer) Launch(ctx context.Context, spec containerizer.Spec) (co
 	if c.containers == nil {
 		return containerizer.Container{}, fmt.Errorf("launch %s: %w", spec.ID, containerizer.ErrNotMade)
 	}
-	if err := validate(spec); err != nil {
+	if err := validate(spec, c.cfg.StateDir); err != nil {
 		return containerizer.Container{}, fmt.Errorf("launch %s: %w", spec.ID, err)
 	}
 	c.mu.Lock()
@@ -211,7 +212,7 @@ func (c *Containerizer) Launch(ctx context.Context, spec containerizer.Spec) (co
 	return c.describe(spec.ID, ct), nil
 }
 
-func validate(spec containerizer.Spec) error {
+func validate(spec containerizer.Spec, stateDir string) error {
 	if err := node.ValidateOwner(spec.ID); err != nil {
 		return err
 	}
@@ -223,8 +224,10 @@ func validate(spec containerizer.Spec) error {
 	case spec.Dir != "" && !filepath.IsAbs(spec.Dir):
 		return fmt.Errorf("%w: working directory %q is not absolute", containerizer.ErrInvalidSpec, spec.Dir)
 	}
-	_, err := confinementOf(spec)
-	return err
+	if _, err := confinementOf(spec); err != nil {
+		return err
+	}
+	return checkRootFS(spec.RootFS, stateDir)
 }
 
 // launch does the work of Launch; each step registers its undo.
@@ -313,9 +316,17 @@ func (c *Containerizer) start(ctx context.Context, spec containerizer.Spec, ct *
 	defer w.Close()
 	cmd := exec.Command(c.cfg.InitPath)
 	cmd.Env = []string{initEnv + "=1"}
-	cmd.ExtraFiles = []*os.File{r}
+	cmd.ExtraFiles = append([]*os.File{r}, spec.ExtraFiles...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = spec.Stdin, spec.Stdout, spec.Stderr
-	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: initCloneFlags, Setsid: true}
+	cf, err := confinementOf(spec)
+	if err != nil {
+		return err
+	}
+	flags := uintptr(initCloneFlags)
+	if !cf.HostNetwork {
+		flags |= linux.CloneNewNet
+	}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: flags, Setsid: true}
 	if c.bare {
 		cmd.SysProcAttr.Cloneflags = 0
 	}
@@ -350,15 +361,11 @@ func (c *Containerizer) start(ctx context.Context, spec containerizer.Spec, ct *
 		kill()
 		return fmt.Errorf("record: %w", err)
 	}
-	cf, err := confinementOf(spec)
-	if err != nil {
-		kill()
-		return err
-	}
 	if cf.RootFS == "" {
 		cf.HostRoot = c.rootDir(spec.ID)
 	}
-	cfg := initConfig{Args: spec.Command, Env: ct.env, Dir: spec.Dir, DevDir: c.devDir(spec.ID), Mounts: plan.Mounts, ExitFile: c.exitPath(spec.ID), Confine: cf, Bare: c.bare}
+	cf.Hostname = hostname(spec.ID)
+	cfg := initConfig{Args: spec.Command, Env: ct.env, Dir: spec.Dir, DevDir: c.devDir(spec.ID), Mounts: plan.Mounts, ExitFile: c.exitPath(spec.ID), Confine: cf, ExtraFiles: len(spec.ExtraFiles), Bare: c.bare}
 	if err := writeConfig(w, cfg); err != nil {
 		kill()
 		return fmt.Errorf("configure init: %w", err)

@@ -3,6 +3,7 @@ package native_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -60,8 +61,8 @@ func TestRootFS(t *testing.T) {
 			}
 			return out.String()
 		}
-		if got := strings.Fields(run("ls-root", nil, "ls", "/")); !slices.Equal(got, []string{"dev", "probe", "proc", "sys"}) {
-			t.Errorf("/ holds %q, want dev, probe, proc and sys", got)
+		if got := strings.Fields(run("ls-root", nil, "ls", "/")); !slices.Equal(got, []string{"dev", "probe", "proc", "sys", "tmp"}) {
+			t.Errorf("/ holds %q, want dev, probe, proc, sys and tmp", got)
 		}
 		if got := run("no-volume", []string{"NVIDIA_VISIBLE_DEVICES=void"}, "ls", "/usr/local"); !strings.Contains(got, "ENOENT") {
 			t.Errorf("with NVIDIA_VISIBLE_DEVICES=void, /usr/local holds %q", got)
@@ -80,6 +81,78 @@ func TestRootFS(t *testing.T) {
 			t.Errorf("/dev holds other NVIDIA nodes:\n%s", dev)
 		}
 	})
+}
+
+// TestRootFSLinks runs images whose mount points are links out of their
+// root: every path is resolved inside the root, so nothing is made or
+// mounted on the host, and the volume lands where the link leads inside
+// the image. An image whose /proc, /sys or /dev is a link is refused.
+func TestRootFSLinks(t *testing.T) {
+	versions(t, func(t *testing.T, n *testNode) {
+		ctx := context.Background()
+		outside := filepath.Join(t.TempDir(), "outside") // absent: the set-up must not make it
+		for _, tc := range []struct {
+			name, link, target string
+			refused            bool
+		}{
+			{name: "usr-local-absolute", link: "usr/local", target: outside},
+			{name: "usr-local-dotdot", link: "usr/local", target: "../../../../../../.." + outside},
+			{name: "usr-absolute", link: "usr", target: outside},
+			{name: "tmp-absolute", link: "tmp", target: outside},
+			{name: "proc-absolute", link: "proc", target: outside, refused: true},
+			{name: "sys-dotdot", link: "sys", target: "../../.." + outside, refused: true},
+			{name: "dev-absolute", link: "dev", target: outside, refused: true},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				root := rootFS(t, n.probe)
+				link := filepath.Join(root, tc.link)
+				if err := os.MkdirAll(filepath.Dir(link), 0o755); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.Symlink(tc.target, link); err != nil {
+					t.Fatal(err)
+				}
+				var out bytes.Buffer
+				id := "links-" + tc.name
+				_, err := n.c.Launch(ctx, containerizer.Spec{ID: id, RootFS: root, Env: []string{"NVIDIA_VISIBLE_DEVICES=all"},
+					Command: []string{"/probe", "ls", "/usr/local/nvidia"}, GPUs: allocator.Request{Count: 1}, Stdout: &out, Stderr: &out})
+				if err != nil {
+					t.Fatal(err)
+				}
+				st, err := n.c.Wait(ctx, id)
+				n.c.Destroy(ctx, id)
+				if _, serr := os.Lstat(outside); serr == nil {
+					os.RemoveAll(outside)
+					t.Fatalf("the set-up made %s on the host", outside)
+				}
+				switch {
+				case err != nil:
+					t.Fatal(err)
+				case tc.refused && st.Code == 0:
+					t.Fatalf("an image whose %s is a link ran:\n%s", tc.link, out.String())
+				case tc.refused && !strings.Contains(out.String(), "not a directory of the root"):
+					t.Fatalf("exit %d, want the link named:\n%s", st.Code, out.String())
+				case !tc.refused && (st.Code != 0 || !strings.Contains(out.String(), "bin\n")):
+					t.Fatalf("exit %d, want the volume at /usr/local/nvidia through the link:\n%s", st.Code, out.String())
+				}
+			})
+		}
+	})
+}
+
+// TestRootFSRefused refuses root file systems that would hand the
+// container the host's root or the containerizer's state.
+func TestRootFSRefused(t *testing.T) {
+	n := newNode(t, cgroups.V1)
+	for _, root := range []string{"/", "/var/..", filepath.Dir(n.dirs.State)} {
+		_, err := n.c.Launch(context.Background(), containerizer.Spec{ID: "refused", RootFS: root, Command: []string{"/probe"}, GPUs: allocator.Request{Count: 1}})
+		if !errors.Is(err, containerizer.ErrInvalidSpec) {
+			t.Errorf("root file system %s: %v, want ErrInvalidSpec", root, err)
+		}
+	}
+	if got := n.c.Containers(); len(got) != 0 {
+		t.Fatalf("refused launches left %v", got)
+	}
 }
 
 // TestRootFSUpdateRecover grows and shrinks the GPUs of a container in its

@@ -7,7 +7,7 @@
 //
 //	gpurun [--simulate NAME] [--gpus N | --devices LIST | --mig PROFILE] [--policy P]
 //	       [--state-dir DIR] [--cgroup v1|v2] [--rootfs DIR [--label K=V]... | --image ARCHIVE]
-//	       [--user UID[:GID]]
+//	       [--user UID[:GID]] [--network none|host]
 //	       [--cap-add CAP]... [--quiet] -- CMD [ARGS...]
 //
 // --mig takes one MIG device of that profile (e.g. 1g.10gb) instead of whole
@@ -18,6 +18,10 @@
 // labels, environment and entrypoint; --user runs it as that user (with no
 // capabilities); --cap-add adds a capability to Docker's default set
 // (repeatable).
+//
+// A container has its own network namespace (loopback only), IPC and UTS
+// namespaces, a private /tmp, and only descriptors 0-2 of gpurun's;
+// --network host shares the host's network instead.
 //
 // --mig PROFILE asks for --gpus MIG devices of that profile ("1g.10gb")
 // instead of whole GPUs, on a node with MIG enabled on some GPUs
@@ -82,6 +86,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		return nil
 	})
 	user := fs.String("user", "", "run the command as UID[:GID]")
+	network := fs.String("network", "none", "the container's network: none (its own, loopback only) or host (the host's: every listener and abstract socket of the host reachable)")
 	var capAdd []string
 	fs.Func("cap-add", "add a capability to the default set (repeatable)", func(s string) error {
 		capAdd = append(capAdd, s)
@@ -118,6 +123,10 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 			return fail("--user: %v", err)
 		}
 		usr = &u
+	}
+	netMode, err := containerizer.ParseNetwork(*network)
+	if err != nil {
+		return fail("--network: %v", err)
 	}
 	req := allocator.Request{Count: *gpus, MIG: *mig}
 	if *devices != "" {
@@ -189,7 +198,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 
 	id := fmt.Sprintf("gpurun-%d", os.Getpid())
 	spec := containerizer.Spec{ID: id, Command: fs.Args(), GPUs: req, Stdin: stdin, Stdout: stdout, Stderr: stderr,
-		RootFS: *rootDir, Labels: labels, User: usr, CapAdd: capAdd}
+		RootFS: *rootDir, Labels: labels, User: usr, CapAdd: capAdd, Network: netMode}
 	if *image != "" {
 		// The image's labels and environment decide the driver volume, as
 		// for a Docker image; its entrypoint runs the arguments (or its CMD).

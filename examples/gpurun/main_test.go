@@ -16,7 +16,10 @@ func TestMain(m *testing.M) {
 	if os.Getenv(asGpurunEnv) != "" {
 		main() // a gpurun process of the multi-process tests
 	}
-	os.Exit(m.Run())
+	cleanup := testenv.OffHostTmp() // containers have a /tmp of their own
+	code := m.Run()
+	cleanup()
+	os.Exit(code)
 }
 
 func gpurun(args ...string) (stdout, stderr string, code int) {

@@ -15,6 +15,9 @@ import (
 const (
 	CloneNewPID    = unix.CLONE_NEWPID
 	CloneNewCgroup = unix.CLONE_NEWCGROUP
+	CloneNewNet    = unix.CLONE_NEWNET
+	CloneNewIPC    = unix.CLONE_NEWIPC
+	CloneNewUTS    = unix.CLONE_NEWUTS
 )
 
 // UnshareCgroup moves the calling thread into a new cgroup namespace rooted

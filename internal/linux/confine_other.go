@@ -6,6 +6,9 @@ package linux
 const (
 	CloneNewPID    = 0
 	CloneNewCgroup = 0
+	CloneNewNet    = 0
+	CloneNewIPC    = 0
+	CloneNewUTS    = 0
 )
 
 // UnshareCgroup is not supported on this operating system.

@@ -9,3 +9,7 @@ var ErrNotSupported = node.Sentinel(node.ErrNotSupported, "not supported on this
 // ErrUnknownCapability is returned for a capability name the kernel does not
 // define.
 var ErrUnknownCapability = node.Sentinel(node.ErrInvalid, "unknown capability")
+
+// ErrNotDirectory is returned for a mount point inside a root file system
+// that is not a directory of that root (a link, say).
+var ErrNotDirectory = node.Sentinel(node.ErrInvalid, "not a directory of the root")

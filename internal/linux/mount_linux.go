@@ -78,3 +78,28 @@ func MakeShared(path string) error {
 	}
 	return nil
 }
+
+// BindMountNoSUID binds src (recursively) onto dst, writable, with setuid
+// bits and device files of the bind ignored (nosuid, nodev): a directory a
+// container shares with its host, where it may write but must not plant
+// what would give it or the host's users more privilege.
+func BindMountNoSUID(src, dst string) error {
+	if err := unix.Mount(src, dst, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+		return &fs.PathError{Op: "bind mount " + src, Path: dst, Err: err}
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(dst, &st); err != nil {
+		return &fs.PathError{Op: "statfs", Path: dst, Err: err}
+	}
+	// A remount of a bind sets all its flags: keep those of the source.
+	flags := uintptr(unix.MS_BIND | unix.MS_REMOUNT | unix.MS_NOSUID | unix.MS_NODEV)
+	for _, f := range [][2]uintptr{{unix.ST_RDONLY, unix.MS_RDONLY}, {unix.ST_NOEXEC, unix.MS_NOEXEC}, {unix.ST_NOATIME, unix.MS_NOATIME}, {unix.ST_NODIRATIME, unix.MS_NODIRATIME}, {unix.ST_RELATIME, unix.MS_RELATIME}} {
+		if uintptr(st.Flags)&f[0] != 0 {
+			flags |= f[1]
+		}
+	}
+	if err := unix.Mount("", dst, "", flags, ""); err != nil {
+		return &fs.PathError{Op: "remount nosuid", Path: dst, Err: err}
+	}
+	return nil
+}

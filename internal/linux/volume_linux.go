@@ -56,8 +56,7 @@ func Noexec(path string) (bool, error) {
 // MountTmpfs mounts a tmpfs on the directory path with the nosuid and nodev
 // flags and the given root directory mode.
 func MountTmpfs(path string, mode os.FileMode) error {
-	data := fmt.Sprintf("mode=%04o", mode.Perm())
-	if err := unix.Mount("tmpfs", path, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, data); err != nil {
+	if err := unix.Mount("tmpfs", path, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode="+octalMode(mode)); err != nil {
 		return &fs.PathError{Op: "mount tmpfs", Path: path, Err: err}
 	}
 	return nil

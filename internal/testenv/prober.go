@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
@@ -24,7 +25,71 @@ func Main(m *testing.M) {
 	if os.Getenv(proberEnv) == "1" {
 		serveProber()
 	}
-	os.Exit(m.Run())
+	cleanup := OffHostTmp()
+	code := m.Run()
+	cleanup()
+	os.Exit(code)
+}
+
+// exeEnv names a copy of the test binary that containers can run (see
+// OffHostTmp).
+const exeEnv = "GPUISO_TESTENV_EXE"
+
+// OffHostTmp moves a root test run's temporary files off the host's /tmp,
+// which every native container covers with a private one: TMPDIR (and with
+// it t.TempDir) becomes a fresh directory under /var/tmp, and the test
+// binary, which go test leaves under /tmp, is copied there for containers
+// to run (ProberCommand, Executable). It returns the clean-up, which
+// removes that directory. Without root it changes nothing.
+func OffHostTmp() func() {
+	if !linux.IsRoot() || os.Getenv(exeEnv) != "" {
+		return func() {}
+	}
+	dir, err := os.MkdirTemp("/var/tmp", "gpuiso-test-")
+	if err != nil {
+		return func() {}
+	}
+	exe, err := os.Executable()
+	if err == nil {
+		err = copyExecutable(exe, filepath.Join(dir, filepath.Base(exe)))
+	}
+	if err != nil {
+		os.RemoveAll(dir)
+		return func() {}
+	}
+	os.Setenv("TMPDIR", dir)
+	os.Setenv(exeEnv, filepath.Join(dir, filepath.Base(exe)))
+	return func() { os.RemoveAll(dir) }
+}
+
+func copyExecutable(src, dst string) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o755)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
+}
+
+// Executable is the test binary as a container can run it: the copy
+// OffHostTmp made, or the binary itself.
+func Executable(tb testing.TB) string {
+	if p := os.Getenv(exeEnv); p != "" {
+		return p
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return exe
 }
 
 // serveProber answers each request read from stdin: a path gets the result
@@ -55,11 +120,7 @@ func serveProber() {
 // binary again, with the variable that makes Main serve requests on stdin.
 // Use it to run a prober inside a container; NewProber talks to it.
 func ProberCommand(tb testing.TB) (args []string, env string) {
-	exe, err := os.Executable()
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return []string{exe, "-test.run=^$"}, proberEnv + "=1"
+	return []string{Executable(tb), "-test.run=^$"}, proberEnv + "=1"
 }
 
 // NewProber talks to a prober through its stdin and stdout.

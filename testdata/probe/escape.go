@@ -2,7 +2,9 @@ package main
 
 import (
 	"fmt"
+	"io/fs"
 	"os"
+	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
@@ -22,6 +24,17 @@ var finitModule = map[string]uintptr{"amd64": 313, "arm64": 273}[runtime.GOARCH]
 //	hostpid=PID       a process of the host (ptrace)
 //	volume=DIR        the driver volume's mount point ("n/a" without)
 //	hostfile=PATH     a file of the host's root file system to create ("n/a" without)
+//	sockets=P1,P2     UNIX sockets of the host's daemons (Docker's, containerd's) to connect to
+//	tcp=ADDR          a TCP listener on the host's loopback to connect to
+//	abstract=NAME     an abstract UNIX socket of the host to connect to
+//	fd=N              a directory the caller held open as fd N: create a file through it
+//	plant=NAME        a file name to plant in /tmp, for the host to look for afterwards
+//	workdir=1         plant it in the working directory too
+//
+// It also walks the whole file system it sees (but /proc, /sys and /dev)
+// and connects to every UNIX socket there ("connect-any-socket"), lists its
+// open descriptors ("open-fds"), and tries a setuid file and a device node
+// in /tmp and the working directory.
 func escape(args []string) {
 	set := map[string]string{}
 	for _, a := range args {
@@ -77,6 +90,38 @@ func escape(args []string) {
 		report("finit_module", errnoOf(syscall.Syscall(finitModule, ^uintptr(0), 0, 0)))
 	}
 	report("write-proc-sys", rewrite("/proc/sys/kernel/hostname"))
+	for i, p := range strings.Split(set["sockets"], ",") {
+		if p != "" {
+			report(fmt.Sprintf("connect-host-socket-%d", i), connectUnix(p))
+		}
+	}
+	if a := set["tcp"]; a != "" {
+		report("connect-host-loopback", connectTCP(a))
+	}
+	if a := set["abstract"]; a != "" {
+		report("connect-host-abstract", connectUnix("@"+a))
+	}
+	fmt.Println("connect-any-socket", anySocket())
+	if v := set["fd"]; v != "" {
+		n, _ := strconv.Atoi(v)
+		fd, err := syscall.Openat(n, "gpuiso-escape-fd", syscall.O_CREAT|syscall.O_WRONLY, 0o644)
+		if err == nil {
+			syscall.Close(fd)
+		}
+		report("write-through-inherited-fd", err)
+	}
+	fmt.Println("open-fds", strings.Join(openFDs(), ","))
+	if name := set["plant"]; name != "" {
+		dirs := []struct{ probe, path string }{{"tmp", "/tmp"}}
+		if set["workdir"] == "1" {
+			cwd, _ := os.Getwd()
+			dirs = append(dirs, struct{ probe, path string }{"workdir", cwd})
+		}
+		for _, dir := range dirs {
+			report("setuid-in-"+dir.probe, setuidWorks(filepath.Join(dir.path, name)))
+			report("device-in-"+dir.probe, deviceWorks(filepath.Join(dir.path, name+"-null")))
+		}
+	}
 	report("unshare-user-mount-ns", syscall.Unshare(syscall.CLONE_NEWUSER|syscall.CLONE_NEWNS))
 	fmt.Println("CapEff", status("CapEff"))
 	fmt.Println("CapBnd", status("CapBnd"))
@@ -139,4 +184,94 @@ func pids() []string {
 		}
 	}
 	return out
+}
+
+func connectUnix(path string) error {
+	fd, err := syscall.Socket(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer syscall.Close(fd)
+	addr := &syscall.SockaddrUnix{Name: path}
+	if strings.HasPrefix(path, "@") {
+		addr.Name = "\x00" + path[1:]
+	}
+	return syscall.Connect(fd, addr)
+}
+
+func connectTCP(addr string) error {
+	host, port, _ := strings.Cut(addr, ":")
+	p, _ := strconv.Atoi(port)
+	var ip [4]byte
+	for i, b := range strings.SplitN(host, ".", 4) {
+		v, _ := strconv.Atoi(b)
+		ip[i] = byte(v)
+	}
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer syscall.Close(fd)
+	return syscall.Connect(fd, &syscall.SockaddrInet4{Port: p, Addr: ip})
+}
+
+// anySocket connects to every UNIX socket file it can see: "ok:PATH" for
+// the first that answers, "none" when none does.
+func anySocket() string {
+	found := "none"
+	filepath.WalkDir("/", func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return nil
+		}
+		if d.IsDir() && (p == "/proc" || p == "/sys" || p == "/dev") {
+			return filepath.SkipDir
+		}
+		if d.Type()&fs.ModeSocket != 0 && connectUnix(p) == nil {
+			found = "ok:" + p
+			return filepath.SkipAll
+		}
+		return nil
+	})
+	return found
+}
+
+func openFDs() []string {
+	entries, _ := os.ReadDir("/proc/self/fd")
+	var out []string
+	for _, e := range entries {
+		out = append(out, e.Name())
+	}
+	return out
+}
+
+// setuidWorks writes a setuid-root copy of this program at p and reports
+// whether its mount honours the bit: nil ("ok") when it would run setuid.
+func setuidWorks(p string) error {
+	self, err := os.ReadFile("/proc/self/exe")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(p, self, 0o755); err != nil {
+		return err
+	}
+	if err := os.Chmod(p, 0o4755); err != nil {
+		return err
+	}
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(p, &st); err != nil {
+		return err
+	}
+	if st.Flags&0x2 != 0 { // ST_NOSUID
+		return syscall.EPERM
+	}
+	return nil
+}
+
+// deviceWorks makes /dev/null's node at p and opens it: nil ("ok") when
+// the mount lets device files work.
+func deviceWorks(p string) error {
+	if err := syscall.Mknod(p, syscall.S_IFCHR|0o666, 1<<8|3); err != nil {
+		return err
+	}
+	return openRW(p)
 }
