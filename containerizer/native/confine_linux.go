@@ -255,6 +255,13 @@ func dirSticky(p string) os.FileMode {
 // them. /dev, /proc and /sys are mounted afresh over their copies
 // afterwards; hideHostState covers what it must not reach at all.
 func hostRootReadOnly(root string) error {
+	// One clone of the whole tree, made read-only before it is attached:
+	// the cost does not grow with the host's mounts.
+	err := linux.BindTreeReadOnly("/", root)
+	if !errors.Is(err, linux.ErrNotSupported) {
+		return err
+	}
+	// Older kernels: bind, then remount each mount of the copy.
 	if err := linux.BindMount("/", root, false); err != nil {
 		return err
 	}

@@ -33,3 +33,6 @@ func CloseExecFrom(int) error { return ErrNotSupported }
 
 // BindMountNoSUID is not supported on this operating system.
 func BindMountNoSUID(string, string) error { return ErrNotSupported }
+
+// BindTreeReadOnly is not supported on this operating system.
+func BindTreeReadOnly(string, string) error { return ErrNotSupported }
