@@ -55,6 +55,9 @@ type confinement struct {
 	HostNetwork bool `json:"hostNetwork,omitempty"`
 	// Hostname names the container's UTS namespace.
 	Hostname string `json:"hostname,omitempty"`
+	// Seccomp is Docker's default profile for Caps, as the BPF program the
+	// init loads on the thread that starts the command.
+	Seccomp []linux.SeccompInstruction `json:"seccomp,omitempty"`
 }
 
 // privateDirs are the host's directories a container that keeps the host's

@@ -48,9 +48,8 @@ func confineAndStart(cfg initConfig) (*exec.Cmd, int, error) {
 		return startBare(cfg)
 	}
 	cf := cfg.Confine
-	policy, err := seccompPolicy(capNames(cf.Caps))
-	if err != nil {
-		return nil, exitInitFailed, err
+	if len(cf.Seccomp) == 0 {
+		return nil, exitInitFailed, errors.New("no seccomp program in the init's config")
 	}
 	if err := setupFS(cfg); err != nil {
 		return nil, exitInitFailed, err
@@ -75,7 +74,7 @@ func confineAndStart(cfg initConfig) (*exec.Cmd, int, error) {
 	if err := linux.LimitCapabilities(cf.Caps); err != nil {
 		return nil, exitInitFailed, err
 	}
-	if err := loadSeccomp(policy); err != nil {
+	if err := linux.LoadSeccomp(cf.Seccomp); err != nil { // this thread only: no TSYNC
 		return nil, exitInitFailed, err
 	}
 	if err := cmd.Start(); err != nil {

@@ -113,6 +113,8 @@ type Containerizer struct {
 	self allocator.Holder
 	prep *containerizer.Preparer
 	dev  devices
+	// seccomp holds the seccomp programs built so far.
+	seccomp programs
 	// bare starts inits without namespaces, mounts or confinement: only
 	// the package's own tests of its bookkeeping set it.
 	bare bool
@@ -365,6 +367,12 @@ func (c *Containerizer) start(ctx context.Context, spec containerizer.Spec, ct *
 		cf.HostRoot = c.rootDir(spec.ID)
 	}
 	cf.Hostname = hostname(spec.ID)
+	if !c.bare {
+		if cf.Seccomp, err = c.seccomp.get(cf.Caps); err != nil {
+			kill()
+			return err
+		}
+	}
 	cfg := initConfig{Args: spec.Command, Env: ct.env, Dir: spec.Dir, DevDir: c.devDir(spec.ID), Mounts: plan.Mounts, ExitFile: c.exitPath(spec.ID), Confine: cf, ExtraFiles: len(spec.ExtraFiles), Bare: c.bare}
 	if err := writeConfig(w, cfg); err != nil {
 		kill()

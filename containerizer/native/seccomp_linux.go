@@ -3,11 +3,15 @@ package native
 import (
 	"fmt"
 	"math/bits"
+	"sync"
 
 	bpf "github.com/elastic/go-seccomp-bpf"
 	"github.com/elastic/go-seccomp-bpf/arch"
 	"github.com/moby/profiles/seccomp"
 	"github.com/opencontainers/runtime-spec/specs-go"
+	netbpf "golang.org/x/net/bpf"
+
+	"github.com/gpuiso/gpuiso/internal/linux"
 )
 
 // seccompPolicy is Docker's default seccomp profile for a container whose
@@ -135,11 +139,50 @@ func seccompCondition(a specs.LinuxSeccompArg) (bpf.Condition, error) {
 	return c, nil
 }
 
-// loadSeccomp installs policy on the calling thread only (no TSYNC): the
-// thread that then starts the container's command.
-func loadSeccomp(policy *bpf.Policy) error {
-	if err := bpf.LoadFilter(bpf.Filter{NoNewPrivs: true, Policy: *policy}); err != nil {
-		return fmt.Errorf("seccomp: %w", err)
+// seccompProgram is seccompPolicy assembled into the classic BPF program
+// the kernel loads: what the containerizer builds once per capability set
+// and hands every init in its config.
+func seccompProgram(caps []string) ([]linux.SeccompInstruction, error) {
+	policy, err := seccompPolicy(caps)
+	if err != nil {
+		return nil, err
 	}
-	return nil
+	insts, err := policy.Assemble()
+	if err != nil {
+		return nil, fmt.Errorf("seccomp: %w", err)
+	}
+	raw, err := netbpf.Assemble(insts)
+	if err != nil {
+		return nil, fmt.Errorf("seccomp: %w", err)
+	}
+	prog := make([]linux.SeccompInstruction, len(raw))
+	for i, r := range raw {
+		prog[i] = linux.SeccompInstruction{Op: r.Op, Jt: r.Jt, Jf: r.Jf, K: r.K}
+	}
+	return prog, nil
+}
+
+// programs caches the seccomp programs of a containerizer by capability
+// set: Docker's profile is turned into BPF once per process, not per init.
+type programs struct {
+	mu    sync.Mutex
+	byKey map[string][]linux.SeccompInstruction
+}
+
+func (p *programs) get(caps []int) ([]linux.SeccompInstruction, error) {
+	key := fmt.Sprint(caps)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if prog, ok := p.byKey[key]; ok {
+		return prog, nil
+	}
+	prog, err := seccompProgram(capNames(caps))
+	if err != nil {
+		return nil, err
+	}
+	if p.byKey == nil {
+		p.byKey = map[string][]linux.SeccompInstruction{}
+	}
+	p.byKey[key] = prog
+	return prog, nil
 }

@@ -7,6 +7,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -184,6 +185,23 @@ func MaskPath(path, null string) error {
 	}
 	if err != nil {
 		return &fs.PathError{Op: "mask", Path: path, Err: err}
+	}
+	return nil
+}
+
+// LoadSeccomp installs prog as a seccomp filter of the calling thread only
+// (no TSYNC); no_new_privs must be set first (SetNoNewPrivs).
+func LoadSeccomp(prog []SeccompInstruction) error {
+	if len(prog) == 0 {
+		return fmt.Errorf("seccomp: empty program: %w", ErrNotSupported)
+	}
+	filter := make([]unix.SockFilter, len(prog))
+	for i, in := range prog {
+		filter[i] = unix.SockFilter{Code: in.Op, Jt: in.Jt, Jf: in.Jf, K: in.K}
+	}
+	fprog := unix.SockFprog{Len: uint16(len(filter)), Filter: &filter[0]}
+	if _, _, errno := unix.Syscall(unix.SYS_SECCOMP, unix.SECCOMP_SET_MODE_FILTER, 0, uintptr(unsafe.Pointer(&fprog))); errno != 0 {
+		return fmt.Errorf("seccomp: load filter: %w", errno)
 	}
 	return nil
 }

@@ -37,3 +37,6 @@ func RemountReadOnly(string) error { return ErrNotSupported }
 
 // MaskPath is not supported on this operating system.
 func MaskPath(string, string) error { return ErrNotSupported }
+
+// LoadSeccomp is not supported on this operating system.
+func LoadSeccomp([]SeccompInstruction) error { return ErrNotSupported }

@@ -14,3 +14,12 @@ const (
 	CgroupMagic  = 0x27e0eb
 	TmpfsMagic   = 0x01021994
 )
+
+// SeccompInstruction is one instruction of a classic BPF program, as the
+// kernel's struct sock_filter holds it.
+type SeccompInstruction struct {
+	Op uint16 `json:"op"`
+	Jt uint8  `json:"jt"`
+	Jf uint8  `json:"jf"`
+	K  uint32 `json:"k"`
+}
