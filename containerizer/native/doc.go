@@ -3,7 +3,8 @@
 //
 // # The model
 //
-// A container is a command in its own mount, pid and cgroup namespaces, with
+// A container is a command in its own mount, pid, cgroup, IPC, UTS and
+// network namespaces, with
 //
 //   - its own device cgroup (package isolator/cgroups, v1 or v2) allowing the
 //     runtime's default devices, the driver's control devices and exactly the
@@ -50,6 +51,43 @@
 // filter (installed without TSYNC) and the cgroup namespace belong to a
 // thread, and the rest of the init keeps its privileges to wait for the
 // command and record its exit status.
+//
+// # The boundary
+//
+// A native container reaches nothing of the host that Docker's default would
+// not let it reach. Sharing anything is an explicit opt-in of the Spec.
+//
+//   - Network: a network namespace of its own with only a loopback
+//     interface (Docker's "none"): no listener on the host's loopback and
+//     no abstract UNIX socket of the host (they belong to the network
+//     namespace) is reachable. Spec.Network = NetworkHost shares the host's.
+//     IPC and UTS namespaces are its own too (its host name is its id).
+//   - Descriptors: only 0, 1 and 2 cross into the command, whatever the
+//     caller left open without close-on-exec (the init marks every other
+//     one close-on-exec first thing, as runc does); Spec.ExtraFiles hands
+//     more on purpose, as fds 3, 4, ...
+//   - /tmp is a private tmpfs (nosuid, nodev) in every container.
+//   - Without a root file system of its own the container sees the host's
+//     file system read-only, nosuid and nodev, with these rules: the host's
+//     runtime directories, /run and /var/run, where daemons keep their
+//     control sockets (Docker's, containerd's, Podman's, systemd's), get a
+//     private empty tmpfs each, because a read-only mount does not stop
+//     connect(2) on a socket; the container engines' state directories
+//     (/var/lib/docker, /var/lib/containerd, /var/lib/containers,
+//     /var/lib/kubelet, ...) are masked; the containerizer's own state
+//     directory is masked. A socket a host program keeps anywhere else
+//     stays reachable read-only; a container with a root file system of
+//     its own has none of these concerns, and is the form to use for code
+//     you do not trust.
+//   - The working directory (Spec.Dir) of a container that keeps the host's
+//     file system is shared with the host writable, but nosuid and nodev.
+//   - Paths inside a root file system are resolved inside it
+//     (github.com/cyphar/filepath-securejoin, the library runc uses): a
+//     mount point behind a link in the image (usr/local -> /etc, say) is
+//     made and mounted where the link leads inside the root, never on the
+//     host; an image whose /dev, /proc or /sys is not a directory of its
+//     own is refused. The host's root, or a directory holding the state
+//     directory, is refused as a root file system.
 //
 // # Root file system
 //

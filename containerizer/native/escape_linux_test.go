@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -323,5 +324,41 @@ func (b *bait) check(t *testing.T, who string, r escapeResults, workdir string) 
 		if _, err := os.Stat(filepath.Join(workdir, b.plant)); err != nil {
 			t.Errorf("%s: the shared working directory does not hold what the container wrote: %v", who, err)
 		}
+	}
+}
+
+// TestExtraFiles hands a container one descriptor on purpose: it arrives as
+// fd 3 and works, while a descriptor the caller merely left open does not
+// arrive at all.
+func TestExtraFiles(t *testing.T) {
+	n := newNode(t, cgroups.V1)
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	leaked, err := syscall.Open(t.TempDir(), syscall.O_RDONLY|syscall.O_DIRECTORY, 0) // no close-on-exec
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Close(leaked)
+	var out bytes.Buffer
+	ctx := context.Background()
+	_, err = n.c.Launch(ctx, containerizer.Spec{ID: "extra", Command: []string{"/bin/sh", "-c", "echo through-fd-3 >&3; ls /proc/self/fd | tr '\\n' ' '"},
+		GPUs: allocator.Request{Count: 1}, ExtraFiles: []*os.File{w}, Stdout: &out, Stderr: &out})
+	w.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.c.Destroy(ctx, "extra")
+	if st, err := n.c.Wait(ctx, "extra"); err != nil || st.Code != 0 {
+		t.Fatalf("exit %d, %v\n%s", st.Code, err, out.String())
+	}
+	got, err := io.ReadAll(r)
+	if err != nil || string(got) != "through-fd-3\n" {
+		t.Errorf("fd 3 carried %q, %v", got, err)
+	}
+	if fds := strings.Fields(out.String()); !slices.Equal(fds, []string{"0", "1", "2", "3", "4"}) {
+		t.Errorf("the command holds fds %v, want 0-3 and ls's own (the caller's fd %d must not arrive)", fds, leaked)
 	}
 }
