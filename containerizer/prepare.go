@@ -178,12 +178,14 @@ func NoGPUs(r allocator.Request) bool {
 	return r.Count == 0 && len(r.Devices) == 0 && r.MemoryBytes == 0 && r.MIG == "" && r.MIGMemoryBytes == 0
 }
 
-// devices returns the inventory's devices of refs, for requirement checks.
+// devices returns the GPUs of refs, for requirement checks: a MIG device
+// is checked as its parent GPU (its architecture and brand), which the
+// reference names by index as it names a whole GPU.
 func (pr *Preparer) devices(refs []node.DeviceRef) []node.Device {
 	var out []node.Device
 	for _, r := range refs {
 		for _, d := range pr.Inventory.Devices {
-			if d.UUID == r.UUID {
+			if d.Index == r.Index {
 				out = append(out, d.Clone())
 			}
 		}
