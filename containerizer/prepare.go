@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"path/filepath"
 	"slices"
 
 	"github.com/opencontainers/runtime-spec/specs-go"
@@ -27,7 +26,9 @@ type Preparer struct {
 	// Volumes provides the driver volume; nil means no container gets one
 	// (an image that asks for it is then refused with ErrNoVolume).
 	Volumes *volume.Manager
-	// DevRoot holds the host's device nodes (default /dev).
+	// DevRoot is not read: a plan binds each device node from the path the
+	// inventory holds (discovery's dev root). It remains for back ends that
+	// still set it.
 	DevRoot string
 }
 
@@ -103,10 +104,6 @@ func (pr *Preparer) Prepare(ctx context.Context, spec Spec, img Image) (p *Prepa
 	if err := node.ValidateOwner(spec.ID); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidSpec, err)
 	}
-	devRoot := pr.DevRoot
-	if devRoot == "" {
-		devRoot = node.DefaultDevRoot
-	}
 	p = &Prepared{Allocation: allocator.Allocation{Owner: spec.ID}}
 	defer func() {
 		if err != nil {
@@ -164,7 +161,7 @@ func (pr *Preparer) Prepare(ctx context.Context, spec Spec, img Image) (p *Prepa
 			env = append(env, k+"="+p.Allocation.Env[k])
 		}
 	}
-	plan, err := isolator.NewPlan(spec.ID, pr.Inventory, filepath.Clean(devRoot), p.Allocation.Devices, mounts, env)
+	plan, err := isolator.NewPlan(spec.ID, pr.Inventory, p.Allocation.Devices, mounts, env)
 	if err != nil {
 		return p, err
 	}
