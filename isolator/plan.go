@@ -160,6 +160,16 @@ func checkMIG(inv *node.Inventory, g node.DeviceRef) error {
 	return nil
 }
 
+// pathLists are the variables whose value is a list of directories.
+var pathLists = []string{"PATH", "LD_LIBRARY_PATH"}
+
+// IsPathList reports whether key names a variable whose value is a list of
+// directories (PATH, LD_LIBRARY_PATH). A plan's value for one is the
+// image's list with the plan's directories added (see volume.Injection);
+// a renderer that cannot see the image's value (a CDI spec) leaves such a
+// variable to the image rather than replace it.
+func IsPathList(key string) bool { return slices.Contains(pathLists, key) }
+
 // MergeEnv returns base with every "KEY=value" of over set, replacing the
 // base's value of the same key in place and appending new keys.
 func MergeEnv(base, over []string) []string {

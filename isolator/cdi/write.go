@@ -9,10 +9,13 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 
 	cdilib "tags.cncf.io/container-device-interface/pkg/cdi"
 	"tags.cncf.io/container-device-interface/pkg/parser"
 	specs "tags.cncf.io/container-device-interface/specs-go"
+
+	"github.com/gpuiso/gpuiso/node"
 )
 
 // DefaultDir is the spec directory for specs that live as long as the node's
@@ -78,6 +81,46 @@ func (w Writer) Write(ctx context.Context, spec *specs.Spec) (Result, error) {
 	if err != nil {
 		return Result{}, fmt.Errorf("write CDI spec: %w", err)
 	}
+	return w.write(ctx, path, spec)
+}
+
+// AllocationPath is the file of owner's allocation spec of kind (see
+// Render): "<vendor>-<class>_alloc-<owner>.json", beside kind's node spec.
+func (w Writer) AllocationPath(kind, owner string) (string, error) {
+	p, err := w.Path(kind)
+	if err != nil {
+		return "", err
+	}
+	if err := node.ValidateOwner(owner); err != nil {
+		return "", err
+	}
+	return strings.TrimSuffix(p, ".json") + "_" + AllocationDevice(owner) + ".json", nil
+}
+
+// WriteAllocation writes owner's allocation spec (from Render) into
+// AllocationPath, as Write writes a node's spec.
+func (w Writer) WriteAllocation(ctx context.Context, owner string, spec *specs.Spec) (Result, error) {
+	if spec == nil {
+		return Result{}, fmt.Errorf("write CDI spec: %w: nil spec", ErrInvalidSpec)
+	}
+	path, err := w.AllocationPath(spec.Kind, owner)
+	if err != nil {
+		return Result{}, fmt.Errorf("write CDI spec: %w", err)
+	}
+	return w.write(ctx, path, spec)
+}
+
+// RemoveAllocation deletes owner's allocation spec of kind; a missing one
+// is not an error.
+func (w Writer) RemoveAllocation(ctx context.Context, kind, owner string) error {
+	path, err := w.AllocationPath(kind, owner)
+	if err != nil {
+		return fmt.Errorf("remove CDI spec: %w", err)
+	}
+	return remove(ctx, path)
+}
+
+func (w Writer) write(ctx context.Context, path string, spec *specs.Spec) (Result, error) {
 	res := Result{Path: path}
 	data, err := Encode(spec)
 	if err != nil {
@@ -153,6 +196,10 @@ func (w Writer) Remove(ctx context.Context, kind string) error {
 	if err != nil {
 		return fmt.Errorf("remove CDI spec: %w", err)
 	}
+	return remove(ctx, path)
+}
+
+func remove(ctx context.Context, path string) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("remove CDI spec %s: %w", path, err)
 	}
