@@ -25,6 +25,7 @@ import (
 // environment.
 type rendering struct {
 	devices, hostPaths, numbers []string
+	rules                       []string // allow rules beyond the defaults
 	mounts                      []string
 	env                         map[string]string
 }
@@ -52,6 +53,14 @@ func fromOCI(s *specs.Spec) rendering {
 	for _, d := range s.Linux.Devices {
 		r.devices = append(r.devices, d.Path)
 		r.numbers = append(r.numbers, fmt.Sprintf("%s %d:%d", d.Path, d.Major, d.Minor))
+	}
+	if s.Linux.Resources != nil {
+		for _, c := range s.Linux.Resources.Devices {
+			rule := isolator.Rule{Allow: c.Allow, Type: c.Type[0], Major: *c.Major, Minor: *c.Minor, Access: c.Access}
+			if c.Allow && !slices.Contains(isolator.DefaultRules(), rule) {
+				r.rules = append(r.rules, rule.String())
+			}
+		}
 	}
 	for _, m := range s.Mounts {
 		r.mounts = append(r.mounts, m.Destination+" "+m.Source+" "+ro(m.Options))
@@ -104,6 +113,7 @@ func TestRenderersAgree(t *testing.T) {
 		dock.mounts = append(dock.mounts, m.Target+" "+m.Source+" "+map[bool]string{true: "ro", false: "rw"}[m.ReadOnly])
 	}
 	dock.env = envMap(cfg.Env)
+	dock.rules = hc.DeviceCgroupRules
 
 	spec, err := cdi.Render(cdi.DefaultKind, plan)
 	if err != nil {
@@ -135,6 +145,20 @@ func TestRenderersAgree(t *testing.T) {
 	}
 	if !slices.Equal(native.numbers, viaCDI.numbers) {
 		t.Errorf("device numbers: native %v, cdi %v", native.numbers, viaCDI.numbers)
+	}
+	var wantRules []string
+	for _, r := range plan.Rules {
+		if !slices.Contains(isolator.DefaultRules(), r) {
+			wantRules = append(wantRules, r.String())
+		}
+	}
+	if len(wantRules) != len(plan.Devices) {
+		t.Errorf("plan rules %v: want one per node of %v", wantRules, plan.Devices)
+	}
+	for name, got := range map[string][]string{"native": native.rules, "docker": dock.rules, "cdi": viaCDI.rules} {
+		if !slices.Equal(slices.Sorted(slices.Values(got)), slices.Sorted(slices.Values(wantRules))) {
+			t.Errorf("%s device rules %v, want %v", name, got, wantRules)
+		}
 	}
 	wantMount := []string{volume.ContainerPath + " " + vol.Path + " ro"}
 	for name, got := range map[string][]string{"native": native.mounts, "docker": dock.mounts, "cdi": viaCDI.mounts} {
