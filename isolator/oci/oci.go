@@ -1,7 +1,6 @@
 package oci
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"slices"
@@ -9,10 +8,11 @@ import (
 	"github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/gpuiso/gpuiso/isolator"
+	"github.com/gpuiso/gpuiso/node"
 )
 
 // ErrNoLinux: the spec has no Linux section to edit.
-var ErrNoLinux = errors.New("spec has no linux section")
+var ErrNoLinux = node.Sentinel(node.ErrInvalid, "spec has no linux section")
 
 // Apply edits spec in place so that the container gets what plan says: its
 // device nodes, a deny-all followed by the plan's device rules, its mounts
