@@ -9,3 +9,7 @@ var ErrNotSupported = node.Sentinel(node.ErrNotSupported, "not supported on this
 // ErrUnknownCapability is returned for a capability name the kernel does not
 // define.
 var ErrUnknownCapability = node.Sentinel(node.ErrInvalid, "unknown capability")
+
+// ErrInvalidProcess is returned for a process name that is not
+// "<pid>.<start>".
+var ErrInvalidProcess = node.Sentinel(node.ErrInvalid, "invalid process name")
