@@ -224,23 +224,7 @@ func (c Constraint) Matches(d *node.Device) bool {
 // Holds reports whether a comparison result (negative, zero or positive, as
 // from cmp.Compare) satisfies the operator. Operators that do not compare
 // (regexp, set_contains, is_set, ...) never hold here.
-func (op Operator) Holds(cmp int) bool {
-	switch op {
-	case OpEqual:
-		return cmp == 0
-	case OpNotEqual:
-		return cmp != 0
-	case OpLess:
-		return cmp < 0
-	case OpLessEqual:
-		return cmp <= 0
-	case OpGreater:
-		return cmp > 0
-	case OpGreaterEqual:
-		return cmp >= 0
-	}
-	return false
-}
+func (op Operator) Holds(cmp int) bool { return node.Op(op).Holds(cmp) }
 
 // compareAttribute compares a with the constraint value v: numbers in base
 // units, booleans as such, text as text (numbers in text compare as numbers).
