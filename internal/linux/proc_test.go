@@ -105,3 +105,29 @@ func TestProcessDead(t *testing.T) {
 		t.Errorf("ReadProcStat(gone) = %v", err)
 	}
 }
+
+func TestWriteFileAtomic(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "state.json")
+	if err := WriteFileAtomic(p, "", []byte("one"), 0o640, nil); err != nil {
+		t.Fatal(err)
+	}
+	refuse := errors.New("refused")
+	var seen string
+	err := WriteFileAtomic(p, "", []byte("two"), 0o640, func(tmp string) error {
+		b, _ := os.ReadFile(tmp)
+		seen = string(b)
+		return refuse
+	})
+	if !errors.Is(err, refuse) || seen != "two" {
+		t.Fatalf("refused write: %v, check saw %q", err, seen)
+	}
+	b, _ := os.ReadFile(p)
+	fi, _ := os.Stat(p)
+	if string(b) != "one" || fi.Mode().Perm() != 0o640 {
+		t.Fatalf("after a refused write: %q %v, want the old content", b, fi.Mode())
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) != 1 {
+		t.Fatalf("temporary files left: %v", entries)
+	}
+}

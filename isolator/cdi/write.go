@@ -15,6 +15,7 @@ import (
 	"tags.cncf.io/container-device-interface/pkg/parser"
 	specs "tags.cncf.io/container-device-interface/specs-go"
 
+	"github.com/gpuiso/gpuiso/internal/linux"
 	"github.com/gpuiso/gpuiso/node"
 )
 
@@ -144,50 +145,15 @@ func (w Writer) write(ctx context.Context, path string, spec *specs.Spec) (Resul
 	return res, nil
 }
 
-// writeAtomic replaces path with data through a validated temporary file.
-func writeAtomic(path string, data []byte) (err error) {
-	dir := filepath.Dir(path)
-	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".*.tmp")
-	if err != nil {
-		return err
-	}
-	defer func() {
-		if err != nil {
-			os.Remove(tmp.Name())
+// writeAtomic replaces path with data through a temporary file the CDI
+// library validates as a runtime will read it.
+func writeAtomic(path string, data []byte) error {
+	return linux.WriteFileAtomic(path, "", data, 0o644, func(tmp string) error {
+		if _, err := cdilib.ReadSpec(tmp, 0); err != nil {
+			return &SpecError{Path: path, Err: err}
 		}
-	}()
-	_, err = tmp.Write(data)
-	if err == nil {
-		err = tmp.Chmod(0o644)
-	}
-	if err == nil {
-		err = tmp.Sync()
-	}
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return err
-	}
-	if _, err := cdilib.ReadSpec(tmp.Name(), 0); err != nil {
-		return &SpecError{Path: path, Err: err}
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		return err
-	}
-	return syncDir(dir)
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	err = d.Sync()
-	if cerr := d.Close(); err == nil {
-		err = cerr
-	}
-	return err
+		return nil
+	})
 }
 
 // Remove deletes kind's spec file; a missing one is not an error.
@@ -206,7 +172,7 @@ func remove(ctx context.Context, path string) error {
 	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("remove CDI spec %s: %w", path, err)
 	}
-	return syncDir(filepath.Dir(path))
+	return linux.SyncDir(filepath.Dir(path))
 }
 
 // ValidateFile reads the spec file at path as a CDI runtime would, with the
