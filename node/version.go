@@ -1,6 +1,7 @@
 package node
 
 import (
+	"fmt"
 	"strconv"
 	"strings"
 )
@@ -43,6 +44,49 @@ func (op Op) Holds(cmp int) bool {
 		return cmp >= 0
 	}
 	return false
+}
+
+// Version is a dotted version's numeric components: "535.104.05" is
+// [535 104 5].
+type Version []uint64
+
+// ParseVersion reads a dotted version of numbers ("535.104.05", "12.2"; a
+// leading "v" and surrounding space allowed).
+func ParseVersion(s string) (Version, error) {
+	t := strings.TrimPrefix(strings.TrimSpace(s), "v")
+	if t == "" {
+		return nil, fmt.Errorf("version %q: empty: %w", s, ErrInvalid)
+	}
+	var v Version
+	for part := range strings.SplitSeq(t, ".") {
+		n, err := strconv.ParseUint(part, 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("version %q: component %q is not a number: %w", s, part, ErrInvalid)
+		}
+		v = append(v, n)
+	}
+	return v, nil
+}
+
+// Compare compares v and w component by component, a missing component
+// counting as 0: -1, 0 or 1.
+func (v Version) Compare(w Version) int {
+	for i := range max(len(v), len(w)) {
+		var x, y uint64
+		if i < len(v) {
+			x = v[i]
+		}
+		if i < len(w) {
+			y = w[i]
+		}
+		if x != y {
+			if x < y {
+				return -1
+			}
+			return 1
+		}
+	}
+	return 0
 }
 
 // CompareVersions compares dotted versions component by component as

@@ -1,6 +1,10 @@
 package node
 
-import "testing"
+import (
+	"errors"
+	"fmt"
+	"testing"
+)
 
 func TestCompareVersions(t *testing.T) {
 	tests := []struct {
@@ -35,5 +39,38 @@ func TestOpHolds(t *testing.T) {
 				t.Fatalf("Holds(-1,0,1) = %v", got)
 			}
 		})
+	}
+}
+
+func TestParseVersion(t *testing.T) {
+	tests := []struct {
+		in   string
+		want Version
+		err  bool
+	}{
+		{"535.104.05", Version{535, 104, 5}, false},
+		{" v12.2 ", Version{12, 2}, false},
+		{"1.44", Version{1, 44}, false},
+		{"", nil, true},
+		{"12..2", nil, true},
+		{"12.x", nil, true},
+		{"-1.2", nil, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.in, func(t *testing.T) {
+			got, err := ParseVersion(tt.in)
+			if (err != nil) != tt.err || fmt.Sprint(got) != fmt.Sprint(tt.want) {
+				t.Fatalf("ParseVersion = %v, %v", got, err)
+			}
+			if err != nil && !errors.Is(err, ErrInvalid) {
+				t.Fatalf("error %v does not match ErrInvalid", err)
+			}
+		})
+	}
+	if c := (Version{535, 104, 5}).Compare(Version{535, 104, 5, 0}); c != 0 {
+		t.Errorf("Compare with a trailing zero = %d", c)
+	}
+	if c := (Version{1, 43}).Compare(Version{1, 44}); c != -1 {
+		t.Errorf("1.43 vs 1.44 = %d", c)
 	}
 }
