@@ -70,9 +70,9 @@ func fromOCI(s *specs.Spec) rendering {
 }
 
 // TestRenderersAgree renders one plan (two GPUs, a MIG device, the driver
-// volume, an image whose PATH holds its own tool directory) through the
-// OCI editor that native containers use, the Docker configuration and the
-// CDI spec a CDI runtime injects, and checks that the container gets the
+// volume, an image whose PATH holds its own tool directory) as the native
+// containerizer takes it, through the OCI editor, the Docker configuration
+// and the CDI spec a CDI runtime injects, and checks that the container gets the
 // same devices, mounts and environment from each: the visible-device
 // variables name every device, and PATH keeps the image's directories.
 func TestRenderersAgree(t *testing.T) {
@@ -94,7 +94,25 @@ func TestRenderersAgree(t *testing.T) {
 	if err := oci.Apply(ociSpec, plan); err != nil {
 		t.Fatal(err)
 	}
-	native := fromOCI(ociSpec)
+	ociView := fromOCI(ociSpec)
+
+	// The native containerizer takes the plan as it is: its nodes into the
+	// container's /dev, its rules into the cgroup, its environment merged
+	// over the image's, its mounts.
+	var native rendering
+	for _, d := range plan.Devices {
+		native.devices = append(native.devices, d.Path)
+		native.numbers = append(native.numbers, fmt.Sprintf("%s %d:%d", d.Path, d.Major, d.Minor))
+	}
+	for _, r := range plan.Rules {
+		if r.Allow && !slices.Contains(isolator.DefaultRules(), r) {
+			native.rules = append(native.rules, r.String())
+		}
+	}
+	for _, m := range plan.Mounts {
+		native.mounts = append(native.mounts, m.Destination+" "+m.Source+" "+ro(m.Options))
+	}
+	native.env = envMap(isolator.MergeEnv(imageEnv, plan.Env))
 
 	dc, err := docker.New(plan)
 	if err != nil {
@@ -135,7 +153,7 @@ func TestRenderersAgree(t *testing.T) {
 		wantDevices = append(wantDevices, d.Path)
 		wantHost = append(wantHost, d.Path+" "+d.HostPath)
 	}
-	for name, got := range map[string][]string{"native": native.devices, "docker": dock.devices, "cdi": viaCDI.devices} {
+	for name, got := range map[string][]string{"native": native.devices, "oci": ociView.devices, "docker": dock.devices, "cdi": viaCDI.devices} {
 		if !slices.Equal(got, wantDevices) {
 			t.Errorf("%s devices %v, want %v", name, got, wantDevices)
 		}
@@ -143,8 +161,8 @@ func TestRenderersAgree(t *testing.T) {
 	if !slices.Equal(dock.hostPaths, wantHost) || !slices.Equal(viaCDI.hostPaths, wantHost) {
 		t.Errorf("host paths: docker %v, cdi %v, want %v", dock.hostPaths, viaCDI.hostPaths, wantHost)
 	}
-	if !slices.Equal(native.numbers, viaCDI.numbers) {
-		t.Errorf("device numbers: native %v, cdi %v", native.numbers, viaCDI.numbers)
+	if !slices.Equal(native.numbers, viaCDI.numbers) || !slices.Equal(ociView.numbers, viaCDI.numbers) {
+		t.Errorf("device numbers: native %v, oci %v, cdi %v", native.numbers, ociView.numbers, viaCDI.numbers)
 	}
 	var wantRules []string
 	for _, r := range plan.Rules {
@@ -155,20 +173,20 @@ func TestRenderersAgree(t *testing.T) {
 	if len(wantRules) != len(plan.Devices) {
 		t.Errorf("plan rules %v: want one per node of %v", wantRules, plan.Devices)
 	}
-	for name, got := range map[string][]string{"native": native.rules, "docker": dock.rules, "cdi": viaCDI.rules} {
+	for name, got := range map[string][]string{"native": native.rules, "oci": ociView.rules, "docker": dock.rules, "cdi": viaCDI.rules} {
 		if !slices.Equal(slices.Sorted(slices.Values(got)), slices.Sorted(slices.Values(wantRules))) {
 			t.Errorf("%s device rules %v, want %v", name, got, wantRules)
 		}
 	}
 	wantMount := []string{volume.ContainerPath + " " + vol.Path + " ro"}
-	for name, got := range map[string][]string{"native": native.mounts, "docker": dock.mounts, "cdi": viaCDI.mounts} {
+	for name, got := range map[string][]string{"native": native.mounts, "oci": ociView.mounts, "docker": dock.mounts, "cdi": viaCDI.mounts} {
 		if !slices.Equal(got, wantMount) {
 			t.Errorf("%s mounts %v, want %v", name, got, wantMount)
 		}
 	}
 
 	visible := gpus[0].UUID + "," + gpus[1].UUID
-	for name, env := range map[string]map[string]string{"native": native.env, "docker": dock.env, "cdi": viaCDI.env} {
+	for name, env := range map[string]map[string]string{"native": native.env, "oci": ociView.env, "docker": dock.env, "cdi": viaCDI.env} {
 		if env[isolator.EnvVisibleDevices] != visible || env[isolator.EnvCUDAVisibleDevices] != visible {
 			t.Errorf("%s: %s=%q %s=%q, want both %q", name, isolator.EnvVisibleDevices, env[isolator.EnvVisibleDevices],
 				isolator.EnvCUDAVisibleDevices, env[isolator.EnvCUDAVisibleDevices], visible)
@@ -180,8 +198,8 @@ func TestRenderersAgree(t *testing.T) {
 			t.Errorf("%s: image variable TOOL lost", name)
 		}
 	}
-	if !maps.Equal(native.env, dock.env) {
-		t.Errorf("environment: native %v, docker %v", native.env, dock.env)
+	if !maps.Equal(native.env, dock.env) || !maps.Equal(native.env, ociView.env) {
+		t.Errorf("environment: native %v, oci %v, docker %v", native.env, ociView.env, dock.env)
 	}
 	// CDI can only set variables: it agrees with the others on all but the
 	// PATH-like ones, which it leaves as the image has them.
