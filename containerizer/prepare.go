@@ -93,7 +93,8 @@ var ErrNoVolume = node.Sentinel(node.ErrNotSupported, "the image needs the drive
 // its undo: the owner-id rule; the image's NVIDIA_REQUIRE_* conditions on
 // the driver, before anything is held; the allocation (a spec asking for no
 // GPU holds nothing and gets every GPU denied, with
-// NVIDIA_VISIBLE_DEVICES=void); the conditions on the allocated GPUs; the
+// NVIDIA_VISIBLE_DEVICES=void); the conditions on the allocated devices (a
+// MIG device is checked as its parent GPU: its architecture and brand); the
 // driver volume, only for a container with its own root file system whose
 // image asks for it; and the plan, with the allocation's environment (such
 // as a shared GPU's memory limit). On error nothing is held.
