@@ -25,10 +25,14 @@ provision:
 # back end. They must build without cgo and for another GOOS.
 PURE := ./node ./allocator ./volume ./isolator/... ./containerizer ./containerizer/docker ./containerizer/rootfs ./internal/ldcache ./internal/linux
 
-## check: formatting, vet, and the pure packages built without cgo and for darwin
+## check: formatting, vet, staticcheck (pinned by go.mod's tool directive),
+## the OS seam (only internal/linux imports syscall or x/sys/unix), and the
+## pure packages built without cgo and for darwin
 check:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
+	$(GO) tool staticcheck ./...
+	GO=$(GO) bash .ci/syscall-rule.sh
 	CGO_ENABLED=0 $(GO) build $(PURE)
 	CGO_ENABLED=0 GOOS=darwin $(GO) build $(PURE)
 

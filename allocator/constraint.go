@@ -195,12 +195,12 @@ func (c Constraint) Matches(d *node.Device) bool {
 		if err != nil {
 			return false
 		}
-		v, err := parseVersion(a.Format())
+		v, err := node.ParseVersion(a.Format())
 		if err != nil {
 			return false
 		}
 		for _, cond := range conds {
-			if !cond.op.Holds(compareVersions(v, cond.v)) {
+			if !cond.op.Holds(v.Compare(cond.v)) {
 				return false
 			}
 		}
@@ -224,23 +224,7 @@ func (c Constraint) Matches(d *node.Device) bool {
 // Holds reports whether a comparison result (negative, zero or positive, as
 // from cmp.Compare) satisfies the operator. Operators that do not compare
 // (regexp, set_contains, is_set, ...) never hold here.
-func (op Operator) Holds(cmp int) bool {
-	switch op {
-	case OpEqual:
-		return cmp == 0
-	case OpNotEqual:
-		return cmp != 0
-	case OpLess:
-		return cmp < 0
-	case OpLessEqual:
-		return cmp <= 0
-	case OpGreater:
-		return cmp > 0
-	case OpGreaterEqual:
-		return cmp >= 0
-	}
-	return false
-}
+func (op Operator) Holds(cmp int) bool { return node.Op(op).Holds(cmp) }
 
 // compareAttribute compares a with the constraint value v: numbers in base
 // units, booleans as such, text as text (numbers in text compare as numbers).
@@ -341,47 +325,9 @@ func parseQuantity(s, attrUnit string) (float64, bool) {
 	return num * u.factor, true
 }
 
-// A version is its numeric components: "535.104.05" is [535 104 5].
-type version []uint64
-
-func parseVersion(s string) (version, error) {
-	s = strings.TrimPrefix(strings.TrimSpace(s), "v")
-	if s == "" {
-		return nil, fmt.Errorf("empty version")
-	}
-	var v version
-	for _, part := range strings.Split(s, ".") {
-		n, err := strconv.ParseUint(part, 10, 64)
-		if err != nil {
-			return nil, fmt.Errorf("version %q: component %q is not a number", s, part)
-		}
-		v = append(v, n)
-	}
-	return v, nil
-}
-
-func compareVersions(a, b version) int {
-	for i := 0; i < max(len(a), len(b)); i++ {
-		var x, y uint64
-		if i < len(a) {
-			x = a[i]
-		}
-		if i < len(b) {
-			y = b[i]
-		}
-		if x != y {
-			if x < y {
-				return -1
-			}
-			return 1
-		}
-	}
-	return 0
-}
-
 type versionCondition struct {
 	op Operator
-	v  version
+	v  node.Version
 }
 
 // parseVersionConditions reads ">= 1.2, < 2" (no operator means "=").
@@ -396,7 +342,7 @@ func parseVersionConditions(s string) ([]versionCondition, error) {
 				break
 			}
 		}
-		v, err := parseVersion(part)
+		v, err := node.ParseVersion(part)
 		if err != nil {
 			return nil, err
 		}

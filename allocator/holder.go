@@ -5,12 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"os"
-	"path/filepath"
 	"slices"
 	"sort"
-	"strconv"
-	"strings"
+
+	"github.com/gpuiso/gpuiso/internal/linux"
 )
 
 // Holder is what proves an owner alive: a process, named by its pid and
@@ -38,11 +36,11 @@ func (h Holder) validate() error {
 // ProcessHolder returns the holder that names the running process pid, as
 // the proc file system procRoot ("" means /proc) shows it.
 func ProcessHolder(procRoot string, pid int) (Holder, error) {
-	st, err := readStat(procRoot, pid)
+	st, err := linux.ReadProcStat(procRoot, pid)
 	if err != nil {
 		return Holder{}, fmt.Errorf("holder %d: %w", pid, err)
 	}
-	return Holder{Pid: pid, Start: st.start}, nil
+	return Holder{Pid: pid, Start: st.Start}, nil
 }
 
 // WithProcRoot sets the proc file system holders are checked in (default
@@ -57,72 +55,23 @@ func WithProcRoot(dir string) Option {
 	}
 }
 
-type procStat struct {
-	state byte
-	start uint64
-}
-
-// readStat reads the state (field 3) and start time (field 22) of pid.
-func readStat(procRoot string, pid int) (procStat, error) {
-	if procRoot == "" {
-		procRoot = "/proc"
-	}
-	b, err := os.ReadFile(filepath.Join(procRoot, strconv.Itoa(pid), "stat"))
-	if err != nil {
-		return procStat{}, err
-	}
-	// The command name (field 2) may hold spaces and parentheses: fields
-	// are counted from the last ')'.
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	if i < 0 {
-		return procStat{}, fmt.Errorf("/proc/%d/stat: no command name", pid)
-	}
-	f := strings.Fields(s[i+1:])
-	if len(f) < 20 || len(f[0]) != 1 {
-		return procStat{}, fmt.Errorf("/proc/%d/stat: %d fields", pid, len(f)+2)
-	}
-	start, err := strconv.ParseUint(f[19], 10, 64)
-	if err != nil {
-		return procStat{}, fmt.Errorf("/proc/%d/stat: start time: %w", pid, err)
-	}
-	return procStat{state: f[0][0], start: start}, nil
-}
-
-// procReadable tells whether procRoot is a proc file system this process
-// can read: without one no process can be proven gone.
-func procReadable(procRoot string) bool {
-	_, err := readStat(procRoot, os.Getpid())
-	return err == nil
-}
-
 // processGone reports whether pid provably does not run.
 func processGone(procRoot string, pid int) bool {
-	if !procReadable(procRoot) {
+	if _, err := linux.Self(procRoot); err != nil {
 		return false
 	}
-	st, err := readStat(procRoot, pid)
+	st, err := linux.ReadProcStat(procRoot, pid)
 	if errors.Is(err, fs.ErrNotExist) {
 		return true
 	}
-	return err == nil && (st.state == 'Z' || st.state == 'X')
+	return err == nil && st.Exited()
 }
 
 // Dead reports whether h's process provably ended: its pid is gone, is a
 // zombie, or names a process started at another time. procRoot "" means
 // /proc; when it cannot be read, nothing is provably dead.
 func (h Holder) Dead(procRoot string) bool {
-	if !procReadable(procRoot) {
-		return false
-	}
-	st, err := readStat(procRoot, h.Pid)
-	if errors.Is(err, fs.ErrNotExist) {
-		return true
-	}
-	if err != nil {
-		return false
-	}
-	return st.start != h.Start || st.state == 'Z' || st.state == 'X'
+	return linux.Process{Pid: h.Pid, Start: h.Start}.Dead(procRoot)
 }
 
 // ReleaseDead releases every owner whose holder is provably dead, in one

@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/gpuiso/gpuiso/internal/linux"
 	"github.com/gpuiso/gpuiso/node"
 )
 
@@ -374,39 +375,9 @@ func (s *store) save(st *savedState) error {
 	if err != nil {
 		return fmt.Errorf("encode state: %w", err)
 	}
-	tmp, err := os.CreateTemp(s.dir, tempPrefix(os.Getpid())+"*.tmp")
-	if err != nil {
+	if err := linux.WriteFileAtomic(s.path(), tempPrefix(os.Getpid())+"*.tmp", b, 0o600, nil); err != nil {
 		return fmt.Errorf("write state: %w", err)
 	}
-	name := tmp.Name()
-	ok := false
-	defer func() {
-		if !ok {
-			tmp.Close()
-			os.Remove(name)
-		}
-	}()
-	if _, err := tmp.Write(b); err != nil {
-		return fmt.Errorf("write state: %w", err)
-	}
-	if err := tmp.Sync(); err != nil {
-		return fmt.Errorf("sync state: %w", err)
-	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("close state: %w", err)
-	}
-	if err := os.Rename(name, s.path()); err != nil {
-		return fmt.Errorf("rename state: %w", err)
-	}
-	ok = true
 	s.seen(b)
-	d, err := os.Open(s.dir)
-	if err != nil {
-		return fmt.Errorf("sync state directory: %w", err)
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil {
-		return fmt.Errorf("sync state directory: %w", err)
-	}
 	return nil
 }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"path/filepath"
 	"slices"
 
 	"github.com/opencontainers/runtime-spec/specs-go"
@@ -27,7 +26,9 @@ type Preparer struct {
 	// Volumes provides the driver volume; nil means no container gets one
 	// (an image that asks for it is then refused with ErrNoVolume).
 	Volumes *volume.Manager
-	// DevRoot holds the host's device nodes (default /dev).
+	// DevRoot is not read: a plan binds each device node from the path the
+	// inventory holds (discovery's dev root). It remains for back ends that
+	// still set it.
 	DevRoot string
 }
 
@@ -92,7 +93,8 @@ var ErrNoVolume = node.Sentinel(node.ErrNotSupported, "the image needs the drive
 // its undo: the owner-id rule; the image's NVIDIA_REQUIRE_* conditions on
 // the driver, before anything is held; the allocation (a spec asking for no
 // GPU holds nothing and gets every GPU denied, with
-// NVIDIA_VISIBLE_DEVICES=void); the conditions on the allocated GPUs; the
+// NVIDIA_VISIBLE_DEVICES=void); the conditions on the allocated devices (a
+// MIG device is checked as its parent GPU: its architecture and brand); the
 // driver volume, only for a container with its own root file system whose
 // image asks for it; and the plan, with the allocation's environment (such
 // as a shared GPU's memory limit). On error nothing is held.
@@ -102,10 +104,6 @@ func (pr *Preparer) Prepare(ctx context.Context, spec Spec, img Image) (p *Prepa
 	}
 	if err := node.ValidateOwner(spec.ID); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidSpec, err)
-	}
-	devRoot := pr.DevRoot
-	if devRoot == "" {
-		devRoot = node.DefaultDevRoot
 	}
 	p = &Prepared{Allocation: allocator.Allocation{Owner: spec.ID}}
 	defer func() {
@@ -164,7 +162,7 @@ func (pr *Preparer) Prepare(ctx context.Context, spec Spec, img Image) (p *Prepa
 			env = append(env, k+"="+p.Allocation.Env[k])
 		}
 	}
-	plan, err := isolator.NewPlan(spec.ID, pr.Inventory, filepath.Clean(devRoot), p.Allocation.Devices, mounts, env)
+	plan, err := isolator.NewPlan(spec.ID, pr.Inventory, p.Allocation.Devices, mounts, env)
 	if err != nil {
 		return p, err
 	}
@@ -178,12 +176,14 @@ func NoGPUs(r allocator.Request) bool {
 	return r.Count == 0 && len(r.Devices) == 0 && r.MemoryBytes == 0 && r.MIG == "" && r.MIGMemoryBytes == 0
 }
 
-// devices returns the inventory's devices of refs, for requirement checks.
+// devices returns the GPUs of refs, for requirement checks: a MIG device
+// is checked as its parent GPU (its architecture and brand), which the
+// reference names by index as it names a whole GPU.
 func (pr *Preparer) devices(refs []node.DeviceRef) []node.Device {
 	var out []node.Device
 	for _, r := range refs {
 		for _, d := range pr.Inventory.Devices {
-			if d.UUID == r.UUID {
+			if d.Index == r.Index {
 				out = append(out, d.Clone())
 			}
 		}

@@ -1,9 +1,15 @@
 package containerizer_test
 
 import (
+	"context"
+	"errors"
+	"fmt"
 	"testing"
 
+	"github.com/gpuiso/gpuiso/allocator"
 	"github.com/gpuiso/gpuiso/containerizer"
+	"github.com/gpuiso/gpuiso/node"
+	"github.com/gpuiso/gpuiso/volume"
 )
 
 func TestWantsVolume(t *testing.T) {
@@ -24,5 +30,71 @@ func TestWantsVolume(t *testing.T) {
 		if got := tc.img.WantsVolume(tc.env); got != tc.want {
 			t.Errorf("%s: WantsVolume = %v, want %v", tc.name, got, tc.want)
 		}
+	}
+}
+
+// TestPrepareRequirements checks that an image's requirements hold for the
+// GPUs a container is given, whole or MIG, and for the driver.
+func TestPrepareRequirements(t *testing.T) {
+	inv, _ := simAllocator(t, "hgx-h100-mig")
+	// Discovery without a host tree finds no capability nodes; give each
+	// MIG device some, as a host's /dev/nvidia-caps would.
+	minor := uint32(0)
+	for i := range inv.Devices {
+		for j := range inv.Devices[i].MIGDevices {
+			m := &inv.Devices[i].MIGDevices[j]
+			m.GIAccess = node.DeviceNode{Path: fmt.Sprintf("/dev/nvidia-caps/nvidia-cap%d", minor), Major: 240, Minor: minor}
+			m.CIAccess = node.DeviceNode{Path: fmt.Sprintf("/dev/nvidia-caps/nvidia-cap%d", minor+1), Major: 240, Minor: minor + 1}
+			minor += 2
+		}
+	}
+	alloc, err := allocator.New(inv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := inv.Clone()
+	old.DriverVersion, old.CUDAVersion = "470.256.02", node.CUDAVersion(11040)
+	oldAlloc, err := allocator.New(old)
+	if err != nil {
+		t.Fatal(err)
+	}
+	whole := allocator.Request{Count: 1}
+	mig := allocator.Request{MIG: "1g.10gb"}
+	for _, tc := range []struct {
+		name  string
+		alloc *allocator.Allocator
+		inv   *node.Inventory
+		gpus  allocator.Request
+		env   string
+		unmet bool
+	}{
+		{"whole gpu, arch met", alloc, inv, whole, "NVIDIA_REQUIRE_ARCH=arch>=9.0", false},
+		{"whole gpu, arch unmet", alloc, inv, whole, "NVIDIA_REQUIRE_ARCH=arch>=99.0", true},
+		{"mig, arch met", alloc, inv, mig, "NVIDIA_REQUIRE_ARCH=arch>=9.0", false},
+		{"mig, arch unmet", alloc, inv, mig, "NVIDIA_REQUIRE_ARCH=arch>=99.0", true},
+		{"mig, brand unmet", alloc, inv, mig, "NVIDIA_REQUIRE_BRAND=brand=geforce", true},
+		{"470 driver, unknown alternative dropped", oldAlloc, old, mig, "NVIDIA_REQUIRE_CUDA=cuda>=13.0 foo=bar", true},
+		{"470 driver, cuda met", oldAlloc, old, mig, "NVIDIA_REQUIRE_CUDA=cuda>=11.0 foo=bar", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pr := &containerizer.Preparer{Allocator: tc.alloc, Inventory: tc.inv, DevRoot: t.TempDir()}
+			spec := containerizer.Spec{ID: "req-test", GPUs: tc.gpus}
+			p, err := pr.Prepare(context.Background(), spec, containerizer.Image{Env: []string{tc.env}})
+			if tc.unmet {
+				if !errors.Is(err, volume.ErrRequirementUnmet) {
+					t.Fatalf("Prepare = %v, want ErrRequirementUnmet", err)
+				}
+				if held, _ := tc.alloc.Allocation(spec.ID); len(held.Devices) != 0 {
+					t.Fatalf("refused container still holds %v", held.Devices)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("Prepare = %v", err)
+			}
+			if err := p.Undo(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+		})
 	}
 }

@@ -18,7 +18,7 @@ func ExampleNewPlan() {
 		ControlDevices: []node.ControlDevice{{Name: "nvidiactl", Path: "/dev/nvidiactl", Major: 195, Minor: 255}},
 	}
 	gpus := []node.DeviceRef{inv.Devices[0].Ref(), inv.Devices[1].Ref()}
-	plan, err := isolator.NewPlan("task-1", inv, "/dev", gpus, nil, nil)
+	plan, err := isolator.NewPlan("task-1", inv, gpus, nil, nil)
 	if err != nil {
 		fmt.Println(err)
 		return

@@ -19,7 +19,7 @@ import (
 func TestMIGRenderings(t *testing.T) {
 	inv := migInv()
 	ref := inv.Devices[0].MIGRef(inv.Devices[0].MIGDevices[1])
-	plan, err := isolator.NewPlan("task-1", inv, "/dev", []node.DeviceRef{ref}, nil, nil)
+	plan, err := isolator.NewPlan("task-1", inv, []node.DeviceRef{ref}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -39,7 +39,7 @@ func migInv() *node.Inventory {
 func TestPlanMIG(t *testing.T) {
 	inv := migInv()
 	ref := inv.Devices[0].MIGRef(inv.Devices[0].MIGDevices[1])
-	p, err := isolator.NewPlan("task-1", inv, "/srv/dev", []node.DeviceRef{ref}, nil, nil)
+	p, err := isolator.NewPlan("task-1", inv, []node.DeviceRef{ref}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -50,9 +50,9 @@ func TestPlanMIG(t *testing.T) {
 	wantDevs := []string{
 		"/dev/nvidiactl /dev/nvidiactl 195:255",
 		"/dev/nvidia-uvm /dev/nvidia-uvm 238:0",
-		"/dev/nvidia0 /srv/dev/nvidia0 195:0",
-		"/dev/nvidia-caps/nvidia-cap21 /srv/dev/nvidia-caps/nvidia-cap21 241:21",
-		"/dev/nvidia-caps/nvidia-cap22 /srv/dev/nvidia-caps/nvidia-cap22 241:22",
+		"/dev/nvidia0 /dev/nvidia0 195:0",
+		"/dev/nvidia-caps/nvidia-cap21 /dev/nvidia-caps/nvidia-cap21 241:21",
+		"/dev/nvidia-caps/nvidia-cap22 /dev/nvidia-caps/nvidia-cap22 241:22",
 	}
 	if strings.Join(devs, "\n") != strings.Join(wantDevs, "\n") {
 		t.Fatalf("devices =\n%s\nwant\n%s", strings.Join(devs, "\n"), strings.Join(wantDevs, "\n"))
@@ -76,7 +76,7 @@ func TestPlanMIG(t *testing.T) {
 func TestPlanMIGSiblingsAndWhole(t *testing.T) {
 	inv := migInv()
 	refs := []node.DeviceRef{inv.Devices[0].MIGRef(inv.Devices[0].MIGDevices[0]), inv.Devices[0].MIGRef(inv.Devices[0].MIGDevices[1]), inv.Devices[1].Ref()}
-	p, err := isolator.NewPlan("task-2", inv, "/dev", refs, nil, nil)
+	p, err := isolator.NewPlan("task-2", inv, refs, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -116,7 +116,7 @@ func TestPlanMIGRejects(t *testing.T) {
 	}
 	for name, tt := range tests {
 		t.Run(name, func(t *testing.T) {
-			if _, err := isolator.NewPlan("task-3", tt.inv, "/dev", []node.DeviceRef{tt.ref}, nil, nil); !errors.Is(err, tt.want) {
+			if _, err := isolator.NewPlan("task-3", tt.inv, []node.DeviceRef{tt.ref}, nil, nil); !errors.Is(err, tt.want) {
 				t.Fatalf("NewPlan = %v, want %v", err, tt.want)
 			}
 		})

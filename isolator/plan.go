@@ -47,13 +47,19 @@ const (
 	EnvCUDAVisibleDevices = "CUDA_VISIBLE_DEVICES"
 )
 
-// NewPlan computes what owner's container must get to use gpus (as an
-// allocation names them) on the node inv describes, whose GPU nodes live
-// under devRoot, plus the given mounts and environment (for instance the
-// driver volume's). The GPUs must be devices of inv with known minors.
-func NewPlan(owner string, inv *node.Inventory, devRoot string, gpus []node.DeviceRef, mounts []specs.Mount, env []string) (*Plan, error) {
+// NewPlan computes what owner's container must get to use gpus, the
+// devices the allocator handed out (whole GPUs and MIG devices, each with
+// its nodes as discovery found them on the node inv describes), plus the
+// given mounts and environment (for instance the driver volume's). Each
+// device node is bound from the path the node model holds, so the plan
+// needs no dev root; the device rules are derived from the nodes. The
+// GPUs must be devices of inv with known nodes.
+func NewPlan(owner string, inv *node.Inventory, gpus []node.DeviceRef, mounts []specs.Mount, env []string) (*Plan, error) {
 	if err := node.ValidateOwner(owner); err != nil {
 		return nil, err
+	}
+	if inv == nil {
+		return nil, fmt.Errorf("plan for %s: no inventory: %w", owner, ErrUnknownGPU)
 	}
 	p := &Plan{Owner: owner}
 	for _, c := range inv.ControlDevices {
@@ -75,25 +81,10 @@ func NewPlan(owner string, inv *node.Inventory, devRoot string, gpus []node.Devi
 			}
 		}
 		p.GPUs = append(p.GPUs, g)
-		name := filepath.Base(g.Node.Path)
-		p.addDevice(DeviceNode{
-			Path:     filepath.Join(ContainerDevRoot, name),
-			HostPath: filepath.Join(devRoot, name),
-			Major:    g.Node.Major, Minor: g.Node.Minor,
-		})
-		// A MIG device: its GPU instance's and compute instance's
-		// capability nodes, under the same names as on the host.
-		for _, c := range g.MIG.CapNodes() {
-			name := filepath.Join(node.NVIDIACapsDir, filepath.Base(c.Path))
-			p.addDevice(DeviceNode{
-				Path:     filepath.Join(ContainerDevRoot, name),
-				HostPath: filepath.Join(devRoot, name),
-				Major:    c.Major, Minor: c.Minor,
-			})
-		}
+		p.addDevice(GPUNodes(g)...)
 		uuids = append(uuids, g.UUID)
 	}
-	p.Rules = GPURules(inv.ControlDevices, gpus)
+	p.Rules = DeviceRules(p.Devices)
 	p.Mounts = slices.Clone(mounts)
 	visible := strings.Join(uuids, ",")
 	if visible == "" {
@@ -103,11 +94,47 @@ func NewPlan(owner string, inv *node.Inventory, devRoot string, gpus []node.Devi
 	return p, nil
 }
 
-// addDevice adds a node to the plan once: two MIG devices of one GPU share
-// their parent's node.
-func (p *Plan) addDevice(d DeviceNode) {
-	if !slices.Contains(p.Devices, d) {
-		p.Devices = append(p.Devices, d)
+// GPUNodes are the device nodes a container gets for one allocated device:
+// a GPU's node at /dev/<name>; for a MIG device its parent's node and the
+// capability nodes of its GPU instance and compute instance, under
+// /dev/nvidia-caps as on the host. Each is bound from its path in the node
+// model.
+func GPUNodes(g node.DeviceRef) []DeviceNode {
+	var out []DeviceNode
+	if g.Node.Path != "" {
+		out = append(out, DeviceNode{
+			Path:     filepath.Join(ContainerDevRoot, filepath.Base(g.Node.Path)),
+			HostPath: g.Node.Path,
+			Major:    g.Node.Major, Minor: g.Node.Minor,
+		})
+	}
+	for _, c := range g.MIG.CapNodes() {
+		out = append(out, DeviceNode{
+			Path:     filepath.Join(ContainerDevRoot, node.NVIDIACapsDir, filepath.Base(c.Path)),
+			HostPath: c.Path,
+			Major:    c.Major, Minor: c.Minor,
+		})
+	}
+	return out
+}
+
+// DeviceRules is the allow list of a container given devs: the runtime's
+// defaults and one rule per node (c <major>:<minor> rwm), canonical.
+func DeviceRules(devs []DeviceNode) []Rule {
+	rules := DefaultRules()
+	for _, d := range devs {
+		rules = append(rules, Allow(int64(d.Major), int64(d.Minor), "rwm"))
+	}
+	return Canonical(rules)
+}
+
+// addDevice adds nodes to the plan once each: two MIG devices of one GPU
+// share their parent's node.
+func (p *Plan) addDevice(devs ...DeviceNode) {
+	for _, d := range devs {
+		if !slices.Contains(p.Devices, d) {
+			p.Devices = append(p.Devices, d)
+		}
 	}
 }
 
@@ -132,6 +159,16 @@ func checkMIG(inv *node.Inventory, g node.DeviceRef) error {
 	}
 	return nil
 }
+
+// pathLists are the variables whose value is a list of directories.
+var pathLists = []string{"PATH", "LD_LIBRARY_PATH"}
+
+// IsPathList reports whether key names a variable whose value is a list of
+// directories (PATH, LD_LIBRARY_PATH). A plan's value for one is the
+// image's list with the plan's directories added (see volume.Injection);
+// a renderer that cannot see the image's value (a CDI spec) leaves such a
+// variable to the image rather than replace it.
+func IsPathList(key string) bool { return slices.Contains(pathLists, key) }
 
 // MergeEnv returns base with every "KEY=value" of over set, replacing the
 // base's value of the same key in place and appending new keys.

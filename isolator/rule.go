@@ -138,27 +138,23 @@ func DefaultRules() []Rule {
 
 // GPURules is the allow list of a GPU container: the defaults, the control
 // devices every GPU container needs (nvidiactl, nvidia-uvm,
-// nvidia-uvm-tools), then one rule per owned GPU for its device node, with
-// the numbers discovery read (c <major>:<minor> rwm). A MIG device adds its
-// parent's node and the capability nodes of its GPU instance and compute
-// instance, nothing of its sibling instances.
+// nvidia-uvm-tools), then one rule per node of each owned device (see
+// GPUNodes), with the numbers discovery read (c <major>:<minor> rwm). A MIG
+// device adds its parent's node and the capability nodes of its GPU
+// instance and compute instance, nothing of its sibling instances. It is
+// DeviceRules of the nodes NewPlan gives the same devices.
 func GPURules(control []node.ControlDevice, gpus []node.DeviceRef) []Rule {
-	rules := DefaultRules()
+	var devs []DeviceNode
 	for _, c := range control {
 		if c.Name == node.NVIDIAModeset {
 			continue // display capability only
 		}
-		rules = append(rules, Allow(int64(c.Major), int64(c.Minor), "rwm"))
+		devs = append(devs, DeviceNode{Path: c.Path, Major: c.Major, Minor: c.Minor})
 	}
-	for _, d := range gpus {
-		if d.Node.Path != "" {
-			rules = append(rules, Allow(int64(d.Node.Major), int64(d.Node.Minor), "rwm"))
-		}
-		for _, c := range d.MIG.CapNodes() {
-			rules = append(rules, Allow(int64(c.Major), int64(c.Minor), "rwm"))
-		}
+	for _, g := range gpus {
+		devs = append(devs, GPUNodes(g)...)
 	}
-	return Canonical(rules)
+	return DeviceRules(devs)
 }
 
 // Canonical returns the allow rules sorted and without duplicates, the form

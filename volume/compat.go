@@ -14,6 +14,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/gpuiso/gpuiso/node"
 )
 
 // compatNote is the ELF section of a forward-compatibility libcuda that
@@ -57,7 +59,7 @@ func DecideCompat(compat fs.FS, driver string) (Compat, error) {
 	best := ""
 	for _, e := range entries {
 		v, ok := strings.CutPrefix(e.Name(), "libcuda.so.")
-		if ok && strings.Contains(v, ".") && ValidateVersion(v) == nil && (best == "" || compareVersions(v, best) > 0) {
+		if ok && strings.Contains(v, ".") && ValidateVersion(v) == nil && (best == "" || node.CompareVersions(v, best) > 0) {
 			best = v
 		}
 	}
@@ -65,7 +67,7 @@ func DecideCompat(compat fs.FS, driver string) (Compat, error) {
 		return Compat{Reason: "no libcuda.so.<version> in the compat directory"}, nil
 	}
 	d := Compat{Library: "libcuda.so." + best}
-	if compareVersions(best, driver) <= 0 {
+	if node.CompareVersions(best, driver) <= 0 {
 		d.Reason = fmt.Sprintf("%s is not newer than driver %s", d.Library, driver)
 		return d, nil
 	}

@@ -13,28 +13,28 @@ var (
 	ErrInvalidVersion = node.Sentinel(node.ErrInvalid, "invalid driver version")
 	// ErrInvalidName: a name (a user, a capability, a library name from the
 	// ld.so cache) is not acceptable, e.g. it holds "/" or "..".
-	ErrInvalidName = errors.New("invalid name")
+	ErrInvalidName = node.Sentinel(node.ErrInvalid, "invalid name")
 	// ErrNoDriverVersion: no source could tell the driver's version.
-	ErrNoDriverVersion = errors.New("driver version unknown")
+	ErrNoDriverVersion = node.Sentinel(node.ErrUnavailable, "driver version unknown")
 	// ErrNoDriver: the driver root holds none of the driver's files.
-	ErrNoDriver = errors.New("no NVIDIA driver files found")
+	ErrNoDriver = node.Sentinel(node.ErrNotFound, "no NVIDIA driver files found")
 	// ErrEscapesRoot: a symlink chain leads out of the driver root.
-	ErrEscapesRoot = errors.New("escapes the driver root")
+	ErrEscapesRoot = node.Sentinel(node.ErrInvalid, "escapes the driver root")
 	// ErrVersionMismatch: the driver version given is not the version of
 	// the driver files found.
-	ErrVersionMismatch = errors.New("driver version does not match the driver files")
+	ErrVersionMismatch = node.Sentinel(node.ErrInvalid, "driver version does not match the driver files")
 	// ErrUnsafe: the root or a version directory could be changed by someone
 	// other than root (wrong owner, group- or other-writable, a symlink).
-	ErrUnsafe = errors.New("unsafe volume directory")
+	ErrUnsafe = node.Sentinel(node.ErrCorrupt, "unsafe volume directory")
 	// ErrDamaged: a volume does not match its manifest.
-	ErrDamaged = errors.New("volume damaged")
+	ErrDamaged = node.Sentinel(node.ErrCorrupt, "volume damaged")
 	// ErrNotFound: no volume of that version exists.
-	ErrNotFound = errors.New("volume not found")
+	ErrNotFound = node.Sentinel(node.ErrNotFound, "volume not found")
 	// ErrInvalidRequirement: an NVIDIA_REQUIRE_* expression does not parse.
-	ErrInvalidRequirement = errors.New("invalid requirement")
+	ErrInvalidRequirement = node.Sentinel(node.ErrInvalid, "invalid requirement")
 	// ErrRequirementUnmet: the driver or an allocated GPU does not meet an
 	// image's requirement.
-	ErrRequirementUnmet = errors.New("requirement unmet")
+	ErrRequirementUnmet = node.Sentinel(node.ErrNotSupported, "requirement unmet")
 )
 
 // UnsafeError is a directory the manager refuses to use or trust.

@@ -119,9 +119,6 @@ func copyPlain(src, dst string) error {
 	return errors.Join(err, out.Close())
 }
 
-// stem is the soname's library name: "libcuda" for "libcuda.so.1".
-func stem(soname string) string { s, _, _ := strings.Cut(soname, ".so"); return s }
-
 func TestHostLayouts(t *testing.T) {
 	hd, ldconfig := requireHostDriver(t)
 	base := t.TempDir()

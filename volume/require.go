@@ -1,20 +1,22 @@
 package volume
 
 import (
-	"errors"
 	"fmt"
 	"slices"
 	"strconv"
 	"strings"
 
-	"github.com/gpuiso/gpuiso/allocator"
+	"golang.org/x/mod/semver"
+
 	"github.com/gpuiso/gpuiso/node"
 )
 
 // Property is what a requirement condition is about.
 type Property string
 
-// The properties of NVIDIA_REQUIRE_* conditions.
+// The properties of NVIDIA_REQUIRE_* conditions. Names are case-sensitive,
+// as NVIDIA's runtime reads them: "CUDA>=12" is a condition on an unknown
+// property.
 const (
 	PropCUDA   Property = "cuda"   // the driver's CUDA version, e.g. "12.2"
 	PropDriver Property = "driver" // the driver version, e.g. "535.104.05"
@@ -22,27 +24,12 @@ const (
 	PropBrand  Property = "brand"  // a GPU's brand, e.g. "tesla"
 )
 
-// Op is a comparison operator.
-type Op string
-
-// The operators, longest first as the parser tries them.
-const (
-	OpLessEqual    Op = "<="
-	OpGreaterEqual Op = ">="
-	OpNotEqual     Op = "!="
-	OpEqual        Op = "="
-	OpLess         Op = "<"
-	OpGreater      Op = ">"
-)
-
-func ops() []Op {
-	return []Op{OpLessEqual, OpGreaterEqual, OpNotEqual, OpEqual, OpLess, OpGreater}
-}
-
-// Condition is one "<property><op><value>".
+// Condition is one "<property><op><value>". Op is empty for a brand
+// condition written without a known operator ("brand!tesla"): such a
+// condition never holds.
 type Condition struct {
 	Property Property
-	Op       Op
+	Op       node.Op
 	Value    string
 }
 
@@ -50,105 +37,118 @@ func (c Condition) String() string { return string(c.Property) + string(c.Op) + 
 
 // Requirement is one parsed requirement: it holds when any of its
 // alternatives holds, and an alternative holds when all its conditions do.
+// A requirement without alternatives (none had a known condition) always
+// holds.
 type Requirement struct {
 	// Source names where it came from, e.g. "NVIDIA_REQUIRE_CUDA".
 	Source string
 	// Expr is the expression as written (or implied).
 	Expr string
-	// Alternatives are the space-separated parts; each holds the
-	// comma-joined conditions.
+	// Alternatives are the space-separated parts that hold a known
+	// condition; each holds its comma-joined conditions.
 	Alternatives [][]Condition
 }
 
-// maxValueLen bounds a condition's value.
-const maxValueLen = 64
-
 // ParseRequirement parses an NVIDIA_REQUIRE_* value such as
-// "cuda>=11.0 brand=tesla,driver>=418,driver<419": spaces separate
-// alternatives, commas join conditions. Versions (cuda, driver, arch) must be
-// digits and dots; brands letters, digits, '-' and '_'; brands compare with
-// = and != only, without regard to case. As NVIDIA's runtime does, empty
-// conditions are skipped and conditions on unknown properties ("foo=45")
-// are ignored: they hold.
+// "cuda>=11.0 brand=tesla,driver>=418,driver<419" as the NVIDIA Container
+// Toolkit's requirement parser reads it:
+//
+//   - a single space separates alternatives and a comma joins conditions;
+//     any other white space (a tab, a newline) is part of a condition;
+//   - an empty or blank condition is skipped;
+//   - a condition without any of the characters < > = ! is an error;
+//   - the property is the text before the first of them; a condition on
+//     any property but cuda, driver, arch and brand is skipped;
+//   - the operator is the first of != <= >= = < > that follows; the rest
+//     is the value;
+//   - a cuda, driver or arch value is a semantic version, a leading "v"
+//     allowed: one to three numbers without leading zeros ("12", "12.2",
+//     "v12.2.1"), a pre-release and build suffix only after three
+//     ("12.2.0-rc1"); "12.2.0.1", "12.2x", "12..2" and "535.104.05" are
+//     errors. Numbers have no size limit;
+//   - a brand value is any text; a brand written without an operator
+//     ("brand!tesla") gives a condition that never holds;
+//   - an alternative left with no condition is dropped, so "cuda>=13.0
+//     foo=bar" and "cuda>=13.0 ," both mean "cuda>=13.0", and an expression
+//     with no known condition at all ("foo=bar", "") always holds.
+//
+// Errors are *SyntaxError, matching ErrInvalidRequirement.
 func ParseRequirement(source, expr string) (Requirement, error) {
 	r := Requirement{Source: source, Expr: expr}
-	for alt := range strings.FieldsSeq(expr) {
-		conds := []Condition{}
+	for alt := range strings.SplitSeq(expr, " ") {
+		var conds []Condition
 		for tok := range strings.SplitSeq(alt, ",") {
-			if tok == "" {
-				continue
-			}
-			c, err := parseCondition(expr, tok)
-			if errors.Is(err, errUnknownProperty) {
-				continue
-			}
+			c, ok, err := parseCondition(expr, tok)
 			if err != nil {
 				return Requirement{}, err
 			}
-			conds = append(conds, c)
+			if ok {
+				conds = append(conds, c)
+			}
 		}
-		r.Alternatives = append(r.Alternatives, conds)
-	}
-	if len(r.Alternatives) == 0 {
-		return Requirement{}, &SyntaxError{Expr: expr, Token: expr, Reason: "empty"}
+		if len(conds) > 0 {
+			r.Alternatives = append(r.Alternatives, conds)
+		}
 	}
 	return r, nil
 }
 
-func parseCondition(expr, tok string) (Condition, error) {
-	bad := func(reason string) (Condition, error) {
-		return Condition{}, &SyntaxError{Expr: expr, Token: tok, Reason: reason}
+// parseCondition parses one condition; ok is false for one that is
+// skipped (blank, or on an unknown property).
+func parseCondition(expr, tok string) (c Condition, ok bool, err error) {
+	bad := func(reason string) (Condition, bool, error) {
+		return Condition{}, false, &SyntaxError{Expr: expr, Token: tok, Reason: reason}
+	}
+	if strings.TrimSpace(tok) == "" {
+		return Condition{}, false, nil
 	}
 	i := strings.IndexAny(tok, "<>=!")
 	if i < 0 {
 		return bad("no operator (= != < <= > >=)")
 	}
-	c := Condition{Property: Property(strings.ToLower(tok[:i]))}
-	rest := tok[i:]
-	for _, op := range ops() {
-		if v, ok := strings.CutPrefix(rest, string(op)); ok {
+	c.Property, c.Value = Property(tok[:i]), tok[i:]
+	for _, op := range node.Ops() {
+		if v, found := strings.CutPrefix(c.Value, string(op)); found {
 			c.Op, c.Value = op, v
 			break
 		}
 	}
-	switch {
-	case c.Op == "":
-		return bad("no operator (= != < <= > >=)")
-	case c.Value == "" || len(c.Value) > maxValueLen:
-		return bad("value missing or too long")
-	}
 	switch c.Property {
 	case PropCUDA, PropDriver, PropArch:
-		if ValidateVersion(c.Value) != nil || !versionFits(c.Value) {
-			return bad("value is not a version (digits and dots)")
+		if _, ok := requirementVersion(c.Value); !ok {
+			return bad("value is not a version (1 to 3 numbers, a leading v allowed)")
 		}
 	case PropBrand:
-		if c.Op != OpEqual && c.Op != OpNotEqual {
-			return bad("brands compare with = and != only")
-		}
-		for _, r := range c.Value {
-			if !(r == '-' || r == '_' || (r >= '0' && r <= '9') || (r >= 'a' && r <= 'z') || (r >= 'A' && r <= 'Z')) {
-				return bad("brand is not a word")
-			}
-		}
 	default:
-		return Condition{}, errUnknownProperty
+		return Condition{}, false, nil
 	}
-	return c, nil
+	return c, true, nil
 }
 
-// errUnknownProperty marks a condition on a property the runtime ignores.
-var errUnknownProperty = errors.New("unknown property")
+// requirementVersion returns v as the semantic version a requirement
+// compares ("v12.2"), and whether it is one.
+func requirementVersion(v string) (string, bool) {
+	sv := "v" + strings.TrimPrefix(v, "v")
+	return sv, semver.IsValid(sv)
+}
 
-// versionFits reports whether every component of v is a number that a
-// uint64 holds.
-func versionFits(v string) bool {
-	for p := range strings.SplitSeq(v, ".") {
-		if _, err := strconv.ParseUint(p, 10, 64); err != nil {
-			return false
+// driverVersion returns a driver version as requirements compare it: each
+// component without leading zeros ("535.104.05" is "535.104.5"); "" when v
+// is not digits separated by dots.
+func driverVersion(v string) string {
+	parts := strings.Split(strings.TrimSpace(v), ".")
+	for i, p := range parts {
+		n, err := strconv.ParseUint(p, 10, 64)
+		if err != nil || strings.TrimLeft(p, "0123456789") != "" {
+			return ""
 		}
+		parts[i] = strconv.FormatUint(n, 10)
 	}
-	return true
+	out := strings.Join(parts, ".")
+	if _, ok := requirementVersion(out); !ok {
+		return ""
+	}
+	return out
 }
 
 // Driver is what the host's driver offers, for requirement checks.
@@ -165,11 +165,6 @@ type facts struct {
 	gpu                       bool
 }
 
-// holds evaluates r. Conditions on a GPU property hold trivially when no
-// GPU is given (there is nothing to contradict them); conditions on an
-// unknown driver property fail.
-func (r Requirement) holds(f facts) bool { return r.failed(f) == nil }
-
 // failed returns, when r does not hold, the first failing condition of each
 // alternative; nil when r holds.
 func (r Requirement) failed(f facts) []Condition {
@@ -184,6 +179,10 @@ func (r Requirement) failed(f facts) []Condition {
 	return failed
 }
 
+// holds evaluates c. Conditions on a GPU property hold trivially when no
+// GPU is given (there is nothing to contradict them). An unknown version
+// (a driver that reports no CUDA version) compares below every version, as
+// in NVIDIA's runtime: "cuda>=11" fails and "cuda<11" holds.
 func (c Condition) holds(f facts) bool {
 	var have string
 	switch c.Property {
@@ -200,23 +199,24 @@ func (c Condition) holds(f facts) bool {
 		if !f.gpu {
 			return true
 		}
-		eq := strings.EqualFold(f.brand, c.Value)
-		return eq == (c.Op == OpEqual)
+		switch c.Op {
+		case node.OpEqual, node.OpNotEqual:
+			return strings.EqualFold(f.brand, c.Value) == (c.Op == node.OpEqual)
+		}
+		return c.Op.Holds(strings.Compare(strings.ToLower(f.brand), strings.ToLower(c.Value)))
 	}
-	if have == "" {
-		return false
-	}
-	// The requirement operators are the allocator's comparison operators.
-	return allocator.Operator(c.Op).Holds(compareVersions(have, c.Value))
+	want, _ := requirementVersion(c.Value)
+	return c.Op.Holds(semver.Compare("v"+strings.TrimPrefix(have, "v"), want))
 }
 
-// Requirements returns the image's requirements: every NVIDIA_REQUIRE_*
-// variable but NVIDIA_REQUIRE_JETPACK*; "cuda>=<major.minor>" implied by
-// CUDA_VERSION when NVIDIA_REQUIRE_CUDA is not set or empty; "cuda>=<label>"
-// for the com.nvidia.cuda.version label of nvidia-docker 1.0 images (an
-// empty label means no check). None when
-// NVIDIA_DISABLE_REQUIRE is true. A requirement that does not parse is an
-// error; the image is then refused, not run unchecked.
+// Requirements returns the image's requirements, as NVIDIA's runtime
+// collects them: every NVIDIA_REQUIRE_* variable but NVIDIA_REQUIRE_JETPACK*
+// that holds a known condition; "cuda>=<major.minor>" implied by
+// CUDA_VERSION when NVIDIA_REQUIRE_CUDA is unset or empty (a blank one
+// counts as set); "cuda>=<major.minor>" for the com.nvidia.cuda.version
+// label of nvidia-docker 1.0 images (an empty label means no check). None
+// when NVIDIA_DISABLE_REQUIRE is true. A requirement that does not parse is
+// an error; the image is then refused, not run unchecked.
 func (img Image) Requirements() ([]Requirement, error) {
 	if v, ok := img.Getenv(EnvDisableRequire); ok {
 		if off, err := strconv.ParseBool(v); err == nil && off {
@@ -227,7 +227,7 @@ func (img Image) Requirements() ([]Requirement, error) {
 	var names []string
 	for _, kv := range img.Env {
 		k, v, _ := strings.Cut(kv, "=")
-		if strings.HasPrefix(k, EnvRequirePrefix) && k != EnvRequirePrefix && !strings.HasPrefix(k, envRequireJetpack) {
+		if strings.HasPrefix(k, EnvRequirePrefix) && !strings.HasPrefix(k, envRequireJetpack) {
 			if _, dup := env[k]; !dup {
 				names = append(names, k)
 			}
@@ -237,17 +237,16 @@ func (img Image) Requirements() ([]Requirement, error) {
 	slices.Sort(names)
 	var reqs []Requirement
 	for _, k := range names {
-		if strings.TrimSpace(env[k]) == "" {
-			continue
-		}
 		r, err := ParseRequirement(k, env[k])
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", k, err)
 		}
-		reqs = append(reqs, r)
+		if len(r.Alternatives) > 0 {
+			reqs = append(reqs, r)
+		}
 	}
-	if strings.TrimSpace(env[EnvRequireCUDA]) == "" {
-		if v, ok := img.Getenv(EnvCUDAVersion); ok && strings.TrimSpace(v) != "" {
+	if env[EnvRequireCUDA] == "" {
+		if v, ok := img.Getenv(EnvCUDAVersion); ok && v != "" {
 			r, err := impliedCUDA(EnvCUDAVersion, v)
 			if err != nil {
 				return nil, err
@@ -256,7 +255,7 @@ func (img Image) Requirements() ([]Requirement, error) {
 		}
 	}
 	if v, ok := img.Labels[LabelCUDAVersion]; ok && strings.TrimSpace(v) != "" {
-		r, err := impliedCUDA(LabelCUDAVersion, v)
+		r, err := impliedCUDA(LabelCUDAVersion, strings.TrimSpace(v))
 		if err != nil {
 			return nil, err
 		}
@@ -265,19 +264,58 @@ func (img Image) Requirements() ([]Requirement, error) {
 	return reqs, nil
 }
 
-// impliedCUDA turns "11.0.3" into "cuda>=11.0".
+// impliedCUDA turns "11.0.3" into "cuda>=11.0", as NVIDIA's runtime reads
+// CUDA_VERSION: a semantic version (a leading "v" allowed; "12.2.0.1",
+// "12.2x" and " 12.2" are errors) whose major and minor numbers fit in 32
+// bits.
 func impliedCUDA(source, v string) (Requirement, error) {
-	parts := strings.SplitN(strings.TrimSpace(v), ".", 3)
-	mm := parts[0]
-	if len(parts) > 1 {
-		mm += "." + parts[1]
+	bad := func(reason string) (Requirement, error) {
+		return Requirement{}, fmt.Errorf("%s=%q: %w", source, v, &SyntaxError{Expr: v, Token: v, Reason: reason})
 	}
-	r, err := ParseRequirement(source, string(PropCUDA)+string(OpGreaterEqual)+mm)
-	if err != nil {
-		return Requirement{}, fmt.Errorf("%s=%q: %w", source, v, err)
+	sv, ok := requirementVersion(v)
+	if !ok {
+		return bad("not a version (1 to 3 numbers, a leading v allowed)")
 	}
-	return r, nil
+	mm := strings.TrimPrefix(semver.MajorMinor(sv), "v")
+	major, minor, _ := strings.Cut(mm, ".")
+	for _, n := range []string{major, minor} {
+		if _, err := strconv.ParseUint(n, 10, 32); err != nil {
+			return bad("major or minor number past 32 bits")
+		}
+	}
+	c := Condition{Property: PropCUDA, Op: node.OpGreaterEqual, Value: mm}
+	return Requirement{Source: source, Expr: c.String(), Alternatives: [][]Condition{{c}}}, nil
 }
+
+// NVIDIA's runtime has two readers of requirements: libnvidia-container
+// (the nvidia-container-cli behind the legacy hook) and the NVIDIA Container
+// Toolkit's own parser (its CDI and CSV paths). Where they disagree, this
+// package follows:
+//
+//   - syntax, and which alternatives count: the toolkit (see
+//     ParseRequirement). An alternative whose conditions are all on unknown
+//     properties is dropped, as the toolkit drops it; it does not become an
+//     empty alternative that always holds.
+//   - versions: the toolkit's semantic versions. libnvidia-container reads a
+//     version as 32-bit numbers component by component, so the two answer
+//     differently for a leading "v", a fourth component, trailing text, a
+//     component past 32 bits and an empty component. CUDA_VERSION is read
+//     as the toolkit reads it: a semantic version whose major and minor
+//     fit in 32 bits, a leading "v" allowed, nothing trimmed.
+//   - a driver that reports no CUDA version: the toolkit; the unknown
+//     version compares below every version.
+//   - separators: a single space, as both split; a tab is part of a
+//     condition, which then does not parse.
+//   - brands: libnvidia-container's driver path, which names only Quadro,
+//     Tesla, NVS, GRID, GeForce and TITAN and reads every other brand as
+//     Unknown (so brand=nvidiartx never holds), compared without regard to
+//     case. The toolkit's CDI path also names the newer brands (nvidiartx,
+//     geforcertx, ...) and compares lower-case names exactly.
+//   - arch: libnvidia-container, which checks every GPU of the container;
+//     the toolkit checks only the first visible GPU.
+//   - the com.nvidia.cuda.version label of nvidia-docker 1.0 images: read
+//     as an implied "cuda>=" requirement, as nvidia-docker read it; the
+//     toolkit ignores it.
 
 // Check checks the image's requirements against the driver and the GPUs
 // allocated to the container: every requirement must hold for the driver and
@@ -288,7 +326,7 @@ func Check(img Image, drv Driver, gpus []node.Device) error {
 	if err != nil {
 		return err
 	}
-	f := facts{driver: drv.Version}
+	f := facts{driver: driverVersion(drv.Version)}
 	if drv.CUDA > 0 {
 		f.cuda = drv.CUDA.String()
 	}

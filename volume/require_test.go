@@ -18,32 +18,52 @@ func TestParseRequirement(t *testing.T) {
 		want [][]Condition
 		err  string // part of the SyntaxError's token, "" for none
 	}{
-		{"cuda>=11.0", [][]Condition{{{PropCUDA, OpGreaterEqual, "11.0"}}}, ""},
+		{"cuda>=11.0", [][]Condition{{{PropCUDA, node.OpGreaterEqual, "11.0"}}}, ""},
 		{"cuda>=11.0 brand=tesla,driver>=418,driver<419", [][]Condition{
-			{{PropCUDA, OpGreaterEqual, "11.0"}},
-			{{PropBrand, OpEqual, "tesla"}, {PropDriver, OpGreaterEqual, "418"}, {PropDriver, OpLess, "419"}},
+			{{PropCUDA, node.OpGreaterEqual, "11.0"}},
+			{{PropBrand, node.OpEqual, "tesla"}, {PropDriver, node.OpGreaterEqual, "418"}, {PropDriver, node.OpLess, "419"}},
 		}, ""},
-		{"  arch!=7.0\tarch<=8.6  ", [][]Condition{{{PropArch, OpNotEqual, "7.0"}}, {{PropArch, OpLessEqual, "8.6"}}}, ""},
-		{"CUDA>12", [][]Condition{{{PropCUDA, OpGreater, "12"}}}, ""},
-		{"", nil, ""},
+		{"  arch!=7.0  arch<=8.6  ", [][]Condition{{{PropArch, node.OpNotEqual, "7.0"}}, {{PropArch, node.OpLessEqual, "8.6"}}}, ""},
+		// Property names are case-sensitive: CUDA is unknown, so dropped.
+		{"CUDA>12", [][]Condition{}, ""},
+		{"", [][]Condition{}, ""},
 		{"cuda", nil, "cuda"},
 		{"cuda>=", nil, "cuda>="},
 		{"cuda=>11", nil, "cuda=>11"},
-		{"cuda>=11.0,", [][]Condition{{{PropCUDA, OpGreaterEqual, "11.0"}}}, ""},
-		{"cuda>=11.0,,driver>=535", [][]Condition{{{PropCUDA, OpGreaterEqual, "11.0"}, {PropDriver, OpGreaterEqual, "535"}}}, ""},
+		{"cuda>=11.0,", [][]Condition{{{PropCUDA, node.OpGreaterEqual, "11.0"}}}, ""},
+		{"cuda>=11.0,,driver>=535", [][]Condition{{{PropCUDA, node.OpGreaterEqual, "11.0"}, {PropDriver, node.OpGreaterEqual, "535"}}}, ""},
 		{"cuda>=1x", nil, "cuda>=1x"},
 		{"cuda>=11..0", nil, "cuda>=11..0"},
-		{"brand>=tesla", nil, "brand>=tesla"},
-		{"brand=tes/la", nil, "brand=tes/la"},
-		{"memory>=16", [][]Condition{{}}, ""},
-		{"foo=45,cuda>=12.0", [][]Condition{{{PropCUDA, OpGreaterEqual, "12.0"}}}, ""},
-		{"driver>=99999999999999999999999", nil, "driver>=99999999999999999999999"},
+		{"cuda>=12.", nil, "cuda>=12."},
+		{"brand>=tesla", [][]Condition{{{PropBrand, node.OpGreaterEqual, "tesla"}}}, ""},
+		{"brand!tesla", [][]Condition{{{PropBrand, "", "!tesla"}}}, ""},
+		{"brand=tes/la", [][]Condition{{{PropBrand, node.OpEqual, "tes/la"}}}, ""},
+		// An alternative with no known condition is dropped, not kept as
+		// an empty one that always holds.
+		{"memory>=16", [][]Condition{}, ""},
+		{"cuda>=13.0 foo=bar", [][]Condition{{{PropCUDA, node.OpGreaterEqual, "13.0"}}}, ""},
+		{"cuda>=13.0 ,", [][]Condition{{{PropCUDA, node.OpGreaterEqual, "13.0"}}}, ""},
+		{"foo=45,cuda>=12.0", [][]Condition{{{PropCUDA, node.OpGreaterEqual, "12.0"}}}, ""},
+		{"foo", nil, "foo"},
+		// Versions are semantic versions.
+		{"cuda>=v12.0", [][]Condition{{{PropCUDA, node.OpGreaterEqual, "v12.0"}}}, ""},
+		{"cuda>=12.2.0-rc1", [][]Condition{{{PropCUDA, node.OpGreaterEqual, "12.2.0-rc1"}}}, ""},
+		{"driver>=535.104.5.1", nil, "driver>=535.104.5.1"},
+		{"driver>=535.104.05", nil, "driver>=535.104.05"},
+		{"cuda>=12.0abc", nil, "cuda>=12.0abc"},
+		{"cuda>=12.2-rc1", nil, "cuda>=12.2-rc1"},
+		{"driver>=99999999999999999999999", [][]Condition{{{PropDriver, node.OpGreaterEqual, "99999999999999999999999"}}}, ""},
+		// Only a single space separates alternatives; a tab is part of
+		// the value.
+		{"cuda>=12.0\tbrand=tesla", nil, "cuda>=12.0\tbrand=tesla"},
+		{"cuda>=12.0,\t", [][]Condition{{{PropCUDA, node.OpGreaterEqual, "12.0"}}}, ""},
+		{"\tcuda>=12.0", [][]Condition{}, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.expr, func(t *testing.T) {
 			r, err := ParseRequirement("NVIDIA_REQUIRE_X", tt.expr)
 			if tt.want != nil {
-				if err != nil || !reflect.DeepEqual(r.Alternatives, tt.want) {
+				if err != nil || len(r.Alternatives) != len(tt.want) || len(tt.want) > 0 && !reflect.DeepEqual(r.Alternatives, tt.want) {
 					t.Fatalf("ParseRequirement = %v, %v; want %v", r.Alternatives, err, tt.want)
 				}
 				return
@@ -60,6 +80,8 @@ func TestCheck(t *testing.T) {
 	drv := Driver{Version: "535.309.01", CUDA: node.CUDAVersion(12020)}
 	a100 := node.Device{Index: 0, ComputeCapability: "8.0", Brand: "Tesla"}
 	t4 := node.Device{Index: 1, ComputeCapability: "7.5", Brand: "GeForce"}
+	rtx := node.Device{Index: 2, ComputeCapability: "8.6", Brand: "NVIDIA RTX"}
+	r470 := Driver{Version: "470.256.02", CUDA: node.CUDAVersion(11040)}
 	tests := []struct {
 		name   string
 		img    Image
@@ -76,7 +98,7 @@ func TestCheck(t *testing.T) {
 		{"or: second alternative", env("NVIDIA_REQUIRE_CUDA=cuda>=12.4 brand=tesla,driver>=535,driver<536"), drv, []node.Device{a100}, "", 0},
 		{"or: neither on a geforce", env("NVIDIA_REQUIRE_CUDA=cuda>=12.4 brand=tesla,driver>=535,driver<536"), drv, []node.Device{a100, t4}, "NVIDIA_REQUIRE_CUDA", 1},
 		{"and: one fails", env("NVIDIA_REQUIRE_CUDA=cuda>=12.0,driver>=540"), drv, nil, "NVIDIA_REQUIRE_CUDA", -1},
-		{"driver numeric compare", env("NVIDIA_REQUIRE_DRIVER=driver>=535.104.05,driver<535.1000"), drv, nil, "", 0},
+		{"driver numeric compare", env("NVIDIA_REQUIRE_DRIVER=driver>=535.104.5,driver<535.1000"), drv, nil, "", 0},
 		{"driver prefix is less", env("NVIDIA_REQUIRE_DRIVER=driver>535"), drv, nil, "", 0},
 		{"arch per gpu", env("NVIDIA_REQUIRE_ARCH=arch>=8.0"), drv, []node.Device{a100, t4}, "NVIDIA_REQUIRE_ARCH", 1},
 		{"arch without gpus", env("NVIDIA_REQUIRE_ARCH=arch>=9.0"), drv, nil, "", 0},
@@ -89,6 +111,20 @@ func TestCheck(t *testing.T) {
 		{"legacy CUDA_VERSION met", env("CUDA_VERSION=12.2.2"), drv, nil, "", 0},
 		{"legacy CUDA_VERSION unmet", env("CUDA_VERSION=12.3.0"), drv, nil, "CUDA_VERSION", -1},
 		{"CUDA_VERSION ignored with NVIDIA_REQUIRE_CUDA", env("CUDA_VERSION=12.3.0", "NVIDIA_REQUIRE_CUDA=cuda>=12.0"), drv, nil, "", 0},
+		{"unknown alternative dropped", env("NVIDIA_REQUIRE_CUDA=cuda>=13.0 foo=bar"), r470, nil, "NVIDIA_REQUIRE_CUDA", -1},
+		{"empty alternative dropped", env("NVIDIA_REQUIRE_CUDA=cuda>=13.0 ,"), r470, nil, "NVIDIA_REQUIRE_CUDA", -1},
+		{"no known condition holds", env("NVIDIA_REQUIRE_CUDA=foo=bar"), r470, nil, "", 0},
+		{"upper-case property ignored", env("NVIDIA_REQUIRE_CUDA=CUDA>=13.0"), r470, nil, "", 0},
+		{"leading v", env("NVIDIA_REQUIRE_CUDA=cuda>=v11.4"), r470, nil, "", 0},
+		{"no cuda version: below every version", env("NVIDIA_REQUIRE_CUDA=cuda<11.0"), Driver{Version: "535.309.01"}, nil, "", 0},
+		{"no cuda version: not equal", env("NVIDIA_REQUIRE_CUDA=cuda=12.2"), Driver{Version: "535.309.01"}, nil, "NVIDIA_REQUIRE_CUDA", -1},
+		{"pre-release below release", env("NVIDIA_REQUIRE_CUDA=cuda>=12.2.0-rc1"), drv, nil, "", 0},
+		{"newer brand reads Unknown", env("NVIDIA_REQUIRE_BRAND=brand=nvidiartx"), drv, []node.Device{rtx}, "NVIDIA_REQUIRE_BRAND", 2},
+		{"brand without operator never holds", env("NVIDIA_REQUIRE_BRAND=brand!tesla"), drv, []node.Device{a100}, "NVIDIA_REQUIRE_BRAND", 0},
+		{"CUDA_VERSION leading v", env("CUDA_VERSION=v12.2.2"), drv, nil, "", 0},
+		{"CUDA_VERSION major only", env("CUDA_VERSION=13"), drv, nil, "CUDA_VERSION", -1},
+		{"CUDA_VERSION with blank NVIDIA_REQUIRE_CUDA", env("CUDA_VERSION=13.0", "NVIDIA_REQUIRE_CUDA= "), drv, nil, "", 0},
+		{"CUDA_VERSION with empty NVIDIA_REQUIRE_CUDA", env("CUDA_VERSION=13.0", "NVIDIA_REQUIRE_CUDA="), drv, nil, "CUDA_VERSION", -1},
 		{"label met", Image{Labels: map[string]string{LabelCUDAVersion: "8.0"}}, drv, nil, "", 0},
 		{"label unmet", Image{Labels: map[string]string{LabelCUDAVersion: "12.4"}}, drv, nil, LabelCUDAVersion, -1},
 	}
@@ -121,8 +157,15 @@ func TestCheck(t *testing.T) {
 	if err := Check(env("NVIDIA_REQUIRE_CUDA=cuda>>1"), drv, nil); !errors.Is(err, ErrInvalidRequirement) {
 		t.Errorf("Check(bad expression) = %v, want ErrInvalidRequirement", err)
 	}
-	if err := Check(env("CUDA_VERSION=x"), drv, nil); !errors.Is(err, ErrInvalidRequirement) {
-		t.Errorf("Check(bad CUDA_VERSION) = %v, want ErrInvalidRequirement", err)
+	for _, bad := range []string{"x", "12.2.0.1", "12.2x", " 12.2", "4294967296.0", "12.4294967296", "12..0", "12.", "v"} {
+		if err := Check(env("CUDA_VERSION="+bad), drv, nil); !errors.Is(err, ErrInvalidRequirement) {
+			t.Errorf("Check(CUDA_VERSION=%q) = %v, want ErrInvalidRequirement", bad, err)
+		}
+	}
+	for _, bad := range []string{"cuda>=12.0\tbrand=tesla", "driver>=535.104.05", "cuda>=12.2.0.1", "cuda>=13.0abc"} {
+		if err := Check(env("NVIDIA_REQUIRE_CUDA="+bad), drv, nil); !errors.Is(err, ErrInvalidRequirement) {
+			t.Errorf("Check(NVIDIA_REQUIRE_CUDA=%q) = %v, want ErrInvalidRequirement", bad, err)
+		}
 	}
 }
 
@@ -133,23 +176,6 @@ func TestUnmetErrorMessage(t *testing.T) {
 	want := `NVIDIA_REQUIRE_CUDA "cuda>=12.4" unmet by driver 535.309.01 (cuda 12.2): cuda>=12.4 false`
 	if err == nil || err.Error() != want {
 		t.Fatalf("error %q, want %q", err, want)
-	}
-}
-
-func TestCompareVersions(t *testing.T) {
-	tests := []struct {
-		a, b string
-		want int
-	}{
-		{"418", "418.87.01", -1}, {"419", "418.87.01", 1}, {"12.2", "12.10", -1},
-		{"8.0", "8", 0}, {"535.309.01", "535.309.1", 0}, {"10", "9", 1},
-	}
-	for _, tt := range tests {
-		t.Run(tt.a+" vs "+tt.b, func(t *testing.T) {
-			if got := compareVersions(tt.a, tt.b); got != tt.want {
-				t.Fatalf("compareVersions = %d, want %d", got, tt.want)
-			}
-		})
 	}
 }
 
@@ -164,6 +190,10 @@ var requirementSeeds = map[string]string{
 	"long":         "driver>=" + strings.Repeat("9", 70),
 	"tabs":         "\tcuda>=12\n",
 	"unknown-prop": "memory>=16GiB",
+	"unknown-alt":  "cuda>=13.0 foo=bar",
+	"empty-alt":    "cuda>=13.0 ,",
+	"tab-sep":      "cuda>=12.0\tbrand=tesla",
+	"semver":       "cuda>=v12.2.0-rc1 driver>=535.104.5",
 }
 
 // TestWriteRequirementCorpus keeps the checked-in seed corpus in step with
@@ -193,13 +223,9 @@ func FuzzParseRequirement(f *testing.F) {
 			}
 			return
 		}
-		// What parses prints back to an expression that parses the same
-		// (unless an alternative held only ignored conditions).
+		// What parses prints back to an expression that parses the same.
 		var alts []string
 		for _, a := range r.Alternatives {
-			if len(a) == 0 {
-				return
-			}
 			var conds []string
 			for _, c := range a {
 				conds = append(conds, c.String())

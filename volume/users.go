@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+
+	"github.com/gpuiso/gpuiso/node"
 )
 
 // Acquire records user (a container id) as a user of the volume of version,
@@ -108,7 +110,7 @@ func (m *Manager) list() ([]Volume, error) {
 		}
 		vols = append(vols, *v)
 	}
-	slices.SortFunc(vols, func(a, b Volume) int { return compareVersions(a.Version, b.Version) })
+	slices.SortFunc(vols, func(a, b Volume) int { return node.CompareVersions(a.Version, b.Version) })
 	return vols, errors.Join(errs...)
 }
 

@@ -6,9 +6,9 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"syscall"
 
 	"github.com/gpuiso/gpuiso/containerizer"
+	"github.com/gpuiso/gpuiso/internal/linux"
 	"github.com/gpuiso/gpuiso/node"
 	"github.com/moby/moby/client"
 )
@@ -58,8 +58,7 @@ func daemonErr(op string, err error) error {
 	}
 	var netErr *net.OpError
 	unreachable := client.IsErrConnectionFailed(err) ||
-		errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) ||
-		errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.EPIPE) ||
+		linux.Unreachable(err) ||
 		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
 		(errors.As(err, &netErr) && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded))
 	if unreachable {

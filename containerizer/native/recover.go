@@ -117,7 +117,7 @@ func (c *Containerizer) recoverOne(ctx context.Context, id string) (*container, 
 	if err := c.reclaim(ctx, rec); err != nil {
 		return nil, err
 	}
-	plan, err := isolator.NewPlan(id, c.cfg.Inventory, c.cfg.DevRoot, rec.GPUs, rec.Mounts, rec.Env)
+	plan, err := isolator.NewPlan(id, c.cfg.Inventory, rec.GPUs, rec.Mounts, rec.Env)
 	if err != nil {
 		return nil, err
 	}

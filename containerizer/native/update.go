@@ -82,7 +82,7 @@ func (c *Containerizer) update(ctx context.Context, id string, ct *container, n 
 // enforce moves the container's isolation from the GPUs old to gpus. Nodes
 // that come are added before the rules widen; rules narrow before nodes go.
 func (c *Containerizer) enforce(ctx context.Context, id string, ct *container, gpus, old []node.DeviceRef) error {
-	plan, err := isolator.NewPlan(id, c.cfg.Inventory, c.cfg.DevRoot, gpus, ct.rec.Mounts, ct.rec.Env)
+	plan, err := isolator.NewPlan(id, c.cfg.Inventory, gpus, ct.rec.Mounts, ct.rec.Env)
 	if err != nil {
 		return err
 	}

@@ -13,3 +13,7 @@ var ErrUnknownCapability = node.Sentinel(node.ErrInvalid, "unknown capability")
 // ErrNotDirectory is returned for a mount point inside a root file system
 // that is not a directory of that root (a link, say).
 var ErrNotDirectory = node.Sentinel(node.ErrInvalid, "not a directory of the root")
+
+// ErrInvalidProcess is returned for a process name that is not
+// "<pid>.<start>".
+var ErrInvalidProcess = node.Sentinel(node.ErrInvalid, "invalid process name")

@@ -1,6 +1,7 @@
 package linux
 
 import (
+	"errors"
 	"fmt"
 	"io/fs"
 	"os"
@@ -57,3 +58,11 @@ func FilesystemType(path string) (int64, error) {
 
 // IsRoot reports whether the process runs with an effective user id of 0.
 func IsRoot() bool { return unix.Geteuid() == 0 }
+
+// Kill sends SIGKILL to pid; a process already gone is not an error.
+func Kill(pid int) error {
+	if err := unix.Kill(pid, unix.SIGKILL); err != nil && !errors.Is(err, unix.ESRCH) {
+		return err
+	}
+	return nil
+}

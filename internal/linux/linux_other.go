@@ -54,3 +54,6 @@ const CloneNewNS = 0
 
 // MakeShared is not supported on this operating system.
 func MakeShared(string) error { return ErrNotSupported }
+
+// Kill is not supported on this operating system.
+func Kill(int) error { return ErrNotSupported }

@@ -10,27 +10,42 @@
 // [WithKind]):
 //
 //   - a device per healthy GPU named by its index ("3") and another named
-//     by its UUID ("GPU-..."): the GPU's node at /dev/nvidia<minor> with the
-//     major:minor the node model holds (node.Device.Node, which discovery
-//     read from the device node itself), and NVIDIA_VISIBLE_DEVICES=<uuid>;
+//     by its UUID ("GPU-..."), holding the nodes of that one GPU as
+//     isolator.GPUNodes derives them (the nodes a plan of that GPU holds):
+//     /dev/nvidia<minor> with the major:minor the node model holds; the
+//     same per MIG device of a split GPU ("<index>:<gi>:<ci>" and its
+//     "MIG-..." UUID), with its parent's node and its two capability nodes;
 //   - the device [AllDevices] ("all") with every one of those nodes and
-//     NVIDIA_VISIBLE_DEVICES listing every UUID;
+//     NVIDIA_VISIBLE_DEVICES and CUDA_VISIBLE_DEVICES listing every UUID;
 //   - edits common to every device: the driver's control nodes (nvidiactl,
 //     nvidia-uvm, nvidia-uvm-tools, as the inventory found them) and, with
 //     [WithVolume], the driver volume read-only, nosuid, nodev at
-//     /usr/local/nvidia with PATH and LD_LIBRARY_PATH (as volume's Injection
-//     gives them to an image that sets neither).
+//     /usr/local/nvidia.
 //
 // A GPU that is unhealthy, or whose device node or UUID is unknown, is not
 // in the spec, so a runtime refuses its names. The spec's cdiVersion is the
 // lowest that expresses it (the library's MinimumRequiredVersion: 0.5.0,
 // for device names that begin with a digit and nodes with host paths), so
-// older runtimes (Podman 4.3) read it too. MIG instances get devices of
-// their own where the node model carries them (see migDevices in spec.go).
+// older runtimes (Podman 4.3) read it too.
 //
-// CDI merges the environment of several devices by name: a container given
-// two GPU devices sees the NVIDIA_VISIBLE_DEVICES of one of them. Ask for
-// "all", or set the variable from the allocation, where that matters.
+// # The environment
+//
+// CDI can only set a variable, and merges the variables of several devices
+// by name, the last one winning. So a GPU's device sets none (two of them
+// would leave the container one GPU's NVIDIA_VISIBLE_DEVICES), and no spec
+// sets PATH or LD_LIBRARY_PATH (isolator.IsPathList): setting them would
+// replace the image's directories instead of adding to them. An image
+// that runs the driver's tools lists /usr/local/nvidia/bin and
+// /usr/local/nvidia/lib64 itself, as CUDA images do.
+//
+// An allocation's environment comes with the allocation's own device:
+// [Render] turns an isolator.Plan into a spec of one device,
+// [AllocationDevice] ("alloc-<owner>"), holding every node, mount and
+// variable of the plan (PATH-like ones left out), and
+// [Writer.WriteAllocation] puts it beside the node's spec. Given
+// [AllocationNames], a CDI runtime creates the container the plan
+// describes: NVIDIA_VISIBLE_DEVICES and CUDA_VISIBLE_DEVICES name every
+// device of the allocation.
 //
 // # Writing
 //
@@ -48,10 +63,12 @@
 //
 // # Names
 //
-// [AllocationNames] turns an allocator.Allocation into the fully qualified
-// names a runtime takes ("nvidia.com/gpu=GPU-..."): by UUID, which names the
-// same GPU whatever order NVML enumerates them in. isolator/docker's NewCDI
-// hands them to a Docker daemon as a device request of the "cdi" driver.
+// [Names] turns devices into the fully qualified names of their GPU
+// devices ("nvidia.com/gpu=GPU-..."): by UUID, which names the same GPU
+// whatever order NVML enumerates them in. isolator/docker's NewCDI hands
+// them to a Docker daemon as a device request of the "cdi" driver, and
+// sets the allocation's environment in the container's configuration.
+// [AllocationNames] names an allocation's own device.
 //
 // Nothing here needs root or a GPU except writing into a runtime's spec
 // directory; the package never logs.

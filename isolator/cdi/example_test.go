@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"os"
 
+	"github.com/gpuiso/gpuiso/allocator"
+	"github.com/gpuiso/gpuiso/isolator"
 	"github.com/gpuiso/gpuiso/isolator/cdi"
 	"github.com/gpuiso/gpuiso/node"
 )
@@ -45,4 +47,42 @@ func ExampleWriter_Write() {
 	// nvidia.com/gpu=0
 	// nvidia.com/gpu=GPU-0f0e0d0c-0b0a-0908-0706-050403020100
 	// nvidia.com/gpu=all
+}
+
+// An allocation of two GPUs rendered as its own CDI device: the names a
+// runtime is given, and what the device sets.
+func ExampleRender() {
+	inv := &node.Inventory{
+		Devices: []node.Device{
+			{Index: 0, Minor: 0, UUID: "GPU-00000000-0000-0000-0000-000000000000", Node: node.DeviceNode{Path: "/dev/nvidia0", Major: 195, Minor: 0}, Health: node.Healthy()},
+			{Index: 1, Minor: 1, UUID: "GPU-11111111-1111-1111-1111-111111111111", Node: node.DeviceNode{Path: "/dev/nvidia1", Major: 195, Minor: 1}, Health: node.Healthy()},
+		},
+		ControlDevices: []node.ControlDevice{{Name: node.NVIDIACtl, Path: "/dev/nvidiactl", Major: 195, Minor: 255}},
+	}
+	al := allocator.Allocation{Owner: "task-1", Devices: []node.DeviceRef{inv.Devices[0].Ref(), inv.Devices[1].Ref()}}
+	plan, err := isolator.NewPlan(al.Owner, inv, al.Devices, nil, []string{"PATH=/opt/tool/bin:/usr/bin:/usr/local/nvidia/bin"})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	spec, err := cdi.Render(cdi.DefaultKind, plan)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	names, _ := cdi.AllocationNames(cdi.DefaultKind, al)
+	fmt.Println(names)
+	for _, n := range spec.Devices[0].ContainerEdits.DeviceNodes {
+		fmt.Println(n.Path)
+	}
+	for _, e := range spec.Devices[0].ContainerEdits.Env {
+		fmt.Println(e)
+	}
+	// Output:
+	// [nvidia.com/gpu=alloc-task-1]
+	// /dev/nvidiactl
+	// /dev/nvidia0
+	// /dev/nvidia1
+	// NVIDIA_VISIBLE_DEVICES=GPU-00000000-0000-0000-0000-000000000000,GPU-11111111-1111-1111-1111-111111111111
+	// CUDA_VISIBLE_DEVICES=GPU-00000000-0000-0000-0000-000000000000,GPU-11111111-1111-1111-1111-111111111111
 }

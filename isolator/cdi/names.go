@@ -37,14 +37,20 @@ func Names(kind string, gpus []node.DeviceRef) ([]string, error) {
 	return out, nil
 }
 
-// AllocationNames are the CDI names of al's GPUs: what an orchestrator
-// hands a CDI-aware runtime (podman run --device NAME, a CRI device
-// request, Docker's DeviceRequests with the "cdi" driver) for al's owner.
-// An allocation of no GPU has no names.
+// AllocationNames are the CDI names that give a CDI-aware runtime
+// (podman run --device NAME, a CRI device request, Docker's DeviceRequests
+// with the "cdi" driver) al's container: the allocation's own device,
+// AllocationDevice(al.Owner), which Render writes from al's plan (see
+// Writer.WriteAllocation). It carries every node of al's devices and the
+// allocation's environment, so the container's NVIDIA_VISIBLE_DEVICES and
+// CUDA_VISIBLE_DEVICES name every GPU of al.
 func AllocationNames(kind string, al allocator.Allocation) ([]string, error) {
-	names, err := Names(kind, al.Devices)
-	if err != nil {
-		return nil, fmt.Errorf("allocation of %s: %w", al.Owner, err)
+	if err := ValidateKind(kind); err != nil {
+		return nil, err
 	}
-	return names, nil
+	if err := node.ValidateOwner(al.Owner); err != nil {
+		return nil, fmt.Errorf("CDI names of %s: %w", kind, err)
+	}
+	vendor, class := parser.ParseQualifier(kind)
+	return []string{parser.QualifiedName(vendor, class, AllocationDevice(al.Owner))}, nil
 }

@@ -10,8 +10,11 @@ import (
 	"testing"
 	"time"
 
+	ocispecs "github.com/opencontainers/runtime-spec/specs-go"
+
 	"github.com/gpuiso/gpuiso/allocator"
 	"github.com/gpuiso/gpuiso/internal/testenv"
+	"github.com/gpuiso/gpuiso/isolator"
 	"github.com/gpuiso/gpuiso/isolator/cdi"
 	"github.com/gpuiso/gpuiso/node"
 	"github.com/gpuiso/gpuiso/volume"
@@ -82,6 +85,37 @@ func (n *podmanNode) mustRun(tb testing.TB, devices []string, args ...string) ma
 	if err != nil {
 		tb.Fatal(err)
 	}
+	return parseProbe(out)
+}
+
+func mapHas(m map[string]string, k string) bool { _, ok := m[k]; return ok }
+
+// derive builds an image from n's probe image with the Containerfile
+// instructions given, removed when the test ends.
+func (n *podmanNode) derive(tb testing.TB, instructions ...string) string {
+	tb.Helper()
+	dir := tb.TempDir()
+	file := "FROM " + n.image + "\n" + strings.Join(instructions, "\n") + "\n"
+	if err := os.WriteFile(filepath.Join(dir, "Containerfile"), []byte(file), 0o644); err != nil {
+		tb.Fatal(err)
+	}
+	name := n.image + "-derived"
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if out, err := testenv.RunPodman(ctx, n.podman, "build", "--pull=never", "-t", name, dir); err != nil {
+		tb.Fatalf("build derived image: %v: %s", err, out)
+	}
+	tb.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		testenv.RunPodman(ctx, n.podman, "rmi", "--force", name)
+	})
+	return name
+}
+
+// parseProbe reads the probe's output: "<name> <result>" or "KEY=value"
+// lines, or a bare name that ls printed.
+func parseProbe(out string) map[string]string {
 	res := map[string]string{}
 	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
 		if k, v, ok := strings.Cut(line, " "); ok {
@@ -113,8 +147,7 @@ func TestPodman(t *testing.T) {
 		}
 		return p
 	}()
-	al := allocator.Allocation{Owner: "task-1", Devices: []node.DeviceRef{n.inv.Devices[5].Ref()}}
-	byUUID, err := cdi.AllocationNames(n.kind, al)
+	byUUID, err := cdi.Names(n.kind, []node.DeviceRef{n.inv.Devices[5].Ref()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -125,7 +158,7 @@ func TestPodman(t *testing.T) {
 		want    []int // positions of the GPUs the container must get
 	}{
 		{"by index", []string{n.kind + "=3"}, []int{3}},
-		{"allocation by UUID", byUUID, []int{5}},
+		{"by UUID", byUUID, []int{5}},
 		{"two", []string{n.kind + "=1", n.kind + "=6"}, []int{1, 6}},
 		{"all", []string{n.kind + "=" + cdi.AllDevices}, []int{0, 1, 2, 3, 4, 5, 6, 7}},
 	} {
@@ -145,12 +178,15 @@ func TestPodman(t *testing.T) {
 	}
 
 	t.Run("environment and volume", func(t *testing.T) {
+		// A GPU's device sets no variable, and the spec leaves PATH and
+		// LD_LIBRARY_PATH as the image has them.
+		bare := n.mustRun(t, nil, "env", "PATH", "LD_LIBRARY_PATH")
 		env := n.mustRun(t, []string{n.kind + "=3"}, "env", "NVIDIA_VISIBLE_DEVICES", "PATH", "LD_LIBRARY_PATH")
-		if env["NVIDIA_VISIBLE_DEVICES"] != n.inv.Devices[3].UUID {
-			t.Errorf("NVIDIA_VISIBLE_DEVICES=%q, want %s", env["NVIDIA_VISIBLE_DEVICES"], n.inv.Devices[3].UUID)
+		if env["NVIDIA_VISIBLE_DEVICES"] != "" {
+			t.Errorf("NVIDIA_VISIBLE_DEVICES=%q from a GPU's device, want it unset", env["NVIDIA_VISIBLE_DEVICES"])
 		}
-		if !strings.HasSuffix(env["PATH"], ":"+volume.ContainerBin) || !strings.Contains(env["LD_LIBRARY_PATH"], volume.ContainerLib64) {
-			t.Errorf("PATH=%q LD_LIBRARY_PATH=%q", env["PATH"], env["LD_LIBRARY_PATH"])
+		if env["PATH"] != bare["PATH"] || env["LD_LIBRARY_PATH"] != bare["LD_LIBRARY_PATH"] {
+			t.Errorf("PATH=%q LD_LIBRARY_PATH=%q, want the image's %q %q", env["PATH"], env["LD_LIBRARY_PATH"], bare["PATH"], bare["LD_LIBRARY_PATH"])
 		}
 		ls := n.mustRun(t, []string{n.kind + "=3"}, "ls", volume.ContainerLib64)
 		if _, ok := ls["libcuda.so.1"]; !ok {
@@ -159,6 +195,69 @@ func TestPodman(t *testing.T) {
 		w := n.mustRun(t, []string{n.kind + "=3"}, "write", volume.ContainerPath+"/x")
 		if r := w[volume.ContainerPath+"/x"]; r != "EROFS" {
 			t.Errorf("write into the volume: %s, want EROFS", r)
+		}
+	})
+
+	t.Run("allocation of two GPUs", func(t *testing.T) {
+		// An image whose PATH holds its own tool directory, given an
+		// allocation's CDI names for two GPUs and the driver volume.
+		imagePath := "/opt/tool/bin:/usr/local/bin:/usr/bin:/bin"
+		image := n.derive(t, "ENV PATH="+imagePath)
+		gpus := []node.DeviceRef{n.inv.Devices[2].Ref(), n.inv.Devices[6].Ref()}
+		al := allocator.Allocation{Owner: "task-2", Devices: gpus}
+		inj := n.vol.Injection([]string{"PATH=" + imagePath})
+		mount := ocispecs.Mount{Source: inj.Mount.Source, Destination: inj.Mount.Destination, Type: inj.Mount.Type, Options: inj.Mount.Options}
+		plan, err := isolator.NewPlan(al.Owner, n.inv, al.Devices, []ocispecs.Mount{mount}, inj.Env)
+		if err != nil {
+			t.Fatal(err)
+		}
+		spec, err := cdi.Render(n.kind, plan)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := (cdi.Writer{}).WriteAllocation(context.Background(), al.Owner, spec); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cdi.Writer{}.RemoveAllocation(context.Background(), n.kind, al.Owner) })
+		names, err := cdi.AllocationNames(n.kind, al)
+		if err != nil {
+			t.Fatal(err)
+		}
+		run := func(args ...string) map[string]string {
+			t.Helper()
+			cmd := append([]string{"run", "--rm"}, testenv.PodmanRunFlags...)
+			for _, d := range names {
+				cmd = append(cmd, "--device", d)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			out, err := testenv.RunPodman(ctx, n.podman, append(append(cmd, image), args...)...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return parseProbe(out)
+		}
+		env := run("env", "NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", "PATH")
+		visible := gpus[0].UUID + "," + gpus[1].UUID
+		if env["NVIDIA_VISIBLE_DEVICES"] != visible || env["CUDA_VISIBLE_DEVICES"] != visible {
+			t.Errorf("NVIDIA_VISIBLE_DEVICES=%q CUDA_VISIBLE_DEVICES=%q, want both %q", env["NVIDIA_VISIBLE_DEVICES"], env["CUDA_VISIBLE_DEVICES"], visible)
+		}
+		if env["PATH"] != imagePath {
+			t.Errorf("PATH=%q, want the image's %q", env["PATH"], imagePath)
+		}
+		got := run(append([]string{"open"}, append(gpuNodes, controlNodes...)...)...)
+		for i, p := range gpuNodes {
+			if want := i == 2 || i == 6; allowed(got[p]) != want {
+				t.Errorf("%s: %s (allowed %v, want %v)", p, got[p], allowed(got[p]), want)
+			}
+		}
+		for _, p := range controlNodes {
+			if !allowed(got[p]) {
+				t.Errorf("control node %s: %s", p, got[p])
+			}
+		}
+		if ls := run("ls", volume.ContainerLib64); !mapHas(ls, "libcuda.so.1") {
+			t.Errorf("volume not mounted: ls %s = %v", volume.ContainerLib64, ls)
 		}
 	})
 

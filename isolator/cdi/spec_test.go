@@ -15,6 +15,7 @@ import (
 	specs "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/gpuiso/gpuiso/allocator"
+	"github.com/gpuiso/gpuiso/isolator"
 	"github.com/gpuiso/gpuiso/isolator/cdi"
 	"github.com/gpuiso/gpuiso/node"
 	"github.com/gpuiso/gpuiso/volume"
@@ -98,8 +99,10 @@ func TestNewShape(t *testing.T) {
 			if len(n) != 1 || n[0].HostPath != d.Node.Path || n[0].Major != int64(d.Node.Major) || n[0].Minor != int64(d.Node.Minor) || n[0].Type != "c" {
 				t.Errorf("device %s nodes %+v, want %v", name, n[0], d.Node)
 			}
-			if !slices.Equal(dev.ContainerEdits.Env, []string{"NVIDIA_VISIBLE_DEVICES=" + d.UUID}) {
-				t.Errorf("device %s env %v", name, dev.ContainerEdits.Env)
+			// A GPU's device sets no variable: two of them in one
+			// container would leave it one GPU's.
+			if len(dev.ContainerEdits.Env) != 0 {
+				t.Errorf("device %s env %v, want none", name, dev.ContainerEdits.Env)
 			}
 		}
 	}
@@ -109,6 +112,11 @@ func TestNewShape(t *testing.T) {
 	}
 	if !slices.Equal(ctl, []string{"/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"}) {
 		t.Errorf("control nodes %v", ctl)
+	}
+	// PATH and LD_LIBRARY_PATH are left to the image: CDI would replace
+	// them.
+	if len(spec.ContainerEdits.Env) != 0 {
+		t.Errorf("spec env %v, want none", spec.ContainerEdits.Env)
 	}
 	m := spec.ContainerEdits.Mounts
 	if len(m) != 1 || m[0].ContainerPath != volume.ContainerPath || !slices.Contains(m[0].Options, "ro") || !slices.Contains(m[0].Options, "nosuid") || !slices.Contains(m[0].Options, "nodev") {
@@ -168,31 +176,45 @@ func TestNewRejects(t *testing.T) {
 
 func TestNames(t *testing.T) {
 	inv := simInv(t, "dgx1-volta")
-	al := allocator.Allocation{Owner: "task-1", Devices: []node.DeviceRef{inv.Devices[0].Ref(), inv.Devices[3].Ref(), {Index: 6, UUID: ""}}}
+	gpus := []node.DeviceRef{inv.Devices[0].Ref(), inv.Devices[3].Ref()}
+	al := allocator.Allocation{Owner: "task-1", Devices: gpus}
 	got, err := cdi.AllocationNames(cdi.DefaultKind, al)
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []string{"nvidia.com/gpu=" + inv.Devices[0].UUID, "nvidia.com/gpu=" + inv.Devices[3].UUID, "nvidia.com/gpu=6"}
-	if !slices.Equal(got, want) {
+	if want := []string{"nvidia.com/gpu=alloc-task-1"}; !slices.Equal(got, want) {
 		t.Errorf("names %v, want %v", got, want)
 	}
-	if n, err := cdi.AllocationNames(cdi.DefaultKind, allocator.Allocation{Owner: "none"}); err != nil || len(n) != 0 {
-		t.Errorf("no GPUs: %v, %v", n, err)
+	if _, err := cdi.AllocationNames(cdi.DefaultKind, allocator.Allocation{}); !errors.Is(err, node.ErrInvalid) {
+		t.Errorf("no owner: %v", err)
 	}
 	if _, err := cdi.AllocationNames("nvidia", al); !errors.Is(err, cdi.ErrInvalidKind) {
 		t.Errorf("bad kind: %v", err)
 	}
-	// Every name is one the spec defines.
-	spec, err := cdi.New(inv)
+	if n, err := cdi.Names(cdi.DefaultKind, gpus); err != nil || !slices.Equal(n, []string{"nvidia.com/gpu=" + gpus[0].UUID, "nvidia.com/gpu=" + gpus[1].UUID}) {
+		t.Errorf("GPU names %v, %v", n, err)
+	}
+	// The allocation's name is the one device of its plan's spec, which
+	// holds every node of the plan and names every GPU.
+	plan, err := isolator.NewPlan(al.Owner, inv, gpus, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, n := range got {
-		_, name, _ := strings.Cut(n, "=")
-		if device(spec, name) == nil {
-			t.Errorf("%s: not a device of the spec", n)
-		}
+	spec, err := cdi.Render(cdi.DefaultKind, plan)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, name, _ := strings.Cut(got[0], "=")
+	dev := device(spec, name)
+	if dev == nil || len(spec.Devices) != 1 {
+		t.Fatalf("%s: not the device of the plan's spec %+v", got[0], spec.Devices)
+	}
+	if len(dev.ContainerEdits.DeviceNodes) != len(plan.Devices) {
+		t.Errorf("allocation device nodes %d, want the plan's %d", len(dev.ContainerEdits.DeviceNodes), len(plan.Devices))
+	}
+	visible := gpus[0].UUID + "," + gpus[1].UUID
+	if !slices.Contains(dev.ContainerEdits.Env, "NVIDIA_VISIBLE_DEVICES="+visible) || !slices.Contains(dev.ContainerEdits.Env, "CUDA_VISIBLE_DEVICES="+visible) {
+		t.Errorf("allocation env %v, want both GPUs named", dev.ContainerEdits.Env)
 	}
 }
 
@@ -237,7 +259,7 @@ func TestNewMIG(t *testing.T) {
 			t.Errorf("split GPU listed whole as %q", whole)
 		}
 	}
-	want := []string{"/dev/nvidia0=195:0", "/dev/nvidia-caps/nvidia-cap66=241:66", "/dev/nvidia-caps/nvidia-cap67=241:67", "NVIDIA_VISIBLE_DEVICES=MIG-7-0"}
+	want := []string{"/dev/nvidia0=195:0", "/dev/nvidia-caps/nvidia-cap66=241:66", "/dev/nvidia-caps/nvidia-cap67=241:67"}
 	for _, name := range []string{"0:7:0", "MIG-7-0"} {
 		if got := byName[name]; !slices.Equal(got, want) {
 			t.Errorf("%s = %v, want %v", name, got, want)

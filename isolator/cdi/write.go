@@ -9,10 +9,14 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 
 	cdilib "tags.cncf.io/container-device-interface/pkg/cdi"
 	"tags.cncf.io/container-device-interface/pkg/parser"
 	specs "tags.cncf.io/container-device-interface/specs-go"
+
+	"github.com/gpuiso/gpuiso/internal/linux"
+	"github.com/gpuiso/gpuiso/node"
 )
 
 // DefaultDir is the spec directory for specs that live as long as the node's
@@ -78,6 +82,46 @@ func (w Writer) Write(ctx context.Context, spec *specs.Spec) (Result, error) {
 	if err != nil {
 		return Result{}, fmt.Errorf("write CDI spec: %w", err)
 	}
+	return w.write(ctx, path, spec)
+}
+
+// AllocationPath is the file of owner's allocation spec of kind (see
+// Render): "<vendor>-<class>_alloc-<owner>.json", beside kind's node spec.
+func (w Writer) AllocationPath(kind, owner string) (string, error) {
+	p, err := w.Path(kind)
+	if err != nil {
+		return "", err
+	}
+	if err := node.ValidateOwner(owner); err != nil {
+		return "", err
+	}
+	return strings.TrimSuffix(p, ".json") + "_" + AllocationDevice(owner) + ".json", nil
+}
+
+// WriteAllocation writes owner's allocation spec (from Render) into
+// AllocationPath, as Write writes a node's spec.
+func (w Writer) WriteAllocation(ctx context.Context, owner string, spec *specs.Spec) (Result, error) {
+	if spec == nil {
+		return Result{}, fmt.Errorf("write CDI spec: %w: nil spec", ErrInvalidSpec)
+	}
+	path, err := w.AllocationPath(spec.Kind, owner)
+	if err != nil {
+		return Result{}, fmt.Errorf("write CDI spec: %w", err)
+	}
+	return w.write(ctx, path, spec)
+}
+
+// RemoveAllocation deletes owner's allocation spec of kind; a missing one
+// is not an error.
+func (w Writer) RemoveAllocation(ctx context.Context, kind, owner string) error {
+	path, err := w.AllocationPath(kind, owner)
+	if err != nil {
+		return fmt.Errorf("remove CDI spec: %w", err)
+	}
+	return remove(ctx, path)
+}
+
+func (w Writer) write(ctx context.Context, path string, spec *specs.Spec) (Result, error) {
 	res := Result{Path: path}
 	data, err := Encode(spec)
 	if err != nil {
@@ -101,50 +145,15 @@ func (w Writer) Write(ctx context.Context, spec *specs.Spec) (Result, error) {
 	return res, nil
 }
 
-// writeAtomic replaces path with data through a validated temporary file.
-func writeAtomic(path string, data []byte) (err error) {
-	dir := filepath.Dir(path)
-	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".*.tmp")
-	if err != nil {
-		return err
-	}
-	defer func() {
-		if err != nil {
-			os.Remove(tmp.Name())
+// writeAtomic replaces path with data through a temporary file the CDI
+// library validates as a runtime will read it.
+func writeAtomic(path string, data []byte) error {
+	return linux.WriteFileAtomic(path, "", data, 0o644, func(tmp string) error {
+		if _, err := cdilib.ReadSpec(tmp, 0); err != nil {
+			return &SpecError{Path: path, Err: err}
 		}
-	}()
-	_, err = tmp.Write(data)
-	if err == nil {
-		err = tmp.Chmod(0o644)
-	}
-	if err == nil {
-		err = tmp.Sync()
-	}
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return err
-	}
-	if _, err := cdilib.ReadSpec(tmp.Name(), 0); err != nil {
-		return &SpecError{Path: path, Err: err}
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		return err
-	}
-	return syncDir(dir)
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	err = d.Sync()
-	if cerr := d.Close(); err == nil {
-		err = cerr
-	}
-	return err
+		return nil
+	})
 }
 
 // Remove deletes kind's spec file; a missing one is not an error.
@@ -153,13 +162,17 @@ func (w Writer) Remove(ctx context.Context, kind string) error {
 	if err != nil {
 		return fmt.Errorf("remove CDI spec: %w", err)
 	}
+	return remove(ctx, path)
+}
+
+func remove(ctx context.Context, path string) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("remove CDI spec %s: %w", path, err)
 	}
 	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("remove CDI spec %s: %w", path, err)
 	}
-	return syncDir(filepath.Dir(path))
+	return linux.SyncDir(filepath.Dir(path))
 }
 
 // ValidateFile reads the spec file at path as a CDI runtime would, with the

@@ -9,11 +9,11 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/containerd/cgroups/v3"
 
+	"github.com/gpuiso/gpuiso/internal/linux"
 	"github.com/gpuiso/gpuiso/isolator"
 	"github.com/gpuiso/gpuiso/node"
 )
@@ -252,7 +252,7 @@ func (i *Isolator) Destroy(ctx context.Context, owner string) error {
 			break
 		}
 		for _, pid := range pids {
-			if err := syscall.Kill(pid, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
+			if err := linux.Kill(pid); err != nil {
 				return fmt.Errorf("destroy %s: kill %d: %w", owner, pid, err)
 			}
 		}
@@ -268,7 +268,7 @@ func (i *Isolator) Destroy(ctx context.Context, owner string) error {
 		if err == nil || errors.Is(err, fs.ErrNotExist) {
 			return nil
 		}
-		if !errors.Is(err, syscall.EBUSY) {
+		if !linux.Busy(err) {
 			return fmt.Errorf("destroy %s: %w", owner, err)
 		}
 		select {

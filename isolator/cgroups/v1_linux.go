@@ -11,11 +11,8 @@ import (
 	"github.com/gpuiso/gpuiso/isolator"
 )
 
-// applyV1 writes rules to the devices controller. A new cgroup starts with
-// a deny-all and then gets its allows (it holds no process yet). A live one
-// gets only the difference against devices.list, allows first, so that a
-// device allowed before and after is never denied in between; the result is
-// read back and verified.
+// applyV1 writes rules to the devices controller, as v1Transition says
+// from what devices.list holds; the result is read back and verified.
 func (i *Isolator) applyV1(owner string, want []isolator.Rule) error {
 	dir := i.Path(owner)
 	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
@@ -31,26 +28,9 @@ func (i *Isolator) applyV1(owner string, want []isolator.Rule) error {
 	if err != nil {
 		return err
 	}
-	if fresh || slices.ContainsFunc(have, func(r isolator.Rule) bool { return r.Type == 'a' }) {
-		// Not yet confined (a new cgroup inherits "a *:* rwm"): start from
-		// nothing.
-		if err := write(dir, "devices.deny", "a"); err != nil {
+	for _, w := range v1Transition(have, want, fresh) {
+		if err := write(dir, w.File, w.Value); err != nil {
 			return err
-		}
-		have = nil
-	}
-	for _, r := range want {
-		if !slices.Contains(have, r) {
-			if err := write(dir, "devices.allow", r.String()); err != nil {
-				return err
-			}
-		}
-	}
-	for _, r := range have {
-		if !slices.Contains(want, r) {
-			if err := write(dir, "devices.deny", r.String()); err != nil {
-				return err
-			}
 		}
 	}
 	got, err := i.rulesV1(owner)

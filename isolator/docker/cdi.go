@@ -3,13 +3,13 @@ package docker
 import (
 	"fmt"
 	"slices"
-	"strconv"
 	"strings"
 
 	"github.com/moby/moby/api/types/container"
 
 	"github.com/gpuiso/gpuiso/isolator"
 	"github.com/gpuiso/gpuiso/isolator/cdi"
+	"github.com/gpuiso/gpuiso/node"
 )
 
 // LabelInjection says how a container got its GPUs: InjectionCDI or
@@ -42,24 +42,12 @@ func CDISupported(apiVersion string, cdiSpecDirs []string) bool {
 
 // compareAPI compares "major.minor" API versions; a malformed one is lowest.
 func compareAPI(a, b string) int {
-	pa, pb := apiParts(a), apiParts(b)
-	if pa == nil {
+	va, err := node.ParseVersion(a)
+	if err != nil || len(va) != 2 || strings.TrimSpace(a) != a || strings.HasPrefix(a, "v") {
 		return -1
 	}
-	return slices.Compare(pa, pb)
-}
-
-func apiParts(v string) []int {
-	major, minor, ok := strings.Cut(v, ".")
-	if !ok {
-		return nil
-	}
-	ma, err1 := strconv.Atoi(major)
-	mi, err2 := strconv.Atoi(minor)
-	if err1 != nil || err2 != nil || ma < 0 || mi < 0 {
-		return nil
-	}
-	return []int{ma, mi}
+	vb, _ := node.ParseVersion(b)
+	return va.Compare(vb)
 }
 
 // NewCDI is New for a daemon that speaks CDI: the plan's GPUs become one

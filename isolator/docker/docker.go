@@ -29,6 +29,10 @@ const CgroupPermissions = "rwm"
 type Config struct {
 	// Devices map the plan's nodes from the host into the container.
 	Devices []container.DeviceMapping `json:"devices"`
+	// DeviceCgroupRules are the plan's device rules beyond the defaults
+	// every container gets ("c 195:1 rwm"): the rules of its nodes, which
+	// the daemon also derives from the mappings.
+	DeviceCgroupRules []string `json:"deviceCgroupRules,omitempty"`
 	// DeviceRequests ask a CDI-aware daemon for the GPUs (see NewCDI).
 	DeviceRequests []container.DeviceRequest `json:"deviceRequests,omitempty"`
 	// Mounts are read-only bind mounts, such as the driver volume.
@@ -53,6 +57,16 @@ func New(plan *isolator.Plan) (*Config, error) {
 			return nil, fmt.Errorf("docker config of %s: %w: device %d:%d has no path", plan.Owner, ErrInvalidPlan, d.Major, d.Minor)
 		}
 		c.Devices = append(c.Devices, container.DeviceMapping{PathOnHost: d.HostPath, PathInContainer: d.Path, CgroupPermissions: CgroupPermissions})
+	}
+	rules := plan.Rules
+	if len(rules) == 0 {
+		rules = isolator.DeviceRules(plan.Devices)
+	}
+	defaults := isolator.DefaultRules()
+	for _, r := range rules {
+		if r.Allow && !slices.Contains(defaults, r) {
+			c.DeviceCgroupRules = append(c.DeviceCgroupRules, r.String())
+		}
 	}
 	for _, m := range plan.Mounts {
 		bind := m.Type == "bind" || slices.Contains(m.Options, "bind") || slices.Contains(m.Options, "rbind")
@@ -79,7 +93,7 @@ func New(plan *isolator.Plan) (*Config, error) {
 
 // Apply writes c into a container's configuration: device mappings and
 // mounts replace those with the same container path and are added
-// otherwise, a device request replaces the one of the same driver, the environment is set over cfg's, and the labels are set.
+// otherwise, device cgroup rules are added once, a device request replaces the one of the same driver, the environment is set over cfg's, and the labels are set.
 // Applying twice gives what applying once gives. On error nothing changes.
 func (c *Config) Apply(cfg *container.Config, hc *container.HostConfig) error {
 	if cfg == nil || hc == nil {
@@ -91,6 +105,11 @@ func (c *Config) Apply(cfg *container.Config, hc *container.HostConfig) error {
 			hc.Devices[i] = d
 		} else {
 			hc.Devices = append(hc.Devices, d)
+		}
+	}
+	for _, r := range c.DeviceCgroupRules {
+		if !slices.Contains(hc.DeviceCgroupRules, r) {
+			hc.DeviceCgroupRules = append(hc.DeviceCgroupRules, r)
 		}
 	}
 	c.applyRequests(hc)

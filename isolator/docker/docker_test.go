@@ -23,8 +23,8 @@ var update = flag.Bool("update", false, "rewrite testdata/*.json")
 // testInv is two GPUs of a DGX-1-like node and its control devices.
 var testInv = &node.Inventory{
 	Devices: []node.Device{
-		{Index: 1, Minor: 1, Node: node.DeviceNode{Path: "/dev/nvidia1", Major: 195, Minor: 1}, UUID: "GPU-11111111-1111-1111-1111-111111111111", Health: node.Healthy()},
-		{Index: 3, Minor: 3, Node: node.DeviceNode{Path: "/dev/nvidia3", Major: 195, Minor: 3}, UUID: "GPU-33333333-3333-3333-3333-333333333333", Health: node.Healthy()},
+		{Index: 1, Minor: 1, Node: node.DeviceNode{Path: "/srv/node/dev/nvidia1", Major: 195, Minor: 1}, UUID: "GPU-11111111-1111-1111-1111-111111111111", Health: node.Healthy()},
+		{Index: 3, Minor: 3, Node: node.DeviceNode{Path: "/srv/node/dev/nvidia3", Major: 195, Minor: 3}, UUID: "GPU-33333333-3333-3333-3333-333333333333", Health: node.Healthy()},
 	},
 	ControlDevices: []node.ControlDevice{
 		{Name: "nvidiactl", Path: "/srv/node/dev/nvidiactl", Major: 195, Minor: 255},
@@ -34,14 +34,14 @@ var testInv = &node.Inventory{
 }
 
 var (
-	gpus = []node.DeviceRef{{Index: 1, Minor: 1, Node: node.DeviceNode{Path: "/dev/nvidia1", Major: 195, Minor: 1}, UUID: testInv.Devices[0].UUID}, {Index: 3, Minor: 3, Node: node.DeviceNode{Path: "/dev/nvidia3", Major: 195, Minor: 3}, UUID: testInv.Devices[1].UUID}}
+	gpus = []node.DeviceRef{{Index: 1, Minor: 1, Node: node.DeviceNode{Path: "/srv/node/dev/nvidia1", Major: 195, Minor: 1}, UUID: testInv.Devices[0].UUID}, {Index: 3, Minor: 3, Node: node.DeviceNode{Path: "/srv/node/dev/nvidia3", Major: 195, Minor: 3}, UUID: testInv.Devices[1].UUID}}
 	vol  = specs.Mount{Destination: "/usr/local/nvidia", Type: "bind", Source: "/var/run/gpuiso/volumes/nvidia_535.104.05", Options: []string{"rbind", "ro", "nosuid", "nodev"}}
 	env  = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/usr/local/nvidia/bin", "LD_LIBRARY_PATH=/usr/local/cuda/compat:/usr/local/nvidia/lib:/usr/local/nvidia/lib64"}
 )
 
 func plan(t *testing.T, gpus []node.DeviceRef, mounts []specs.Mount, env []string) *isolator.Plan {
 	t.Helper()
-	p, err := isolator.NewPlan("task-1", testInv, "/srv/node/dev", gpus, mounts, env)
+	p, err := isolator.NewPlan("task-1", testInv, gpus, mounts, env)
 	if err != nil {
 		t.Fatal(err)
 	}

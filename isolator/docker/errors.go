@@ -1,19 +1,20 @@
 package docker
 
 import (
-	"errors"
 	"fmt"
+
+	"github.com/gpuiso/gpuiso/node"
 )
 
 var (
 	// ErrInvalidPlan: a plan cannot be expressed as a Docker configuration
 	// (a device without a host path, a mount Docker cannot make).
-	ErrInvalidPlan = errors.New("invalid plan for docker")
+	ErrInvalidPlan = node.Sentinel(node.ErrInvalid, "invalid plan for docker")
 	// ErrInvalidLabels: a container's gpuiso labels are missing or do not
 	// parse.
-	ErrInvalidLabels = errors.New("invalid gpuiso labels")
+	ErrInvalidLabels = node.Sentinel(node.ErrInvalid, "invalid gpuiso labels")
 	// ErrNilConfig: Apply was given no container configuration to edit.
-	ErrNilConfig = errors.New("nil container configuration")
+	ErrNilConfig = node.Sentinel(node.ErrInvalid, "nil container configuration")
 )
 
 // LabelError is a container label that does not say what gpuiso wrote.

@@ -17,7 +17,7 @@ func Example() {
 		Devices:        []node.Device{{Index: 3, Minor: 3, Node: node.DeviceNode{Path: "/dev/nvidia3", Major: 195, Minor: 3}, UUID: "GPU-33333333-3333-3333-3333-333333333333"}},
 		ControlDevices: []node.ControlDevice{{Name: "nvidiactl", Path: "/dev/nvidiactl", Major: 195, Minor: 255}},
 	}
-	plan, err := isolator.NewPlan("task-1", inv, "/dev", []node.DeviceRef{{Index: 3, Minor: 3, Node: node.DeviceNode{Path: "/dev/nvidia3", Major: 195, Minor: 3}, UUID: inv.Devices[0].UUID}}, nil, nil)
+	plan, err := isolator.NewPlan("task-1", inv, []node.DeviceRef{{Index: 3, Minor: 3, Node: node.DeviceNode{Path: "/dev/nvidia3", Major: 195, Minor: 3}, UUID: inv.Devices[0].UUID}}, nil, nil)
 	if err != nil {
 		panic(err)
 	}

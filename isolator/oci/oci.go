@@ -1,7 +1,6 @@
 package oci
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"slices"
@@ -9,13 +8,15 @@ import (
 	"github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/gpuiso/gpuiso/isolator"
+	"github.com/gpuiso/gpuiso/node"
 )
 
 // ErrNoLinux: the spec has no Linux section to edit.
-var ErrNoLinux = errors.New("spec has no linux section")
+var ErrNoLinux = node.Sentinel(node.ErrInvalid, "spec has no linux section")
 
-// Apply edits spec in place so that the container gets what plan says. It
-// is idempotent: applying a plan twice gives the spec of applying it once.
+// Apply edits spec in place so that the container gets what plan says: its
+// device nodes, a deny-all followed by the plan's device rules, its mounts
+// and its environment set over the spec's. It is idempotent: applying a plan twice gives the spec of applying it once.
 // On error spec is left as it was.
 func Apply(spec *specs.Spec, plan *isolator.Plan) error {
 	if spec == nil || spec.Linux == nil {
@@ -44,8 +45,8 @@ func Apply(spec *specs.Spec, plan *isolator.Plan) error {
 	if len(rules) == 0 || !isDenyAll(rules[0]) {
 		rules = append([]specs.LinuxDeviceCgroup{denyAll}, rules...)
 	}
-	for _, d := range plan.Devices {
-		r := isolator.Allow(int64(d.Major), int64(d.Minor), "rwm").LinuxDeviceCgroup()
+	for _, pr := range planRules(plan) {
+		r := pr.LinuxDeviceCgroup()
 		if !slices.ContainsFunc(rules, func(e specs.LinuxDeviceCgroup) bool { return sameRule(e, r) }) {
 			rules = append(rules, r)
 		}
@@ -62,6 +63,15 @@ func Apply(spec *specs.Spec, plan *isolator.Plan) error {
 	}
 	spec.Process.Env = isolator.MergeEnv(spec.Process.Env, plan.Env)
 	return nil
+}
+
+// planRules are the plan's device rules: Rules, or, for a plan made by
+// hand without them, the rules of its nodes.
+func planRules(plan *isolator.Plan) []isolator.Rule {
+	if len(plan.Rules) > 0 {
+		return plan.Rules
+	}
+	return isolator.DeviceRules(plan.Devices)
 }
 
 func isDenyAll(r specs.LinuxDeviceCgroup) bool {

@@ -34,7 +34,7 @@ func plan(t *testing.T) *isolator.Plan {
 	}
 	vol := specs.Mount{Destination: "/usr/local/nvidia", Type: "bind", Source: "/var/run/gpuiso/volumes/nvidia_535.104.05", Options: []string{"rbind", "ro", "nosuid", "nodev"}}
 	gpus := []node.DeviceRef{{Index: 1, Minor: 1, Node: node.DeviceNode{Path: "/dev/nvidia1", Major: 195, Minor: 1}, UUID: inv.Devices[0].UUID}, {Index: 3, Minor: 3, Node: node.DeviceNode{Path: "/dev/nvidia3", Major: 195, Minor: 3}, UUID: inv.Devices[1].UUID}}
-	p, err := isolator.NewPlan("task-1", inv, "/dev", gpus, []specs.Mount{vol},
+	p, err := isolator.NewPlan("task-1", inv, gpus, []specs.Mount{vol},
 		[]string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/usr/local/nvidia/bin", "LD_LIBRARY_PATH=/usr/local/cuda/compat:/usr/local/nvidia/lib:/usr/local/nvidia/lib64"})
 	if err != nil {
 		t.Fatal(err)

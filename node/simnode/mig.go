@@ -2,7 +2,6 @@ package simnode
 
 import (
 	"crypto/sha256"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -166,7 +165,7 @@ func profileByID(table []migProfile, id int) (migProfile, bool) {
 // profile, a placement the profile does not allow, overlapping instances,
 // more instances of a profile than the GPU holds), or MIG is asked of a GPU
 // that has none.
-var ErrMIGLayout = errors.New("invalid MIG layout")
+var ErrMIGLayout = node.Sentinel(node.ErrInvalid, "invalid MIG layout")
 
 // placeAll checks a layout against the profile table and places its
 // instances, in order, each at its start or the first free placement.

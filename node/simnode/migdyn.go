@@ -2,7 +2,6 @@ package simnode
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -16,7 +15,7 @@ import (
 var ErrMIGFull = fmt.Errorf("no room for the MIG instance: %w", node.ErrInsufficient)
 
 // ErrMIGFault is the failure a MIGManager injects (see FailAfter).
-var ErrMIGFault = errors.New("injected MIG failure")
+var ErrMIGFault = node.Sentinel(node.ErrUnavailable, "injected MIG failure")
 
 // MIGManager creates and destroys MIG devices on the simulated node's GPUs
 // with MIG enabled: dynamic MIG, in simulation only (it changes the

@@ -1,0 +1,56 @@
+package allocator
+
+import (
+	"fmt"
+)
+
+// checkInvariants verifies the allocator's internal consistency: every GPU
+// held once, per-device views agreeing with per-owner ones, shares within
+// memory and never beside an exclusive owner.
+func (a *Allocator) checkInvariants() error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var seen uint64
+	for o, h := range a.owners {
+		if h.devices&seen != 0 {
+			return fmt.Errorf("owner %s: device held twice", o)
+		}
+		seen |= h.devices
+		for _, p := range a.positions(h.devices) {
+			if a.exclusive[p] != o {
+				return fmt.Errorf("owner %s holds %s but the device says %q", o, a.name(p), a.exclusive[p])
+			}
+		}
+		if h.shared >= 0 {
+			if h.devices != 0 {
+				return fmt.Errorf("owner %s holds both shares and whole GPUs", o)
+			}
+			if a.shares[h.shared][o] != h.memory {
+				return fmt.Errorf("owner %s share mismatch", o)
+			}
+		} else if h.devices == 0 && len(h.mig) == 0 {
+			return fmt.Errorf("owner %s holds nothing", o)
+		}
+	}
+	for p := range a.n {
+		if a.exclusive[p] != "" {
+			if h := a.owners[a.exclusive[p]]; h == nil || h.devices&(1<<p) == 0 {
+				return fmt.Errorf("%s owned by unknown %s", a.name(p), a.exclusive[p])
+			}
+			if len(a.shares[p]) > 0 {
+				return fmt.Errorf("%s both exclusive and shared", a.name(p))
+			}
+		}
+		var used uint64
+		for o, m := range a.shares[p] {
+			if h := a.owners[o]; h == nil || h.shared != p {
+				return fmt.Errorf("%s shared by unknown %s", a.name(p), o)
+			}
+			used += m
+		}
+		if used > a.inv.Devices[p].MemoryBytes {
+			return fmt.Errorf("%s shares %d bytes of %d", a.name(p), used, a.inv.Devices[p].MemoryBytes)
+		}
+	}
+	return a.checkMIGInvariants()
+}

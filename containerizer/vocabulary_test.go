@@ -1,0 +1,185 @@
+package containerizer_test
+
+import (
+	"errors"
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/gpuiso/gpuiso/allocator"
+	"github.com/gpuiso/gpuiso/containerizer"
+	czdocker "github.com/gpuiso/gpuiso/containerizer/docker"
+	"github.com/gpuiso/gpuiso/containerizer/rootfs"
+	"github.com/gpuiso/gpuiso/isolator"
+	"github.com/gpuiso/gpuiso/isolator/cdi"
+	"github.com/gpuiso/gpuiso/isolator/cgroups"
+	isodocker "github.com/gpuiso/gpuiso/isolator/docker"
+	"github.com/gpuiso/gpuiso/isolator/oci"
+	"github.com/gpuiso/gpuiso/node"
+	"github.com/gpuiso/gpuiso/node/nvmlnode"
+	"github.com/gpuiso/gpuiso/node/simnode"
+	"github.com/gpuiso/gpuiso/volume"
+)
+
+// notYetKinded are sentinels of packages that are changing elsewhere; each
+// will match a kind of node's vocabulary, and leave this list.
+var notYetKinded = map[string]bool{
+	"containerizer/rootfs.ErrFormat":   true,
+	"containerizer/rootfs.ErrNotEmpty": true,
+}
+
+// TestVocabulary finds every exported Err* variable of the library's
+// packages (examples and internal packages aside) in their sources, and
+// checks that each matches exactly one of node's error kinds with
+// errors.Is. A new sentinel fails the test until it is listed here, so none
+// escapes the check.
+func TestVocabulary(t *testing.T) {
+	kinds := []error{node.ErrNotSupported, node.ErrInvalid, node.ErrExists, node.ErrNotFound, node.ErrInsufficient, node.ErrUnavailable, node.ErrCorrupt}
+	sentinels := map[string]error{
+		"allocator.ErrCorruptState":                 allocator.ErrCorruptState,
+		"allocator.ErrDeviceUnavailable":            allocator.ErrDeviceUnavailable,
+		"allocator.ErrDuplicateDevice":              allocator.ErrDuplicateDevice,
+		"allocator.ErrInsufficient":                 allocator.ErrInsufficient,
+		"allocator.ErrInvalidConstraint":            allocator.ErrInvalidConstraint,
+		"allocator.ErrInvalidRequest":               allocator.ErrInvalidRequest,
+		"allocator.ErrNotMade":                      allocator.ErrNotMade,
+		"allocator.ErrOwnerExists":                  allocator.ErrOwnerExists,
+		"allocator.ErrQuotaExceeded":                allocator.ErrQuotaExceeded,
+		"allocator.ErrUnknownDevice":                allocator.ErrUnknownDevice,
+		"allocator.ErrUnknownMIGProfile":            allocator.ErrUnknownMIGProfile,
+		"allocator.ErrUnknownOwner":                 allocator.ErrUnknownOwner,
+		"containerizer.ErrContainerExists":          containerizer.ErrContainerExists,
+		"containerizer.ErrInvalidSpec":              containerizer.ErrInvalidSpec,
+		"containerizer.ErrNoVolume":                 containerizer.ErrNoVolume,
+		"containerizer.ErrNotMade":                  containerizer.ErrNotMade,
+		"containerizer.ErrNotSupported":             containerizer.ErrNotSupported,
+		"containerizer.ErrUnknownContainer":         containerizer.ErrUnknownContainer,
+		"containerizer/docker.ErrDaemonUnavailable": czdocker.ErrDaemonUnavailable,
+		"containerizer/docker.ErrNoVolume":          czdocker.ErrNoVolume,
+		"containerizer/docker.ErrNotManaged":        czdocker.ErrNotManaged,
+		"containerizer/rootfs.ErrFormat":            rootfs.ErrFormat,
+		"containerizer/rootfs.ErrNotEmpty":          rootfs.ErrNotEmpty,
+		"isolator.ErrInvalidRule":                   isolator.ErrInvalidRule,
+		"isolator.ErrNoMIGCaps":                     isolator.ErrNoMIGCaps,
+		"isolator.ErrNotSupported":                  isolator.ErrNotSupported,
+		"isolator.ErrUnknownContainer":              isolator.ErrUnknownContainer,
+		"isolator.ErrUnknownGPU":                    isolator.ErrUnknownGPU,
+		"isolator/cdi.ErrInvalidKind":               cdi.ErrInvalidKind,
+		"isolator/cdi.ErrInvalidSpec":               cdi.ErrInvalidSpec,
+		"isolator/cdi.ErrNoDevices":                 cdi.ErrNoDevices,
+		"isolator/cgroups.ErrNotMade":               cgroups.ErrNotMade,
+		"isolator/cgroups.ErrVerify":                cgroups.ErrVerify,
+		"isolator/docker.ErrInvalidLabels":          isodocker.ErrInvalidLabels,
+		"isolator/docker.ErrInvalidPlan":            isodocker.ErrInvalidPlan,
+		"isolator/docker.ErrNilConfig":              isodocker.ErrNilConfig,
+		"isolator/oci.ErrNoLinux":                   oci.ErrNoLinux,
+		"node.ErrCorrupt":                           node.ErrCorrupt,
+		"node.ErrExists":                            node.ErrExists,
+		"node.ErrInsufficient":                      node.ErrInsufficient,
+		"node.ErrInvalid":                           node.ErrInvalid,
+		"node.ErrInvalidBusID":                      node.ErrInvalidBusID,
+		"node.ErrInvalidOwner":                      node.ErrInvalidOwner,
+		"node.ErrInvalidTopology":                   node.ErrInvalidTopology,
+		"node.ErrNotFound":                          node.ErrNotFound,
+		"node.ErrNotSupported":                      node.ErrNotSupported,
+		"node.ErrUnavailable":                       node.ErrUnavailable,
+		"node/nvmlnode.ErrDriverNotLoaded":          nvmlnode.ErrDriverNotLoaded,
+		"node/nvmlnode.ErrGPULost":                  nvmlnode.ErrGPULost,
+		"node/nvmlnode.ErrLibraryNotFound":          nvmlnode.ErrLibraryNotFound,
+		"node/nvmlnode.ErrNotNVML":                  nvmlnode.ErrNotNVML,
+		"node/simnode.ErrInvalidSpec":               simnode.ErrInvalidSpec,
+		"node/simnode.ErrInvalidVersion":            simnode.ErrInvalidVersion,
+		"node/simnode.ErrMIGFault":                  simnode.ErrMIGFault,
+		"node/simnode.ErrMIGFull":                   simnode.ErrMIGFull,
+		"node/simnode.ErrMIGLayout":                 simnode.ErrMIGLayout,
+		"node/simnode.ErrNoSuchGPU":                 simnode.ErrNoSuchGPU,
+		"node/simnode.ErrNoSuchMIGDevice":           simnode.ErrNoSuchMIGDevice,
+		"node/simnode.ErrRealDev":                   simnode.ErrRealDev,
+		"node/simnode.ErrUnknownTopology":           simnode.ErrUnknownTopology,
+		"volume.ErrDamaged":                         volume.ErrDamaged,
+		"volume.ErrEscapesRoot":                     volume.ErrEscapesRoot,
+		"volume.ErrInvalidName":                     volume.ErrInvalidName,
+		"volume.ErrInvalidRequirement":              volume.ErrInvalidRequirement,
+		"volume.ErrInvalidVersion":                  volume.ErrInvalidVersion,
+		"volume.ErrNoDriver":                        volume.ErrNoDriver,
+		"volume.ErrNoDriverVersion":                 volume.ErrNoDriverVersion,
+		"volume.ErrNotFound":                        volume.ErrNotFound,
+		"volume.ErrNotMade":                         volume.ErrNotMade,
+		"volume.ErrRequirementUnmet":                volume.ErrRequirementUnmet,
+		"volume.ErrUnsafe":                          volume.ErrUnsafe,
+		"volume.ErrVersionMismatch":                 volume.ErrVersionMismatch,
+	}
+	found := exportedSentinels(t, "..")
+	for _, name := range found {
+		err, ok := sentinels[name]
+		if !ok {
+			t.Errorf("%s: a sentinel this test does not know; add it to the table", name)
+			continue
+		}
+		n := 0
+		for _, k := range kinds {
+			if errors.Is(err, k) {
+				n++
+			}
+		}
+		if n != 1 && !notYetKinded[name] {
+			t.Errorf("%s (%v) matches %d of node's error kinds, want exactly 1", name, err, n)
+		}
+	}
+	if len(found) != len(sentinels) {
+		t.Errorf("found %d sentinels in the sources, the table has %d", len(found), len(sentinels))
+	}
+}
+
+// exportedSentinels lists "<package dir>.<name>" for every exported
+// package-level variable named Err* in the non-test files under root.
+func exportedSentinels(t *testing.T, root string) []string {
+	t.Helper()
+	var out []string
+	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			if p != root && (d.Name() == "examples" || d.Name() == "internal" || d.Name() == "testdata" || strings.HasPrefix(d.Name(), ".")) {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if !strings.HasSuffix(p, ".go") || strings.HasSuffix(p, "_test.go") {
+			return nil
+		}
+		src, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		f, err := parser.ParseFile(token.NewFileSet(), p, src, 0)
+		if err != nil {
+			return err
+		}
+		dir, _ := filepath.Rel(root, filepath.Dir(p))
+		for _, decl := range f.Decls {
+			g, ok := decl.(*ast.GenDecl)
+			if !ok || g.Tok != token.VAR {
+				continue
+			}
+			for _, s := range g.Specs {
+				for _, n := range s.(*ast.ValueSpec).Names {
+					if strings.HasPrefix(n.Name, "Err") {
+						out = append(out, filepath.ToSlash(dir)+"."+n.Name)
+					}
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}

@@ -1,0 +1,65 @@
+package linux
+
+import (
+	"io/fs"
+	"os"
+	"path/filepath"
+)
+
+// WriteFileAtomic replaces the file at path with data so that a reader,
+// or a crash, sees the old content or the new, never a part: data goes to
+// a temporary file in the same directory (named by pattern as
+// os.CreateTemp names files; "" means ".<base>.*.tmp"), which gets perm,
+// is synced, passes check (when not nil; it is given the temporary
+// file's path), and is renamed over path; the directory is synced last.
+// On error path is as it was and the temporary file is removed.
+func WriteFileAtomic(path, pattern string, data []byte, perm fs.FileMode, check func(tmp string) error) (err error) {
+	dir := filepath.Dir(path)
+	if pattern == "" {
+		pattern = "." + filepath.Base(path) + ".*.tmp"
+	}
+	tmp, err := os.CreateTemp(dir, pattern)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			os.Remove(tmp.Name())
+		}
+	}()
+	_, err = tmp.Write(data)
+	if err == nil {
+		err = tmp.Chmod(perm)
+	}
+	if err == nil {
+		err = tmp.Sync()
+	}
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return err
+	}
+	if check != nil {
+		if err := check(tmp.Name()); err != nil {
+			return err
+		}
+	}
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		return err
+	}
+	return SyncDir(dir)
+}
+
+// SyncDir flushes a directory's entries (a rename, a removal) to disk.
+func SyncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	err = d.Sync()
+	if cerr := d.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}

@@ -1,0 +1,113 @@
+package linux
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+)
+
+// ProcStat is what gpuiso reads of a process's /proc/<pid>/stat: its state
+// (field 3: R, S, D, Z, X, ...) and its start time (field 22, clock ticks
+// since boot), which tells it from a later process given the same pid.
+type ProcStat struct {
+	State byte
+	Start uint64
+}
+
+// Exited reports whether the process has ended: a zombie or dead.
+func (s ProcStat) Exited() bool { return s.State == 'Z' || s.State == 'X' }
+
+// ParseProcStat reads the content of pid's stat file. The command name
+// (field 2) may hold spaces and parentheses: fields are counted from the
+// last ')'.
+func ParseProcStat(pid int, b []byte) (ProcStat, error) {
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return ProcStat{}, fmt.Errorf("/proc/%d/stat: no command name", pid)
+	}
+	f := strings.Fields(s[i+1:])
+	if len(f) < 20 || len(f[0]) != 1 {
+		return ProcStat{}, fmt.Errorf("/proc/%d/stat: %d fields", pid, len(f)+2)
+	}
+	start, err := strconv.ParseUint(f[19], 10, 64)
+	if err != nil {
+		return ProcStat{}, fmt.Errorf("/proc/%d/stat: start time: %w", pid, err)
+	}
+	return ProcStat{State: f[0][0], Start: start}, nil
+}
+
+// ReadProcStat reads pid's stat file under the proc file system procRoot
+// ("" means /proc). A process that does not exist gives an error matching
+// fs.ErrNotExist.
+func ReadProcStat(procRoot string, pid int) (ProcStat, error) {
+	if procRoot == "" {
+		procRoot = "/proc"
+	}
+	if pid <= 0 {
+		return ProcStat{}, fmt.Errorf("pid %d: %w", pid, fs.ErrNotExist)
+	}
+	b, err := os.ReadFile(filepath.Join(procRoot, strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return ProcStat{}, err
+	}
+	return ParseProcStat(pid, b)
+}
+
+// Process names one process for its whole life: its pid and its start
+// time. Written "<pid>.<start>".
+type Process struct {
+	Pid   int
+	Start uint64
+}
+
+// String is "<pid>.<start>".
+func (p Process) String() string { return strconv.Itoa(p.Pid) + "." + strconv.FormatUint(p.Start, 10) }
+
+// ParseProcess reads "<pid>.<start>" as String writes it.
+func ParseProcess(s string) (Process, error) {
+	pid, start, ok := strings.Cut(s, ".")
+	p, err1 := strconv.Atoi(pid)
+	st, err2 := strconv.ParseUint(start, 10, 64)
+	if !ok || err1 != nil || err2 != nil || p <= 0 || st == 0 {
+		return Process{}, fmt.Errorf("process %q: want <pid>.<start>: %w", s, ErrInvalidProcess)
+	}
+	return Process{Pid: p, Start: st}, nil
+}
+
+// Self is the calling process, as procRoot shows it.
+func Self(procRoot string) (Process, error) {
+	st, err := ReadProcStat(procRoot, os.Getpid())
+	if err != nil {
+		return Process{}, err
+	}
+	return Process{Pid: os.Getpid(), Start: st.Start}, nil
+}
+
+// Alive reports whether p still runs: its pid names a process started at
+// p's start time that has not exited.
+func (p Process) Alive(procRoot string) bool {
+	st, err := ReadProcStat(procRoot, p.Pid)
+	return err == nil && st.Start == p.Start && !st.Exited()
+}
+
+// Dead reports whether p provably ended: its pid is gone, is a zombie, or
+// names a process started at another time. When procRoot cannot be read
+// (the caller's own stat is not there), nothing is provably dead.
+func (p Process) Dead(procRoot string) bool {
+	if _, err := ReadProcStat(procRoot, os.Getpid()); err != nil {
+		return false
+	}
+	st, err := ReadProcStat(procRoot, p.Pid)
+	if errors.Is(err, fs.ErrNotExist) {
+		return true
+	}
+	if err != nil {
+		return false
+	}
+	return st.Start != p.Start || st.Exited()
+}
