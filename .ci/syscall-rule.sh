@@ -9,9 +9,6 @@ allowed=(
 	"$module/internal/linux"
 	# Test support: linked into test binaries only, never into the library.
 	"$module/internal/testenv"
-	# Still makes its own system calls; its move onto internal/linux is
-	# under way. Remove this entry once it has none.
-	"$module/containerizer/native"
 )
 
 GO=${GO:-go}

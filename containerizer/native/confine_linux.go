@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
-	"syscall"
 
 	"github.com/gpuiso/gpuiso/internal/linux"
 )
@@ -66,7 +65,7 @@ func confineAndStart(cfg initConfig) (*exec.Cmd, int, error) {
 	if cf.User != nil {
 		// Leaving uid 0 clears the permitted and effective sets: the
 		// command has no capabilities, as in Docker.
-		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: cf.User.UID, Gid: cf.User.GID, Groups: []uint32{}}}
+		cmd.SysProcAttr = linux.UserAttr(cf.User.UID, cf.User.GID)
 	}
 	if err := linux.SetNoNewPrivs(); err != nil {
 		return nil, exitInitFailed, err
@@ -292,7 +291,7 @@ func hostRootReadOnly(root string) error {
 			continue // hidden under the container's own
 		}
 		err := linux.RemountReadOnly(p)
-		if err != nil && p != root && (errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.EINVAL)) {
+		if err != nil && p != root && (errors.Is(err, fs.ErrNotExist) || linux.Invalid(err)) {
 			// Gone since the listing: the host removed its mount point
 			// (a Docker container's overlay, say), which detaches the copy
 			// here too. Nothing of it is left to protect.

@@ -7,7 +7,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
 
 	"github.com/gpuiso/gpuiso/internal/linux"
 	"github.com/gpuiso/gpuiso/isolator"
@@ -107,7 +106,7 @@ func removeNode(dir string, n isolator.DeviceNode) error {
 	if err != nil {
 		return err
 	}
-	if err := linux.DetachUnmount(p); err != nil && !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, syscall.EINVAL) {
+	if err := linux.DetachUnmount(p); err != nil && !errors.Is(err, fs.ErrNotExist) && !linux.Invalid(err) {
 		return err
 	}
 	err = os.Remove(p)
@@ -130,7 +129,7 @@ func nodePath(dir string, n isolator.DeviceNode) (string, error) {
 // removeDev unmounts a container's /dev and removes its directory.
 func removeDev(dir string) error {
 	// EINVAL: not mounted (any more); ENOENT: never made.
-	if err := linux.DetachUnmount(dir); err != nil && !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, syscall.EINVAL) {
+	if err := linux.DetachUnmount(dir); err != nil && !errors.Is(err, fs.ErrNotExist) && !linux.Invalid(err) {
 		return err
 	}
 	return os.RemoveAll(dir)

@@ -2,15 +2,12 @@ package native
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"slices"
 	"strings"
-	"syscall"
 
 	"github.com/opencontainers/runtime-spec/specs-go"
 
@@ -100,7 +97,7 @@ func isReadOnly(options []string) bool { return slices.Contains(options, "ro") }
 // (128+N when killed by signal N), and whether the command ran.
 func runCommand(cfg initConfig) (int, bool) {
 	sigs := make(chan os.Signal, 8)
-	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGUSR1, syscall.SIGUSR2)
+	signal.Notify(sigs, linux.ForwardedSignals()...)
 	defer signal.Stop(sigs)
 	cmd, code, err := startContainer(cfg)
 	if err != nil {
@@ -112,18 +109,11 @@ func runCommand(cfg initConfig) (int, bool) {
 			cmd.Process.Signal(s)
 		}
 	}()
-	err = cmd.Wait()
-	var ee *exec.ExitError
-	if errors.As(err, &ee) {
-		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-			return 128 + int(ws.Signal()), true
-		}
-		return ee.ExitCode(), true
-	}
-	if err != nil {
+	code, ok := linux.ExitCode(cmd.Wait())
+	if !ok {
 		return exitInitFailed, true
 	}
-	return 0, true
+	return code, true
 }
 
 // lookPath finds name on the PATH of the container's environment.

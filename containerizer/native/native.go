@@ -14,7 +14,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -328,10 +327,10 @@ func (c *Containerizer) start(ctx context.Context, spec containerizer.Spec, ct *
 	if !cf.HostNetwork {
 		flags |= linux.CloneNewNet
 	}
-	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: flags, Setsid: true}
 	if c.bare {
-		cmd.SysProcAttr.Cloneflags = 0
+		flags = 0
 	}
+	cmd.SysProcAttr = linux.InitAttr(flags)
 	inCgroup := false
 	if c.cfg.Isolator.Version() == cgroups.V2 {
 		// Born inside its cgroup (clone3 CLONE_INTO_CGROUP).
@@ -397,15 +396,7 @@ func writeConfig(w io.WriteCloser, cfg initConfig) error {
 
 // reap waits for an init this process started and records how it ended.
 func (c *Containerizer) reap(id string, ct *container) {
-	err := ct.child.Wait()
-	code := 0
-	var ee *exec.ExitError
-	if errors.As(err, &ee) {
-		code = ee.ExitCode()
-		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-			code = 128 + int(ws.Signal())
-		}
-	}
+	code, _ := linux.ExitCode(ct.child.Wait())
 	c.exit(ct, code)
 }
 
@@ -418,7 +409,7 @@ func (c *Containerizer) watch(id string, ct *container) {
 	for alive(c.cfg.ProcRoot, pid, start) {
 		time.Sleep(50 * time.Millisecond)
 	}
-	code := 128 + int(syscall.SIGKILL) // killed before it could record anything
+	code := 128 + linux.SignalKill // killed before it could record anything
 	var ex exitRecord
 	if err := readJSON(c.exitPath(id), &ex); err == nil {
 		code = ex.Code
@@ -487,7 +478,7 @@ func (c *Containerizer) Destroy(ctx context.Context, id string) error {
 	if ct.child != nil {
 		<-ct.exited // reaped: the cgroup's processes are gone
 	} else {
-		c.exit(ct, 128+int(syscall.SIGKILL))
+		c.exit(ct, 128+linux.SignalKill)
 	}
 	c.mu.Lock()
 	delete(c.containers, id)

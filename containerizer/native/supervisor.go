@@ -6,13 +6,13 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"github.com/gpuiso/gpuiso/internal/linux"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 
 	"github.com/gpuiso/gpuiso/allocator"
 	"github.com/gpuiso/gpuiso/containerizer"
@@ -72,7 +72,7 @@ func (c *Containerizer) claim(id string) error {
 	}
 	if err := os.Rename(tmp, c.dir(id)); err != nil {
 		os.RemoveAll(tmp)
-		if errors.Is(err, fs.ErrExist) || errors.Is(err, syscall.ENOTEMPTY) {
+		if errors.Is(err, fs.ErrExist) || linux.NotEmpty(err) {
 			return fmt.Errorf("%w: state of an earlier container %s is left (run Recover or Clean)", containerizer.ErrContainerExists, id)
 		}
 		return err

@@ -7,6 +7,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"syscall"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -204,4 +205,10 @@ func LoadSeccomp(prog []SeccompInstruction) error {
 		return fmt.Errorf("seccomp: load filter: %w", errno)
 	}
 	return nil
+}
+
+// InitAttr is how a container's init is started: in a session of its own,
+// born in the namespaces of cloneflags.
+func InitAttr(cloneflags uintptr) *syscall.SysProcAttr {
+	return &syscall.SysProcAttr{Cloneflags: cloneflags, Setsid: true}
 }

@@ -2,6 +2,8 @@
 
 package linux
 
+import "syscall"
+
 // Clone flags have no meaning here.
 const (
 	CloneNewPID    = 0
@@ -40,3 +42,7 @@ func MaskPath(string, string) error { return ErrNotSupported }
 
 // LoadSeccomp is not supported on this operating system.
 func LoadSeccomp([]SeccompInstruction) error { return ErrNotSupported }
+
+// InitAttr starts the init in a session of its own: namespaces have no
+// meaning here.
+func InitAttr(uintptr) *syscall.SysProcAttr { return &syscall.SysProcAttr{Setsid: true} }
