@@ -86,13 +86,16 @@ func (x *extractor) extract(ctx context.Context, r io.Reader, whiteouts bool) er
 		}
 		name, ok := entryName(hdr.Name)
 		if !ok {
-			return fmt.Errorf("%q: climbs out of the root: %w", hdr.Name, ErrUnsafe)
+			return fmt.Errorf("%.200q: climbs out of the root or is too long: %w", hdr.Name, ErrUnsafe)
 		}
 		if name == "" {
 			continue
 		}
+		if hdr.Typeflag == tar.TypeSymlink && len(hdr.Linkname) > maxName {
+			return fmt.Errorf("%.200q: link longer than %d bytes: %w", name, maxName, ErrUnsafe)
+		}
 		if err := x.entry(ctx, tr, hdr, name, whiteouts, st); err != nil {
-			return fmt.Errorf("%q: %w", name, err)
+			return fmt.Errorf("%.200q: %w", name, err)
 		}
 	}
 	for _, d := range st.opaque {
@@ -180,14 +183,14 @@ func (x *extractor) write(ctx context.Context, tr *tar.Reader, hdr *tar.Header, 
 		// regular file, named inside the root.
 		n, ok := entryName(hdr.Linkname)
 		if !ok || n == "" {
-			return false, fmt.Errorf("hard link to %q: %w", hdr.Linkname, ErrUnsafe)
+			return false, fmt.Errorf("hard link to %.200q: %w", hdr.Linkname, ErrUnsafe)
 		}
 		p, err := resolveParent(x.root, n)
 		if err != nil {
 			return false, err
 		}
 		if fi, err := x.root.Lstat(p); err != nil || !fi.Mode().IsRegular() {
-			return false, fmt.Errorf("hard link to %q: not a regular file of the image: %w", hdr.Linkname, ErrUnsafe)
+			return false, fmt.Errorf("hard link to %.200q: not a regular file of the image: %w", hdr.Linkname, ErrUnsafe)
 		}
 		if p == target {
 			return true, nil

@@ -242,6 +242,27 @@ func TestUnpackHostile(t *testing.T) {
 			},
 		},
 		{
+			name: "name too long",
+			src: func(t *testing.T, o string) string {
+				return saveTar(t, tarOf(t, reg(strings.Repeat("a/", 3000)+"x", "x")))
+			},
+			want: ErrUnsafe,
+		},
+		{
+			name: "symlink loop",
+			src: func(t *testing.T, o string) string {
+				return saveTar(t, tarOf(t, symlink("a", "b"), symlink("b", "a"), reg("a/x", "x")))
+			},
+			want: ErrUnsafe,
+		},
+		{
+			name: "symlink blow-up",
+			src: func(t *testing.T, o string) string {
+				return saveTar(t, tarOf(t, symlink("s", strings.Repeat("s/", 2000)), reg("s/x", "x")))
+			},
+			want: ErrUnsafe,
+		},
+		{
 			name: "byte bomb",
 			src: func(t *testing.T, o string) string {
 				return saveTar(t, tarOf(t, reg("a", "1234"), reg("b", strings.Repeat("x", 2<<20))))
