@@ -38,7 +38,7 @@ func hardlink(name, target string) ent {
 
 // tarOf writes the entries as a tar; one whose body is shorter than its
 // header says ends the archive there, truncated.
-func tarOf(t *testing.T, es ...ent) []byte {
+func tarOf(t testing.TB, es ...ent) []byte {
 	t.Helper()
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
@@ -60,7 +60,7 @@ func tarOf(t *testing.T, es ...ent) []byte {
 	return buf.Bytes()
 }
 
-func gz(t *testing.T, b []byte) []byte {
+func gz(t testing.TB, b []byte) []byte {
 	t.Helper()
 	var z bytes.Buffer
 	w, _ := gzip.NewWriterLevel(&z, gzip.BestCompression)
@@ -72,7 +72,7 @@ func gz(t *testing.T, b []byte) []byte {
 }
 
 // saveTar writes a `docker save` tar of the layers, lowest first.
-func saveTar(t *testing.T, layers ...[]byte) string {
+func saveTar(t testing.TB, layers ...[]byte) string {
 	t.Helper()
 	cfg, _ := json.Marshal(config)
 	files := map[string][]byte{"cfg.json": cfg}
@@ -89,7 +89,7 @@ func saveTar(t *testing.T, layers ...[]byte) string {
 }
 
 // listTree lists the paths under dir.
-func listTree(t *testing.T, dir string) []string {
+func listTree(t testing.TB, dir string) []string {
 	t.Helper()
 	var got []string
 	filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {

@@ -75,7 +75,7 @@ func layers(t *testing.T, gz bool) [][]byte {
 
 var config = ocispec.Image{Config: ocispec.ImageConfig{Labels: map[string]string{"com.nvidia.volumes.needed": "nvidia_driver"}, Env: []string{"PATH=/bin"}, Cmd: []string{"/bin/probe"}}}
 
-func writeTar(t *testing.T, p string, files map[string][]byte) {
+func writeTar(t testing.TB, p string, files map[string][]byte) {
 	t.Helper()
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)

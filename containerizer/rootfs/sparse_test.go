@@ -15,7 +15,7 @@ import (
 
 // paxSparse writes, as archive/tar cannot, a PAX 1.0 sparse entry: name,
 // size bytes long, all holes but data at offset.
-func paxSparse(t *testing.T, name string, size, offset int64, data string) []byte {
+func paxSparse(t testing.TB, name string, size, offset int64, data string) []byte {
 	t.Helper()
 	var recs string
 	for _, kv := range [][2]string{
