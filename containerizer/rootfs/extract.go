@@ -4,7 +4,6 @@ import (
 	"archive/tar"
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"io/fs"
@@ -275,10 +274,10 @@ func fill(r io.Reader, buf []byte) (int, error) {
 // hideLower removes from dir what this layer did not write: the lower
 // layers' content of an opaque directory.
 func (x *extractor) hideLower(dir string, st *layerState) error {
-	f, err := x.root.Open(dir)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil
+	if fi, err := x.root.Lstat(dir); err != nil || !fi.IsDir() {
+		return nil // gone, or replaced by a file or a symlink since
 	}
+	f, err := x.root.Open(dir)
 	if err != nil {
 		return err
 	}

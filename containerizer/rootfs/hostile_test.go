@@ -231,6 +231,18 @@ func TestUnpackHostile(t *testing.T) {
 			},
 		},
 		{
+			name: "opaque directory replaced by a symlink to the root",
+			src: func(t *testing.T, o string) string {
+				return saveTar(t, tarOf(t, reg("keepme", "x"), dir("d/"), reg("d/old", "x")),
+					tarOf(t, reg("d/.wh..wh..opq", ""), symlink("d", "/")))
+			},
+			check: func(t *testing.T, dst, o string) {
+				if _, err := os.Stat(filepath.Join(dst, "keepme")); err != nil {
+					t.Errorf("the opaque whiteout of d hid the root through a symlink: %v", err)
+				}
+			},
+		},
+		{
 			name: "device node is skipped",
 			src: func(t *testing.T, o string) string {
 				return saveTar(t, tarOf(t, ent{h: tar.Header{Name: "dev/mem", Typeflag: tar.TypeChar, Devmajor: 1, Devminor: 1, Mode: 0o666}}))
