@@ -416,3 +416,31 @@ func TestUnpackCleansExistingDest(t *testing.T) {
 		t.Errorf("dst holds %q, want only mine", got)
 	}
 }
+
+// An unpack that is cancelled, or given a bad option, leaves nothing.
+func TestUnpackLeavesNothing(t *testing.T) {
+	cancelled, cancel := context.WithCancel(context.Background())
+	cancel()
+	src := saveTar(t, tarOf(t, reg("a/b", "x")))
+	for _, tc := range []struct {
+		name string
+		ctx  context.Context
+		opts []Option
+		want error
+	}{
+		{name: "cancelled", ctx: cancelled, want: context.Canceled},
+		{name: "negative limit", ctx: context.Background(), opts: []Option{WithLimits(Limits{Bytes: -1})}, want: ErrInvalidOption},
+		{name: "empty scratch directory", ctx: context.Background(), opts: []Option{WithScratchDir("")}, want: ErrInvalidOption},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			base, scratch := t.TempDir(), t.TempDir()
+			_, err := Unpack(tc.ctx, src, filepath.Join(base, "rootfs"), append([]Option{WithScratchDir(scratch)}, tc.opts...)...)
+			if !errors.Is(err, tc.want) {
+				t.Fatalf("Unpack = %v, want %v", err, tc.want)
+			}
+			if got := append(listTree(t, base), listTree(t, scratch)...); len(got) > 0 {
+				t.Errorf("left behind: %q", got)
+			}
+		})
+	}
+}
