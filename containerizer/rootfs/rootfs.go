@@ -62,7 +62,7 @@ func unpack(ctx context.Context, c options, src, dst string) (_ Image, err error
 	defer func() {
 		if err != nil {
 			if cerr := cleanDest(dst, made); cerr != nil {
-				err = errors.Join(err, fmt.Errorf("remove what was unpacked: %w", cerr))
+				err = fmt.Errorf("%w (and removing what was unpacked: %v)", err, cerr)
 			}
 		}
 	}()
@@ -137,7 +137,7 @@ func makeDest(dst string) (string, error) {
 	top := filepath.Clean(dst)
 	for {
 		parent := filepath.Dir(top)
-		if _, err := os.Lstat(parent); err == nil || parent == top {
+		if _, err := os.Lstat(parent); !errors.Is(err, fs.ErrNotExist) || parent == top {
 			break
 		}
 		top = parent
@@ -158,11 +158,12 @@ func cleanDest(dst, made string) error {
 	if err != nil {
 		return err
 	}
-	var errs []error
 	for _, e := range entries {
-		errs = append(errs, removeTree(filepath.Join(dst, e.Name())))
+		if rerr := removeTree(filepath.Join(dst, e.Name())); err == nil {
+			err = rerr
+		}
 	}
-	return errors.Join(errs...)
+	return err
 }
 
 // removeTree removes the tree at p, first giving its owner write and
