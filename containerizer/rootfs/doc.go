@@ -50,8 +50,10 @@
 // with [ErrUnsafe]. An entry that replaces a symlink replaces the link,
 // not what it points to. Device nodes and fifos in layers are skipped (a
 // native container has its own /dev); ownership is kept when the caller
-// is root, and so are the set-id bits; directories get their modes once
-// every layer is in.
+// is root; modes are kept, set-id bits included, directories getting
+// theirs once every layer is in (so that an unpack as another user can
+// still fill a read-only directory). Unpack stops between entries, and
+// between blocks of a file, when its context is done.
 //
 // # Nothing left behind
 //
