@@ -291,6 +291,15 @@ func TestUnpackHostile(t *testing.T) {
 			want: ErrLimit,
 		},
 		{
+			name: "image tar declares 100 GiB",
+			src: func(t *testing.T, o string) string {
+				p := filepath.Join(t.TempDir(), "save.tar")
+				os.WriteFile(p, tarOf(t, ent{h: tar.Header{Name: "blob", Typeflag: tar.TypeReg, Mode: 0o644, Size: 100 << 30}}), 0o644)
+				return p
+			},
+			want: ErrLimit,
+		},
+		{
 			name: "gzip ratio bomb",
 			src: func(t *testing.T, o string) string {
 				return saveTar(t, gz(t, tarOf(t, ent{h: tar.Header{Name: "zeros", Typeflag: tar.TypeReg, Mode: 0o644, Size: int64(len(zeros))}, body: zeros})))
