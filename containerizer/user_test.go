@@ -19,6 +19,10 @@ func TestParseUser(t *testing.T) {
 		{name: "empty gid", in: "1000:", err: true},
 		{name: "negative", in: "-1", err: true},
 		{name: "too big", in: "4294967296", err: true},
+		{name: "largest id", in: "4294967294:4294967294", want: User{4294967294, 4294967294}},
+		{name: "uid is -1", in: "4294967295", err: true},
+		{name: "gid is -1", in: "1000:4294967295", err: true},
+		{name: "uid is -1 with a gid", in: "4294967295:0", err: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := ParseUser(tc.in)

@@ -1,7 +1,6 @@
 package rootfs
 
 import (
-	"archive/tar"
 	"bufio"
 	"compress/gzip"
 	"context"
@@ -12,6 +11,7 @@ import (
 	"io/fs"
 	"os"
 	"path"
+	"path/filepath"
 	"runtime"
 	"strings"
 
@@ -32,44 +32,60 @@ type Image struct {
 // Unpack extracts the image at src into dst, which must be empty or not
 // exist yet, and returns its configuration. src is an OCI image layout
 // directory, a tar of one, or a `docker save` tar; of several images, the
-// first is taken (in an OCI index, the first for this platform). On error,
-// what was already written to dst is left for the caller to remove.
-func Unpack(ctx context.Context, src, dst string) (Image, error) {
-	img, err := unpack(ctx, src, dst)
+// first is taken (in an OCI index, the first for this platform).
+//
+// Unpack keeps within [Limits] (the defaults, or those of [WithLimits]).
+// On any error it removes what it wrote: the directories it made for dst,
+// or, when dst already existed, everything in it; its scratch directory
+// goes too.
+func Unpack(ctx context.Context, src, dst string, opts ...Option) (Image, error) {
+	c, err := newOptions(opts)
+	if err != nil {
+		return Image{}, fmt.Errorf("unpack %s: %w", src, err)
+	}
+	img, err := unpack(ctx, c, src, dst)
 	if err != nil {
 		return Image{}, fmt.Errorf("unpack %s: %w", src, err)
 	}
 	return img, nil
 }
 
-func unpack(ctx context.Context, src, dst string) (Image, error) {
+func unpack(ctx context.Context, c options, src, dst string) (_ Image, err error) {
 	fi, err := os.Stat(src)
 	if err != nil {
 		return Image{}, err
 	}
-	if err := os.MkdirAll(dst, 0o755); err != nil {
+	made, err := makeDest(dst)
+	if err != nil {
 		return Image{}, err
 	}
-	if entries, err := os.ReadDir(dst); err != nil {
-		return Image{}, err
-	} else if len(entries) > 0 {
-		return Image{}, fmt.Errorf("%s: %w", dst, ErrNotEmpty)
-	}
+	defer func() {
+		if err != nil {
+			if cerr := cleanDest(dst, made); cerr != nil {
+				err = fmt.Errorf("%w (and removing what was unpacked: %v)", err, cerr)
+			}
+		}
+	}()
 	dir := src
 	if !fi.IsDir() {
 		// A tar of the image: its files are read in no useful order, so
 		// they are laid out in a scratch directory first.
-		tmp, err := os.MkdirTemp("", "gpuiso-image-")
+		tmp, err := os.MkdirTemp(c.scratch, "gpuiso-unpack-")
 		if err != nil {
 			return Image{}, err
 		}
-		defer os.RemoveAll(tmp)
+		defer removeTree(tmp)
 		f, err := os.Open(src)
 		if err != nil {
 			return Image{}, err
 		}
 		defer f.Close()
-		if err := extract(ctx, f, tmp, false); err != nil {
+		x, err := newExtractor(tmp, c.limits, false)
+		if err != nil {
+			return Image{}, err
+		}
+		defer x.close()
+		if err := x.extract(ctx, f, false); err != nil {
 			return Image{}, err
 		}
 		dir = tmp
@@ -83,13 +99,86 @@ func unpack(ctx context.Context, src, dst string) (Image, error) {
 		return Image{}, err
 	}
 	defer srcRoot.Close()
+	x, err := newExtractor(dst, c.limits, true)
+	if err != nil {
+		return Image{}, err
+	}
+	defer x.close()
 	for _, l := range layers {
-		if err := applyLayer(ctx, srcRoot, l, dst); err != nil {
+		if err := x.applyLayer(ctx, srcRoot, l); err != nil {
 			return Image{}, &LayerError{Layer: l, Err: err}
 		}
 	}
-	c := cfg.Config
-	return Image{Labels: c.Labels, Env: c.Env, Entrypoint: c.Entrypoint, Cmd: c.Cmd, WorkingDir: c.WorkingDir, User: c.User}, nil
+	if err := x.setModes(); err != nil {
+		return Image{}, err
+	}
+	c2 := cfg.Config
+	return Image{Labels: c2.Labels, Env: c2.Env, Entrypoint: c2.Entrypoint, Cmd: c2.Cmd, WorkingDir: c2.WorkingDir, User: c2.User}, nil
+}
+
+// makeDest makes dst if it is missing, and returns the topmost directory
+// it made ("" if dst was there), or refuses a dst that holds files.
+func makeDest(dst string) (string, error) {
+	if fi, err := os.Stat(dst); err == nil {
+		if !fi.IsDir() {
+			return "", fmt.Errorf("%s: not a directory: %w", dst, ErrNotEmpty)
+		}
+		entries, err := os.ReadDir(dst)
+		if err != nil {
+			return "", err
+		}
+		if len(entries) > 0 {
+			return "", fmt.Errorf("%s: %w", dst, ErrNotEmpty)
+		}
+		return "", nil
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return "", err
+	}
+	top := filepath.Clean(dst)
+	for {
+		parent := filepath.Dir(top)
+		if _, err := os.Lstat(parent); !errors.Is(err, fs.ErrNotExist) || parent == top {
+			break
+		}
+		top = parent
+	}
+	if err := os.MkdirAll(dst, 0o755); err != nil {
+		return "", err
+	}
+	return top, nil
+}
+
+// cleanDest removes what Unpack wrote: made, the directories it made for
+// dst, or else dst's content.
+func cleanDest(dst, made string) error {
+	if made != "" {
+		return removeTree(made)
+	}
+	entries, err := os.ReadDir(dst)
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		if rerr := removeTree(filepath.Join(dst, e.Name())); err == nil {
+			err = rerr
+		}
+	}
+	return err
+}
+
+// removeTree removes the tree at p, first giving its owner write and
+// search permission on each directory when that is what stops it.
+func removeTree(p string) error {
+	if err := os.RemoveAll(p); err == nil {
+		return nil
+	}
+	filepath.WalkDir(p, func(q string, d fs.DirEntry, err error) error {
+		if err == nil && d.IsDir() {
+			os.Chmod(q, 0o700)
+		}
+		return nil
+	})
+	return os.RemoveAll(p)
 }
 
 // readImage finds the configuration and the layers (paths relative to dir,
@@ -102,13 +191,16 @@ func readImage(dir string) (ocispec.Image, []string, error) {
 	}
 	defer root.Close()
 	// docker save: manifest.json lists each image's config and layers.
-	if b, err := root.ReadFile("manifest.json"); err == nil {
+	if _, err := root.Lstat("manifest.json"); err == nil {
 		var m []struct {
 			Config string
 			Layers []string
 		}
-		if err := json.Unmarshal(b, &m); err != nil || len(m) == 0 {
-			return cfg, nil, fmt.Errorf("manifest.json: %w", ErrFormat)
+		if err := readJSON(root, "manifest.json", &m); err != nil {
+			return cfg, nil, err
+		}
+		if len(m) == 0 {
+			return cfg, nil, fmt.Errorf("manifest.json: no image: %w", ErrFormat)
 		}
 		if err := readJSON(root, m[0].Config, &cfg); err != nil {
 			return cfg, nil, err
@@ -182,10 +274,21 @@ func blobPath(d digest.Digest) (string, error) {
 	return path.Join("blobs", d.Algorithm().String(), d.Encoded()), nil
 }
 
+// maxJSON bounds an image's index, manifest and configuration files.
+const maxJSON = 16 << 20
+
 func readJSON(root *os.Root, name string, v any) error {
-	b, err := root.ReadFile(name)
+	f, err := root.Open(name)
 	if err != nil {
 		return err
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, maxJSON+1))
+	if err != nil {
+		return err
+	}
+	if len(b) > maxJSON {
+		return fmt.Errorf("%s: larger than %d bytes: %w", name, maxJSON, ErrFormat)
 	}
 	if err := json.Unmarshal(b, v); err != nil {
 		return fmt.Errorf("%s: %w: %w", name, ErrFormat, err)
@@ -194,166 +297,71 @@ func readJSON(root *os.Root, name string, v any) error {
 }
 
 // applyLayer extracts the layer (a tar, gzip-compressed or not) at p in src
-// over dst, with whiteouts.
-func applyLayer(ctx context.Context, src *os.Root, p, dst string) error {
+// over the root, with whiteouts.
+func (x *extractor) applyLayer(ctx context.Context, src *os.Root, p string) error {
 	f, err := src.Open(path.Clean(p))
 	if err != nil {
 		return err
 	}
 	defer f.Close()
-	br := bufio.NewReader(f)
+	in := &countReader{r: f}
+	br := bufio.NewReader(in)
 	var r io.Reader = br
 	if magic, err := br.Peek(2); err == nil && magic[0] == 0x1f && magic[1] == 0x8b {
 		gz, err := gzip.NewReader(br)
 		if err != nil {
-			return err
+			return readError(err)
 		}
 		defer gz.Close()
-		r = gz
+		r = &ratioReader{r: gz, in: in, max: x.limits.Ratio}
 	}
-	return extract(ctx, r, dst, true)
-}
-
-// extract writes the tar r under dst through an os.Root. With whiteouts,
-// ".wh." entries remove what lower layers wrote.
-func extract(ctx context.Context, r io.Reader, dst string, whiteouts bool) error {
-	root, err := os.OpenRoot(dst)
-	if err != nil {
+	if err := x.extract(ctx, r, true); err != nil {
 		return err
 	}
-	defer root.Close()
-	owner := os.Geteuid() == 0
-	created := map[string]bool{}
-	var opaque []string
-	tr := tar.NewReader(r)
-	for {
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		hdr, err := tr.Next()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			return err
-		}
-		name := strings.TrimPrefix(path.Clean("/"+hdr.Name), "/")
-		if name == "" {
-			continue
-		}
-		dir, base := path.Split(name)
-		if whiteouts && base == ".wh..wh..opq" {
-			opaque = append(opaque, path.Clean("/" + dir)[1:])
-			continue
-		}
-		if whiteouts && strings.HasPrefix(base, ".wh.") {
-			if err := root.RemoveAll(path.Join(dir, base[len(".wh."):])); err != nil {
-				return err
-			}
-			continue
-		}
-		if dir != "" {
-			if err := root.MkdirAll(path.Clean(dir), 0o755); err != nil {
-				return fmt.Errorf("%s: %w", name, err)
-			}
-		}
-		if err := writeEntry(root, tr, hdr, name); err != nil {
-			return fmt.Errorf("%s: %w", name, err)
-		}
-		created[name] = true
-		if owner && hdr.Typeflag != tar.TypeChar && hdr.Typeflag != tar.TypeBlock && hdr.Typeflag != tar.TypeFifo {
-			if err := root.Lchown(name, hdr.Uid, hdr.Gid); err != nil {
-				return fmt.Errorf("%s: %w", name, err)
-			}
-		}
-		if hdr.Typeflag == tar.TypeDir || hdr.Typeflag == tar.TypeReg {
-			if err := root.Chmod(name, hdr.FileInfo().Mode()&(fs.ModePerm|fs.ModeSetuid|fs.ModeSetgid|fs.ModeSticky)); err != nil {
-				return fmt.Errorf("%s: %w", name, err)
-			}
-		}
-	}
-	for _, d := range opaque {
-		if err := hideLower(root, d, created); err != nil {
-			return err
-		}
+	// The rest of the stream: a gzip layer's checksum is checked only when
+	// its end is read.
+	if _, err := io.Copy(io.Discard, r); err != nil {
+		return readError(err)
 	}
 	return nil
 }
 
-// writeEntry writes one tar entry at name, replacing what was there.
-func writeEntry(root *os.Root, tr *tar.Reader, hdr *tar.Header, name string) error {
-	if hdr.Typeflag == tar.TypeDir {
-		if fi, err := root.Lstat(name); err == nil && fi.IsDir() {
-			return nil
-		}
-	}
-	if err := root.RemoveAll(name); err != nil {
-		return err
-	}
-	switch hdr.Typeflag {
-	case tar.TypeDir:
-		return root.Mkdir(name, 0o755)
-	case tar.TypeReg:
-		f, err := root.OpenFile(name, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
-		if err != nil {
-			return err
-		}
-		_, err = io.Copy(f, tr)
-		if cerr := f.Close(); err == nil {
-			err = cerr
-		}
-		return err
-	case tar.TypeSymlink:
-		return root.Symlink(hdr.Linkname, name)
-	case tar.TypeLink:
-		return root.Link(strings.TrimPrefix(path.Clean("/"+hdr.Linkname), "/"), name)
-	}
-	return nil // device nodes and fifos: a native container has its own /dev
+// countReader counts the bytes read through it.
+type countReader struct {
+	r io.Reader
+	n int64
 }
 
-// hideLower removes from dir what this layer did not write: the lower
-// layers' content of an opaque directory.
-func hideLower(root *os.Root, dir string, created map[string]bool) error {
-	d := dir
-	if d == "" {
-		d = "."
-	}
-	f, err := root.Open(d)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	names, err := f.Readdirnames(-1)
-	f.Close()
-	if err != nil {
-		return err
-	}
-	for _, n := range names {
-		p := path.Join(dir, n)
-		keep := created[p]
-		for c := range created {
-			if strings.HasPrefix(c, p+"/") {
-				keep = true
-				break
-			}
-		}
-		switch {
-		case !keep:
-			if err := root.RemoveAll(p); err != nil {
-				return err
-			}
-		case !created[p] || isDir(root, p):
-			if err := hideLower(root, p, created); err != nil {
-				return err
-			}
-		}
-	}
-	return nil
+func (c *countReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n += int64(n)
+	return n, err
 }
 
-func isDir(root *os.Root, p string) bool {
-	fi, err := root.Lstat(p)
-	return err == nil && fi.IsDir()
+// ratioReader reads a decompressed stream and fails with a LimitError when
+// it has expanded past max times the compressed bytes read (in), beyond
+// RatioFloor.
+type ratioReader struct {
+	r   io.Reader
+	in  *countReader
+	out int64
+	max int64
+}
+
+func (q *ratioReader) Read(p []byte) (int, error) {
+	n, err := q.r.Read(p)
+	q.out += int64(n)
+	if q.out > RatioFloor && q.out/q.max > q.in.n {
+		return n, &LimitError{Limit: "ratio", Max: q.max}
+	}
+	return n, err
+}
+
+// readError marks an error reading an archive (a bad header, a truncated
+// stream, a bad checksum) as ErrFormat; a limit stays a limit.
+func readError(err error) error {
+	if errors.Is(err, ErrLimit) {
+		return err
+	}
+	return fmt.Errorf("%w: %w", ErrFormat, err)
 }
