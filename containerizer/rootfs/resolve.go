@@ -1,13 +1,12 @@
 package rootfs
 
 import (
-	"errors"
 	"fmt"
+	"github.com/gpuiso/gpuiso/internal/linux"
 	"os"
 	"path"
 	"path/filepath"
 	"strings"
-	"syscall"
 
 	securejoin "github.com/cyphar/filepath-securejoin"
 )
@@ -52,7 +51,7 @@ func relName(name string) string {
 func resolve(r *os.Root, name string) (string, error) {
 	steps := 0
 	p, err := securejoin.SecureJoinVFS("/", name, rootVFS{r: r, steps: &steps})
-	if errors.Is(err, syscall.ELOOP) {
+	if linux.Loop(err) {
 		return "", fmt.Errorf("too many symlinks: %w", ErrUnsafe)
 	}
 	if err != nil {

@@ -59,3 +59,6 @@ func ExitCode(err error) (int, bool) {
 func UserAttr(uid, gid uint32) *syscall.SysProcAttr {
 	return &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uid, Gid: gid, Groups: []uint32{}}}
 }
+
+// Loop reports whether err is ELOOP: too many symbolic links.
+func Loop(err error) bool { return errors.Is(err, syscall.ELOOP) }
