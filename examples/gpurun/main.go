@@ -7,7 +7,7 @@
 //
 //	gpurun [--simulate NAME] [--gpus N | --devices LIST | --mig PROFILE] [--policy P]
 //	       [--state-dir DIR] [--cgroup v1|v2] [--rootfs DIR [--label K=V]... | --image ARCHIVE]
-//	       [--user UID[:GID]] [--network none|host]
+//	       [--user UID[:GID]] [--network none|host] [--max-image-bytes N] [--max-image-entries N]
 //	       [--cap-add CAP]... [--quiet] -- CMD [ARGS...]
 //
 // --mig takes one MIG device of that profile (e.g. 1g.10gb) instead of whole
@@ -15,8 +15,10 @@
 // KEY=VALUE says what its image declares, such as
 // com.nvidia.volumes.needed=nvidia_driver for the driver volume); --image
 // unpacks an OCI layout or a docker save archive and runs in it, with its
-// labels, environment and entrypoint; --user runs it as that user (with no
-// capabilities); --cap-add adds a capability to Docker's default set
+// labels, environment, entrypoint, USER and WORKDIR, unpacked within limits
+// (--max-image-bytes, --max-image-entries; an archive past them is refused
+// in one line and leaves nothing); --user runs the command as that user
+// (with no capabilities) instead; --cap-add adds a capability to Docker's default set
 // (repeatable).
 //
 // A container has its own network namespace (loopback only), IPC and UTS
@@ -85,7 +87,9 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		labels[k] = v
 		return nil
 	})
-	user := fs.String("user", "", "run the command as UID[:GID]")
+	user := fs.String("user", "", "run the command as UID[:GID] (for --image, instead of the image's USER)")
+	maxBytes := fs.Int64("max-image-bytes", 0, "refuse an --image whose files hold more than N bytes (default 32 GiB)")
+	maxEntries := fs.Int64("max-image-entries", 0, "refuse an --image of more than N files (default 1048576)")
 	network := fs.String("network", "none", "the container's network: none (its own, loopback only) or host (the host's: every listener and abstract socket of the host reachable)")
 	var capAdd []string
 	fs.Func("cap-add", "add a capability to the default set (repeatable)", func(s string) error {
@@ -123,6 +127,9 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 			return fail("--user: %v", err)
 		}
 		usr = &u
+	}
+	if *maxBytes < 0 || *maxEntries < 0 {
+		return fail("--max-image-bytes and --max-image-entries take a positive number")
 	}
 	netMode, err := containerizer.ParseNetwork(*network)
 	if err != nil {
@@ -207,11 +214,26 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 			return fail("%v", err)
 		}
 		defer os.RemoveAll(dir)
-		img, err := rootfs.Unpack(ctx, *image, filepath.Join(dir, "rootfs"))
+		root := filepath.Join(dir, "rootfs")
+		img, err := rootfs.Unpack(ctx, *image, root, rootfs.WithLimits(rootfs.Limits{Bytes: *maxBytes, Entries: *maxEntries}))
 		if err != nil {
 			return fail("%v", err)
 		}
-		spec.RootFS, spec.Labels, spec.Env, spec.Dir = filepath.Join(dir, "rootfs"), img.Labels, img.Env, img.WorkingDir
+		spec.RootFS, spec.Labels, spec.Env, spec.Dir = root, img.Labels, img.Env, img.WorkingDir
+		// The image's USER, as Docker runs it, unless --user says otherwise;
+		// its working directory, made if the image lacks it.
+		if usr == nil && img.User != "" {
+			u, err := rootfs.ResolveUser(root, img.User)
+			if err != nil {
+				return fail("image %s: USER %s: %v", *image, img.User, err)
+			}
+			spec.User = &u
+		}
+		if img.WorkingDir != "" {
+			if err := rootfs.EnsureDir(root, img.WorkingDir); err != nil {
+				return fail("image %s: WORKDIR %s: %v", *image, img.WorkingDir, err)
+			}
+		}
 		args := fs.Args()
 		if len(args) == 0 {
 			args = img.Cmd

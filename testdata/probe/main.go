@@ -9,6 +9,8 @@
 //	probe mknod PATH MAJOR MINOR   "<path> ok|EPERM|<error>" for a character node
 //	probe mknod PATH MAJOR MINOR open   the same, then a line for a read-write open of it
 //	probe env NAME...     "<name>=<value>" for each variable that is set
+//	probe status          its own /proc/self/status (uid, gid, capabilities)
+//	probe cwd             "cwd <dir>": its working directory
 //	probe exit CODE       exits with CODE
 //	probe sleep SECONDS   sleeps, then exits 0 (a container that keeps running)
 //	probe do CMD ARGS... [-- CMD ARGS...]...   several of the above in turn
@@ -96,6 +98,19 @@ func run(cmd string, args []string) {
 				fmt.Printf("%s=%s\n", name, v)
 			}
 		}
+	case "status": // the process's own /proc/self/status
+		b, err := os.ReadFile("/proc/self/status")
+		if err != nil {
+			fmt.Println("status", result(err))
+		}
+		os.Stdout.Write(b)
+	case "cwd":
+		wd, err := os.Getwd()
+		if err != nil {
+			fmt.Println("cwd", result(err))
+			return
+		}
+		fmt.Println("cwd", wd)
 	case "exit":
 		code := 0
 		if len(args) > 0 {
