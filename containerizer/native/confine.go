@@ -62,11 +62,12 @@ type confinement struct {
 
 // privateDirs are the host's directories a container that keeps the host's
 // file system gets a private, empty, writable tmpfs over (nosuid, nodev):
-// /tmp, shared by every user of the host, and /run (and /var/run where it is
-// not a link to it), where the host's daemons keep their control sockets:
-// Docker's, containerd's, Podman's, systemd's. A read-only mount does not
-// stop connect(2) on a socket, so the sockets must not be there at all.
-func privateDirs() []string { return []string{"/tmp", "/run", "/var/run"} }
+// /tmp and /var/tmp, shared by every user of the host, and /run (and
+// /var/run where it is not a link to it), where the host's daemons keep
+// their control sockets: Docker's, containerd's, Podman's, systemd's. A
+// read-only mount does not stop connect(2) on a socket, so the sockets must
+// not be there at all.
+func privateDirs() []string { return []string{"/tmp", "/var/tmp", "/run", "/var/run"} }
 
 // engineDirs are the state directories of the host's container engines,
 // hidden (an empty read-only tmpfs) from a container that keeps the host's

@@ -238,10 +238,10 @@ func hideHostState(r *linux.Root, at func(string) string, dir string) error {
 	return linux.BindMountNoSUID(dir, at(dir))
 }
 
-// dirSticky is the sticky bit for /tmp, the one private directory every
-// user may write to.
+// dirSticky is the sticky bit for /tmp and /var/tmp, the private
+// directories every user may write to.
 func dirSticky(p string) os.FileMode {
-	if p == "/tmp" {
+	if p == "/tmp" || p == "/var/tmp" {
 		return 0o777 | os.ModeSticky
 	}
 	return 0

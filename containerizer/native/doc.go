@@ -66,7 +66,9 @@
 //     caller left open without close-on-exec (the init marks every other
 //     one close-on-exec first thing, as runc does); Spec.ExtraFiles hands
 //     more on purpose, as fds 3, 4, ...
-//   - /tmp is a private tmpfs (nosuid, nodev) in every container.
+//   - /tmp is a private tmpfs (nosuid, nodev) in every container, and so is
+//     /var/tmp in a container that keeps the host's file system: neither
+//     of the host's shared, world-writable directories is reachable.
 //   - Without a root file system of its own the container sees the host's
 //     file system read-only, nosuid and nodev, with these rules: the host's
 //     runtime directories, /run and /var/run, where daemons keep their

@@ -3,10 +3,8 @@ package native
 import (
 	"encoding/json"
 	"fmt"
+	"github.com/gpuiso/gpuiso/internal/linux"
 	"os"
-	"path/filepath"
-	"strconv"
-	"strings"
 
 	"github.com/gpuiso/gpuiso/node"
 	"github.com/opencontainers/runtime-spec/specs-go"
@@ -38,39 +36,13 @@ type exitRecord struct {
 	Code int `json:"code"`
 }
 
-// writeJSON writes v to path atomically: temp file in the same directory,
-// fsync, rename, fsync of the directory.
+// writeJSON writes v to path atomically (linux.WriteFileAtomic).
 func writeJSON(path string, v any) error {
 	b, err := json.Marshal(v)
 	if err != nil {
 		return err
 	}
-	dir := filepath.Dir(path)
-	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".*")
-	if err != nil {
-		return err
-	}
-	tmp := f.Name()
-	_, err = f.Write(b)
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, path)
-	}
-	if err != nil {
-		os.Remove(tmp)
-		return err
-	}
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
+	return linux.WriteFileAtomic(path, "", b, 0o600, nil)
 }
 
 // writeExit writes v to name in dir atomically, as writeJSON does, through
@@ -118,41 +90,17 @@ func readJSON(path string, v any) error {
 	return nil
 }
 
-// startTime reads a process's start time from /proc/<pid>/stat (field 22).
+// startTime reads a process's start time from /proc/<pid>/stat.
 func startTime(procRoot string, pid int) (uint64, error) {
-	b, err := os.ReadFile(filepath.Join(procRoot, strconv.Itoa(pid), "stat"))
+	st, err := linux.ReadProcStat(procRoot, pid)
 	if err != nil {
 		return 0, err
 	}
-	// The command name (field 2) may hold spaces and parentheses: fields
-	// are counted from the last ')'.
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	if i < 0 {
-		return 0, fmt.Errorf("/proc/%d/stat: no command name", pid)
-	}
-	f := strings.Fields(s[i+1:])
-	if len(f) < 20 {
-		return 0, fmt.Errorf("/proc/%d/stat: %d fields", pid, len(f)+2)
-	}
-	return strconv.ParseUint(f[19], 10, 64)
+	return st.Start, nil
 }
 
 // alive reports whether the process pid is still the one that started at
 // start (and has not exited).
 func alive(procRoot string, pid int, start uint64) bool {
-	if pid <= 0 {
-		return false
-	}
-	st, err := startTime(procRoot, pid)
-	if err != nil || st != start {
-		return false
-	}
-	b, err := os.ReadFile(filepath.Join(procRoot, strconv.Itoa(pid), "stat"))
-	if err != nil {
-		return false
-	}
-	s := string(b)
-	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
-	return len(f) > 0 && f[0] != "Z" && f[0] != "X" // not a zombie
+	return pid > 0 && linux.Process{Pid: pid, Start: start}.Alive(procRoot)
 }

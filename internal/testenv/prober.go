@@ -31,13 +31,19 @@ func Main(m *testing.M) {
 	os.Exit(code)
 }
 
+// testRoot holds root test runs' temporary directories: a directory of
+// root's own, not one of the host's shared temporary directories, which
+// native containers cover with private ones.
+const testRoot = "/var/lib/gpuiso-test"
+
 // exeEnv names a copy of the test binary that containers can run (see
 // OffHostTmp).
 const exeEnv = "GPUISO_TESTENV_EXE"
 
-// OffHostTmp moves a root test run's temporary files off the host's /tmp,
-// which every native container covers with a private one: TMPDIR (and with
-// it t.TempDir) becomes a fresh directory under /var/tmp, and the test
+// OffHostTmp moves a root test run's temporary files off the host's /tmp
+// and /var/tmp, which every native container covers with private ones:
+// TMPDIR (and with it t.TempDir) becomes a fresh directory under testRoot,
+// and the test
 // binary, which go test leaves under /tmp, is copied there for containers
 // to run (ProberCommand, Executable). It returns the clean-up, which
 // removes that directory. Without root it changes nothing.
@@ -45,7 +51,10 @@ func OffHostTmp() func() {
 	if !linux.IsRoot() || os.Getenv(exeEnv) != "" {
 		return func() {}
 	}
-	dir, err := os.MkdirTemp("/var/tmp", "gpuiso-test-")
+	if err := os.MkdirAll(testRoot, 0o700); err != nil {
+		return func() {}
+	}
+	dir, err := os.MkdirTemp(testRoot, "test-")
 	if err != nil {
 		return func() {}
 	}
