@@ -4,6 +4,9 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"github.com/gpuiso/gpuiso/containerizer/rootfs"
+	"github.com/gpuiso/gpuiso/volume"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"io"
 	"net"
 	"os"
@@ -93,14 +96,14 @@ func TestEscape(t *testing.T) {
 		gpu, other string
 	}
 	type column struct {
-		v      cgroups.Version
-		rootfs bool
+		v    cgroups.Version
+		root string // "": the host's view; "rootfs": a directory; "image": an unpacked OCI image
 	}
 	host := hostBait(t)
-	for _, col := range []column{{cgroups.V1, false}, {cgroups.V2, false}, {cgroups.V1, true}, {cgroups.V2, true}} {
+	for _, col := range []column{{cgroups.V1, ""}, {cgroups.V2, ""}, {cgroups.V1, "rootfs"}, {cgroups.V2, "rootfs"}, {cgroups.V1, "image"}, {cgroups.V2, "image"}} {
 		v, name := col.v, "native/"+col.v.String()
-		if col.rootfs {
-			name += "+rootfs"
+		if col.root != "" {
+			name += "+" + col.root
 		}
 		t.Run(name, func(t *testing.T) {
 			n := newNode(t, v)
@@ -110,8 +113,14 @@ func TestEscape(t *testing.T) {
 			hostFile := fmt.Sprintf("/gpuiso-escape-%d", os.Getpid())
 			where := append(host.args(), "hostfile="+hostFile, "workdir=1")
 			workdir := t.TempDir()
-			if col.rootfs {
+			var labels map[string]string
+			switch col.root {
+			case "rootfs":
 				root, probe, workdir = rootFS(t, n.probe), "/probe", ""
+				where = append(host.args(), "volume=/usr/local/nvidia")
+			case "image":
+				root, labels = unpackedImage(t, n.probe), map[string]string{volume.LabelVolumesNeeded: "nvidia_driver"}
+				probe, workdir = "/probe", ""
 				where = append(host.args(), "volume=/usr/local/nvidia")
 			}
 			t.Cleanup(func() {
@@ -129,7 +138,7 @@ func TestEscape(t *testing.T) {
 			gpu := fmt.Sprintf("%d:%d", n.inv.Devices[0].Node.Major, n.inv.Devices[0].Node.Minor)
 			other := filepath.Join(n.dirs.State, "victim", "dev", fmt.Sprintf("nvidia%d", minor))
 			var out bytes.Buffer
-			_, err := n.c.Launch(ctx, containerizer.Spec{ID: "attacker", GPUs: allocator.Request{Devices: []string{"1"}}, RootFS: root, Env: []string{"NVIDIA_VISIBLE_DEVICES=all"}, Dir: workdir,
+			_, err := n.c.Launch(ctx, containerizer.Spec{ID: "attacker", GPUs: allocator.Request{Devices: []string{"1"}}, RootFS: root, Labels: labels, Env: []string{"NVIDIA_VISIBLE_DEVICES=all"}, Dir: workdir,
 				Command: append([]string{probe, "escape", "gpu=" + gpu, "other=" + other, fmt.Sprintf("hostpid=%d", os.Getpid())}, where...),
 				Stdout:  &out, Stderr: &out})
 			if err != nil {
@@ -361,4 +370,20 @@ func TestExtraFiles(t *testing.T) {
 	if fds := strings.Fields(out.String()); !slices.Equal(fds, []string{"0", "1", "2", "3", "4"}) {
 		t.Errorf("the command holds fds %v, want 0-3 and ls's own (the caller's fd %d must not arrive)", fds, leaked)
 	}
+}
+
+// unpackedImage unpacks an OCI image holding the probe, as gpurun --image
+// does, and returns its root.
+func unpackedImage(t *testing.T, probe string) string {
+	t.Helper()
+	b, err := os.ReadFile(probe)
+	if err != nil {
+		t.Fatal(err)
+	}
+	layout := testenv.OCILayout(t, ocispec.ImageConfig{Entrypoint: []string{"/probe"}}, []testenv.LayerEntry{{Name: "probe", Body: b, Mode: 0o755}})
+	root := filepath.Join(t.TempDir(), "rootfs")
+	if _, err := rootfs.Unpack(context.Background(), layout, root); err != nil {
+		t.Fatal(err)
+	}
+	return root
 }
