@@ -8,7 +8,6 @@ import (
 	"github.com/gpuiso/gpuiso/volume"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"io"
-	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -268,20 +267,7 @@ func hostBait(t *testing.T) *bait {
 	b := &bait{plant: fmt.Sprintf("gpuiso-escape-plant-%d", os.Getpid())}
 	own := fmt.Sprintf("/run/gpuiso-escape-%d.sock", os.Getpid())
 	for _, spec := range []struct{ network, addr string }{{"unix", own}, {"tcp", "127.0.0.1:0"}, {"unix", fmt.Sprintf("@gpuiso-escape-%d", os.Getpid())}} {
-		l, err := net.Listen(spec.network, spec.addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { l.Close() })
-		go func() {
-			for {
-				c, err := l.Accept()
-				if err != nil {
-					return
-				}
-				c.Close()
-			}
-		}()
+		l := testenv.Listen(t, spec.network, spec.addr)
 		switch {
 		case spec.network == "tcp":
 			b.tcp = l.Addr().String()

@@ -28,34 +28,11 @@ func TestBoundary(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tcp, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tcp.Close()
+	tcp := testenv.Listen(t, "tcp", "127.0.0.1:0")
 	abstract := fmt.Sprintf("gpuiso-boundary-%d", os.Getpid())
-	ab, err := net.Listen("unix", "@"+abstract)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ab.Close()
+	testenv.Listen(t, "unix", "@"+abstract)
 	sock := fmt.Sprintf("/run/gpuiso-boundary-%d.sock", os.Getpid())
-	us, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer us.Close()
-	for _, l := range []net.Listener{tcp, ab, us} {
-		go func() {
-			for {
-				c, err := l.Accept()
-				if err != nil {
-					return
-				}
-				c.Close()
-			}
-		}()
-	}
+	testenv.Listen(t, "unix", sock)
 	held := t.TempDir()
 	dir, err := os.Open(held)
 	if err != nil {
