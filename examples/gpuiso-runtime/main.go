@@ -45,6 +45,8 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"path/filepath"
+	"strings"
 	"syscall"
 )
 
@@ -97,9 +99,9 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 // handOver replaces this process by runc with argv: same pid, same open
 // files, same environment. It returns only on error.
 func handOver(argv []string) error {
-	path, err := exec.LookPath(argv[0])
+	path, err := lookRunc(argv[0])
 	if err != nil {
-		return fmt.Errorf("runc: %w", err)
+		return err
 	}
 	err = syscall.Exec(path, argv, os.Environ())
 	return fmt.Errorf("exec %s: %w", path, err)
@@ -108,9 +110,9 @@ func handOver(argv []string) error {
 // runRunc runs runc with argv as a child sharing this process's standard
 // files and the preserveFDs files after them, and returns its exit status.
 func runRunc(ctx context.Context, argv []string, preserveFDs int) (int, error) {
-	path, err := exec.LookPath(argv[0])
+	path, err := lookRunc(argv[0])
 	if err != nil {
-		return 0, fmt.Errorf("runc: %w", err)
+		return 0, err
 	}
 	cmd := exec.Command(path, argv[1:]...)
 	cmd.Args[0] = argv[0]
@@ -132,4 +134,26 @@ func runRunc(ctx context.Context, argv []string, preserveFDs int) (int, error) {
 		return 0, fmt.Errorf("runc: %w", err)
 	}
 	return 0, nil
+}
+
+// runcDirs are where runc is looked for when PATH does not have it: some
+// callers (Podman's cleanup) run the runtime with a short PATH.
+var runcDirs = []string{"/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"}
+
+// lookRunc finds the runc binary name (a path, or a name looked up in PATH
+// and then in runcDirs).
+func lookRunc(name string) (string, error) {
+	path, err := exec.LookPath(name)
+	if err == nil || strings.Contains(name, "/") {
+		if err != nil {
+			return "", fmt.Errorf("runc: %w", err)
+		}
+		return path, nil
+	}
+	for _, dir := range runcDirs {
+		if p, err2 := exec.LookPath(filepath.Join(dir, name)); err2 == nil {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("runc: %w", err)
 }

@@ -193,7 +193,11 @@ func (rt *Runtime) Create(ctx context.Context, res *prepared, cmd string, rest [
 // initPid asks runc for the pid of container id's init process.
 func (rt *Runtime) initPid(ctx context.Context, id string) (int, error) {
 	argv := rt.runcArgv("state", []string{id})
-	out, err := exec.CommandContext(ctx, argv[0], argv[1:]...).Output()
+	path, err := lookRunc(argv[0])
+	if err != nil {
+		return 0, err
+	}
+	out, err := exec.CommandContext(ctx, path, argv[1:]...).Output()
 	if err != nil {
 		return 0, fmt.Errorf("runc state %s: %w", id, err)
 	}

@@ -1,0 +1,64 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gpuiso/gpuiso/internal/testenv"
+)
+
+// TestPodman runs images with podman run --runtime gpuiso-runtime on a
+// simulated 8-GPU node: each container sees exactly the GPUs it asked for
+// in NVIDIA_VISIBLE_DEVICES, nodes it makes for the others are denied, and
+// the driver volume is there read-only where the request asks for it.
+func TestPodman(t *testing.T) {
+	podman := testenv.RequirePodman(t)
+	testenv.RequireNVIDIALibraries(t)
+	bin := buildRuntime(t)
+	sim, major, gpus := simNode(t, "dgx1-volta")
+	img := testenv.BuildPodmanProbeImage(t, podman)
+	for _, tc := range isolationCases {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			// Podman's default capabilities lack CAP_MKNOD; with it, the
+			// device cgroup alone must deny the self-made nodes.
+			args := append([]string{"run", "--rm", "--network", "none", "--cap-add", "MKNOD", "--runtime", bin,
+				"--runtime-flag", "simulate=dgx1-volta", "--runtime-flag", "dev-root=" + sim}, testenv.PodmanRunFlags...)
+			if tc.env != "" {
+				args = append(args, "-e", "NVIDIA_VISIBLE_DEVICES="+tc.env)
+			}
+			out, err := testenv.RunPodman(ctx, podman, append(append(args, img), probeArgs(major, gpus)...)...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			checkIsolation(t, out, gpus, tc.want)
+		})
+	}
+}
+
+// TestPodmanRefused: a request gpuiso-runtime refuses (a GPU the node does
+// not have) fails podman run with gpuiso-runtime's line, and no container
+// is left.
+func TestPodmanRefused(t *testing.T) {
+	podman := testenv.RequirePodman(t)
+	bin := buildRuntime(t)
+	sim, _, _ := simNode(t, "dgx1-volta")
+	img := testenv.BuildPodmanProbeImage(t, podman)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	name := fmt.Sprintf("gpuiso-refused-%d", time.Now().UnixNano())
+	args := append([]string{"run", "--name", name, "--network", "none", "--runtime", bin,
+		"--runtime-flag", "simulate=dgx1-volta", "--runtime-flag", "dev-root=" + sim}, testenv.PodmanRunFlags...)
+	out, err := testenv.RunPodman(ctx, podman, append(args, "-e", "NVIDIA_VISIBLE_DEVICES=9", img, "exit")...)
+	t.Cleanup(func() { testenv.RunPodman(context.Background(), podman, "rm", "-f", name) })
+	if err == nil || !strings.Contains(out, "gpuiso-runtime: container ") || !strings.Contains(out, "unknown device") {
+		t.Fatalf("podman run of GPU 9 on an 8-GPU node: %v\n%s", err, out)
+	}
+	if ps, _ := testenv.RunPodman(ctx, podman, "ps", "-a", "--filter", "name="+name, "--format", "{{.State}}"); strings.TrimSpace(ps) == "running" {
+		t.Errorf("a refused container runs: %s", ps)
+	}
+}
