@@ -16,8 +16,9 @@
 // driver, and writes into the spec the GPUs' and control devices' nodes,
 // their cgroup rules (every other device denied), NVIDIA_VISIBLE_DEVICES and
 // CUDA_VISIBLE_DEVICES, and the read-only driver volume at /usr/local/nvidia
-// for a container whose image asks for it (NVIDIA_VISIBLE_DEVICES set and
-// not void, or the com.nvidia.volumes.needed annotation). Then runc creates
+// for a container that is given GPUs or whose image asks for the volume
+// (NVIDIA_VISIBLE_DEVICES set and not void, as "none" does, or the
+// com.nvidia.volumes.needed annotation). Then runc creates
 // the container. A container asking for nothing, with no volume, is passed
 // through untouched.
 //

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 
 	"github.com/opencontainers/runtime-spec/specs-go"
 
@@ -63,7 +64,9 @@ func (rt *Runtime) Prepare(ctx context.Context, c CreateArgs) (*prepared, error)
 	if spec.Process != nil {
 		env = spec.Process.Env
 	}
-	wantsVolume := volume.Image{Labels: spec.Annotations, Env: env}.NeedsVolume()
+	// A container given GPUs gets the driver to use them with, wherever
+	// the request came from.
+	wantsVolume := !req.None() || volume.Image{Labels: spec.Annotations, Env: env}.NeedsVolume()
 	if req.None() && !wantsVolume {
 		rt.Log.Debug("no GPU asked for: passed through", "container", c.ID)
 		return nil, nil
@@ -117,7 +120,7 @@ func (rt *Runtime) Prepare(ctx context.Context, c CreateArgs) (*prepared, error)
 			rt.Log.Info("released the GPUs of dead containers", "owners", released)
 		}
 		var err error
-		p, err = pr.Prepare(ctx, containerizer.Spec{ID: c.ID, GPUs: gpus}, img)
+		p, err = pr.Prepare(ctx, containerizer.Spec{ID: c.ID, GPUs: gpus, Env: requestEnv(req)}, img)
 		return err
 	})
 	if err != nil {
@@ -136,6 +139,19 @@ func (rt *Runtime) Prepare(ctx context.Context, c CreateArgs) (*prepared, error)
 	}
 	rt.Log.Info("isolated", "container", c.ID, "request", req.Source, "gpus", cli.DescribeGPUs(p.Allocation.Devices), "volume", p.Volume != nil)
 	return res, nil
+}
+
+// requestEnv is the request as NVIDIA_VISIBLE_DEVICES, set over the image's
+// for the preparer: a request from Swarm or CDI asks for the driver volume
+// as that variable does.
+func requestEnv(r Request) []string {
+	switch {
+	case r.All:
+		return []string{envVisibleDevices + "=all"}
+	case len(r.IDs) > 0:
+		return []string{envVisibleDevices + "=" + strings.Join(r.IDs, ",")}
+	}
+	return nil
 }
 
 // undo gives back what Prepare took.

@@ -19,7 +19,7 @@ import (
 )
 
 // Dockerd is a Docker daemon a test started beside the host's: its own
-// socket, data root, exec root, pid file and configuration, no bridge and no
+// socket, data root, exec root, pid file, configuration and bridge, and no
 // iptables rules, so that the host's daemon never sees it.
 type Dockerd struct {
 	// Host is the daemon's address for DOCKER_HOST or docker -H.
@@ -77,10 +77,13 @@ func StartDockerd(tb testing.TB, config map[string]any) *Dockerd {
 	}
 	defer log.Close()
 	d := &Dockerd{Host: "unix://" + filepath.Join(dir, "d.sock"), Dir: dir}
+	// A bridge of its own: a daemon told "--bridge none" deletes the host's
+	// docker0, which the host's daemon needs.
+	bridge := ownBridge(tb, dir)
 	cmd := exec.Command(dockerdPath, "-H", d.Host,
 		"--data-root", filepath.Join(dir, "data"), "--exec-root", filepath.Join(dir, "x"),
 		"--pidfile", filepath.Join(dir, "d.pid"), "--config-file", filepath.Join(dir, "daemon.json"),
-		"--bridge", "none", "--iptables=false", "--ip6tables=false", "--ip-masq=false")
+		"--bridge", bridge, "--iptables=false", "--ip6tables=false", "--ip-masq=false")
 	cmd.Stdout, cmd.Stderr = log, log
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {
@@ -181,4 +184,26 @@ func unmountUnder(dir string) {
 			continue
 		}
 	}
+}
+
+// ownBridge makes a bridge link for a second daemon, named after dir and
+// addressed in the benchmarking range 198.18.0.0/15 (RFC 2544), which no
+// network of the host uses; it is deleted when tb ends, after the daemon
+// stopped.
+func ownBridge(tb testing.TB, dir string) string {
+	tb.Helper()
+	var sum uint32
+	for _, c := range []byte(dir) {
+		sum = sum*31 + uint32(c)
+	}
+	name := fmt.Sprintf("gpuisobr%d", sum%10000)
+	addr := fmt.Sprintf("198.18.%d.1/24", sum%250)
+	for _, args := range [][]string{{"link", "add", name, "type", "bridge"}, {"addr", "add", addr, "dev", name}, {"link", "set", name, "up"}} {
+		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+			exec.Command("ip", "link", "delete", name).Run()
+			tb.Fatalf("bridge %s: ip %s: %v: %s", name, strings.Join(args, " "), err, out)
+		}
+	}
+	tb.Cleanup(func() { exec.Command("ip", "link", "delete", name).Run() })
+	return name
 }
