@@ -20,7 +20,7 @@ const binEnv = "GPUISO_RUNTIME_BIN"
 // buildRuntime returns the path of a gpuiso-runtime binary: the one binEnv
 // names, else one built with the go command into a directory the daemons
 // can reach.
-func buildRuntime(t *testing.T) string {
+func buildRuntime(t testing.TB) string {
 	t.Helper()
 	if p := os.Getenv(binEnv); p != "" {
 		return p
@@ -44,7 +44,7 @@ func buildRuntime(t *testing.T) string {
 // simNode makes the host tree of the simulated node name under a directory
 // that lives as long as the test (gpuiso-runtime --dev-root uses it as it
 // is) and returns the directory, the GPUs' major and their number.
-func simNode(t *testing.T, name string) (dir string, major uint32, gpus int) {
+func simNode(t testing.TB, name string) (dir string, major uint32, gpus int) {
 	t.Helper()
 	testenv.RequireRoot(t)
 	n, err := simnode.New(name)
