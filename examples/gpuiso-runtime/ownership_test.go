@@ -147,6 +147,9 @@ func TestOwnershipAcrossClients(t *testing.T) {
 func TestOwnershipDeadContainer(t *testing.T) {
 	testenv.RequireRoot(t)
 	if _, err := exec.LookPath("runc"); err != nil {
+		if testenv.Required(testenv.Root) {
+			t.Fatalf("no runc: %v", err)
+		}
 		t.Skipf("no runc: %v", err)
 	}
 	bin := buildRuntime(t)

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -41,24 +42,40 @@ func TestPodman(t *testing.T) {
 }
 
 // TestPodmanRefused: a request gpuiso-runtime refuses (a GPU the node does
-// not have) fails podman run with gpuiso-runtime's line, and no container
-// is left.
+// not have, a driver the image's requirements refuse) fails podman run with
+// gpuiso-runtime's line, and runc created nothing.
 func TestPodmanRefused(t *testing.T) {
 	podman := testenv.RequirePodman(t)
 	bin := buildRuntime(t)
 	sim, _, _ := simNode(t, "dgx1-volta")
 	img := testenv.BuildPodmanProbeImage(t, podman)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	name := fmt.Sprintf("gpuiso-refused-%d", time.Now().UnixNano())
-	args := append([]string{"run", "--name", name, "--network", "none", "--runtime", bin,
-		"--runtime-flag", "simulate=dgx1-volta", "--runtime-flag", "dev-root=" + sim}, testenv.PodmanRunFlags...)
-	out, err := testenv.RunPodman(ctx, podman, append(args, "-e", "NVIDIA_VISIBLE_DEVICES=9", img, "exit")...)
-	t.Cleanup(func() { testenv.RunPodman(context.Background(), podman, "rm", "-f", name) })
-	if err == nil || !strings.Contains(out, "gpuiso-runtime: container ") || !strings.Contains(out, "unknown device") {
-		t.Fatalf("podman run of GPU 9 on an 8-GPU node: %v\n%s", err, out)
-	}
-	if ps, _ := testenv.RunPodman(ctx, podman, "ps", "-a", "--filter", "name="+name, "--format", "{{.State}}"); strings.TrimSpace(ps) == "running" {
-		t.Errorf("a refused container runs: %s", ps)
+	for _, tc := range []struct {
+		name string
+		env  []string
+		want string
+	}{
+		{name: "no such GPU", env: []string{"NVIDIA_VISIBLE_DEVICES=9"}, want: "unknown device"},
+		{name: "requirement", env: []string{"NVIDIA_VISIBLE_DEVICES=1", "NVIDIA_REQUIRE_CUDA=cuda>=99.0"}, want: "cuda>=99.0"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			name := fmt.Sprintf("gpuiso-refused-%d", time.Now().UnixNano())
+			args := append([]string{"run", "--name", name, "--network", "none", "--runtime", bin,
+				"--runtime-flag", "simulate=dgx1-volta", "--runtime-flag", "dev-root=" + sim}, testenv.PodmanRunFlags...)
+			for _, e := range tc.env {
+				args = append(args, "-e", e)
+			}
+			t.Cleanup(func() { testenv.RunPodman(context.Background(), podman, "rm", "-f", name) })
+			out, err := testenv.RunPodman(ctx, podman, append(args, img, "exit")...)
+			if err == nil || !strings.Contains(out, "gpuiso-runtime: container ") || !strings.Contains(out, tc.want) {
+				t.Fatalf("podman run: %v\n%s", err, out)
+			}
+			if id, err := testenv.RunPodman(ctx, podman, "inspect", "--format", "{{.Id}}", name); err == nil {
+				if out, err := exec.Command("runc", "--root", "/run/runc", "state", strings.TrimSpace(id)).CombinedOutput(); err == nil {
+					t.Errorf("runc has the refused container: %s", out)
+				}
+			}
+		})
 	}
 }
