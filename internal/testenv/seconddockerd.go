@@ -52,11 +52,37 @@ func (d *Dockerd) SwarmInit(ctx context.Context, port int) error {
 // then SIGKILL after 30 s) before its directory is removed.
 func StartDockerd(tb testing.TB, config map[string]any) *Dockerd {
 	tb.Helper()
+	return StartDockerdWith(tb, DockerdOptions{Config: config})
+}
+
+// DockerdOptions say which daemon StartDockerdWith starts, and how.
+type DockerdOptions struct {
+	// Binary is the dockerd to run (default: the host's, /usr/sbin/dockerd).
+	Binary string
+	// Path lists directories searched first for the programs the daemon
+	// runs (containerd, its shim, runc).
+	Path []string
+	// Config is the daemon's configuration file, as JSON.
+	Config map[string]any
+}
+
+// StartDockerdWith is StartDockerd with a daemon binary and the programs
+// it runs of the caller's choice.
+func StartDockerdWith(tb testing.TB, o DockerdOptions) *Dockerd {
+	tb.Helper()
 	if !linux.IsRoot() {
 		skip(tb, Docker, "a second Docker daemon needs root")
 	}
-	if _, err := os.Stat(dockerdPath); err != nil {
+	bin := o.Binary
+	if bin == "" {
+		bin = dockerdPath
+	}
+	if _, err := os.Stat(bin); err != nil {
 		skip(tb, Docker, "no dockerd binary: %v", err)
+	}
+	config := o.Config
+	if config == nil {
+		config = map[string]any{}
 	}
 	// Short paths: containerd's sockets live under the exec root.
 	dir, err := os.MkdirTemp("", "gpuiso-dockerd-")
@@ -80,12 +106,15 @@ func StartDockerd(tb testing.TB, config map[string]any) *Dockerd {
 	// A bridge of its own: a daemon told "--bridge none" deletes the host's
 	// docker0, which the host's daemon needs.
 	bridge := ownBridge(tb, dir)
-	cmd := exec.Command(dockerdPath, "-H", d.Host,
+	cmd := exec.Command(bin, "-H", d.Host,
 		"--data-root", filepath.Join(dir, "data"), "--exec-root", filepath.Join(dir, "x"),
 		"--pidfile", filepath.Join(dir, "d.pid"), "--config-file", filepath.Join(dir, "daemon.json"),
 		"--bridge", bridge, "--iptables=false", "--ip6tables=false", "--ip-masq=false")
 	cmd.Stdout, cmd.Stderr = log, log
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if len(o.Path) > 0 {
+		cmd.Env = append(os.Environ(), "PATH="+strings.Join(o.Path, ":")+":"+os.Getenv("PATH"))
+	}
 	if err := cmd.Start(); err != nil {
 		tb.Fatalf("start dockerd: %v", err)
 	}
