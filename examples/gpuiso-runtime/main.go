@@ -124,8 +124,16 @@ func runRunc(ctx context.Context, argv []string, preserveFDs int) (int, error) {
 	if err := cmd.Start(); err != nil {
 		return 0, fmt.Errorf("runc: %w", err)
 	}
-	// runc gets the signals; this process waits for it whatever ctx says.
-	_ = ctx
+	// A SIGTERM to this process (ctx ends) goes on to runc, which decides.
+	done := make(chan struct{})
+	defer close(done)
+	go func() {
+		select {
+		case <-ctx.Done():
+			cmd.Process.Signal(syscall.SIGTERM)
+		case <-done:
+		}
+	}()
 	err = cmd.Wait()
 	var exit *exec.ExitError
 	if errors.As(err, &exit) {
