@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -14,14 +15,20 @@ import (
 // TestPodman runs images with podman run --runtime gpuiso-runtime on a
 // simulated 8-GPU node: each container sees exactly the GPUs it asked for
 // in NVIDIA_VISIBLE_DEVICES, nodes it makes for the others are denied, and
-// the driver volume is there read-only where the request asks for it.
+// the driver volume is there read-only where the request asks for it, or
+// the com.nvidia.volumes.needed annotation does.
 func TestPodman(t *testing.T) {
 	podman := testenv.RequirePodman(t)
 	testenv.RequireNVIDIALibraries(t)
 	bin := buildRuntime(t)
 	sim, major, gpus := simNode(t, "dgx1-volta")
 	img := testenv.BuildPodmanProbeImage(t, podman)
-	for _, tc := range isolationCases {
+	cases := append(slices.Clone(isolationCases), struct {
+		name string
+		env  string
+		want Expect
+	}{name: "volume label", want: Expect{Control: true, Volume: true}})
+	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 			defer cancel()
@@ -31,6 +38,11 @@ func TestPodman(t *testing.T) {
 				"--runtime-flag", "simulate=dgx1-volta", "--runtime-flag", "dev-root=" + sim}, testenv.PodmanRunFlags...)
 			if tc.env != "" {
 				args = append(args, "-e", "NVIDIA_VISIBLE_DEVICES="+tc.env)
+			}
+			if tc.name == "volume label" {
+				// What an image's label says, as an annotation of the
+				// spec: the driver, no GPU.
+				args = append(args, "--annotation", "com.nvidia.volumes.needed=nvidia_driver")
 			}
 			out, err := testenv.RunPodman(ctx, podman, append(append(args, img), probeArgs(major, gpus)...)...)
 			if err != nil {
