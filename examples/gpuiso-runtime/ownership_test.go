@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -158,55 +159,10 @@ func TestOwnershipDeadContainer(t *testing.T) {
 	root := t.TempDir() // runc's state
 	probe := testenv.BuildProbe(t)
 	global := []string{"--simulate", "dgx1-volta", "--dev-root", sim, "--state-dir", state, "--root", root}
-	// rt runs gpuiso-runtime with its output in a file: a created
-	// container keeps the standard files runc create had, and would hold a
-	// pipe open.
 	rt := func(args ...string) (string, error) {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		f, err := os.CreateTemp(t.TempDir(), "out")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer f.Close()
-		cmd := exec.CommandContext(ctx, bin, append(slices.Clone(global), args...)...)
-		cmd.Stdout, cmd.Stderr = f, f
-		err = cmd.Run()
-		out, _ := os.ReadFile(f.Name())
-		return string(out), err
+		return runtimeOut(t, bin, append(slices.Clone(global), args...)...)
 	}
-	mkBundle := func(env string) string {
-		dir := t.TempDir()
-		rootfs := filepath.Join(dir, "rootfs")
-		if err := os.MkdirAll(rootfs, 0o755); err != nil {
-			t.Fatal(err)
-		}
-		b, err := os.ReadFile(probe)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(rootfs, "probe"), b, 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if out, err := exec.Command("runc", "spec", "--bundle", dir).CombinedOutput(); err != nil {
-			t.Fatalf("runc spec: %v: %s", err, out)
-		}
-		cfg := filepath.Join(dir, "config.json")
-		raw, _ := os.ReadFile(cfg)
-		var spec map[string]any
-		if err := json.Unmarshal(raw, &spec); err != nil {
-			t.Fatal(err)
-		}
-		proc := spec["process"].(map[string]any)
-		proc["terminal"] = false
-		proc["args"] = []string{"/probe", "sleep", "600"}
-		proc["env"] = append(proc["env"].([]any), "NVIDIA_VISIBLE_DEVICES="+env)
-		raw, _ = json.Marshal(spec)
-		if err := os.WriteFile(cfg, raw, 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return dir
-	}
+	mkBundle := func(env string) string { return sleepBundle(t, probe, env) }
 	id := fmt.Sprintf("gpuiso-dead-%d", time.Now().UnixNano())
 	t.Cleanup(func() {
 		for _, c := range []string{id, id + "-b"} {
@@ -251,5 +207,125 @@ func TestOwnershipDeadContainer(t *testing.T) {
 	}
 	if got := owners(t, state); len(got) != 0 {
 		t.Errorf("after delete: owners %v, want none", got)
+	}
+}
+
+// runtimeOut runs gpuiso-runtime with args and its output in a file: a
+// created container keeps the standard files runc create had, and would
+// hold a pipe open.
+func runtimeOut(t *testing.T, bin string, args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	f, err := os.CreateTemp(t.TempDir(), "out")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	cmd := exec.CommandContext(ctx, bin, args...)
+	cmd.Stdout, cmd.Stderr = f, f
+	err = cmd.Run()
+	out, _ := os.ReadFile(f.Name())
+	return string(out), err
+}
+
+// sleepBundle writes a runc bundle (runc spec) whose process is the probe
+// sleeping, with NVIDIA_VISIBLE_DEVICES=env, and returns its directory.
+func sleepBundle(t *testing.T, probe, env string) string {
+	t.Helper()
+	dir := t.TempDir()
+	rootfs := filepath.Join(dir, "rootfs")
+	if err := os.MkdirAll(rootfs, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(probe)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(rootfs, "probe"), b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("runc", "spec", "--bundle", dir).CombinedOutput(); err != nil {
+		t.Fatalf("runc spec: %v: %s", err, out)
+	}
+	cfg := filepath.Join(dir, "config.json")
+	raw, err := os.ReadFile(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var spec map[string]any
+	if err := json.Unmarshal(raw, &spec); err != nil {
+		t.Fatal(err)
+	}
+	proc := spec["process"].(map[string]any)
+	proc["terminal"] = false
+	proc["args"] = []string{"/probe", "sleep", "600"}
+	proc["env"] = append(proc["env"].([]any), "NVIDIA_VISIBLE_DEVICES="+env)
+	if raw, err = json.Marshal(spec); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(cfg, raw, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// TestOwnershipConcurrent: containers created at the same time, all asking
+// for GPU 3 with one state directory: exactly one gets it, every other is
+// refused in one line and runc created nothing for it.
+func TestOwnershipConcurrent(t *testing.T) {
+	testenv.RequireRoot(t)
+	if _, err := exec.LookPath("runc"); err != nil {
+		if testenv.Required(testenv.Root) {
+			t.Fatalf("no runc: %v", err)
+		}
+		t.Skipf("no runc: %v", err)
+	}
+	bin := buildRuntime(t)
+	sim, _, _ := simNode(t, "dgx1-volta")
+	state, root := t.TempDir(), t.TempDir()
+	probe := testenv.BuildProbe(t)
+	const n = 6
+	ids := make([]string, n)
+	bundles := make([]string, n)
+	for i := range n {
+		ids[i] = fmt.Sprintf("gpuiso-race-%d-%d", i, time.Now().UnixNano())
+		bundles[i] = sleepBundle(t, probe, "3")
+	}
+	t.Cleanup(func() {
+		for _, id := range ids {
+			exec.Command("runc", "--root", root, "delete", "--force", id).Run()
+		}
+	})
+	outs := make([]string, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			outs[i], errs[i] = runtimeOut(t, bin, "--simulate", "dgx1-volta", "--dev-root", sim, "--state-dir", state, "--root", root, "create", "--bundle", bundles[i], ids[i])
+		}()
+	}
+	wg.Wait()
+	var winners []string
+	for i := range n {
+		_, stateErr := exec.Command("runc", "--root", root, "state", ids[i]).CombinedOutput()
+		switch {
+		case errs[i] == nil:
+			winners = append(winners, ids[i])
+			if stateErr != nil {
+				t.Errorf("%s created, but runc does not know it", ids[i])
+			}
+		case strings.Count(outs[i], "\n") != 1 || !strings.HasPrefix(outs[i], "gpuiso-runtime: ") || !strings.Contains(outs[i], "device unavailable"):
+			t.Errorf("%s: %v: want one refusal line:\n%s", ids[i], errs[i], outs[i])
+		case stateErr == nil:
+			t.Errorf("%s refused, but runc created it", ids[i])
+		}
+	}
+	if len(winners) != 1 {
+		t.Fatalf("%d containers got GPU 3: %v", len(winners), winners)
+	}
+	if got := owners(t, state); len(got) != 1 || !slices.Equal(got[winners[0]], []int{3}) {
+		t.Errorf("owners %v, want only %s holding GPU 3", got, winners[0])
 	}
 }
