@@ -1,0 +1,185 @@
+package main
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/gpuiso/gpuiso/node"
+)
+
+// ErrUsage: the command line does not parse.
+var ErrUsage = node.Sentinel(node.ErrInvalid, "bad command line")
+
+// Settings are gpuiso-runtime's own global flags, and runc's, which it
+// passes on.
+type Settings struct {
+	// Runc is the runtime handed over to (--runc, default "runc" on PATH).
+	Runc string
+	// StateDir holds the allocator's state (--state-dir): GPUs are then
+	// owned by the containers that name them. "" only isolates.
+	StateDir string
+	// Simulate names a simulated node (--simulate) whose host tree lives
+	// under DevRoot (--dev-root), made on first use and kept.
+	Simulate, DevRoot string
+	// Log is the log file (--log), shared with runc, in LogFormat
+	// (--log-format: text or json, as runc writes it).
+	Log, LogFormat string
+	// CDIKind is the CDI kind whose annotations name GPUs (--cdi-kind).
+	CDIKind string
+	// SwarmResources are the Swarm generic resource names read as GPUs
+	// (--swarm-resource, repeatable).
+	SwarmResources []string
+	// RuncArgs are runc's global flags, in order, as given.
+	RuncArgs []string
+}
+
+// Flags of gpuiso-runtime itself (with a value each).
+var ownFlags = []string{"runc", "state-dir", "simulate", "dev-root", "cdi-kind", "swarm-resource"}
+
+// Global flags of runc that take a value; log and log-format are also read
+// by gpuiso-runtime.
+var runcValueFlags = []string{"root", "log", "log-format", "criu", "rootless"}
+
+// splitArgs reads the global flags before the OCI subcommand (both "-f" and
+// "--f", with "=value" or the next argument as value) and returns the
+// settings, the subcommand ("" when there is none, as for --version) and
+// the subcommand's arguments. Flags it does not know are runc's booleans
+// and are passed on.
+func splitArgs(args []string) (s Settings, cmd string, rest []string, err error) {
+	s = Settings{Runc: "runc", LogFormat: "text", CDIKind: "nvidia.com/gpu"}
+	var swarm []string
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		if a == "--" || !strings.HasPrefix(a, "-") || a == "-" {
+			if a == "--" {
+				i++
+			}
+			if i < len(args) {
+				cmd, rest = args[i], slices.Clone(args[i+1:])
+			}
+			break
+		}
+		name, value, hasValue := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		own := slices.Contains(ownFlags, name)
+		if !own && !slices.Contains(runcValueFlags, name) {
+			s.RuncArgs = append(s.RuncArgs, a) // a boolean of runc's
+			continue
+		}
+		if !hasValue {
+			if i+1 >= len(args) {
+				return Settings{}, "", nil, fmt.Errorf("flag %s needs a value: %w", a, ErrUsage)
+			}
+			i++
+			value = args[i]
+		}
+		if !own {
+			s.RuncArgs = append(s.RuncArgs, "--"+name, value)
+		}
+		switch name {
+		case "runc":
+			s.Runc = value
+		case "state-dir":
+			s.StateDir = value
+		case "simulate":
+			s.Simulate = value
+		case "dev-root":
+			s.DevRoot = value
+		case "cdi-kind":
+			s.CDIKind = value
+		case "swarm-resource":
+			swarm = append(swarm, value)
+		case "log":
+			s.Log = value
+		case "log-format":
+			s.LogFormat = value
+		}
+		if own && value == "" {
+			return Settings{}, "", nil, fmt.Errorf("flag --%s: empty value: %w", name, ErrUsage)
+		}
+	}
+	s.SwarmResources = defaultSwarmResources
+	if len(swarm) > 0 {
+		s.SwarmResources = swarm
+	}
+	if s.LogFormat != "text" && s.LogFormat != "json" {
+		return Settings{}, "", nil, fmt.Errorf("--log-format %q: want text or json: %w", s.LogFormat, ErrUsage)
+	}
+	if (s.Simulate == "") != (s.DevRoot == "") {
+		return Settings{}, "", nil, fmt.Errorf("--simulate and --dev-root go together: %w", ErrUsage)
+	}
+	return s, cmd, rest, nil
+}
+
+// runcArgv is the command line that hands cmd and its arguments to runc:
+// runc's own global flags, then the subcommand as given.
+func (s Settings) runcArgv(cmd string, rest []string) []string {
+	argv := append([]string{s.Runc}, s.RuncArgs...)
+	if cmd != "" {
+		argv = append(argv, cmd)
+	}
+	return append(argv, rest...)
+}
+
+// Create's flags that take a value (runc create and runc run).
+var createValueFlags = []string{"bundle", "b", "console-socket", "pid-file", "preserve-fds"}
+
+// CreateArgs are what gpuiso-runtime reads of "create" or "run".
+type CreateArgs struct {
+	ID, Bundle  string
+	PreserveFDs int
+}
+
+// parseCreate reads the container id, bundle (default ".") and
+// --preserve-fds of create's or run's arguments.
+func parseCreate(rest []string) (CreateArgs, error) {
+	c := CreateArgs{Bundle: "."}
+	for i := 0; i < len(rest); i++ {
+		a := rest[i]
+		if !strings.HasPrefix(a, "-") || a == "-" {
+			if c.ID != "" {
+				return CreateArgs{}, fmt.Errorf("create: arguments %q after the container id: %w", rest[i:], ErrUsage)
+			}
+			c.ID = a
+			continue
+		}
+		if a == "--" {
+			continue
+		}
+		name, value, hasValue := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		if !slices.Contains(createValueFlags, name) {
+			continue
+		}
+		if !hasValue {
+			if i+1 >= len(rest) {
+				return CreateArgs{}, fmt.Errorf("create: flag %s needs a value: %w", a, ErrUsage)
+			}
+			i++
+			value = rest[i]
+		}
+		switch name {
+		case "bundle", "b":
+			c.Bundle = value
+		case "preserve-fds":
+			n := 0
+			if _, err := fmt.Sscanf(value, "%d", &n); err != nil || n < 0 || fmt.Sprint(n) != value {
+				return CreateArgs{}, fmt.Errorf("create: --preserve-fds %q: %w", value, ErrUsage)
+			}
+			c.PreserveFDs = n
+		}
+	}
+	if c.ID == "" {
+		return CreateArgs{}, fmt.Errorf("create: no container id: %w", ErrUsage)
+	}
+	return c, nil
+}
+
+// deleteID returns the container id of delete's arguments.
+func deleteID(rest []string) string {
+	for _, a := range rest {
+		if !strings.HasPrefix(a, "-") {
+			return a
+		}
+	}
+	return ""
+}

@@ -1,0 +1,168 @@
+// Command gpuiso-runtime is an OCI runtime for Docker, Docker Swarm,
+// containerd and Podman that gives a container the GPUs it asks for, isolated
+// by gpuiso, and hands everything else to runc.
+//
+//	gpuiso-runtime [--runc PATH] [--state-dir DIR] [--simulate NAME --dev-root DIR]
+//	               [--log FILE] [--log-format text|json] [--cdi-kind KIND]
+//	               [--swarm-resource NAME]... [runc's global flags] COMMAND [ARGS...]
+//
+// On "create" (and "run") it reads the bundle's config.json and finds the
+// GPUs asked for, first found wins: DOCKER_RESOURCE_<NAME> (the GPUs Docker
+// Swarm assigned the task; NAME is NVIDIA-GPU, NVIDIA_GPU or GPU unless
+// --swarm-resource says otherwise), the spec's CDI annotations
+// (cdi.k8s.io/*) naming devices of --cdi-kind (default nvidia.com/gpu), then
+// NVIDIA_VISIBLE_DEVICES: GPU indexes, GPU- and MIG- UUIDs, "all", or
+// "none"/"void" for none. It checks the image's NVIDIA_REQUIRE_* against the
+// driver, and writes into the spec the GPUs' and control devices' nodes,
+// their cgroup rules (every other device denied), NVIDIA_VISIBLE_DEVICES and
+// CUDA_VISIBLE_DEVICES, and the read-only driver volume at /usr/local/nvidia
+// for a container that is given GPUs or whose image asks for the volume
+// (NVIDIA_VISIBLE_DEVICES set and not void, as "none" does, or the
+// com.nvidia.volumes.needed annotation). Then runc creates
+// the container. A container asking for nothing, with no volume, is passed
+// through untouched.
+//
+// A refused container is one line on stderr (and an error in the --log
+// file, in runc's format, where Docker and containerd look for runc's) and
+// exit status 1, before anything is created.
+//
+// With --state-dir the GPUs a container names are claimed for it in the
+// allocator's state there (shared with gpurun and any other gpuiso-runtime
+// naming it): a GPU held by a live container is refused. The claim is held
+// by the container's init process and given back on "delete", or once that
+// process is found dead. Without --state-dir gpuiso-runtime only isolates.
+//
+// Every other command, and every runc flag, goes to runc unchanged (runc's
+// own --log and --log-format included). --simulate NAME --dev-root DIR runs
+// on a simulated node whose host tree (device nodes with NVIDIA's numbers
+// on majors no driver owns) is made under DIR on first use and kept there.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// exitRefused is the status of a refused command.
+const exitRefused = 1
+
+// run carries out one command line.
+func run(ctx context.Context, args []string, stderr io.Writer) int {
+	s, cmd, rest, err := splitArgs(args)
+	if err != nil {
+		fmt.Fprintf(stderr, "gpuiso-runtime: %v\n", err)
+		return exitRefused
+	}
+	log := newLogger(s)
+	defer log.Close()
+	refuse := func(err error) int {
+		fmt.Fprintf(stderr, "gpuiso-runtime: %v\n", err)
+		log.Error(err.Error())
+		return exitRefused
+	}
+	switch cmd {
+	case "create", "run":
+		c, err := parseCreate(rest)
+		if err != nil {
+			return refuse(err)
+		}
+		rt := &Runtime{Settings: s, Log: log.Logger}
+		res, err := rt.Prepare(ctx, c)
+		if err != nil {
+			return refuse(err)
+		}
+		if res == nil || s.StateDir == "" {
+			return refuse(handOver(s.runcArgv(cmd, rest)))
+		}
+		return rt.Create(ctx, res, cmd, rest, c, stderr)
+	case "delete":
+		rt := &Runtime{Settings: s, Log: log.Logger}
+		return rt.Delete(ctx, deleteID(rest), rest, stderr)
+	}
+	return refuse(handOver(s.runcArgv(cmd, rest)))
+}
+
+// handOver replaces this process by runc with argv: same pid, same open
+// files, same environment. It returns only on error.
+func handOver(argv []string) error {
+	path, err := lookRunc(argv[0])
+	if err != nil {
+		return err
+	}
+	err = syscall.Exec(path, argv, os.Environ())
+	return fmt.Errorf("exec %s: %w", path, err)
+}
+
+// runRunc runs runc with argv as a child sharing this process's standard
+// files and the preserveFDs files after them, and returns its exit status.
+func runRunc(ctx context.Context, argv []string, preserveFDs int) (int, error) {
+	path, err := lookRunc(argv[0])
+	if err != nil {
+		return 0, err
+	}
+	cmd := exec.Command(path, argv[1:]...)
+	cmd.Args[0] = argv[0]
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+	for fd := 3; fd < 3+preserveFDs; fd++ {
+		cmd.ExtraFiles = append(cmd.ExtraFiles, os.NewFile(uintptr(fd), fmt.Sprintf("fd%d", fd)))
+	}
+	if err := cmd.Start(); err != nil {
+		return 0, fmt.Errorf("runc: %w", err)
+	}
+	// A SIGTERM to this process (ctx ends) goes on to runc, which decides.
+	done := make(chan struct{})
+	defer close(done)
+	go func() {
+		select {
+		case <-ctx.Done():
+			cmd.Process.Signal(syscall.SIGTERM)
+		case <-done:
+		}
+	}()
+	err = cmd.Wait()
+	var exit *exec.ExitError
+	if errors.As(err, &exit) {
+		return exit.ExitCode(), nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("runc: %w", err)
+	}
+	return 0, nil
+}
+
+// runcDirs are where runc is looked for when PATH does not have it: some
+// callers (Podman's cleanup) run the runtime with a short PATH.
+var runcDirs = []string{"/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"}
+
+// lookRunc finds the runc binary name (a path, or a name looked up in PATH
+// and then in runcDirs).
+func lookRunc(name string) (string, error) {
+	path, err := exec.LookPath(name)
+	if err == nil || strings.Contains(name, "/") {
+		if err != nil {
+			return "", fmt.Errorf("runc: %w", err)
+		}
+		return path, nil
+	}
+	for _, dir := range runcDirs {
+		if p, err2 := exec.LookPath(filepath.Join(dir, name)); err2 == nil {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("runc: %w", err)
+}

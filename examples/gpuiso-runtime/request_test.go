@@ -1,0 +1,151 @@
+package main
+
+import (
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/gpuiso/gpuiso/node"
+)
+
+func TestParseDevices(t *testing.T) {
+	const uuid = "GPU-c85259e4-9a57-11db-56e0-57babeeac58c"
+	const mig = "MIG-4a3e2b1c-1111-2222-3333-444455556666"
+	for _, tc := range []struct {
+		name string
+		in   string
+		want Devices
+		err  bool
+	}{
+		{name: "empty", in: ""},
+		{name: "blank", in: "  "},
+		{name: "none", in: "none"},
+		{name: "void", in: "void"},
+		{name: "all", in: "all", want: Devices{All: true}},
+		{name: "all spaced", in: " all ", want: Devices{All: true}},
+		{name: "indexes", in: "2,3", want: Devices{IDs: []string{"2", "3"}}},
+		{name: "order kept", in: "3,0,1", want: Devices{IDs: []string{"3", "0", "1"}}},
+		{name: "spaces", in: " 2 , 3 ", want: Devices{IDs: []string{"2", "3"}}},
+		{name: "uuid", in: uuid, want: Devices{IDs: []string{uuid}}},
+		{name: "mig uuid", in: mig, want: Devices{IDs: []string{mig}}},
+		{name: "legacy mig uuid", in: "MIG-" + uuid + "/1/0", want: Devices{IDs: []string{"MIG-" + uuid + "/1/0"}}},
+		{name: "mixed", in: "0," + uuid, want: Devices{IDs: []string{"0", uuid}}},
+		{name: "empty entry", in: "1,,2", err: true},
+		{name: "trailing comma", in: "1,", err: true},
+		{name: "all among others", in: "all,1", err: true},
+		{name: "none among others", in: "1,none", err: true},
+		{name: "duplicate", in: "1,1", err: true},
+		{name: "negative", in: "-1", err: true},
+		{name: "huge index", in: "99999999999999999999", err: true},
+		{name: "mig index form", in: "0:1", err: true},
+		{name: "bare prefix", in: "GPU-", err: true},
+		{name: "bad uuid char", in: "GPU-ab;rm", err: true},
+		{name: "name", in: "tesla", err: true},
+		{name: "bus id", in: "0000:3b:00.0", err: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := ParseDevices(tc.in)
+			if tc.err {
+				if !errors.Is(err, ErrInvalidDevices) || !errors.Is(err, node.ErrInvalid) {
+					t.Fatalf("ParseDevices(%q) = %+v, %v; want ErrInvalidDevices", tc.in, got, err)
+				}
+				if !got.None() {
+					t.Errorf("a refused list gives %+v", got)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("ParseDevices(%q): %v", tc.in, err)
+			}
+			if got.All != tc.want.All || !slices.Equal(got.IDs, tc.want.IDs) {
+				t.Errorf("ParseDevices(%q) = %+v, want %+v", tc.in, got, tc.want)
+			}
+		})
+	}
+}
+
+// FuzzParseDevices: any input gives a list or ErrInvalidDevices, never a
+// panic; an accepted list names each device once, with no empty, "all" or
+// separator inside an entry, and parses again to itself.
+func FuzzParseDevices(f *testing.F) {
+	for _, s := range []string{"", "all", "none", "void", "0", "2,3", "GPU-abc,1", "MIG-x/1/0", "0:1", "1,,2", " 1 , 2 "} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		d, err := ParseDevices(s)
+		if err != nil {
+			if !errors.Is(err, ErrInvalidDevices) {
+				t.Fatalf("ParseDevices(%q): %v is no ErrInvalidDevices", s, err)
+			}
+			return
+		}
+		seen := map[string]bool{}
+		for _, id := range d.IDs {
+			if id == "" || id == "all" || strings.ContainsAny(id, ", \t") || seen[id] {
+				t.Fatalf("ParseDevices(%q) gives entry %q in %q", s, id, d.IDs)
+			}
+			seen[id] = true
+		}
+		if d.All && len(d.IDs) > 0 {
+			t.Fatalf("ParseDevices(%q) = %+v: all and ids", s, d)
+		}
+		if len(d.IDs) > 0 {
+			again, err := ParseDevices(strings.Join(d.IDs, ","))
+			if err != nil || !slices.Equal(again.IDs, d.IDs) {
+				t.Fatalf("ParseDevices(%q) = %q does not parse to itself: %q, %v", s, d.IDs, again.IDs, err)
+			}
+		}
+	})
+}
+
+func TestRequestOf(t *testing.T) {
+	const kind = "nvidia.com/gpu"
+	swarm := defaultSwarmResources
+	spec := func(env []string, ann map[string]string) *specs.Spec {
+		return &specs.Spec{Process: &specs.Process{Env: env}, Annotations: ann}
+	}
+	for _, tc := range []struct {
+		name   string
+		spec   *specs.Spec
+		want   []string
+		all    bool
+		source string
+		err    bool
+	}{
+		{name: "nothing", spec: spec([]string{"PATH=/bin"}, nil)},
+		{name: "no process", spec: &specs.Spec{}},
+		{name: "visible devices", spec: spec([]string{"NVIDIA_VISIBLE_DEVICES=2,3"}, nil), want: []string{"2", "3"}, source: "NVIDIA_VISIBLE_DEVICES"},
+		{name: "last setting wins", spec: spec([]string{"NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_VISIBLE_DEVICES=1"}, nil), want: []string{"1"}, source: "NVIDIA_VISIBLE_DEVICES"},
+		{name: "all", spec: spec([]string{"NVIDIA_VISIBLE_DEVICES=all"}, nil), all: true, source: "NVIDIA_VISIBLE_DEVICES"},
+		{name: "void", spec: spec([]string{"NVIDIA_VISIBLE_DEVICES=void"}, nil), source: "NVIDIA_VISIBLE_DEVICES"},
+		{name: "swarm over image's all", spec: spec([]string{"NVIDIA_VISIBLE_DEVICES=all", "DOCKER_RESOURCE_NVIDIA-GPU=GPU-a,GPU-b"}, nil), want: []string{"GPU-a", "GPU-b"}, source: "DOCKER_RESOURCE_NVIDIA-GPU"},
+		{name: "swarm two names", spec: spec([]string{"DOCKER_RESOURCE_GPU=GPU-b", "DOCKER_RESOURCE_NVIDIA-GPU=GPU-a"}, nil), want: []string{"GPU-a", "GPU-b"}, source: "DOCKER_RESOURCE_NVIDIA-GPU, DOCKER_RESOURCE_GPU"},
+		{name: "swarm other resource ignored", spec: spec([]string{"DOCKER_RESOURCE_FPGA=x", "NVIDIA_VISIBLE_DEVICES=0"}, nil), want: []string{"0"}, source: "NVIDIA_VISIBLE_DEVICES"},
+		{name: "swarm all refused", spec: spec([]string{"DOCKER_RESOURCE_GPU=all"}, nil), err: true},
+		{name: "swarm duplicate across names", spec: spec([]string{"DOCKER_RESOURCE_GPU=GPU-a", "DOCKER_RESOURCE_NVIDIA-GPU=GPU-a"}, nil), err: true},
+		{name: "cdi", spec: spec([]string{"NVIDIA_VISIBLE_DEVICES=all"}, map[string]string{"cdi.k8s.io/ctr": "nvidia.com/gpu=1,nvidia.com/gpu=GPU-x"}), want: []string{"1", "GPU-x"}, source: "cdi.k8s.io/ctr"},
+		{name: "cdi other kind", spec: spec([]string{"NVIDIA_VISIBLE_DEVICES=0"}, map[string]string{"cdi.k8s.io/x": "vendor.com/fpga=1"}), want: []string{"0"}, source: "NVIDIA_VISIBLE_DEVICES"},
+		{name: "cdi all", spec: spec(nil, map[string]string{"cdi.k8s.io/x": "nvidia.com/gpu=all"}), all: true, source: "cdi.k8s.io/x"},
+		{name: "cdi bad name", spec: spec(nil, map[string]string{"cdi.k8s.io/x": "not a name"}), err: true},
+		{name: "bad list", spec: spec([]string{"NVIDIA_VISIBLE_DEVICES=1,,2"}, nil), err: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r, err := requestOf(tc.spec, kind, swarm)
+			if tc.err {
+				if !errors.Is(err, ErrInvalidDevices) {
+					t.Fatalf("requestOf = %+v, %v; want ErrInvalidDevices", r, err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.All != tc.all || !slices.Equal(r.IDs, tc.want) || r.Source != tc.source {
+				t.Errorf("requestOf = %+v, want ids %q all %v source %q", r, tc.want, tc.all, tc.source)
+			}
+		})
+	}
+}
