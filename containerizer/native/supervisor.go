@@ -36,8 +36,9 @@ const (
 )
 
 // CgroupParent is the cgroup parent for the containers of a state
-// directory: "gpuiso/i<12 hex digits of the directory's hash>". Containerizers
-// on distinct state directories then never see each other's cgroups, and
+// directory: "gpuiso/i<12 hex digits of the directory's hash>". New puts an
+// isolator left on the package default parent there. Containerizers on
+// distinct state directories then never see each other's cgroups, and
 // Recover's removal of cgroups no record explains stays within its own.
 func CgroupParent(stateDir string) string {
 	abs, err := filepath.Abs(stateDir)
@@ -116,7 +117,8 @@ func (c *Containerizer) deadClaim(name string) bool {
 }
 
 // Clean tears down the containers of the state directory whose supervisor
-// is provably dead: it kills their processes and gives back their cgroups,
+// is provably dead, and the state directory's own cgroup parent once it is
+// empty: it kills their processes and gives back their cgroups,
 // /dev mounts, volume users, GPUs and directories, as Destroy does. It
 // leaves alone containers this process knows and those of live supervisors,
 // and returns the ids it cleaned. A program that runs its containers only
@@ -158,6 +160,7 @@ func (c *Containerizer) Clean(ctx context.Context) ([]string, error) {
 		}
 		cleaned = append(cleaned, id)
 	}
+	c.removeParent() // if nothing is left in it
 	return cleaned, errors.Join(errs...)
 }
 
