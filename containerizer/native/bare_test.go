@@ -399,3 +399,93 @@ func TestBareRecover(t *testing.T) {
 		t.Fatal("the first instance never saw its container end")
 	}
 }
+
+// parentedRecorder is a recorder that tells its cgroup parent.
+type parentedRecorder struct {
+	*recorder
+	parent string
+}
+
+func (p *parentedRecorder) Parent() string { return p.parent }
+
+func (p *parentedRecorder) RemoveParent() error { return p.record("remove-parent") }
+
+// TestBareUnexplainedCgroups: Recover removes a cgroup no record explains
+// only when the isolator's parent is the state directory's own, and then
+// removes the parent (the isolator leaves one in use); an isolator on any
+// other parent, or one that does not tell it, keeps every cgroup that is
+// not its containers'.
+func TestBareUnexplainedCgroups(t *testing.T) {
+	tests := []struct {
+		name        string
+		parent      func(state string) string // nil: an isolator that does not tell
+		wantRemoved bool
+	}{
+		{"own parent", CgroupParent, true},
+		{"shared parent", func(string) string { return cgroups.DefaultParent }, false},
+		{"another state directory's", func(string) string { return CgroupParent("/elsewhere") }, false},
+		{"parent not told", nil, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			n := newBareNode(t)
+			rec := newRecorder()
+			var iso Isolator = rec
+			if tt.parent != nil {
+				iso = &parentedRecorder{recorder: rec, parent: tt.parent(n.state)}
+			}
+			rec.rules["stranger"] = nil // someone else's container, or a lost one
+			c, err := New(Config{Allocator: n.alloc, Inventory: n.inv, Isolator: iso, StateDir: n.state})
+			if err != nil {
+				t.Fatal(err)
+			}
+			c.dev, c.bare = n.dev, true
+			if _, err := c.Recover(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			removed := slices.Contains(rec.calls, "destroy stranger")
+			if removed != tt.wantRemoved {
+				t.Errorf("stranger's cgroup removed: %v, want %v (calls %v)", removed, tt.wantRemoved, rec.calls)
+			}
+			if parentRemoved := slices.Contains(rec.calls, "remove-parent"); parentRemoved != tt.wantRemoved {
+				t.Errorf("parent removal asked: %v, want %v", parentRemoved, tt.wantRemoved)
+			}
+		})
+	}
+}
+
+// TestNewOwnParent: New moves an isolator on the package default parent to
+// the state directory's own, and leaves one on a parent the caller chose.
+func TestNewOwnParent(t *testing.T) {
+	n := newBareNode(t)
+	tests := []struct {
+		name string
+		opts []cgroups.Option
+		want string
+	}{
+		{"default parent", nil, CgroupParent(n.state)},
+		{"default parent named", []cgroups.Option{cgroups.WithParent(cgroups.DefaultParent)}, CgroupParent(n.state)},
+		{"chosen parent", []cgroups.Option{cgroups.WithParent("agent/gpus")}, "agent/gpus"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			iso, err := cgroups.New(tt.opts...)
+			if errors.Is(err, isolator.ErrNotSupported) {
+				t.Skipf("no cgroup hierarchy here: %v", err)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			c, err := New(Config{Allocator: n.alloc, Inventory: n.inv, Isolator: iso, StateDir: n.state})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := c.Isolator().(*cgroups.Isolator).Parent(); got != tt.want {
+				t.Errorf("the containerizer's cgroup parent = %q, want %q", got, tt.want)
+			}
+			if iso.Parent() != cgroups.DefaultParent && tt.want == CgroupParent(n.state) {
+				t.Errorf("the caller's isolator was changed: parent %q", iso.Parent())
+			}
+		})
+	}
+}
