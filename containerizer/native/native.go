@@ -529,7 +529,9 @@ func (c *Containerizer) get(id string) (*container, error) {
 
 // Destroy kills every process of the container, removes its cgroup, /dev and
 // state, and releases its GPUs and volume. A container already gone is not
-// an error.
+// an error. A cgroup that stays busy for seconds after its processes were
+// killed (one stuck in the kernel) is reported rather than waited for;
+// Destroy, or a later Clean or Recover, can try again.
 func (c *Containerizer) Destroy(ctx context.Context, id string) error {
 	if err := node.ValidateOwner(id); err != nil {
 		return fmt.Errorf("destroy %s: %w", id, err)

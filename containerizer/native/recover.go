@@ -24,8 +24,8 @@ import (
 // Config.Isolator), and only its direct children that are no parent of
 // cgroups themselves: Recover never signals or removes a process or cgroup
 // of another containerizer, nor waits on one. Each cgroup's removal is
-// bounded in time. It returns the re-adopted containers. Errors are joined: one container
-// that cannot be recovered does not stop the others.
+// bounded in time. It returns the re-adopted containers. Errors are
+// joined: one container that cannot be recovered does not stop the others.
 func (c *Containerizer) Recover(ctx context.Context) ([]containerizer.Container, error) {
 	if c.containers == nil {
 		return nil, fmt.Errorf("recover: %w", containerizer.ErrNotMade)
