@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"sort"
@@ -487,5 +488,55 @@ func TestNewOwnParent(t *testing.T) {
 				t.Errorf("the caller's isolator was changed: parent %q", iso.Parent())
 			}
 		})
+	}
+}
+
+// TestBareTempDir: a TempDir is named for its process; Clean leaves this
+// process's and a live one's, removes a dead one's (with what it holds) once
+// that process's containers are torn down, and Recover removes none.
+func TestBareTempDir(t *testing.T) {
+	n := newBareNode(t)
+	ctx := context.Background()
+	mine, err := n.c.TempDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(filepath.Base(mine), fmt.Sprintf(".tmp-%d.", os.Getpid())) || filepath.Dir(mine) != n.state {
+		t.Fatalf("TempDir = %s, want .tmp-%d.* in %s", mine, os.Getpid(), n.state)
+	}
+	if err := node.ValidateOwner(filepath.Base(mine)); err == nil {
+		t.Fatalf("%s could be a container's id", filepath.Base(mine))
+	}
+	deadProc := exec.Command("/bin/true")
+	if err := deadProc.Run(); err != nil {
+		t.Skip(err)
+	}
+	dead := filepath.Join(n.state, fmt.Sprintf(".tmp-%d.1-abc", deadProc.Process.Pid))
+	parent, err := allocator.ProcessHolder("", os.Getppid()) // a live process
+	if err != nil {
+		t.Skip(err)
+	}
+	live := filepath.Join(n.state, fmt.Sprintf(".tmp-%d.%d-abc", parent.Pid, parent.Start))
+	for _, d := range []string{filepath.Join(dead, "rootfs", "gpuiso-unpack-1"), live} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := n.c.Recover(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(dead); err != nil {
+		t.Fatalf("Recover removed a dead process's directory: %v", err)
+	}
+	if _, err := n.c.Clean(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(dead); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("Clean left a dead process's directory: %v", err)
+	}
+	for _, d := range []string{mine, live} {
+		if _, err := os.Stat(d); err != nil {
+			t.Errorf("Clean removed %s: %v", d, err)
+		}
 	}
 }

@@ -130,7 +130,9 @@
 // [Containerizer.Clean] tears them down (processes killed, cgroup, /dev
 // mounts, volume user, GPUs and directory given back) for programs whose
 // containers should not outlive them. Neither touches a container of a live
-// process.
+// process. [Containerizer.TempDir] gives a program a directory of its own
+// under the state directory (for an unpacked image, say) that Clean removes
+// once the program has died.
 //
 // Each state directory has its own cgroup parent, [CgroupParent]: [New]
 // moves an isolator built with cgroups.New() (the shared default parent)

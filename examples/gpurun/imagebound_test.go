@@ -150,7 +150,7 @@ func TestImageBoundary(t *testing.T) {
 	}
 	// The run's tree and the unpacker's scratch live under the state
 	// directory, named for the run (this process).
-	trees, _ := os.ReadDir(filepath.Join(defaultStateDir, "tmp"))
+	trees, _ := os.ReadDir(filepath.Join(defaultStateDir, "native"))
 	for _, e := range trees {
 		if strings.Contains(e.Name(), fmt.Sprintf("-%d.", os.Getpid())) {
 			t.Errorf("a refused image left %s in the state directory", e.Name())

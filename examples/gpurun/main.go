@@ -32,8 +32,8 @@
 //
 // Runs keep their state in a state directory: --state-dir DIR, or
 // /var/lib/gpuiso/gpurun without it. It holds each container's record
-// (naming the gpurun that supervises it) under native/, and each run's
-// simulated node and --image tree (with the unpacker's scratch) under tmp/;
+// (naming the gpurun that supervises it) and each run's --image tree (with
+// the unpacker's scratch) under native/, each run's simulated node under tmp/;
 // the containers' cgroups go under the cgroup parent derived from it
 // (gpuiso/i<hash>, removed with its last container). Each gpurun first
 // tears down what killed runs of the same state directory left: their
@@ -74,9 +74,6 @@ func main() {
 
 // defaultStateDir is the state directory of runs without --state-dir.
 const defaultStateDir = "/var/lib/gpuiso/gpurun"
-
-// imageTempPrefix names the directory of an --image run's tree.
-const imageTempPrefix = "gpurun-rootfs"
 
 // Exit codes of gpurun itself, as docker run has them; anything else is the
 // command's (126: it could not be run, 127: it was not found).
@@ -171,12 +168,12 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		return fail("--cgroup %q: want v1 or v2", *version)
 	}
 	// Runs share a state directory: --state-dir, or defaultStateDir. It
-	// holds the containers' records (one directory each, naming the gpurun
-	// that supervises it), whose cgroup parent native.New derives from it,
-	// and under tmp each run's simulated node and --image tree; with
-	// --state-dir the allocator's state too. Each run first cleans up after
-	// runs that were killed: their containers, cgroups, /dev mounts and GPUs,
-	// then their temporary trees.
+	// holds under native the containers' records (one directory each,
+	// naming the gpurun that supervises it), whose cgroup parent native.New
+	// derives from it, and each run's --image tree; under tmp each run's
+	// simulated node; with --state-dir the allocator's state too. Each run
+	// first cleans up after runs that were killed: their containers,
+	// cgroups, /dev mounts and GPUs, then their trees.
 	stateRoot := defaultStateDir
 	if *stateDir != "" {
 		abs, err := filepath.Abs(*stateDir)
@@ -187,11 +184,10 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		stateRoot = abs
 	}
 	state, tmp := filepath.Join(stateRoot, "native"), filepath.Join(stateRoot, "tmp")
-	mkTmp := func() error { return os.MkdirAll(tmp, 0o700) }
 
 	// The node: the host's, or a simulated one under a temporary directory.
 	if *simulate != "" {
-		if err := mkTmp(); err != nil {
+		if err := os.MkdirAll(tmp, 0o700); err != nil {
 			return fail("state directory: %v", err)
 		}
 	}
@@ -217,13 +213,9 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	}
 	if _, err := c.Clean(ctx); err != nil {
 		fmt.Fprintf(stderr, "gpurun: cleaning up after killed runs: %v\n", err)
-	} else {
-		// Their containers are gone: nothing runs in their trees any more.
-		for _, prefix := range []string{"", imageTempPrefix} {
-			if _, err := cli.RemoveDeadTempIn(tmp, prefix); err != nil {
-				fmt.Fprintf(stderr, "gpurun: cleaning up after killed runs: %v\n", err)
-			}
-		}
+	} else if _, err := cli.RemoveDeadTempIn(tmp, ""); err != nil {
+		// Their containers are gone: nothing uses their simulated nodes.
+		fmt.Fprintf(stderr, "gpurun: cleaning up after killed runs: %v\n", err)
 	}
 
 	id := fmt.Sprintf("gpurun-%d", os.Getpid())
@@ -232,13 +224,10 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	if *image != "" {
 		// The image's labels and environment decide the driver volume, as
 		// for a Docker image; its entrypoint runs the arguments (or its CMD).
-		// The tree and the unpacker's scratch live in one directory under
-		// the state directory, named for this run: a later run removes it
-		// if this one is killed.
-		if err := mkTmp(); err != nil {
-			return fail("state directory: %v", err)
-		}
-		dir, err := os.MkdirTemp(tmp, cli.TempPattern(imageTempPrefix))
+		// The tree and the unpacker's scratch live in a directory of this
+		// run under the state directory: a later run's Clean removes it if
+		// this one is killed.
+		dir, err := c.TempDir()
 		if err != nil {
 			return fail("%v", err)
 		}
