@@ -148,7 +148,7 @@ func checkNothingLeft(t *testing.T, killed []killedRun, tmp string) {
 	state := filepath.Join(defaultStateDir, "native")
 	parent := filepath.Join("/sys/fs/cgroup/devices", native.CgroupParent(state))
 	trees, _ := os.ReadDir(filepath.Join(defaultStateDir, "tmp")) // simulated nodes
-	images, _ := os.ReadDir(state)                                 // --image trees: .tmp-*
+	images, _ := os.ReadDir(state)                                // --image trees: .tmp-*
 	trees = append(trees, images...)
 	mounts, err := os.ReadFile("/proc/self/mountinfo")
 	if err != nil {
