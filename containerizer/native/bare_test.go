@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"sort"
@@ -397,5 +398,145 @@ func TestBareRecover(t *testing.T) {
 	case <-old.containers["lives"].exited:
 	case <-time.After(10 * time.Second):
 		t.Fatal("the first instance never saw its container end")
+	}
+}
+
+// parentedRecorder is a recorder that tells its cgroup parent.
+type parentedRecorder struct {
+	*recorder
+	parent string
+}
+
+func (p *parentedRecorder) Parent() string { return p.parent }
+
+func (p *parentedRecorder) RemoveParent() error { return p.record("remove-parent") }
+
+// TestBareUnexplainedCgroups: Recover removes a cgroup no record explains
+// only when the isolator's parent is the state directory's own, and then
+// removes the parent (the isolator leaves one in use); an isolator on any
+// other parent, or one that does not tell it, keeps every cgroup that is
+// not its containers'.
+func TestBareUnexplainedCgroups(t *testing.T) {
+	tests := []struct {
+		name        string
+		parent      func(state string) string // nil: an isolator that does not tell
+		wantRemoved bool
+	}{
+		{"own parent", CgroupParent, true},
+		{"shared parent", func(string) string { return cgroups.DefaultParent }, false},
+		{"another state directory's", func(string) string { return CgroupParent("/elsewhere") }, false},
+		{"parent not told", nil, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			n := newBareNode(t)
+			rec := newRecorder()
+			var iso Isolator = rec
+			if tt.parent != nil {
+				iso = &parentedRecorder{recorder: rec, parent: tt.parent(n.state)}
+			}
+			rec.rules["stranger"] = nil // someone else's container, or a lost one
+			c, err := New(Config{Allocator: n.alloc, Inventory: n.inv, Isolator: iso, StateDir: n.state})
+			if err != nil {
+				t.Fatal(err)
+			}
+			c.dev, c.bare = n.dev, true
+			if _, err := c.Recover(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			removed := slices.Contains(rec.calls, "destroy stranger")
+			if removed != tt.wantRemoved {
+				t.Errorf("stranger's cgroup removed: %v, want %v (calls %v)", removed, tt.wantRemoved, rec.calls)
+			}
+			if parentRemoved := slices.Contains(rec.calls, "remove-parent"); parentRemoved != tt.wantRemoved {
+				t.Errorf("parent removal asked: %v, want %v", parentRemoved, tt.wantRemoved)
+			}
+		})
+	}
+}
+
+// TestNewOwnParent: New moves an isolator on the package default parent to
+// the state directory's own, and leaves one on a parent the caller chose.
+func TestNewOwnParent(t *testing.T) {
+	n := newBareNode(t)
+	tests := []struct {
+		name string
+		opts []cgroups.Option
+		want string
+	}{
+		{"default parent", nil, CgroupParent(n.state)},
+		{"default parent named", []cgroups.Option{cgroups.WithParent(cgroups.DefaultParent)}, CgroupParent(n.state)},
+		{"chosen parent", []cgroups.Option{cgroups.WithParent("agent/gpus")}, "agent/gpus"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			iso, err := cgroups.New(tt.opts...)
+			if errors.Is(err, isolator.ErrNotSupported) {
+				t.Skipf("no cgroup hierarchy here: %v", err)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			c, err := New(Config{Allocator: n.alloc, Inventory: n.inv, Isolator: iso, StateDir: n.state})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := c.Isolator().(*cgroups.Isolator).Parent(); got != tt.want {
+				t.Errorf("the containerizer's cgroup parent = %q, want %q", got, tt.want)
+			}
+			if iso.Parent() != cgroups.DefaultParent && tt.want == CgroupParent(n.state) {
+				t.Errorf("the caller's isolator was changed: parent %q", iso.Parent())
+			}
+		})
+	}
+}
+
+// TestBareTempDir: a TempDir is named for its process; Clean leaves this
+// process's and a live one's, removes a dead one's (with what it holds) once
+// that process's containers are torn down, and Recover removes none.
+func TestBareTempDir(t *testing.T) {
+	n := newBareNode(t)
+	ctx := context.Background()
+	mine, err := n.c.TempDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(filepath.Base(mine), fmt.Sprintf(".tmp-%d.", os.Getpid())) || filepath.Dir(mine) != n.state {
+		t.Fatalf("TempDir = %s, want .tmp-%d.* in %s", mine, os.Getpid(), n.state)
+	}
+	if err := node.ValidateOwner(filepath.Base(mine)); err == nil {
+		t.Fatalf("%s could be a container's id", filepath.Base(mine))
+	}
+	deadProc := exec.Command("/bin/true")
+	if err := deadProc.Run(); err != nil {
+		t.Skip(err)
+	}
+	dead := filepath.Join(n.state, fmt.Sprintf(".tmp-%d.1-abc", deadProc.Process.Pid))
+	parent, err := allocator.ProcessHolder("", os.Getppid()) // a live process
+	if err != nil {
+		t.Skip(err)
+	}
+	live := filepath.Join(n.state, fmt.Sprintf(".tmp-%d.%d-abc", parent.Pid, parent.Start))
+	for _, d := range []string{filepath.Join(dead, "rootfs", "gpuiso-unpack-1"), live} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := n.c.Recover(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(dead); err != nil {
+		t.Fatalf("Recover removed a dead process's directory: %v", err)
+	}
+	if _, err := n.c.Clean(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(dead); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("Clean left a dead process's directory: %v", err)
+	}
+	for _, d := range []string{mine, live} {
+		if _, err := os.Stat(d); err != nil {
+			t.Errorf("Clean removed %s: %v", d, err)
+		}
 	}
 }

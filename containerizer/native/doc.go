@@ -130,9 +130,17 @@
 // [Containerizer.Clean] tears them down (processes killed, cgroup, /dev
 // mounts, volume user, GPUs and directory given back) for programs whose
 // containers should not outlive them. Neither touches a container of a live
-// process. Cgroups that no directory explains are removed only within the
-// isolator's own parent: give each state directory its own with
-// [CgroupParent].
+// process. [Containerizer.TempDir] gives a program a directory of its own
+// under the state directory (for an unpacked image, say) that Clean removes
+// once the program has died.
+//
+// Each state directory has its own cgroup parent, [CgroupParent]: [New]
+// moves an isolator built with cgroups.New() (the shared default parent)
+// there, so that two programs built the same way with state directories
+// of their own cannot touch each other's containers. Cgroups that no
+// directory explains are removed only within that own parent, and only
+// those that are no parent of cgroups themselves; each removal is bounded
+// in time, and the parent goes once its last container has.
 //
 // # Who owns what
 //

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"time"
 
 	"github.com/gpuiso/gpuiso/allocator"
 	"github.com/gpuiso/gpuiso/containerizer"
@@ -25,14 +26,19 @@ func ExampleContainerizer_Launch() {
 		return
 	}
 	a, _ := allocator.New(inv, allocator.WithStateDir("/var/lib/gpuiso/allocator"))
-	iso, _ := cgroups.New()
+	iso, _ := cgroups.New() // New moves it to the state directory's own cgroup parent
 	vols, _ := volume.New()
-	c, err := native.New(native.Config{Allocator: a, Inventory: inv, Isolator: iso, Volumes: vols, ReconcileAllocator: true})
+	c, err := native.New(native.Config{Allocator: a, Inventory: inv, Isolator: iso, Volumes: vols,
+		StateDir: "/run/gpuiso/agent-7", ReconcileAllocator: true})
 	if err != nil {
 		fmt.Println(err)
 		return
 	}
-	c.Recover(ctx)
+	// Only this state directory's containers and cgroups are recovered or
+	// cleaned: other agents' are never touched, nor waited for.
+	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	c.Recover(rctx)
+	cancel()
 	ct, err := c.Launch(ctx, containerizer.Spec{ID: "train-7", Command: []string{"nvidia-smi", "-L"},
 		GPUs: allocator.Request{Count: 2}, Stdout: os.Stdout, Stderr: os.Stderr})
 	if err != nil {

@@ -40,7 +40,12 @@ type Config struct {
 	// Inventory is the node the allocator was made for.
 	Inventory *node.Inventory
 	// Isolator confines each container to its devices: a
-	// *cgroups.Isolator, in practice.
+	// *cgroups.Isolator, in practice. One on the package default parent
+	// (cgroups.DefaultParent, what cgroups.New() gives) is moved to the
+	// state directory's own parent, CgroupParent(StateDir), so that
+	// containerizers on distinct state directories never share a cgroup
+	// parent. Only in its own parent does Recover remove cgroups no record
+	// explains, and the parent itself once its last container is gone.
 	Isolator Isolator
 	// Volumes provides the driver volume; nil means containers get none.
 	Volumes *volume.Manager
@@ -114,6 +119,10 @@ type Containerizer struct {
 	dev  devices
 	// seccomp holds the seccomp programs built so far.
 	seccomp programs
+	// parent is the isolator's view of its cgroup parent, when it is the
+	// state directory's own (CgroupParent): then cgroups no record
+	// explains are this containerizer's to remove, and so is the parent.
+	parent parented
 	// bare starts inits without namespaces, mounts or confinement: only
 	// the package's own tests of its bookkeeping set it.
 	bare bool
@@ -169,12 +178,36 @@ func New(cfg Config) (*Containerizer, error) {
 			return nil, fmt.Errorf("native containerizer: %q must be an absolute path", p)
 		}
 	}
+	own := CgroupParent(cfg.StateDir)
+	if iso, ok := cfg.Isolator.(*cgroups.Isolator); ok && iso.Parent() == cgroups.DefaultParent {
+		moved, err := iso.InParent(own)
+		if err != nil {
+			return nil, fmt.Errorf("native containerizer: %w", err)
+		}
+		cfg.Isolator = moved
+	}
 	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
 		return nil, fmt.Errorf("native containerizer: %w", err)
 	}
 	prep := &containerizer.Preparer{Allocator: cfg.Allocator, Inventory: cfg.Inventory, Volumes: cfg.Volumes, DevRoot: cfg.DevRoot}
-	return &Containerizer{cfg: cfg, prep: prep, dev: hostDevices{}, self: self(cfg.ProcRoot), containers: map[string]*container{}}, nil
+	c := &Containerizer{cfg: cfg, prep: prep, dev: hostDevices{}, self: self(cfg.ProcRoot), containers: map[string]*container{}}
+	if p, ok := cfg.Isolator.(parented); ok && p.Parent() == own {
+		c.parent = p
+	}
+	return c, nil
 }
+
+// parented is what an isolator tells of its cgroup parent;
+// *cgroups.Isolator has it.
+type parented interface {
+	Parent() string
+	RemoveParent() error
+}
+
+// Isolator is the isolator the containerizer works with: Config.Isolator,
+// or the same on the state directory's own cgroup parent when
+// Config.Isolator was on the package default.
+func (c *Containerizer) Isolator() Isolator { return c.cfg.Isolator }
 
 func (c *Containerizer) dir(id string) string     { return filepath.Join(c.cfg.StateDir, id) }
 func (c *Containerizer) rootDir(id string) string { return filepath.Join(c.dir(id), "root") }
@@ -281,13 +314,54 @@ func (c *Containerizer) launch(ctx context.Context, spec containerizer.Spec, ct 
 		return fmt.Errorf("private /dev: %w", err)
 	}
 	undo = append(undo, func() { c.dev.removeDev(c.devDir(spec.ID)) })
-	if err := c.cfg.Isolator.Apply(ctx, spec.ID, plan.Rules); err != nil {
+	if err := c.apply(ctx, spec.ID, plan.Rules); err != nil {
 		return err
 	}
-	undo = append(undo, func() { c.cfg.Isolator.Destroy(bg, spec.ID) })
+	undo = append(undo, func() { c.destroyCgroup(bg, spec.ID) })
 	// The record is written once the init's pid is known. A crash before
 	// leaves a state directory without one, which Recover tears down.
 	return c.start(ctx, spec, ct, plan)
+}
+
+// apply makes the container's cgroup. Another process on the same state
+// directory may remove the empty parent between the isolator's making of
+// the parent and of the container's cgroup in it: then it tries again.
+func (c *Containerizer) apply(ctx context.Context, id string, rules []isolator.Rule) error {
+	var err error
+	for range 5 {
+		if err = c.cfg.Isolator.Apply(ctx, id, rules); !errors.Is(err, fs.ErrNotExist) {
+			return err
+		}
+	}
+	return err
+}
+
+// destroyBound bounds each removal of a cgroup: the kernel empties a
+// cgroup of killed processes in milliseconds, so a cgroup still busy after
+// it (a parent of cgroups not known to it, say) is reported, not waited for.
+const destroyBound = 5 * time.Second
+
+// destroyCgroup removes container id's cgroup, within destroyBound, then
+// the state directory's own cgroup parent if that was its last container.
+func (c *Containerizer) destroyCgroup(ctx context.Context, id string) error {
+	ctx, cancel := context.WithTimeout(ctx, destroyBound)
+	defer cancel()
+	if err := c.cfg.Isolator.Destroy(ctx, id); err != nil {
+		return err
+	}
+	c.removeParent()
+	return nil
+}
+
+// removeParent removes the state directory's own cgroup parent if it is
+// empty; one still in use stays.
+func (c *Containerizer) removeParent() {
+	if c.parent == nil {
+		return
+	}
+	if err := c.parent.RemoveParent(); err != nil {
+		c.cfg.Logger.Warn("cgroup parent left", "parent", c.parent.Parent(), "err", err)
+	}
 }
 
 // planExtra is the part of a plan's environment that does not name its
@@ -455,7 +529,9 @@ func (c *Containerizer) get(id string) (*container, error) {
 
 // Destroy kills every process of the container, removes its cgroup, /dev and
 // state, and releases its GPUs and volume. A container already gone is not
-// an error.
+// an error. A cgroup that stays busy for seconds after its processes were
+// killed (one stuck in the kernel) is reported rather than waited for;
+// Destroy, or a later Clean or Recover, can try again.
 func (c *Containerizer) Destroy(ctx context.Context, id string) error {
 	if err := node.ValidateOwner(id); err != nil {
 		return fmt.Errorf("destroy %s: %w", id, err)
@@ -490,7 +566,7 @@ func (c *Containerizer) Destroy(ctx context.Context, id string) error {
 // teardown gives back everything a container held, in the reverse order of
 // launch. Every step tolerates what is already gone.
 func (c *Containerizer) teardown(ctx context.Context, id string, rec record) error {
-	if err := c.cfg.Isolator.Destroy(ctx, id); err != nil {
+	if err := c.destroyCgroup(ctx, id); err != nil {
 		return err
 	}
 	var errs []error

@@ -19,9 +19,13 @@ import (
 // state directory and the kernel hold. A container whose init still runs
 // (same pid, same start time) and whose cgroup exists is re-adopted with its
 // GPUs: re-allocated by identity if the allocator has lost them. Any other
-// is torn down and its GPUs released, as are cgroups no record explains.
-// It returns the re-adopted containers. Errors are joined: one container
-// that cannot be recovered does not stop the others.
+// is torn down and its GPUs released. Cgroups no record explains are
+// removed only in the state directory's own cgroup parent (see
+// Config.Isolator), and only its direct children that are no parent of
+// cgroups themselves: Recover never signals or removes a process or cgroup
+// of another containerizer, nor waits on one. Each cgroup's removal is
+// bounded in time. It returns the re-adopted containers. Errors are
+// joined: one container that cannot be recovered does not stop the others.
 func (c *Containerizer) Recover(ctx context.Context) ([]containerizer.Container, error) {
 	if c.containers == nil {
 		return nil, fmt.Errorf("recover: %w", containerizer.ErrNotMade)
@@ -68,16 +72,20 @@ func (c *Containerizer) Recover(ctx context.Context) ([]containerizer.Container,
 	if ownersErr != nil {
 		errs = append(errs, fmt.Errorf("recover: %w", ownersErr))
 	}
+	if c.parent == nil {
+		owners = nil // a parent other containerizers may share
+	}
 	for _, id := range owners {
 		if !seen[id] {
 			if _, err := c.get(id); errors.Is(err, containerizer.ErrUnknownContainer) {
 				c.cfg.Logger.Info("removing a cgroup no container record explains", "id", id)
-				if err := c.cfg.Isolator.Destroy(ctx, id); err != nil {
+				if err := c.destroyCgroup(ctx, id); err != nil {
 					errs = append(errs, fmt.Errorf("recover: orphan cgroup %s: %w", id, err))
 				}
 			}
 		}
 	}
+	c.removeParent() // if nothing is left in it
 	if c.cfg.ReconcileAllocator {
 		live := slices.Clone(others)
 		for _, ct := range c.Containers() {

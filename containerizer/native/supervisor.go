@@ -33,11 +33,13 @@ import (
 const (
 	supervisorFile = "supervisor.json"
 	claimPrefix    = ".new-"
+	tempPrefix     = ".tmp-"
 )
 
 // CgroupParent is the cgroup parent for the containers of a state
-// directory: "gpuiso/i<12 hex digits of the directory's hash>". Containerizers
-// on distinct state directories then never see each other's cgroups, and
+// directory: "gpuiso/i<12 hex digits of the directory's hash>". New puts an
+// isolator left on the package default parent there. Containerizers on
+// distinct state directories then never see each other's cgroups, and
 // Recover's removal of cgroups no record explains stays within its own.
 func CgroupParent(stateDir string) string {
 	abs, err := filepath.Abs(stateDir)
@@ -106,8 +108,14 @@ func (c *Containerizer) deadClaim(name string) bool {
 	if len(f) < 3 {
 		return false
 	}
-	pid, err1 := strconv.Atoi(f[len(f)-2])
-	start, err2 := strconv.ParseUint(f[len(f)-1], 10, 64)
+	return c.dead(f[len(f)-2], f[len(f)-1])
+}
+
+// dead tells whether the process of that pid and start time has provably
+// died (and is not this one).
+func (c *Containerizer) dead(pidStr, startStr string) bool {
+	pid, err1 := strconv.Atoi(pidStr)
+	start, err2 := strconv.ParseUint(startStr, 10, 64)
 	if err1 != nil || err2 != nil || pid <= 0 {
 		return false
 	}
@@ -115,8 +123,36 @@ func (c *Containerizer) deadClaim(name string) bool {
 	return h != c.self && h.Dead(c.cfg.ProcRoot)
 }
 
+// TempDir makes a directory under the state directory for this process's
+// own use while it runs, such as the unpacked image a container of it runs
+// in. Its name records this process (".tmp-<pid>.<start time>-<random>"):
+// Clean removes it once the process has died, after tearing down that
+// process's containers, so a program killed at any point leaves none
+// behind. Containers that keep the host's file system do not see it, as
+// they do not see the state directory. Remove it when done with it.
+// Recover leaves the directories of dead processes alone, since a
+// container it re-adopts may run in one.
+func (c *Containerizer) TempDir() (string, error) {
+	if c.containers == nil {
+		return "", fmt.Errorf("temporary directory: %w", containerizer.ErrNotMade)
+	}
+	return os.MkdirTemp(c.cfg.StateDir, fmt.Sprintf("%s%d.%d-", tempPrefix, c.self.Pid, c.self.Start))
+}
+
+// deadTemp tells whether name is a TempDir of a dead process.
+func (c *Containerizer) deadTemp(name string) bool {
+	rest, ok := strings.CutPrefix(name, tempPrefix)
+	if !ok {
+		return false
+	}
+	id, _, ok := strings.Cut(rest, "-")
+	pid, start, ok2 := strings.Cut(id, ".")
+	return ok && ok2 && c.dead(pid, start)
+}
+
 // Clean tears down the containers of the state directory whose supervisor
-// is provably dead: it kills their processes and gives back their cgroups,
+// is provably dead, then removes the TempDir directories of dead processes
+// and the state directory's own cgroup parent once it is empty: it kills their processes and gives back their cgroups,
 // /dev mounts, volume users, GPUs and directories, as Destroy does. It
 // leaves alone containers this process knows and those of live supervisors,
 // and returns the ids it cleaned. A program that runs its containers only
@@ -127,10 +163,14 @@ func (c *Containerizer) Clean(ctx context.Context) ([]string, error) {
 	if err != nil {
 		return nil, fmt.Errorf("clean: %w", err)
 	}
-	var cleaned []string
+	var cleaned, temps []string
 	var errs []error
 	for _, e := range entries {
 		id := e.Name()
+		if c.deadTemp(id) {
+			temps = append(temps, id) // once the containers are gone
+			continue
+		}
 		if c.deadClaim(id) {
 			if err := os.RemoveAll(filepath.Join(c.cfg.StateDir, id)); err != nil {
 				errs = append(errs, fmt.Errorf("clean: %w", err))
@@ -158,6 +198,16 @@ func (c *Containerizer) Clean(ctx context.Context) ([]string, error) {
 		}
 		cleaned = append(cleaned, id)
 	}
+	if len(errs) == 0 {
+		// No container of a dead process runs in its directories any more.
+		for _, name := range temps {
+			c.cfg.Logger.Info("removing a temporary directory of a dead process", "dir", name)
+			if err := os.RemoveAll(filepath.Join(c.cfg.StateDir, name)); err != nil {
+				errs = append(errs, fmt.Errorf("clean: %w", err))
+			}
+		}
+	}
+	c.removeParent() // if nothing is left in it
 	return cleaned, errors.Join(errs...)
 }
 

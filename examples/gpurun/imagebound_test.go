@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -63,5 +64,13 @@ func TestImageBoundary(t *testing.T) {
 	}
 	if after, _ := os.ReadDir(tmp); len(after) != len(before) {
 		t.Errorf("a refused image left %d entries in TMPDIR (had %d)", len(after), len(before))
+	}
+	// The run's tree and the unpacker's scratch live under the state
+	// directory, named for the run (this process).
+	trees, _ := os.ReadDir(filepath.Join(defaultStateDir, "native"))
+	for _, e := range trees {
+		if strings.Contains(e.Name(), fmt.Sprintf("-%d.", os.Getpid())) {
+			t.Errorf("a refused image left %s in the state directory", e.Name())
+		}
 	}
 }

@@ -29,6 +29,17 @@
 // instead of whole GPUs, on a node with MIG enabled on some GPUs
 // (--simulate hgx-h100-mig). --simulate runs on a simulated node: real cgroups and real device nodes
 // with NVIDIA's numbers, under a temporary directory. gpurun needs root.
+//
+// Runs keep their state in a state directory: --state-dir DIR, or
+// /var/lib/gpuiso/gpurun without it. It holds each container's record
+// (naming the gpurun that supervises it) and each run's --image tree (with
+// the unpacker's scratch) under native/, each run's simulated node under tmp/;
+// the containers' cgroups go under the cgroup parent derived from it
+// (gpuiso/i<hash>, removed with its last container). Each gpurun first
+// tears down what killed runs of the same state directory left: their
+// containers, cgroups, /dev mounts, GPUs and trees. With --state-dir the
+// allocator's state is kept there too, shared by every gpurun naming it;
+// without, each run allocates from the whole node.
 package main
 
 import (
@@ -60,6 +71,9 @@ func main() {
 	stop()
 	os.Exit(code)
 }
+
+// defaultStateDir is the state directory of runs without --state-dir.
+const defaultStateDir = "/var/lib/gpuiso/gpurun"
 
 // Exit codes of gpurun itself, as docker run has them; anything else is the
 // command's (126: it could not be run, 127: it was not found).
@@ -153,25 +167,31 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	default:
 		return fail("--cgroup %q: want v1 or v2", *version)
 	}
-	// Runs sharing a state directory share the allocator's state, the
-	// containers' records (one directory each, naming the gpurun that
-	// supervises it) and a cgroup parent of their own; each run first
-	// cleans up after runs that were killed.
-	var state string
+	// Runs share a state directory: --state-dir, or defaultStateDir. It
+	// holds under native the containers' records (one directory each,
+	// naming the gpurun that supervises it), whose cgroup parent native.New
+	// derives from it, and each run's --image tree; under tmp each run's
+	// simulated node; with --state-dir the allocator's state too. Each run
+	// first cleans up after runs that were killed: their containers,
+	// cgroups, /dev mounts and GPUs, then their trees.
+	stateRoot := defaultStateDir
 	if *stateDir != "" {
 		abs, err := filepath.Abs(*stateDir)
 		if err != nil {
 			return fail("%v", err)
 		}
 		settings = append(settings, allocator.WithStateDir(abs))
-		isoOpts = append(isoOpts, cgroups.WithParent(native.CgroupParent(abs)))
-		state = filepath.Join(abs, "native")
-		// Simulated nodes of killed runs.
-		_, _ = cli.RemoveDeadTemp("")
+		stateRoot = abs
 	}
+	state, tmp := filepath.Join(stateRoot, "native"), filepath.Join(stateRoot, "tmp")
 
 	// The node: the host's, or a simulated one under a temporary directory.
-	nd, err := cli.OpenNode(ctx, *simulate)
+	if *simulate != "" {
+		if err := os.MkdirAll(tmp, 0o700); err != nil {
+			return fail("state directory: %v", err)
+		}
+	}
+	nd, err := cli.OpenNodeIn(ctx, *simulate, tmp)
 	if err != nil {
 		return fail("%v", err)
 	}
@@ -187,20 +207,15 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		return fail("%v", err)
 	}
 	vols, _ := cli.DriverVolume(ctx)
-	if state == "" {
-		if state, err = os.MkdirTemp("", "gpurun-"); err != nil {
-			return fail("%v", err)
-		}
-		defer os.RemoveAll(state)
-	}
 	c, err := native.New(native.Config{Allocator: alloc, Inventory: inv, Isolator: iso, Volumes: vols, DevRoot: devRoot, StateDir: state})
 	if err != nil {
 		return fail("%v", err)
 	}
-	if *stateDir != "" {
-		if _, err := c.Clean(ctx); err != nil {
-			fmt.Fprintf(stderr, "gpurun: cleaning up after killed runs: %v\n", err)
-		}
+	if _, err := c.Clean(ctx); err != nil {
+		fmt.Fprintf(stderr, "gpurun: cleaning up after killed runs: %v\n", err)
+	} else if _, err := cli.RemoveDeadTempIn(tmp, ""); err != nil {
+		// Their containers are gone: nothing uses their simulated nodes.
+		fmt.Fprintf(stderr, "gpurun: cleaning up after killed runs: %v\n", err)
 	}
 
 	id := fmt.Sprintf("gpurun-%d", os.Getpid())
@@ -209,13 +224,16 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	if *image != "" {
 		// The image's labels and environment decide the driver volume, as
 		// for a Docker image; its entrypoint runs the arguments (or its CMD).
-		dir, err := os.MkdirTemp("", cli.TempPattern("gpurun-rootfs"))
+		// The tree and the unpacker's scratch live in a directory of this
+		// run under the state directory: a later run's Clean removes it if
+		// this one is killed.
+		dir, err := c.TempDir()
 		if err != nil {
 			return fail("%v", err)
 		}
 		defer os.RemoveAll(dir)
 		root := filepath.Join(dir, "rootfs")
-		img, err := rootfs.Unpack(ctx, *image, root, rootfs.WithLimits(rootfs.Limits{Bytes: *maxBytes, Entries: *maxEntries}))
+		img, err := rootfs.Unpack(ctx, *image, root, rootfs.WithLimits(rootfs.Limits{Bytes: *maxBytes, Entries: *maxEntries}), rootfs.WithScratchDir(dir))
 		if err != nil {
 			return fail("%v", err)
 		}

@@ -47,6 +47,13 @@ type Node struct {
 // simulated node of that name, which needs root for its device nodes. A
 // host without a usable driver gives the ExplainDiscover line as error.
 func OpenNode(ctx context.Context, simulate string) (*Node, error) {
+	return OpenNodeIn(ctx, simulate, "")
+}
+
+// OpenNodeIn is OpenNode with a simulated node's host tree in a temporary
+// directory under dir (os.TempDir() when dir is ""), named by TempPattern
+// so that RemoveDeadTempIn(dir, "") removes it once this process has died.
+func OpenNodeIn(ctx context.Context, simulate, dir string) (*Node, error) {
 	if simulate == "" {
 		inv, err := nvmlnode.Discover(ctx)
 		if err != nil {
@@ -58,21 +65,21 @@ func OpenNode(ctx context.Context, simulate string) (*Node, error) {
 	if err != nil {
 		return nil, err
 	}
-	dir, err := os.MkdirTemp("", TempPattern(nodeTempPrefix))
+	tree, err := os.MkdirTemp(dir, TempPattern(nodeTempPrefix))
 	if err != nil {
 		return nil, err
 	}
-	host, err := sim.MakeHost(filepath.Join(dir, "host"))
+	host, err := sim.MakeHost(filepath.Join(tree, "host"))
 	if err != nil {
-		os.RemoveAll(dir)
+		os.RemoveAll(tree)
 		return nil, fmt.Errorf("simulated node (needs root): %w", err)
 	}
 	inv, err := nvmlnode.Discover(ctx, sim.DiscoverOptions(host)...)
 	if err != nil {
-		os.RemoveAll(dir)
+		os.RemoveAll(tree)
 		return nil, err
 	}
-	return &Node{Inventory: inv, DevRoot: host.DevRoot, Where: " of simulated " + simulate, dir: dir}, nil
+	return &Node{Inventory: inv, DevRoot: host.DevRoot, Where: " of simulated " + simulate, dir: tree}, nil
 }
 
 const nodeTempPrefix = "gpuiso-node"
@@ -92,10 +99,19 @@ func TempPattern(prefix string) string {
 // with prefix, or the simulated nodes of OpenNode when prefix is "") whose
 // maker has provably died, and returns them.
 func RemoveDeadTemp(prefix string) ([]string, error) {
+	return RemoveDeadTempIn(os.TempDir(), prefix)
+}
+
+// RemoveDeadTempIn is RemoveDeadTemp for the temporary directories under
+// dir (os.TempDir() when dir is "").
+func RemoveDeadTempIn(dir, prefix string) ([]string, error) {
 	if prefix == "" {
 		prefix = nodeTempPrefix
 	}
-	matches, err := filepath.Glob(filepath.Join(os.TempDir(), prefix+"-*.*-*"))
+	if dir == "" {
+		dir = os.TempDir()
+	}
+	matches, err := filepath.Glob(filepath.Join(dir, prefix+"-*.*-*"))
 	if err != nil {
 		return nil, err
 	}

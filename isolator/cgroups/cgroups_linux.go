@@ -132,6 +132,37 @@ func (i *Isolator) check() error {
 // Version is the cgroup version in use.
 func (i *Isolator) Version() Version { return i.version }
 
+// Parent is the cgroup under which containers' cgroups are made, relative
+// to the hierarchy's mount.
+func (i *Isolator) Parent() string { return i.parent }
+
+// InParent returns an isolator like i whose containers' cgroups are made
+// under parent instead; parent is checked as WithParent checks it.
+func (i *Isolator) InParent(parent string) (*Isolator, error) {
+	if i.mount == "" {
+		return nil, ErrNotMade
+	}
+	out := *i
+	if err := WithParent(parent)(&out); err != nil {
+		return nil, fmt.Errorf("cgroups isolator: %w", err)
+	}
+	return &out, nil
+}
+
+// RemoveParent removes the parent cgroup once no container's cgroup (or
+// any other) is left in it. A parent that still has children, or is
+// already gone, stays as it is without error.
+func (i *Isolator) RemoveParent() error {
+	if i.mount == "" {
+		return ErrNotMade
+	}
+	err := os.Remove(filepath.Join(i.mount, i.parent))
+	if err == nil || errors.Is(err, fs.ErrNotExist) || linux.Busy(err) || linux.NotEmpty(err) {
+		return nil
+	}
+	return fmt.Errorf("remove cgroup parent %s: %w", i.parent, err)
+}
+
 // Path is the cgroup directory of owner's container.
 func (i *Isolator) Path(owner string) string { return filepath.Join(i.mount, i.parent, owner) }
 
@@ -280,7 +311,9 @@ func (i *Isolator) Destroy(ctx context.Context, owner string) error {
 }
 
 // Owners lists the containers whose cgroups exist: what recovery after a
-// restart starts from.
+// restart starts from. Only the parent's direct children are listed, and
+// not those that hold cgroups of their own: such a child is the parent of
+// someone else's containers (a nested parent), never a container's cgroup.
 func (i *Isolator) Owners(ctx context.Context) ([]string, error) {
 	if i.mount == "" {
 		return nil, ErrNotMade
@@ -294,9 +327,24 @@ func (i *Isolator) Owners(ctx context.Context) ([]string, error) {
 	}
 	var owners []string
 	for _, e := range entries {
-		if e.IsDir() && node.ValidateOwner(e.Name()) == nil {
+		if e.IsDir() && node.ValidateOwner(e.Name()) == nil && !hasChildren(filepath.Join(i.mount, i.parent, e.Name())) {
 			owners = append(owners, e.Name())
 		}
 	}
 	return owners, nil
+}
+
+// hasChildren tells whether the cgroup dir holds cgroups of its own; one
+// that cannot be read counts as holding some, so that it is left alone.
+func hasChildren(dir string) bool {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return !errors.Is(err, fs.ErrNotExist)
+	}
+	for _, e := range entries {
+		if e.IsDir() {
+			return true
+		}
+	}
+	return false
 }

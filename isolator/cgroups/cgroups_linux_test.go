@@ -238,3 +238,62 @@ func BenchmarkPrepareIsolateCleanup(b *testing.B) {
 		})
 	}
 }
+
+// TestParent: InParent moves an isolator to another parent; Owners lists
+// the containers' cgroups of its parent but not a child that is itself a
+// parent of cgroups; RemoveParent leaves a parent with children and removes
+// an empty one.
+func TestParent(t *testing.T) {
+	versions(t, func(t *testing.T, v cgroups.Version) {
+		f := newFixture(t, v)
+		ctx := context.Background()
+		mount := f.iso.Path("x")[:len(f.iso.Path("x"))-len("/"+f.iso.Parent()+"/x")]
+		iso, err := f.iso.InParent(f.iso.Parent() + "/inner")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := f.iso.InParent("../escape"); err == nil {
+			t.Error("InParent(../escape) accepted")
+		}
+		for _, id := range []string{"a", "b"} {
+			if err := iso.Apply(ctx, id, f.rules(1)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		nested := filepath.Join(mount, iso.Parent(), "nest")
+		if err := os.MkdirAll(filepath.Join(nested, "c"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			os.Remove(filepath.Join(nested, "c"))
+			os.Remove(nested)
+			os.Remove(filepath.Join(mount, iso.Parent()))
+		})
+		owners, err := iso.Owners(ctx)
+		if err != nil || !slices.Equal(owners, []string{"a", "b"}) {
+			t.Fatalf("Owners = %v, %v; want [a b], not the nested parent", owners, err)
+		}
+		if err := iso.RemoveParent(); err != nil {
+			t.Fatalf("RemoveParent of a parent in use: %v", err)
+		}
+		if _, err := os.Stat(filepath.Join(mount, iso.Parent())); err != nil {
+			t.Fatalf("a parent in use was removed: %v", err)
+		}
+		for _, id := range []string{"a", "b"} {
+			if err := iso.Destroy(ctx, id); err != nil {
+				t.Fatal(err)
+			}
+		}
+		os.Remove(filepath.Join(nested, "c"))
+		os.Remove(nested)
+		if err := iso.RemoveParent(); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := os.Stat(filepath.Join(mount, iso.Parent())); !errors.Is(err, os.ErrNotExist) {
+			t.Fatalf("the empty parent is left: %v", err)
+		}
+		if err := iso.RemoveParent(); err != nil {
+			t.Fatalf("RemoveParent of a parent already gone: %v", err)
+		}
+	})
+}

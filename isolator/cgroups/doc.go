@@ -5,7 +5,11 @@
 //
 // Each container (owner) gets the cgroup <parent>/<owner> (parent "gpuiso" by
 // default) under the devices controller's or the cgroup2 mount. The isolator
-// owns that cgroup: its rules, its device program and its removal.
+// owns that cgroup: its rules, its device program and its removal. Programs
+// that run their own containers should not share a parent: the native
+// containerizer (package containerizer/native) moves an isolator left on
+// the default parent to one of its state directory's own, and [Owners]
+// never lists a child that is itself a parent of cgroups.
 //
 // Rule changes on a live cgroup never open a window in which every device is
 // denied: on v1 only the difference against devices.list is written, then the
