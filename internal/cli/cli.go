@@ -46,7 +46,8 @@ type Node struct {
 // OpenNode discovers the host's GPUs (simulate == "") or builds the
 // simulated node of that name, which needs root for its device nodes. A
 // host without a usable driver gives the ExplainDiscover line as error.
-func OpenNode(ctx context.Context, simulate string) (*Node, error) {
+// opts configure the simulated node.
+func OpenNode(ctx context.Context, simulate string, opts ...simnode.Option) (*Node, error) {
 	if simulate == "" {
 		inv, err := nvmlnode.Discover(ctx)
 		if err != nil {
@@ -54,7 +55,7 @@ func OpenNode(ctx context.Context, simulate string) (*Node, error) {
 		}
 		return &Node{Inventory: inv, DevRoot: node.DefaultDevRoot}, nil
 	}
-	sim, err := simnode.New(simulate)
+	sim, err := simnode.New(simulate, opts...)
 	if err != nil {
 		return nil, err
 	}
