@@ -145,6 +145,15 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		for _, w := range v.Warnings {
 			fmt.Fprintf(stderr, "left out: %s\n", w)
 		}
+		if cli.Set(fs)["capabilities"] && len(v.Capabilities) > len(capList) {
+			// Not silently: one volume per driver version serves every
+			// capability asked of it so far.
+			var have []string
+			for _, c := range v.Capabilities {
+				have = append(have, string(c))
+			}
+			fmt.Fprintf(stderr, "nvvolume build: the volume %s serves more than --capabilities asked: %s\n", state, strings.Join(have, ","))
+		}
 	case "list":
 		vols, err := m.List(ctx)
 		for _, v := range vols {

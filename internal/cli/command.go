@@ -121,6 +121,17 @@ func PrintFlags(w io.Writer, fs *flag.FlagSet) {
 	fmt.Fprintln(w, "\nflags:")
 	fs.VisitAll(func(f *flag.Flag) {
 		arg, text := flag.UnquoteUsage(f)
+		// The flag package's type names, as a usage line has them.
+		switch arg {
+		case "int", "uint":
+			arg = "N"
+		case "float":
+			arg = "F"
+		case "string", "value":
+			arg = "VALUE"
+		case "duration":
+			arg = "DURATION"
+		}
 		line := "  --" + f.Name
 		if arg != "" {
 			line += " " + arg
