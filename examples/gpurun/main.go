@@ -1,9 +1,13 @@
 // Command gpurun runs a command as a GPU container: in its own mount, pid and
 // cgroup namespaces and device cgroup, with a private /dev holding only its
-// GPUs, the driver volume read-only at /usr/local/nvidia, and
-// NVIDIA_VISIBLE_DEVICES / CUDA_VISIBLE_DEVICES naming its GPUs, confined as
-// Docker confines a container by default (capabilities, seccomp, read-only
-// /sys and cgroups, masked /proc). It exits with the command's status.
+// GPUs and NVIDIA_VISIBLE_DEVICES / CUDA_VISIBLE_DEVICES naming them,
+// confined as Docker confines a container by default (capabilities, seccomp,
+// read-only /sys and cgroups, masked /proc). The driver volume is mounted
+// read-only at /usr/local/nvidia only in a root file system of its own
+// (--rootfs, --image) whose image asks for it; otherwise the command sees the
+// host's driver as installed. It exits as docker run does (internal/cli):
+// the command's status, 125 for gpurun's own errors, 126/127 for a command
+// it cannot execute or find, 128+n for the signal n that ended it.
 //
 //	gpurun [--simulate NAME] [--gpus N | --devices LIST | --mig PROFILE] [--policy P]
 //	       [--state-dir DIR] [--cgroup v1|v2] [--rootfs DIR [--label K=V]... | --image ARCHIVE]
