@@ -50,6 +50,8 @@ fi
 #    go needs to build cgo and fetch modules, Docker, and Podman (a CDI runtime for
 #    the CDI suite).
 pkgs=(libnvidia-ml1 libcuda1 nvidia-smi gcc libc6-dev ca-certificates make)
+# git: make check lists the sources with git ls-files.
+[ "$driver_only" -eq 1 ] || pkgs+=(git)
 [ "$driver_only" -eq 1 ] || pkgs+=(docker.io podman)
 missing=()
 for p in "${pkgs[@]}"; do
