@@ -5,14 +5,19 @@
 package examples
 
 import (
+	"bufio"
 	"bytes"
 	"errors"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
+	"syscall"
 	"testing"
+
+	"github.com/gpuiso/gpuiso/internal/testenv"
 )
 
 var programs = []string{"allocsim", "dockerrun", "gpuinfo", "gpurun", "nvcdi", "nvvolume"}
@@ -125,6 +130,46 @@ func TestConvention(t *testing.T) {
 			}
 			if strings.Contains(errOut, " -bogus") || strings.Contains(errOut, "flag -") {
 				t.Fatalf("a flag named with one dash: %q", errOut)
+			}
+		})
+	}
+}
+
+// TestSignalStatus: a run that SIGTERM or SIGINT ends exits 128+n, as
+// docker run does, after its container is gone.
+func TestSignalStatus(t *testing.T) {
+	testenv.RequireRoot(t)
+	dir := build(t)
+	for _, tc := range []struct {
+		sig  syscall.Signal
+		want int
+	}{{syscall.SIGTERM, 143}, {syscall.SIGINT, 130}} {
+		t.Run(tc.sig.String(), func(t *testing.T) {
+			cmd := exec.Command(filepath.Join(dir, "gpurun"), "--simulate", "pcie8", "--", "sleep", "60")
+			stderr, err := cmd.StderrPipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			// The container runs once gpurun says which GPUs it got.
+			sc := bufio.NewScanner(stderr)
+			var seen []string
+			for sc.Scan() {
+				seen = append(seen, sc.Text())
+				if strings.HasPrefix(sc.Text(), "gpurun: GPUs") {
+					break
+				}
+			}
+			if err := cmd.Process.Signal(tc.sig); err != nil {
+				t.Fatal(err)
+			}
+			go io.Copy(io.Discard, stderr)
+			err = cmd.Wait()
+			var ee *exec.ExitError
+			if !errors.As(err, &ee) || ee.ExitCode() != tc.want {
+				t.Fatalf("gpurun after %v: %v, want exit %d; stderr %q", tc.sig, err, tc.want, seen)
 			}
 		})
 	}
