@@ -9,8 +9,9 @@ if [ -z "$go" ]; then
   echo "gpuiso needs Go $want or later (go.mod) and finds no go command: install it from https://go.dev/dl/ into /usr/local/go" >&2
   exit 1
 fi
-# GOTOOLCHAIN=local: the version of this go command, not one it would fetch.
-have=$(GOTOOLCHAIN=local "$go" env GOVERSION 2>/dev/null || "$go" version | awk '{print $3}')
+# The Go that builds here: a go command of 1.21 or later fetches the toolchain
+# go.mod asks for (unless GOTOOLCHAIN=local), an older one cannot.
+have=$("$go" env GOVERSION 2>/dev/null || "$go" version | awk '{print $3}')
 have=${have#go}
 have=${have%% *}
 if [ "$(printf '%s\n%s\n' "$want" "$have" | sort -V | head -n1)" != "$want" ]; then
