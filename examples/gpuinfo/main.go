@@ -83,12 +83,24 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			defer nd.Close()
 			// Its device nodes as the containers see them, not in the
 			// temporary tree that goes when gpuinfo ends.
-			for i, c := range nd.Inventory.ControlDevices {
-				if rel, err := filepath.Rel(nd.DevRoot, c.Path); err == nil && !strings.HasPrefix(rel, "..") {
-					nd.Inventory.ControlDevices[i].Path = filepath.Join(node.DefaultDevRoot, rel)
+			inv := nd.Inventory
+			devPath := func(p *string) {
+				if rel, err := filepath.Rel(nd.DevRoot, *p); *p != "" && err == nil && !strings.HasPrefix(rel, "..") {
+					*p = filepath.Join(node.DefaultDevRoot, rel)
 				}
 			}
-			return print(stdout, stderr, nd.Inventory, *simulate, *asJSON, "")
+			for i := range inv.ControlDevices {
+				devPath(&inv.ControlDevices[i].Path)
+			}
+			for i := range inv.Devices {
+				d := &inv.Devices[i]
+				devPath(&d.Node.Path)
+				for j := range d.MIGDevices {
+					devPath(&d.MIGDevices[j].GIAccess.Path)
+					devPath(&d.MIGDevices[j].CIAccess.Path)
+				}
+			}
+			return show(stdout, stderr, nd.Inventory, *simulate, *asJSON, "")
 		}
 		if errors.Is(err, simnode.ErrUnknownTopology) {
 			return cli.Usagef(stderr, "gpuinfo", "--simulate: %v", err)
@@ -121,10 +133,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		// The host's control devices are not the simulated node's.
 		inv.ControlDevices = nil
 	}
-	return print(stdout, stderr, inv, *simulate, *asJSON, note)
+	return show(stdout, stderr, inv, *simulate, *asJSON, note)
 }
 
-func print(stdout, stderr io.Writer, inv *node.Inventory, simulated string, asJSON bool, note string) int {
+func show(stdout, stderr io.Writer, inv *node.Inventory, simulated string, asJSON bool, note string) int {
 	if asJSON {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
