@@ -1,20 +1,36 @@
 # gpuiso's developer entry points. `make test` is the full test command: it
 # provisions the host (as root, idempotently) and runs every suite with the
 # privileged ones required, so that a suite that cannot run fails the build.
+# (`bash .ci/test.sh` does the same on a host without make.)
 
 GO ?= go
 GOTESTFLAGS ?= -race -count=1 -timeout 60m
 export PATH := $(PATH):/usr/local/go/bin
-# go-nvml's cgo prolog names every deprecated NVML call; keep build logs readable.
-export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
+# go-nvml's cgo prolog names every deprecated NVML call. Set, not defaulted:
+# every entry point (this file, .ci/env.sh) builds with exactly these flags,
+# so they share one build cache and none prints the warnings, whatever the
+# caller's environment holds.
+export CGO_CFLAGS := -O2 -g -Wno-deprecated-declarations
 
-.PHONY: all test provision check unit demo gpurun gpuinfo hwtest hwrun
+.PHONY: all test provision check unit demo build probe-image gocheck gpurun gpuinfo hwtest hwrun
 
 all: check unit
 
+## gocheck: the go command is at least the version go.mod states (one line if not)
+gocheck:
+	@bash .ci/gocheck.sh
+
 ## test: provision the host, then run every suite; required suites may not skip
-test: provision check
+test: gocheck provision check
 	GPUISO_REQUIRE=all $(GO) test $(GOTESTFLAGS) ./...
+
+## build: the six example programs into bin/
+build: gocheck
+	$(GO) build -o bin/ ./examples/...
+
+## probe-image: the examples' image gpuiso-probe, built locally (no registry) for Docker and Podman, and bin/gpuiso-probe.tar
+probe-image:
+	bash .ci/probe-image.sh
 
 ## provision: Debian non-free NVIDIA user-space driver, docker.io, a running dockerd
 provision:
@@ -36,21 +52,21 @@ check:
 	CGO_ENABLED=0 $(GO) build $(PURE)
 	CGO_ENABLED=0 GOOS=darwin $(GO) build $(PURE)
 
-## unit: the suites that need nothing of the host (privileged ones skip)
-unit:
-	$(GO) test -count=1 ./...
+## unit: the suites that need nothing of the host (privileged ones skip); PKG=./dir and RUN=regexp narrow it
+unit: gocheck
+	$(GO) test -count=1 $(if $(RUN),-v -run '$(RUN)') $(or $(PKG),./...)
 
 ## demo: the README's first command: a GPU container on a simulated DGX-1 (root)
 demo:
 	bash .ci/demo.sh
 
 ## gpurun: run a command as a GPU container on a simulated node (root)
-gpurun:
-	$(GO) run ./examples/gpurun --simulate $(or $(SIM),dgx1-volta) --gpus 2 -- ls -l /dev
+gpurun: build
+	bin/gpurun --simulate $(or $(SIM),dgx1-volta) --gpus 2 -- ls -l /dev
 
 ## gpuinfo: what this node has (SIM=dgx1-volta to use a simulated node)
-gpuinfo:
-	$(GO) run ./examples/gpuinfo $(if $(SIM),--simulate $(SIM))
+gpuinfo: build
+	bin/gpuinfo $(if $(SIM),--simulate $(SIM))
 
 ## hwtest: build the hardware suite into hwbundle/ (test binaries, probe, cudacheck, run.sh, tarball)
 hwtest:

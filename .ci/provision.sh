@@ -2,7 +2,7 @@
 # Provisions a Debian (bookworm) test host for gpuiso's full test suite.
 # Idempotent: every step checks before it changes anything. Needs root.
 #
-#   provision.sh                everything the full test command needs
+#   provision.sh                everything the full test command needs (make included)
 #   provision.sh --driver-only  only what the README's first command (the
 #                               demo) needs: the NVIDIA user-space driver and
 #                               a C compiler for cgo; no Docker
@@ -49,7 +49,9 @@ fi
 # 2. Packages: NVML, libcuda, nvidia-smi (no kernel module: none can load here), what
 #    go needs to build cgo and fetch modules, Docker, and Podman (a CDI runtime for
 #    the CDI suite).
-pkgs=(libnvidia-ml1 libcuda1 nvidia-smi gcc libc6-dev ca-certificates)
+pkgs=(libnvidia-ml1 libcuda1 nvidia-smi gcc libc6-dev ca-certificates make)
+# git: make check lists the sources with git ls-files.
+[ "$driver_only" -eq 1 ] || pkgs+=(git)
 [ "$driver_only" -eq 1 ] || pkgs+=(docker.io podman)
 missing=()
 for p in "${pkgs[@]}"; do

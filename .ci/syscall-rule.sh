@@ -9,6 +9,9 @@ allowed=(
 	"$module/internal/linux"
 	# Test support: linked into test binaries only, never into the library.
 	"$module/internal/testenv"
+	# The example programs' shared command line (signals, exit codes): part
+	# of the programs, never imported by the library.
+	"$module/internal/cli"
 )
 
 GO=${GO:-go}

@@ -1,8 +1,11 @@
 package main
 
 import (
+	"unicode/utf8"
+
 	"bytes"
 	"context"
+	"github.com/gpuiso/gpuiso/allocator"
 	"strings"
 	"testing"
 )
@@ -29,9 +32,14 @@ func TestRun(t *testing.T) {
 			if rc := run(context.Background(), args, &out, &errOut); rc != 0 {
 				t.Fatalf("rc %d: %s", rc, errOut.String())
 			}
-			for _, want := range []string{"node " + topo, "accepted", "NVLink-complete k=2", "p99 latency"} {
+			for _, want := range []string{"node " + topo, "accepted", "NVL k=2", "p99", "\nbest on " + topo + ": "} {
 				if !strings.Contains(out.String(), want) {
 					t.Fatalf("no %q in\n%s", want, out.String())
+				}
+			}
+			for _, line := range strings.Split(out.String(), "\n") {
+				if n := utf8.RuneCountInString(line); n > 100 {
+					t.Errorf("line of %d columns, want at most 100: %q", n, line)
 				}
 			}
 			rows := 0
@@ -57,7 +65,7 @@ func TestRunBadArguments(t *testing.T) {
 	for _, args := range [][]string{{"-topology", "nope"}, {"-policies", "best"}, {"-jobs", "0"}, {"extra"}, {"-nosuchflag"},
 		{"-jobs", "2000000000"}, {"-load", "NaN"}, {"-load", "+Inf"}, {"-load", "-1"}} {
 		var out, errOut bytes.Buffer
-		if rc := run(context.Background(), args, &out, &errOut); rc != 2 || bytes.Count(errOut.Bytes(), []byte("\n")) != 1 {
+		if rc := run(context.Background(), args, &out, &errOut); rc != 125 || bytes.Count(errOut.Bytes(), []byte("\n")) != 1 {
 			t.Errorf("%v: rc %d, stderr %q", args, rc, errOut.String())
 		}
 	}
@@ -116,5 +124,37 @@ func TestRunMIG(t *testing.T) {
 	var plain bytes.Buffer
 	if rc := run(context.Background(), []string{"-topology", "dgx-a100", "-jobs", "50"}, &plain, &errOut); rc != 0 || strings.Contains(plain.String(), "MIG workload") {
 		t.Fatalf("rc %d, a MIG workload on a node without MIG devices:\n%s", rc, plain.String())
+	}
+}
+
+// TestVerdict: the last line names the policy that did best and the
+// criterion that decided, in the documented order.
+func TestVerdict(t *testing.T) {
+	mk := func(p allocator.Policy, accepted, complete2, asked2 int, pair float64) *result {
+		return &result{policy: p, accepted: accepted, complete: map[int]int{2: complete2}, asked: map[int]int{2: asked2},
+			pairScore: pair, scored: 1}
+	}
+	tests := []struct {
+		name    string
+		results []*result
+		want    string
+	}{
+		{"more accepted wins", []*result{mk("topology", 100, 10, 10, 300), mk("pack", 90, 10, 10, 300)},
+			"best on n: topology (most jobs accepted: 100; pack 90)"},
+		{"then NVLink-complete", []*result{mk("topology", 100, 7, 10, 300), mk("pack", 100, 9, 10, 200)},
+			"best on n: pack, NVLink-complete 90.0% (topology 70.0%)"},
+		{"then pair score", []*result{mk("topology", 100, 9, 10, 300), mk("pack", 100, 9, 10, 200)},
+			"best on n: topology, pair score 300.0 (pack 200.0), NVLink-complete alike"},
+		{"ties named together", []*result{mk("topology", 100, 9, 10, 300), mk("pack", 100, 9, 10, 300), mk("spread", 100, 9, 10, 100)},
+			"best on n: topology and pack, pair score 300.0 (spread 100.0), NVLink-complete alike"},
+		{"all equal", []*result{mk("topology", 100, 9, 10, 300), mk("pack", 100, 9, 10, 300)},
+			"on n the policies did equally well"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := verdict("n", tt.results); got != tt.want {
+				t.Errorf("verdict = %q, want %q", got, tt.want)
+			}
+		})
 	}
 }

@@ -189,9 +189,9 @@ func spreadPick(a *allocator.Allocator, held map[int]int, jb migJob) string {
 }
 
 func reportMIG(w io.Writer, jobs int, load float64, results []*migResult) {
-	fmt.Fprintf(w, "\nMIG workload: %d jobs (70%% MIG devices, by profile or by minimum memory; 30%% 1-2 whole GPUs), offered load %.2f\n\n", jobs, load)
+	fmt.Fprintf(w, "\nMIG workload: %d jobs (70%% MIG devices, by profile or by minimum memory;\n30%% 1-2 whole GPUs), offered load %.2f\n\n", jobs, load)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "MIG placement\tMIG accepted\tMIG rejected\twhole accepted\twhole rejected\tparents untouched\tmemory over minimum\tp50 latency\tp99 latency\t")
+	fmt.Fprintln(tw, "MIG placement\tMIG ok\tMIG no\twhole ok\twhole no\tuntouched\tmemory over\tp50\tp99\t")
 	for _, r := range results {
 		over := "-"
 		if r.memoryJobs > 0 {
@@ -208,17 +208,48 @@ func reportMIG(w io.Writer, jobs int, load float64, results []*migResult) {
 			names = append(names, p)
 		}
 		sort.Strings(names)
-		fmt.Fprint(w, "\naccepted by profile (allocator):")
+		line := "\naccepted by profile (allocator):"
 		for _, p := range names {
-			fmt.Fprintf(w, " %s %d/%d", p, results[0].perProfileOK[p], results[0].perProfile[p])
+			item := fmt.Sprintf(" %s %d/%d", p, results[0].perProfileOK[p], results[0].perProfile[p])
+			if len(line)+len(item) > 100 {
+				fmt.Fprintln(w, line)
+				line = " "
+			}
+			line += item
 		}
-		fmt.Fprintln(w)
+		fmt.Fprintln(w, line)
 	}
-	fmt.Fprintln(w, "parents untouched: mean, at each arrival, of the share of GPUs with MIG enabled of which no MIG device is held")
-	fmt.Fprintln(w, "memory over minimum: mean memory a by-memory MIG job got beyond what it asked for")
+	fmt.Fprintln(w, "ok, no: jobs accepted, rejected (MIG device jobs; whole-GPU jobs)")
+	fmt.Fprintln(w, "untouched: mean share of MIG-enabled GPUs none of whose MIG devices is held, at each arrival")
+	fmt.Fprintln(w, "memory over: mean memory a by-memory MIG job got beyond the minimum it asked for")
+	if len(results) == 2 {
+		fmt.Fprintln(w, "\n"+migVerdict(results[0], results[1]))
+	}
 }
 
 // hasMIG tells whether the node has MIG devices to hand out.
 func hasMIG(inv *node.Inventory) bool {
 	return slices.ContainsFunc(inv.Devices, func(d node.Device) bool { return len(d.MIGDevices) > 0 })
+}
+
+// migVerdict is one line saying which MIG placement did better and why: more
+// jobs accepted, then more parents left untouched (room for large profiles).
+func migVerdict(a, b *migResult) string {
+	okA, okB := a.migOK+a.wholeOK, b.migOK+b.wholeOK
+	untA, untB := a.untouched/float64(max(a.arrivals, 1)), b.untouched/float64(max(b.arrivals, 1))
+	switch {
+	case okA != okB:
+		best, other, n, m := a, b, okA, okB
+		if okB > okA {
+			best, other, n, m = b, a, okB, okA
+		}
+		return fmt.Sprintf("best MIG placement: %s (most jobs accepted: %d; %s %d)", best.name, n, other.name, m)
+	case untA != untB:
+		best, other, x, y := a, b, untA, untB
+		if untB > untA {
+			best, other, x, y = b, a, untB, untA
+		}
+		return fmt.Sprintf("best MIG placement: %s (as many jobs; more parents untouched: %.3f; %s %.3f)", best.name, x, other.name, y)
+	}
+	return fmt.Sprintf("MIG placements %s and %s did equally well", a.name, b.name)
 }

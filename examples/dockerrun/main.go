@@ -23,7 +23,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -45,15 +44,38 @@ import (
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, signaled, stop := cli.NotifyContext(context.Background())
 	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()
+	if sig := signaled(); sig != 0 && code == exitInterrupted {
+		code = cli.ExitSignal(sig) // 128+n for the signal that ended the run
+	}
 	os.Exit(code)
 }
 
 // Exit codes of dockerrun itself (as docker run's); anything else is the
 // container's.
-const exitFailed = 125
+const exitFailed = cli.ExitError
+
+// exitInterrupted is the status of a run a signal ended (SIGINT's; main
+// puts the signal that came).
+var exitInterrupted = cli.ExitSignal(syscall.SIGINT)
+
+const usage = `usage: dockerrun [--simulate NAME] [--gpus N | --devices LIST] [--state-dir DIR] [--quiet] IMAGE [CMD...]
+       dockerrun gc [--simulate NAME] [--state-dir DIR]
+
+Run a Docker image as a GPU container through the Docker API, its GPUs' device
+nodes and the read-only driver volume injected by gpuiso (no NVIDIA runtime
+hook), its NVIDIA_REQUIRE_* checked first; exit with the container's status.
+The image must be on the daemon already (make probe-image builds one).
+"dockerrun gc" removes what killed runs left. Needs root.
+`
+
+const gcUsage = `usage: dockerrun gc [--simulate NAME] [--state-dir DIR]
+
+Remove the containers, allocations and volume users that killed dockerrun runs
+left.
+`
 
 // DefaultStateDir keeps the allocator's state of every dockerrun on the host.
 const DefaultStateDir = "/run/gpuiso/dockerrun"
@@ -64,38 +86,37 @@ const DefaultStateDir = "/run/gpuiso/dockerrun"
 const LabelSupervisor = "io.gpuiso.x.dockerrun.supervisor"
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("dockerrun", flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	simulate := fs.String("simulate", "", "run on a simulated node: "+strings.Join(simnode.Names(), ", "))
-	gpus := fs.Int("gpus", 1, "number of GPUs")
-	devices := fs.String("devices", "", "comma-separated GPUs (indexes, UUIDs or bus ids) instead of --gpus")
-	stateDir := fs.String("state-dir", DefaultStateDir, "the allocator's state, shared by every dockerrun that names it")
-	quiet := fs.Bool("quiet", false, "do not print which GPUs and volume the container got")
+	gc := len(args) > 0 && args[0] == "gc"
+	prog, help := "dockerrun", usage
+	if gc {
+		args = args[1:]
+		prog, help = "dockerrun gc", gcUsage
+	}
+	fs := flag.NewFlagSet(prog, flag.ContinueOnError)
+	simulate := fs.String("simulate", "", "run on the simulated node `NAME`: "+strings.Join(simnode.Names(), ", "))
+	stateDir := fs.String("state-dir", DefaultStateDir, "the allocator's state `DIR`, shared by every dockerrun that names it")
+	gpus, devices, quiet := new(int), new(string), new(bool)
+	*gpus = 1
+	if !gc {
+		fs.IntVar(gpus, "gpus", 1, "number of GPUs")
+		fs.StringVar(devices, "devices", "", "comma-separated GPUs (indexes, UUIDs or bus ids) instead of --gpus")
+		fs.BoolVar(quiet, "quiet", false, "do not print which GPUs and volume the container got")
+	}
 	fail := func(format string, a ...any) int {
 		fmt.Fprintf(stderr, "dockerrun: "+format+"\n", a...)
 		return exitFailed
 	}
-	gc := len(args) > 0 && args[0] == "gc"
-	if gc {
-		args = args[1:]
+	if code, done := cli.Parse(fs, args, help, stdout, stderr); done {
+		return code
 	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			fmt.Fprintln(stderr, "usage: dockerrun [--simulate NAME] [--gpus N | --devices LIST] [--state-dir DIR] [--quiet] IMAGE [CMD...]")
-			fmt.Fprintln(stderr, "       dockerrun gc [--simulate NAME] [--state-dir DIR]   (remove what killed runs left)")
-			fs.SetOutput(stderr)
-			fs.PrintDefaults()
-			return 0
-		}
-		return fail("%v (see dockerrun --help)", err)
-	}
-	if fs.NArg() == 0 && !gc {
-		return fail("no image (dockerrun [flags] IMAGE [CMD...])")
-	}
-	set := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
-	if set["gpus"] && set["devices"] {
-		return fail("--gpus and --devices exclude each other: --devices names the GPUs, and their number")
+	set := cli.Set(fs)
+	switch {
+	case gc && fs.NArg() > 0:
+		return cli.Usagef(stderr, prog, "unexpected arguments %q", fs.Args())
+	case !gc && fs.NArg() == 0:
+		return cli.Usagef(stderr, prog, "no image (dockerrun [flags] IMAGE [CMD...])")
+	case set["gpus"] && set["devices"]:
+		return cli.Usagef(stderr, prog, "--gpus and --devices exclude each other: --devices names the GPUs, and their number")
 	}
 	req := allocator.Request{Count: *gpus}
 	if *devices != "" {
@@ -181,6 +202,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		if errors.Is(err, docker.ErrNoVolume) {
 			err = fmt.Errorf("%w (%s)", err, volNote)
 		}
+		if code, ok := cli.StartStatus(err); ok {
+			fmt.Fprintf(stderr, "dockerrun: %v\n", err)
+			return code // as docker run: 127 not found, 126 not executable
+		}
 		return fail("%v", err)
 	}
 	// Removing the container and giving back its GPUs is one step too.
@@ -189,9 +214,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "dockerrun: %s%s; %s; container %.12s\n", cli.DescribeGPUs(ct.GPUs), where, volumeNote(ct.Volume), ct.RuntimeID)
 	}
 	st, err := z.Wait(ctx, id)
-	if err != nil { // interrupted: Destroy (deferred) stops the container
-		fmt.Fprintf(stderr, "dockerrun: %v\n", err)
-		return 128 + int(syscall.SIGINT)
+	if err != nil {
+		if ctx.Err() != nil { // interrupted: Destroy (deferred) stops the container
+			fmt.Fprintln(stderr, "dockerrun: interrupted; the container is removed")
+			return exitInterrupted
+		}
+		return fail("%v", err)
 	}
 	return st.Code
 }

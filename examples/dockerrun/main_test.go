@@ -24,7 +24,7 @@ func TestUsage(t *testing.T) {
 			t.Errorf("dockerrun %q: exit %d, stderr %q; want %d and one line", args, code, errOut, exitFailed)
 		}
 	}
-	if _, errOut, code := dockerrun("--help"); code != 0 || !strings.Contains(errOut, "usage:") {
+	if out, errOut, code := dockerrun("--help"); code != 0 || !strings.HasPrefix(out, "usage: dockerrun") || errOut != "" {
 		t.Errorf("--help: exit %d, stderr %q", code, errOut)
 	}
 }

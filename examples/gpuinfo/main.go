@@ -5,7 +5,7 @@
 //	gpuinfo [--simulate NAME [--driver-version V] | --nvml-library PATH] [--json]
 //	        [--dev-root DIR] [--proc-root DIR] [--sys-root DIR]
 //
-// On a node without a usable driver it exits 1 with one line naming the cause;
+// On a node without a usable driver it exits 125 with one line naming the cause;
 // --simulate runs on a simulated node instead (see package simnode for the
 // shipped topologies).
 package main
@@ -18,7 +18,7 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
+	"path/filepath"
 	"slices"
 	"strings"
 	"text/tabwriter"
@@ -32,84 +32,124 @@ import (
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	ctx, _, stop := cli.NotifyContext(context.Background())
 	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()
 	os.Exit(code)
 }
 
+const usage = `usage: gpuinfo [--simulate NAME [--driver-version V] | --nvml-library PATH] [--json]
+               [--dev-root DIR] [--proc-root DIR] [--sys-root DIR]
+
+Print what gpuiso sees on this node (or a simulated one): its GPUs with their
+UUIDs and MIG modes, the topology matrix in nvidia-smi topo -m notation, the
+driver and CUDA versions, the control devices and MIG devices.
+`
+
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("gpuinfo", flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	simulate := fs.String("simulate", "", "use a simulated node: "+strings.Join(simnode.Names(), ", "))
-	driverVersion := fs.String("driver-version", "", "simulated driver version (default: the host's NVIDIA libraries', if any)")
+	simulate := fs.String("simulate", "", "use the simulated node `NAME`: "+strings.Join(simnode.Names(), ", "))
+	driverVersion := fs.String("driver-version", "", "simulated driver `VERSION` (default: the host's NVIDIA libraries', if any)")
 	asJSON := fs.Bool("json", false, "print the inventory as JSON")
-	devRoot := fs.String("dev-root", node.DefaultDevRoot, "directory holding the device nodes")
-	procRoot := fs.String("proc-root", node.DefaultProcRoot, "proc file system")
-	sysRoot := fs.String("sys-root", node.DefaultSysRoot, "sys file system")
-	library := fs.String("nvml-library", "", "path of libnvidia-ml.so.1 (default: the dynamic loader's search)")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			fs.SetOutput(stderr)
-			fs.PrintDefaults()
-			return 0
+	devRoot := fs.String("dev-root", node.DefaultDevRoot, "`DIR` holding the device nodes")
+	procRoot := fs.String("proc-root", node.DefaultProcRoot, "proc file system `DIR`")
+	sysRoot := fs.String("sys-root", node.DefaultSysRoot, "sys file system `DIR`")
+	library := fs.String("nvml-library", "", "`PATH` of libnvidia-ml.so.1 (default: the dynamic loader's search)")
+	if code, done := cli.Parse(fs, args, usage, stdout, stderr); done {
+		return code
+	}
+	set := cli.Set(fs)
+	switch {
+	case fs.NArg() > 0:
+		return cli.Usagef(stderr, "gpuinfo", "unexpected arguments %q", fs.Args())
+	case *simulate != "" && *library != "":
+		return cli.Usagef(stderr, "gpuinfo", "--nvml-library and --simulate exclude each other")
+	case *driverVersion != "" && *simulate == "":
+		return cli.Usagef(stderr, "gpuinfo", "--driver-version applies to --simulate only")
+	}
+
+	var simOpts []simnode.Option
+	if *driverVersion != "" {
+		simOpts = append(simOpts, simnode.WithDriverVersion(*driverVersion))
+	}
+	// A simulated node with no host paths given: as root, the same host tree
+	// (device nodes, /proc/devices) its containers get from gpurun, so the
+	// numbers shown are theirs.
+	hostPaths := set["dev-root"] || set["proc-root"] || set["sys-root"]
+	note := ""
+	if *simulate != "" && !hostPaths {
+		nd, err := cli.OpenNode(ctx, *simulate, simOpts...)
+		if err == nil {
+			defer nd.Close()
+			// Its device nodes as the containers see them, not in the
+			// temporary tree that goes when gpuinfo ends.
+			inv := nd.Inventory
+			devPath := func(p *string) {
+				if rel, err := filepath.Rel(nd.DevRoot, *p); *p != "" && err == nil && !strings.HasPrefix(rel, "..") {
+					*p = filepath.Join(node.DefaultDevRoot, rel)
+				}
+			}
+			for i := range inv.ControlDevices {
+				devPath(&inv.ControlDevices[i].Path)
+			}
+			for i := range inv.Devices {
+				d := &inv.Devices[i]
+				devPath(&d.Node.Path)
+				for j := range d.MIGDevices {
+					devPath(&d.MIGDevices[j].GIAccess.Path)
+					devPath(&d.MIGDevices[j].CIAccess.Path)
+				}
+			}
+			return show(stdout, stderr, nd.Inventory, *simulate, *asJSON, "")
 		}
-		fmt.Fprintf(stderr, "gpuinfo: %v (see gpuinfo --help)\n", err)
-		return 2
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "gpuinfo: unexpected arguments %q\n", fs.Args())
-		return 2
-	}
-	if *simulate != "" && *library != "" {
-		fmt.Fprintln(stderr, "gpuinfo: --nvml-library and --simulate exclude each other")
-		return 2
-	}
-	if *driverVersion != "" && *simulate == "" {
-		fmt.Fprintln(stderr, "gpuinfo: --driver-version applies to --simulate only")
-		return 2
+		if errors.Is(err, simnode.ErrUnknownTopology) {
+			return cli.Usagef(stderr, "gpuinfo", "--simulate: %v", err)
+		}
+		if !errors.Is(err, os.ErrPermission) {
+			return cli.Errorf(stderr, "gpuinfo", "%v", err)
+		}
+		note = "simulated device nodes need root: run gpuinfo as root to see the device numbers containers get"
 	}
 
 	opts := []nvmlnode.Option{nvmlnode.WithDevRoot(*devRoot), nvmlnode.WithProcRoot(*procRoot), nvmlnode.WithSysRoot(*sysRoot)}
 	if *simulate != "" {
-		var simOpts []simnode.Option
-		if *driverVersion != "" {
-			simOpts = append(simOpts, simnode.WithDriverVersion(*driverVersion))
-		}
 		node, err := simnode.New(*simulate, simOpts...)
 		if err != nil {
-			fmt.Fprintf(stderr, "gpuinfo: %v\n", err)
-			return 2
+			return cli.Usagef(stderr, "gpuinfo", "--simulate: %v", err)
 		}
 		opts = append(opts, nvmlnode.WithNVML(node.NVML()))
 	}
 	if *library != "" {
 		if err := nvmlnode.CheckLibrary(*library); err != nil {
-			fmt.Fprintln(stderr, "gpuinfo: "+cli.ExplainDiscover(err))
-			return 1
+			return cli.Errorf(stderr, "gpuinfo", "%s", cli.ExplainDiscover(err))
 		}
 		opts = append(opts, nvmlnode.WithNVML(nvml.New(nvml.WithLibraryPath(*library))))
 	}
-
 	inv, err := nvmlnode.Discover(ctx, opts...)
 	if err != nil {
-		fmt.Fprintln(stderr, "gpuinfo: "+cli.ExplainDiscover(err))
-		return 1
+		return cli.Errorf(stderr, "gpuinfo", "%s", cli.ExplainDiscover(err))
 	}
-	if *asJSON {
+	if note != "" {
+		// The host's control devices are not the simulated node's.
+		inv.ControlDevices = nil
+	}
+	return show(stdout, stderr, inv, *simulate, *asJSON, note)
+}
+
+func show(stdout, stderr io.Writer, inv *node.Inventory, simulated string, asJSON bool, note string) int {
+	if asJSON {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
 		if err := enc.Encode(inv); err != nil {
-			fmt.Fprintf(stderr, "gpuinfo: %v\n", err)
-			return 1
+			return cli.Errorf(stderr, "gpuinfo", "%v", err)
 		}
-		return 0
+		return cli.ExitOK
 	}
-	printInventory(stdout, inv, *simulate)
-	return 0
+	printInventory(stdout, inv, simulated, note)
+	return cli.ExitOK
 }
 
-func printInventory(w io.Writer, inv *node.Inventory, simulated string) {
+func printInventory(w io.Writer, inv *node.Inventory, simulated, note string) {
 	fmt.Fprintf(w, "Driver %s, CUDA %s", inv.DriverVersion, or(inv.CUDAVersion.String(), "unknown"))
 	if simulated != "" {
 		fmt.Fprintf(w, " (simulated node %s)", simulated)
@@ -117,7 +157,7 @@ func printInventory(w io.Writer, inv *node.Inventory, simulated string) {
 	fmt.Fprintf(w, ", %d GPUs\n\n", len(inv.Devices))
 
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "GPU\tMINOR\tBUS ID\tMODEL\tMEMORY\tNUMA\tHEALTH")
+	fmt.Fprintln(tw, "GPU\tUUID\tMINOR\tBUS ID\tMODEL\tMEMORY\tNUMA\tMIG\tHEALTH")
 	for _, d := range inv.Devices {
 		minor, numa, mem := "-", "-", "-"
 		if d.Minor >= 0 {
@@ -129,7 +169,7 @@ func printInventory(w io.Writer, inv *node.Inventory, simulated string) {
 		if d.MemoryBytes > 0 {
 			mem = fmt.Sprintf("%d MiB", d.MemoryBytes>>20)
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\n", d.Index, minor, or(d.BusID, "-"), or(d.Model, "-"), mem, numa, d.Health)
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", d.Index, or(d.UUID, "-"), minor, or(d.BusID, "-"), or(d.Model, "-"), mem, numa, migMode(d.MIG), d.Health)
 	}
 	tw.Flush()
 	printMIG(w, inv)
@@ -158,12 +198,17 @@ func printInventory(w io.Writer, inv *node.Inventory, simulated string) {
 	}
 
 	fmt.Fprintln(w, "\nControl devices:")
-	if len(inv.ControlDevices) == 0 {
+	switch {
+	case note != "":
+		fmt.Fprintln(w, "  "+note)
+	case len(inv.ControlDevices) == 0:
 		fmt.Fprintln(w, "  none found")
 	}
+	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	for _, c := range inv.ControlDevices {
-		fmt.Fprintf(w, "  %-18s %d:%d  %s\n", c.Name, c.Major, c.Minor, c.Path)
+		fmt.Fprintf(tw, "  %s\t%d:%d\t%s\n", c.Name, c.Major, c.Minor, c.Path)
 	}
+	tw.Flush()
 	if len(inv.Warnings) > 0 {
 		fmt.Fprintln(w, "\nWarnings:")
 		for _, s := range inv.Warnings {
@@ -246,6 +291,17 @@ Legend:
   SYS  = across NUMA nodes (the SMP interconnect)
   ?    = unknown (a GPU NVML cannot read)
 `
+
+// migMode is a GPU's MIG mode as nvidia-smi's MIG M. column has it.
+func migMode(m node.MIGMode) string {
+	switch m {
+	case node.MIGEnabled:
+		return "Enabled"
+	case node.MIGDisabled:
+		return "Disabled"
+	}
+	return "N/A"
+}
 
 func or(s, fallback string) string {
 	if s == "" {

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -56,7 +57,7 @@ func TestNVSwitchMatrix(t *testing.T) {
 	rows := 0
 	for _, line := range strings.Split(out, "\n") {
 		f := strings.Fields(line)
-		if len(f) != 10 || !strings.HasPrefix(f[0], "GPU") {
+		if len(f) != 10 || !strings.HasPrefix(f[0], "GPU") || f[1] == "UUID" {
 			continue
 		}
 		rows++
@@ -132,8 +133,8 @@ func TestNotNVMLLibrary(t *testing.T) {
 	for name, path := range cases {
 		t.Run(name, func(t *testing.T) {
 			out, errOut, code := gpuinfo(t, "--nvml-library", path)
-			if code != 1 || out != "" || strings.Count(errOut, "\n") != 1 || !strings.Contains(errOut, "not an NVML library") {
-				t.Fatalf("exit %d, stdout %q, stderr %q: want 1 and one line saying it is not an NVML library", code, out, errOut)
+			if code != 125 || out != "" || strings.Count(errOut, "\n") != 1 || !strings.Contains(errOut, "not an NVML library") {
+				t.Fatalf("exit %d, stdout %q, stderr %q: want 125 and one line saying it is not an NVML library", code, out, errOut)
 			}
 		})
 	}
@@ -180,11 +181,40 @@ func TestLibrariesRemoved(t *testing.T) {
 
 func assertOneLine(t *testing.T, out, errOut string, code int, want string) {
 	t.Helper()
-	if code != 1 || out != "" {
-		t.Fatalf("exit %d, stdout %q: want exit 1 and nothing on stdout", code, out)
+	if code != 125 || out != "" {
+		t.Fatalf("exit %d, stdout %q: want exit 125 and nothing on stdout", code, out)
 	}
 	lines := strings.Split(strings.TrimRight(errOut, "\n"), "\n")
 	if len(lines) != 1 || !strings.Contains(lines[0], want) || !strings.Contains(lines[0], "--simulate") {
 		t.Fatalf("stderr = %q: want one line saying %q and suggesting --simulate", errOut, want)
+	}
+}
+
+// TestSimulatedHostNumbers: as root, a simulated node is shown with the
+// device numbers its containers get (the simulated host tree's, not the real
+// host's 195:255), every control node including nvidia-uvm, a UUID column,
+// the MIG mode, and the MIG devices' capability nodes.
+func TestSimulatedHostNumbers(t *testing.T) {
+	testenv.RequireRoot(t)
+	out, errOut, code := gpuinfo(t, "--simulate", "hgx-h100-mig")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	if !regexp.MustCompile(`(?m)^GPU\s+UUID\s+MINOR\s.*\sMIG\s+HEALTH$`).MatchString(out) {
+		t.Errorf("no GPU table header with UUID and MIG columns in\n%s", out)
+	}
+	for _, want := range []string{"Enabled", "Disabled", " GPU-", " MIG-", "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("no %q in\n%s", want, out)
+		}
+	}
+	caps := regexp.MustCompile(`(?m)^\s+\d+\s+\d+\s+\S+\s.*MIG-\S+\s+(\S+), (\S+)$`)
+	m := caps.FindAllStringSubmatch(out, -1)
+	if len(m) == 0 {
+		t.Fatalf("no MIG device row with capability nodes in\n%s", out)
+	}
+	ctl := regexp.MustCompile(`(?m)^\s+nvidiactl\s+(\d+):255\s`).FindStringSubmatch(out)
+	if ctl == nil || ctl[1] == "195" {
+		t.Fatalf("nvidiactl shown as %v, want the simulated node's major (not 195):\n%s", ctl, out)
 	}
 }

@@ -1,9 +1,13 @@
 // Command gpurun runs a command as a GPU container: in its own mount, pid and
 // cgroup namespaces and device cgroup, with a private /dev holding only its
-// GPUs, the driver volume read-only at /usr/local/nvidia, and
-// NVIDIA_VISIBLE_DEVICES / CUDA_VISIBLE_DEVICES naming its GPUs, confined as
-// Docker confines a container by default (capabilities, seccomp, read-only
-// /sys and cgroups, masked /proc). It exits with the command's status.
+// GPUs and NVIDIA_VISIBLE_DEVICES / CUDA_VISIBLE_DEVICES naming them,
+// confined as Docker confines a container by default (capabilities, seccomp,
+// read-only /sys and cgroups, masked /proc). The driver volume is mounted
+// read-only at /usr/local/nvidia only in a root file system of its own
+// (--rootfs, --image) whose image asks for it; otherwise the command sees the
+// host's driver as installed. It exits as docker run does (internal/cli):
+// the command's status, 125 for gpurun's own errors, 126/127 for a command
+// it cannot execute or find, 128+n for the signal n that ended it.
 //
 //	gpurun [--simulate NAME] [--gpus N | --devices LIST | --mig PROFILE] [--policy P]
 //	       [--state-dir DIR] [--cgroup v1|v2] [--rootfs DIR [--label K=V]... | --image ARCHIVE]
@@ -44,14 +48,13 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 
@@ -60,15 +63,19 @@ import (
 	"github.com/gpuiso/gpuiso/containerizer/native"
 	"github.com/gpuiso/gpuiso/containerizer/rootfs"
 	"github.com/gpuiso/gpuiso/internal/cli"
+	"github.com/gpuiso/gpuiso/internal/linux"
 	"github.com/gpuiso/gpuiso/isolator/cgroups"
 	"github.com/gpuiso/gpuiso/node/simnode"
 )
 
 func main() {
 	native.Init() // gpurun's own binary is each container's init
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, signaled, stop := cli.NotifyContext(context.Background())
 	code := run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
 	stop()
+	if sig := signaled(); sig != 0 && code == exitInterrupted {
+		code = cli.ExitSignal(sig) // 128+n for the signal that ended the run
+	}
 	os.Exit(code)
 }
 
@@ -77,23 +84,38 @@ const defaultStateDir = "/var/lib/gpuiso/gpurun"
 
 // Exit codes of gpurun itself, as docker run has them; anything else is the
 // command's (126: it could not be run, 127: it was not found).
-const exitFailed = 125
+const exitFailed = cli.ExitError
+
+// exitInterrupted is the status of a run a signal ended (SIGINT's; main
+// puts the signal that came).
+var exitInterrupted = cli.ExitSignal(syscall.SIGINT)
+
+const usage = `usage: gpurun [--simulate NAME] [--gpus N | --devices LIST | --mig PROFILE] [--policy P]
+              [--state-dir DIR] [--cgroup v1|v2] [--rootfs DIR [--label KEY=VALUE]... | --image ARCHIVE]
+              [--user UID[:GID]] [--network none|host] [--max-image-bytes N] [--max-image-entries N]
+              [--cap-add CAP]... [--quiet] -- CMD [ARGS...]
+
+Run a command as a GPU container: its own mount, pid, cgroup, network, IPC and
+UTS namespaces and device cgroup, a private /dev with only its GPUs and a
+private /tmp, NVIDIA_VISIBLE_DEVICES naming them, only fds 0-2 of gpurun's,
+confined as Docker confines a container by default. gpurun says which GPUs it
+got on stderr and exits with the command's status. Needs root.
+`
 
 func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("gpurun", flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	simulate := fs.String("simulate", "", "run on a simulated node: "+strings.Join(simnode.Names(), ", "))
-	gpus := fs.Int("gpus", 1, "number of GPUs")
+	simulate := fs.String("simulate", "", "run on the simulated node `NAME`: "+strings.Join(simnode.Names(), ", "))
+	gpus := fs.Int("gpus", 1, "number of GPUs (or of MIG devices, with --mig)")
 	devices := fs.String("devices", "", "comma-separated GPUs (indexes, UUIDs, bus ids or MIG- UUIDs) instead of --gpus")
-	mig := fs.String("mig", "", "MIG profile (e.g. 1g.10gb): --gpus MIG devices of it instead of whole GPUs")
+	mig := fs.String("mig", "", "MIG `PROFILE` (e.g. 1g.10gb): --gpus MIG devices of it instead of whole GPUs")
 	policy := fs.String("policy", string(allocator.PolicyTopology), "placement policy: topology, pack or spread")
-	stateDir := fs.String("state-dir", "", "keep the allocator's state in DIR, shared with every gpurun that names it (default: in memory)")
+	stateDir := fs.String("state-dir", "", "keep the state in `DIR` (containers' records, image trees, and the allocator's state, shared with every gpurun that names it; default /var/lib/gpuiso/gpurun, with the allocator in memory)")
 	version := fs.String("cgroup", "", "cgroup version for devices: v1 or v2 (default: the host's)")
 	quiet := fs.Bool("quiet", false, "do not print which GPUs and volume the command got")
-	rootDir := fs.String("rootfs", "", "run the command in DIR as its root file system")
-	image := fs.String("image", "", "unpack the image ARCHIVE (an OCI layout, or a tar of one or of docker save) and run in it")
+	rootDir := fs.String("rootfs", "", "run the command in `DIR` as its root file system")
+	image := fs.String("image", "", "unpack the image `ARCHIVE` (an OCI layout, or a tar of one or of docker save) and run in it")
 	labels := map[string]string{}
-	fs.Func("label", "KEY=VALUE: a label of the --rootfs image, such as com.nvidia.volumes.needed=nvidia_driver (repeatable)", func(s string) error {
+	fs.Func("label", "`KEY=VALUE`: a label of the --rootfs image, such as com.nvidia.volumes.needed=nvidia_driver (repeatable)", func(s string) error {
 		k, v, ok := strings.Cut(s, "=")
 		if !ok || k == "" {
 			return fmt.Errorf("want KEY=VALUE")
@@ -101,12 +123,25 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		labels[k] = v
 		return nil
 	})
-	user := fs.String("user", "", "run the command as UID[:GID] (for --image, instead of the image's USER)")
-	maxBytes := fs.Int64("max-image-bytes", 0, "refuse an --image whose files hold more than N bytes (default 32 GiB)")
-	maxEntries := fs.Int64("max-image-entries", 0, "refuse an --image of more than N files (default 1048576)")
-	network := fs.String("network", "none", "the container's network: none (its own, loopback only) or host (the host's: every listener and abstract socket of the host reachable)")
+	user := fs.String("user", "", "run the command as `UID[:GID]` (for --image, instead of the image's USER)")
+	maxBytes := fs.Int64("max-image-bytes", 0, "refuse an --image whose files hold more than `N` bytes (default 32 GiB)")
+	maxEntries := fs.Int64("max-image-entries", 0, "refuse an --image of more than `N` files (default 1048576)")
+	network := fs.String("network", "none", "the container's network: `none` (its own, loopback only) or host (the host's: every listener and abstract socket of the host reachable)")
 	var capAdd []string
-	fs.Func("cap-add", "add a capability to the default set (repeatable)", func(s string) error {
+	fs.Func("cap-add", "add the capability `CAP` to the default set (repeatable; ALL for every one, as docker run has it)", func(s string) error {
+		if strings.EqualFold(s, "ALL") {
+			// Every capability gpurun itself may pass on (its bounding set).
+			bnd, err := boundingSet()
+			if err != nil {
+				return err
+			}
+			for n := 0; linux.CapabilityName(n) != ""; n++ {
+				if bnd&(1<<n) != 0 {
+					capAdd = append(capAdd, linux.CapabilityName(n))
+				}
+			}
+			return nil
+		}
 		capAdd = append(capAdd, s)
 		return nil
 	})
@@ -114,25 +149,20 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		fmt.Fprintf(stderr, "gpurun: "+format+"\n", a...)
 		return exitFailed
 	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			fs.SetOutput(stderr)
-			fmt.Fprintln(stderr, "usage: gpurun [flags] -- CMD [ARGS...]")
-			fs.PrintDefaults()
-			return 0
-		}
-		return fail("%v (see gpurun --help)", err)
+	if code, done := cli.Parse(fs, args, usage, stdout, stderr); done {
+		return code
 	}
-	if fs.NArg() == 0 && *image == "" {
-		return fail("no command (gpurun [flags] -- CMD [ARGS...])")
-	}
-	if *image != "" && *rootDir != "" {
-		return fail("--image and --rootfs exclude each other")
-	}
-	set := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
-	if set["gpus"] && set["devices"] {
-		return fail("--gpus and --devices exclude each other: --devices names the GPUs, and their number")
+	usageErr := func(format string, a ...any) int { return cli.Usagef(stderr, "gpurun", format, a...) }
+	set := cli.Set(fs)
+	switch {
+	case fs.NArg() == 0 && *image == "":
+		return usageErr("no command (gpurun [flags] -- CMD [ARGS...])")
+	case *image != "" && *rootDir != "":
+		return usageErr("--image and --rootfs exclude each other")
+	case set["gpus"] && set["devices"]:
+		return usageErr("--gpus and --devices exclude each other: --devices names the GPUs, and their number")
+	case set["label"] && *rootDir == "":
+		return usageErr("--label applies to --rootfs only (an --image brings its own labels)")
 	}
 	var usr *containerizer.User
 	if *user != "" {
@@ -152,7 +182,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	req := allocator.Request{Count: *gpus, MIG: *mig}
 	if *devices != "" {
 		if *mig != "" {
-			return fail("--devices and --mig exclude each other")
+			return usageErr("--devices and --mig exclude each other")
 		}
 		req = allocator.Request{Devices: strings.Split(*devices, ",")}
 	}
@@ -165,7 +195,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	case "v2":
 		isoOpts = append(isoOpts, cgroups.WithVersion(cgroups.V2))
 	default:
-		return fail("--cgroup %q: want v1 or v2", *version)
+		return usageErr("--cgroup %q: want v1 or v2", *version)
 	}
 	// Runs share a state directory: --state-dir, or defaultStateDir. It
 	// holds under native the containers' records (one directory each,
@@ -197,6 +227,11 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	}
 	defer nd.Close()
 	inv, devRoot, where := nd.Inventory, nd.DevRoot, nd.Where
+	if *mig != "" {
+		if err := cli.CheckMIG(inv, *mig); err != nil {
+			return fail("--mig: %v", err)
+		}
+	}
 	alloc, err := allocator.New(inv, settings...)
 	if err != nil {
 		return fail("%v", err)
@@ -263,16 +298,23 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	}
 	ct, err := c.Launch(ctx, spec)
 	if err != nil {
+		if code, ok := cli.StartStatus(err); ok {
+			fmt.Fprintf(stderr, "gpurun: %v\n", err)
+			return code
+		}
 		return fail("%v", err)
 	}
 	defer c.Destroy(context.WithoutCancel(ctx), id)
 	if !*quiet {
-		fmt.Fprintf(stderr, "gpurun: %s%s; %s\n", cli.DescribeGPUs(ct.GPUs), where, volumeNote(ct.Volume))
+		fmt.Fprintf(stderr, "gpurun: %s%s; %s\n", cli.DescribeMIG(inv, ct.GPUs), where, volumeNote(ct.Volume))
 	}
 	st, err := c.Wait(ctx, id)
-	if err != nil { // interrupted: Destroy (deferred) stops the container
-		fmt.Fprintf(stderr, "gpurun: %v\n", err)
-		return 128 + int(syscall.SIGINT)
+	if err != nil {
+		if ctx.Err() != nil { // interrupted: Destroy (deferred) stops the container
+			fmt.Fprintln(stderr, "gpurun: interrupted; the container is stopped")
+			return exitInterrupted
+		}
+		return fail("%v", err)
 	}
 	return st.Code
 }
@@ -284,4 +326,18 @@ func volumeNote(path string) string {
 		return "the host's driver, as installed"
 	}
 	return "driver volume " + path + " at /usr/local/nvidia"
+}
+
+// boundingSet reads the capability bounding set of gpurun's own process.
+func boundingSet() (uint64, error) {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "CapBnd:"); ok {
+			return strconv.ParseUint(strings.TrimSpace(v), 16, 64)
+		}
+	}
+	return 0, fmt.Errorf("/proc/self/status: no CapBnd line")
 }

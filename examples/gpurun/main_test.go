@@ -109,7 +109,7 @@ func TestUsage(t *testing.T) {
 			}
 		})
 	}
-	if _, errOut, code := gpurun("--help"); code != 0 || !strings.Contains(errOut, "usage:") {
+	if out, errOut, code := gpurun("--help"); code != 0 || !strings.HasPrefix(out, "usage: gpurun") || errOut != "" {
 		t.Errorf("--help: exit %d, stderr %q", code, errOut)
 	}
 }

@@ -41,10 +41,36 @@ func main() {
 }
 
 const usage = `usage: nvcdi generate|list|validate [flags]
+
+Write, list and check the Container Device Interface specs that give this
+node's GPUs to any CDI runtime (Podman, containerd, CRI-O, Docker 25+).
+
+commands:
   generate  write the CDI spec of this node's GPUs (or --simulate NAME's); print its device names
   list      print the device names the spec directories define
   validate  check a spec file as CDI runtimes read it
+
+"nvcdi COMMAND --help" lists a command's flags.
 `
+
+var usages = map[string]string{
+	"generate": `usage: nvcdi generate [--dir DIR] [--kind VENDOR/CLASS] [--volume PATH]
+                      [--simulate NAME [--dev-root DIR]]
+
+Write the CDI spec of this node's GPUs (or of a simulated node, whose device
+nodes it makes under --dev-root, as root) and print the names of its devices,
+one a line, ready for "podman run --device NAME". An unchanged spec is left
+untouched.
+`,
+	"list": `usage: nvcdi list [--dir DIR]...
+
+Print the device names the spec directories define.
+`,
+	"validate": `usage: nvcdi validate FILE
+
+Check a spec file as CDI runtimes read it.
+`,
+}
 
 // Exit statuses.
 
@@ -61,34 +87,35 @@ func (m *multi) Set(v string) error { *m = append(*m, v); return nil }
 // run is the command: it returns the exit status.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fail := func(format string, a ...any) int {
-		fmt.Fprintf(stderr, format+"\n", a...)
+		fmt.Fprintln(stderr, strings.ReplaceAll(fmt.Sprintf(format, a...), "\n", "; "))
 		return cli.ExitError
 	}
 	cmd, code, done := cli.Subcommand("nvcdi", []string{"generate", "list", "validate"}, args, usage, stdout, stderr)
 	if done {
 		return code
 	}
-	fs := flag.NewFlagSet("nvcdi "+cmd, flag.ContinueOnError)
+	prog := "nvcdi " + cmd
+	fs := flag.NewFlagSet(prog, flag.ContinueOnError)
 	var dirs multi
 	var dir, kind, vol, simulate, devRoot *string
 	switch cmd {
 	case "generate":
-		dir = fs.String("dir", cdi.DefaultDir, "spec directory")
-		kind = fs.String("kind", cdi.DefaultKind, "device kind, vendor/class")
-		vol = fs.String("volume", "", "driver volume to mount at "+volume.ContainerPath+" (a directory nvvolume build made); none by default")
-		simulate = fs.String("simulate", "", "a simulated node: "+strings.Join(simnode.Names(), ", "))
-		devRoot = fs.String("dev-root", "", "with --simulate: directory to make the node's device nodes under (default "+defaultSimRoot+"/NAME)")
+		dir = fs.String("dir", cdi.DefaultDir, "spec `DIR` to write to")
+		kind = fs.String("kind", cdi.DefaultKind, "device kind, `VENDOR/CLASS`")
+		vol = fs.String("volume", "", "driver volume to mount at "+volume.ContainerPath+" (the `PATH` nvvolume build printed); none by default")
+		simulate = fs.String("simulate", "", "the simulated node `NAME`: "+strings.Join(simnode.Names(), ", "))
+		devRoot = fs.String("dev-root", "", "with --simulate: `DIR` to make the node's device nodes under (default "+defaultSimRoot+"/NAME)")
 	case "list":
-		fs.Var(&dirs, "dir", "spec directory, repeatable (default "+strings.Join(cdi.DefaultDirs(), " and ")+")")
+		fs.Var(&dirs, "dir", "spec `DIR`, repeatable (default "+strings.Join(cdi.DefaultDirs(), " and ")+")")
 	}
-	if code, done := cli.Parse(fs, args[1:], usage, stdout, stderr); done {
+	if code, done := cli.Parse(fs, args[1:], usages[cmd], stdout, stderr); done {
 		return code
 	}
 
 	switch cmd {
 	case "validate":
 		if fs.NArg() != 1 {
-			return fail("nvcdi validate: want one spec file, got %d arguments", fs.NArg())
+			return cli.Usagef(stderr, prog, "want one spec file, got %d arguments", fs.NArg())
 		}
 		spec, err := cdi.ValidateFile(fs.Arg(0))
 		if err != nil {
@@ -98,7 +125,15 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return cli.ExitOK
 	case "list":
 		if fs.NArg() > 0 {
-			return fail("nvcdi list: unexpected arguments %q", fs.Args())
+			return cli.Usagef(stderr, prog, "unexpected arguments %q", fs.Args())
+		}
+		for _, d := range dirs {
+			// A directory named on purpose must be there.
+			if fi, err := os.Stat(d); err != nil {
+				return fail("nvcdi list: --dir: %v", err)
+			} else if !fi.IsDir() {
+				return fail("nvcdi list: --dir %s: not a directory", d)
+			}
 		}
 		names, err := cdi.List(dirs...)
 		for _, n := range names {
@@ -112,7 +147,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 
 	// generate
 	if fs.NArg() > 0 {
-		return fail("nvcdi generate: unexpected arguments %q", fs.Args())
+		return cli.Usagef(stderr, prog, "unexpected arguments %q", fs.Args())
 	}
 	if err := cdi.ValidateKind(*kind); err != nil {
 		return fail("nvcdi generate: --kind: %v", err)
@@ -121,7 +156,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return fail("nvcdi generate: --dir %q: not an absolute path", *dir)
 	}
 	if *devRoot != "" && *simulate == "" {
-		return fail("nvcdi generate: --dev-root is for --simulate only")
+		return cli.Usagef(stderr, prog, "--dev-root applies to --simulate only")
 	}
 	opts := []cdi.Option{cdi.WithKind(*kind)}
 	if *vol != "" {

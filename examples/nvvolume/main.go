@@ -18,12 +18,14 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"syscall"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
 	"github.com/gpuiso/gpuiso/internal/cli"
+	"github.com/gpuiso/gpuiso/internal/ldcache"
 	"github.com/gpuiso/gpuiso/node/nvmlnode"
 	"github.com/gpuiso/gpuiso/volume"
 )
@@ -36,46 +38,81 @@ func main() {
 }
 
 const usage = `usage: nvvolume build|list|gc [flags]
+
+Build, list and remove the NVIDIA driver volumes containers mount read-only
+at /usr/local/nvidia.
+
+commands:
   build  build (or find) the volume of the host's driver; print its path, version and file count
   list   list the volumes with their users
   gc     remove the volumes no container uses
+
+"nvvolume COMMAND --help" lists a command's flags.
 `
+
+var usages = map[string]string{
+	"build": `usage: nvvolume build [--root DIR] [--driver-root DIR] [--driver-version VERSION]
+                      [--capabilities LIST] [--verify]
+
+Build (or find) the volume of the host's driver; print its path, version, file
+and link count, and whether it was built or found.
+`,
+	"list": `usage: nvvolume list [--root DIR]
+
+List the volumes with their versions, file counts and users.
+`,
+	"gc": `usage: nvvolume gc [--root DIR] [--keep VERSION]
+
+Remove the volumes no container uses.
+`,
+}
 
 // Exit statuses.
 
 // run is the command: it returns the exit status.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fail := func(format string, a ...any) int {
-		fmt.Fprintf(stderr, format+"\n", a...)
+		fmt.Fprintln(stderr, strings.ReplaceAll(fmt.Sprintf(format, a...), "\n", "; "))
 		return cli.ExitError
 	}
 	cmd, code, done := cli.Subcommand("nvvolume", []string{"build", "list", "gc"}, args, usage, stdout, stderr)
 	if done {
 		return code
 	}
-	fs := flag.NewFlagSet("nvvolume "+cmd, flag.ContinueOnError)
-	root := fs.String("root", volume.DefaultRoot, "directory holding the volumes")
-	driverRoot := fs.String("driver-root", "", "directory the driver is installed under (default: the first of "+strings.Join(volume.DefaultDriverRoots(), ", ")+" with the driver in its ld.so cache)")
-	version := fs.String("driver-version", "", "driver version (default: detected)")
-	caps := fs.String("capabilities", "all", "capabilities the volume serves, comma-separated, or all")
-	verify := fs.Bool("verify", false, "build: read every copied file to verify an existing volume")
-	keep := fs.String("keep", "", "gc: a version to keep even when unused")
-	if code, done := cli.Parse(fs, args[1:], usage, stdout, stderr); done {
+	prog := "nvvolume " + cmd
+	fs := flag.NewFlagSet(prog, flag.ContinueOnError)
+	root := fs.String("root", volume.DefaultRoot, "`DIR` holding the volumes")
+	// Each subcommand has only the flags it uses.
+	driverRoot, version, caps, verify, keep := new(string), new(string), new(string), new(bool), new(string)
+	*caps = "all"
+	switch cmd {
+	case "build":
+		fs.StringVar(driverRoot, "driver-root", "", "`DIR` the driver is installed under (default: the first of "+strings.Join(volume.DefaultDriverRoots(), ", ")+" with the driver in its ld.so cache)")
+		fs.StringVar(version, "driver-version", "", "driver `VERSION` (default: detected)")
+		fs.StringVar(caps, "capabilities", "all", "`LIST` of capabilities the volume serves, comma-separated, or all")
+		fs.BoolVar(verify, "verify", false, "read every copied file to verify an existing volume")
+	case "gc":
+		fs.StringVar(keep, "keep", "", "a `VERSION` to keep even when unused")
+	}
+	if code, done := cli.Parse(fs, args[1:], usages[cmd], stdout, stderr); done {
 		return code
 	}
 	if fs.NArg() > 0 {
-		return fail("nvvolume %s: unexpected arguments %q", cmd, fs.Args())
+		return cli.Usagef(stderr, prog, "unexpected arguments %q", fs.Args())
 	}
-	if cmd != "build" && cmd != "list" && cmd != "gc" {
-		return fail("nvvolume: unknown command %q (build, list or gc)", cmd)
+	if filepath.IsAbs(*driverRoot) {
+		// Name the real cause: a directory without the driver, not NVML.
+		if err := hasDriver(*driverRoot); err != nil {
+			return fail("%s: --driver-root: %v", prog, err)
+		}
 	}
 	capList, err := volume.ParseCapabilities(*caps)
 	if err != nil {
-		return fail("nvvolume: %v", err)
+		return cli.Usagef(stderr, prog, "--capabilities: %v", err)
 	}
 	if *keep != "" {
 		if err := volume.ValidateVersion(*keep); err != nil {
-			return fail("nvvolume %s: --keep: %v", cmd, err)
+			return cli.Usagef(stderr, prog, "--keep: %v", err)
 		}
 	}
 	opts := []volume.Option{
@@ -92,7 +129,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	m, err := volume.New(opts...)
 	if err != nil {
-		return fail("nvvolume: %v", err)
+		return fail("nvvolume %s: %v", cmd, err)
 	}
 	switch cmd {
 	case "build":
@@ -107,6 +144,15 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stdout, "%s\t%s\t%d files\t%d links\t%s\n", v.Path, v.Version, v.Files, v.Links, state)
 		for _, w := range v.Warnings {
 			fmt.Fprintf(stderr, "left out: %s\n", w)
+		}
+		if cli.Set(fs)["capabilities"] && len(v.Capabilities) > len(capList) {
+			// Not silently: one volume per driver version serves every
+			// capability asked of it so far.
+			var have []string
+			for _, c := range v.Capabilities {
+				have = append(have, string(c))
+			}
+			fmt.Fprintf(stderr, "nvvolume build: the volume %s serves more than --capabilities asked: %s\n", state, strings.Join(have, ","))
 		}
 	case "list":
 		vols, err := m.List(ctx)
@@ -148,4 +194,31 @@ func nvmlVersion(context.Context) (string, error) {
 		return "", &nvmlnode.NVMLError{Op: "driver version", Device: -1, Return: ret}
 	}
 	return v, nil
+}
+
+// hasDriver says whether dir holds an NVIDIA driver as the volume reads
+// one: an ld.so cache under it that names NVML or libcuda.
+func hasDriver(dir string) error {
+	fi, err := os.Stat(dir)
+	if err != nil {
+		return err
+	}
+	if !fi.IsDir() {
+		return fmt.Errorf("%s: not a directory", dir)
+	}
+	cachePath := filepath.Join(dir, "etc", "ld.so.cache")
+	b, err := os.ReadFile(cachePath)
+	if err != nil {
+		return fmt.Errorf("no NVIDIA driver under %s: %w", dir, err)
+	}
+	cache, err := ldcache.Parse(b)
+	if err != nil {
+		return fmt.Errorf("no NVIDIA driver under %s: %w", dir, err)
+	}
+	for _, e := range cache.Entries {
+		if strings.HasPrefix(e.Key, "libnvidia-ml.so") || strings.HasPrefix(e.Key, "libcuda.so") {
+			return nil
+		}
+	}
+	return fmt.Errorf("no NVIDIA driver under %s: its ld.so cache names no libnvidia-ml.so or libcuda.so", dir)
 }

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -46,14 +47,15 @@ type Node struct {
 // OpenNode discovers the host's GPUs (simulate == "") or builds the
 // simulated node of that name, which needs root for its device nodes. A
 // host without a usable driver gives the ExplainDiscover line as error.
-func OpenNode(ctx context.Context, simulate string) (*Node, error) {
-	return OpenNodeIn(ctx, simulate, "")
+// opts configure the simulated node.
+func OpenNode(ctx context.Context, simulate string, opts ...simnode.Option) (*Node, error) {
+	return OpenNodeIn(ctx, simulate, "", opts...)
 }
 
 // OpenNodeIn is OpenNode with a simulated node's host tree in a temporary
 // directory under dir (os.TempDir() when dir is ""), named by TempPattern
 // so that RemoveDeadTempIn(dir, "") removes it once this process has died.
-func OpenNodeIn(ctx context.Context, simulate, dir string) (*Node, error) {
+func OpenNodeIn(ctx context.Context, simulate, dir string, opts ...simnode.Option) (*Node, error) {
 	if simulate == "" {
 		inv, err := nvmlnode.Discover(ctx)
 		if err != nil {
@@ -61,7 +63,7 @@ func OpenNodeIn(ctx context.Context, simulate, dir string) (*Node, error) {
 		}
 		return &Node{Inventory: inv, DevRoot: node.DefaultDevRoot}, nil
 	}
-	sim, err := simnode.New(simulate)
+	sim, err := simnode.New(simulate, opts...)
 	if err != nil {
 		return nil, err
 	}
@@ -170,4 +172,57 @@ func DescribeGPUs(gpus []node.DeviceRef) string {
 		uuids = append(uuids, g.UUID)
 	}
 	return fmt.Sprintf("GPUs %s (%s)", strings.Join(idx, ","), strings.Join(uuids, ","))
+}
+
+// CheckMIG says whether inv has MIG devices of profile, so that a request
+// for them fails with its real cause (no GPU in MIG mode, an unknown
+// profile) rather than as a shortage. The error matches node.ErrNotSupported
+// or node.ErrNotFound.
+func CheckMIG(inv *node.Inventory, profile string) error {
+	var have []string
+	split := false
+	for _, d := range inv.Devices {
+		if !d.MIGSplit() {
+			continue
+		}
+		split = true
+		for _, m := range d.MIGDevices {
+			if m.Profile == profile {
+				return nil
+			}
+			if !slices.Contains(have, m.Profile) {
+				have = append(have, m.Profile)
+			}
+		}
+	}
+	if !split {
+		return fmt.Errorf("no GPU of this node has MIG enabled (--simulate hgx-h100-mig has some): %w", node.ErrNotSupported)
+	}
+	slices.Sort(have)
+	return fmt.Errorf("no MIG device of profile %q on this node (it has %s): %w", profile, strings.Join(have, ", "), node.ErrNotFound)
+}
+
+// DescribeMIG writes MIG devices as the programs report them: "MIG device
+// 1g.10gb (MIG-...) of GPU 0 (GPU-...)", or DescribeGPUs' words for whole
+// GPUs. inv names the parents.
+func DescribeMIG(inv *node.Inventory, gpus []node.DeviceRef) string {
+	var parts []string
+	for _, g := range gpus {
+		found := false
+		for _, d := range inv.Devices {
+			for _, m := range d.MIGDevices {
+				if m.UUID == g.UUID {
+					parts = append(parts, fmt.Sprintf("MIG device %s (%s) of GPU %d (%s)", m.Profile, m.UUID, d.Index, d.UUID))
+					found = true
+				}
+			}
+		}
+		if !found {
+			return DescribeGPUs(gpus)
+		}
+	}
+	if len(parts) == 0 {
+		return DescribeGPUs(gpus)
+	}
+	return strings.Join(parts, ", ")
 }

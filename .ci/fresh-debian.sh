@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Runs the README's two commands, as printed, on a fresh Debian 12 that has
+# nothing but Go: a minbase debootstrap chroot with this host's /usr/local/go
+# copied in and the committed tree (git archive HEAD) at /root/gpuiso. The
+# test command runs in a network namespace of its own, so that the dockerd it
+# starts there never meets this host's. Root only; it leaves the chroot in
+# DIR (default /var/tmp/gpuiso-deb12) for inspection and removes nothing of
+# the host. Fails if either command fails or prints a compiler warning.
+#
+#   .ci/fresh-debian.sh [DIR]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+dir=${1:-/var/tmp/gpuiso-deb12}
+log() { printf 'fresh-debian: %s\n' "$*" >&2; }
+[ "$(id -u)" -eq 0 ] || { log "must run as root (debootstrap, chroot, mounts)"; exit 1; }
+command -v debootstrap >/dev/null || apt-get install -y -qq debootstrap >/dev/null
+if [ ! -x "$dir/bin/bash" ]; then
+  log "debootstrap bookworm into $dir"
+  debootstrap --variant=minbase bookworm "$dir" http://deb.debian.org/debian >"$dir.debootstrap.log" 2>&1
+fi
+[ -x "$dir/usr/local/go/bin/go" ] || cp -a /usr/local/go "$dir/usr/local/go"
+rm -rf "$dir/root/gpuiso" && mkdir -p "$dir/root/gpuiso"
+git archive HEAD | tar -x -C "$dir/root/gpuiso"
+cp /etc/resolv.conf "$dir/etc/resolv.conf"
+# This host's extra certificate authorities (a proxy's, which a real network
+# does not need); Debian's ca-certificates takes them in when provisioning
+# installs it.
+if compgen -G '/usr/local/share/ca-certificates/*.crt' >/dev/null; then
+  mkdir -p "$dir/usr/local/share/ca-certificates"
+  cp /usr/local/share/ca-certificates/*.crt "$dir/usr/local/share/ca-certificates/"
+fi
+# No service starts from a package's scripts inside the chroot.
+printf '#!/bin/sh\nexit 101\n' >"$dir/usr/sbin/policy-rc.d"; chmod +x "$dir/usr/sbin/policy-rc.d"
+
+cleanup() {
+  for p in /proc/[0-9]*; do
+    [ "$(readlink "$p/root" 2>/dev/null)" = "$dir" ] && kill -TERM "${p#/proc/}" 2>/dev/null || true
+  done
+  sleep 5
+  umount -R "$dir" 2>/dev/null || true
+}
+trap cleanup EXIT
+mount --bind "$dir" "$dir"   # / must be a mount point, as on a real host
+for m in proc sys dev; do mount --rbind "/$m" "$dir/$m"; mount --make-rslave "$dir/$m"; done
+in_chroot() {
+  chroot "$dir" /usr/bin/env -i HOME=/root TERM=dumb \
+    PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin /bin/bash -c "cd /root/gpuiso && $1"
+}
+status=0
+log "the main job: bash .ci/demo.sh"
+in_chroot 'bash .ci/demo.sh' >"$dir.demo.log" 2>&1 || status=1
+log "demo: $([ $status -eq 0 ] && echo passed || echo FAILED), log $dir.demo.log"
+# Packages the test command installs need the network; install them first
+# so that the test command itself can run where its dockerd is alone.
+in_chroot 'DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends docker.io podman git >/dev/null && /usr/local/go/bin/go mod download' >"$dir.prepare.log" 2>&1
+log "the tests: bash .ci/test.sh"
+if unshare -n sh -c "ip link set lo up && exec chroot '$dir' /usr/bin/env -i HOME=/root TERM=dumb PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin /bin/bash -c 'cd /root/gpuiso && bash .ci/test.sh'" >"$dir.test.log" 2>&1; then
+  log "tests: passed, log $dir.test.log"
+else
+  log "tests: FAILED, log $dir.test.log"; status=1
+fi
+if grep -E 'warning: |\[-W[a-z-]+\]' "$dir.demo.log" "$dir.test.log" >&2; then
+  log "a compiler warning was printed"; status=1
+fi
+exit $status
