@@ -24,7 +24,7 @@ gocheck:
 test: gocheck provision check
 	GPUISO_REQUIRE=all $(GO) test $(GOTESTFLAGS) ./...
 
-## build: the six example programs into bin/
+## build: the example programs into bin/
 build: gocheck
 	$(GO) build -o bin/ ./examples/...
 

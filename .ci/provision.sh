@@ -53,6 +53,8 @@ pkgs=(libnvidia-ml1 libcuda1 nvidia-smi gcc libc6-dev ca-certificates make)
 # git: make check lists the sources with git ls-files.
 [ "$driver_only" -eq 1 ] || pkgs+=(git)
 [ "$driver_only" -eq 1 ] || pkgs+=(docker.io podman)
+# libseccomp-dev: runc 1.3, built by current-docker.sh (step 4), links it.
+[ "$driver_only" -eq 1 ] || pkgs+=(libseccomp-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
@@ -84,4 +86,10 @@ if ! timeout 10 "$docker_cli" version >/dev/null 2>&1; then
     exit 1
   fi
 fi
-log "host ready: NVIDIA user-space driver $(dpkg-query -W -f='${Version}' libnvidia-ml1), docker $("$docker_cli" version --format '{{.Server.Version}}')"
+# 4. A current Docker daemon (API 1.44+, Docker's CDI path), containerd 2
+#    and runc 1.3, built once from the Go module proxy into
+#    /var/cache/gpuiso/bin and kept (minutes, the first time only). It is
+#    started beside the host's daemon by the tests that need it, never
+#    instead of it.
+bash "$(dirname "$0")/current-docker.sh" >/dev/null
+log "host ready: NVIDIA user-space driver $(dpkg-query -W -f='${Version}' libnvidia-ml1), docker $("$docker_cli" version --format '{{.Server.Version}}'), a current dockerd in /var/cache/gpuiso/bin"

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -20,29 +19,15 @@ import (
 	"github.com/gpuiso/gpuiso/isolator/cdi"
 )
 
-// daemonBinEnv names a directory holding a current Docker daemon and what
-// it runs: dockerd (API 1.44 or later), containerd 2 with
-// containerd-shim-runc-v2, and a runc that runs its containers.
-const daemonBinEnv = "GPUISO_DOCKERD_BIN_DIR"
-
 // TestDaemonCDI launches a container through the containerizer with CDI on,
 // against a current Docker daemon started beside the host's with gpuiso's
 // CDI spec of a simulated DGX-1 in its spec directory: the daemon gets a
 // CDI device request (not device mappings), and the container sees exactly
 // its two GPUs, a node it makes itself for another GPU denied. It runs
-// where such a daemon was built (.ci/current-docker.sh builds one from the
-// Go module proxy), and is skipped, never required, elsewhere: the build
-// takes minutes.
+// where such a daemon was built (.ci/current-docker.sh, which the full
+// test command's provisioning runs, builds one from the Go module proxy).
 func TestDaemonCDI(t *testing.T) {
-	dir := os.Getenv(daemonBinEnv)
-	if dir == "" {
-		dir = "/var/cache/gpuiso/bin"
-	}
-	for _, b := range []string{"dockerd", "containerd", "containerd-shim-runc-v2", "runc"} {
-		if _, err := os.Stat(filepath.Join(dir, b)); err != nil {
-			t.Skipf("no current Docker daemon built in %s (%s): %v", dir, daemonBinEnv, err)
-		}
-	}
+	dir := testenv.RequireCurrentDocker(t)
 	_, host, inv := testenv.SimulatedNode(t, "dgx1-volta")
 	spec, err := cdi.New(inv)
 	if err != nil {

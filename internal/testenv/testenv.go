@@ -40,12 +40,13 @@ const (
 	Docker          Suite = "docker"          // a Docker daemon that answers
 	NVIDIALibraries Suite = "nvidia-libs"     // the NVIDIA user-space driver (libnvidia-ml.so.1)
 	Podman          Suite = "podman"          // rootful Podman, a CDI runtime
+	CurrentDocker   Suite = "current-docker"  // a current Docker daemon (API 1.44+) built by .ci/current-docker.sh
 	GPU             Suite = "gpu"             // a real NVIDIA GPU with a loaded kernel driver
 )
 
 // Suites lists every suite that "all" stands for.
 func Suites() []Suite {
-	return []Suite{Root, CgroupV1Devices, CgroupV2, Docker, NVIDIALibraries, Podman}
+	return []Suite{Root, CgroupV1Devices, CgroupV2, Docker, NVIDIALibraries, Podman, CurrentDocker}
 }
 
 // Required reports whether suite is listed in RequireEnv.
@@ -162,4 +163,26 @@ func RequireGPU(tb testing.TB) {
 	if _, err := os.Stat("/dev/nvidiactl"); err != nil {
 		skip(tb, GPU, "no /dev/nvidiactl: %v", err)
 	}
+}
+
+// CurrentDockerEnv names the directory holding a current Docker daemon and
+// what it runs (dockerd, containerd, containerd-shim-runc-v2, runc), as
+// .ci/current-docker.sh builds them; the default is /var/cache/gpuiso/bin.
+const CurrentDockerEnv = "GPUISO_DOCKERD_BIN_DIR"
+
+// RequireCurrentDocker skips tb unless a current Docker daemon was built,
+// and returns the directory of its binaries.
+func RequireCurrentDocker(tb testing.TB) string {
+	tb.Helper()
+	RequireRoot(tb)
+	dir := os.Getenv(CurrentDockerEnv)
+	if dir == "" {
+		dir = "/var/cache/gpuiso/bin"
+	}
+	for _, b := range []string{"dockerd", "containerd", "containerd-shim-runc-v2", "runc"} {
+		if _, err := os.Stat(filepath.Join(dir, b)); err != nil {
+			skip(tb, CurrentDocker, "no current Docker daemon built in %s (bash .ci/current-docker.sh builds one): %v", dir, err)
+		}
+	}
+	return dir
 }
