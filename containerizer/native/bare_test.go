@@ -540,3 +540,54 @@ func TestBareTempDir(t *testing.T) {
 		}
 	}
 }
+
+// TestBareUnreadableRecord: records are not synced, so a machine crash can
+// leave one empty. Recover tears down a container whose record is
+// unreadable when its cgroup holds no process, and leaves one alone (with
+// an error) when its cgroup still does.
+func TestBareUnreadableRecord(t *testing.T) {
+	n := newBareNode(t)
+	ctx := context.Background()
+	for _, id := range []string{"gone", "running"} {
+		if _, err := n.c.Launch(ctx, containerizer.Spec{ID: id, Command: []string{"sleep", "60"}, GPUs: allocator.Request{Count: 1}}); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(n.state, id, "container.json"), nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n.iso.mu.Lock()
+	delete(n.iso.procs, "gone") // its cgroup is empty, as after a reboot
+	n.iso.mu.Unlock()
+	old := n.c
+	defer old.Destroy(ctx, "running")
+	n.c = n.open(t)
+	got, err := n.c.Recover(ctx)
+	if err == nil || !strings.Contains(err.Error(), "container.json") {
+		t.Errorf("Recover = %v, want the unreadable record of the running container named", err)
+	}
+	if len(got) != 0 {
+		t.Errorf("recovered %+v", got)
+	}
+	n.nothingLeft(t, "gone")
+	if _, err := n.alloc.Allocation("running"); err != nil {
+		t.Errorf("the running container lost its GPUs: %v", err)
+	}
+}
+
+// TestRecordReplaced: a record is replaced whole, leaving no temporary file.
+func TestRecordReplaced(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "container.json")
+	for _, v := range []record{{ID: "a", Pid: 1}, {ID: "b", Pid: 2}} {
+		if err := writeJSON(p, v); err != nil {
+			t.Fatal(err)
+		}
+		var got record
+		if err := readJSON(p, &got); err != nil || got.ID != v.ID || got.Pid != v.Pid {
+			t.Fatalf("read %+v, %v after writing %+v", got, err, v)
+		}
+	}
+	if entries, _ := os.ReadDir(filepath.Dir(p)); len(entries) != 1 {
+		t.Fatalf("left %d files, want the record alone", len(entries))
+	}
+}

@@ -36,17 +36,20 @@ type exitRecord struct {
 	Code int `json:"code"`
 }
 
-// writeJSON writes v to path atomically (linux.WriteFileAtomic).
+// writeJSON replaces path with v as JSON, atomically against this
+// process's death (linux.ReplaceFile). Records are not synced to disk: they
+// describe processes, which no machine crash outlives, and Recover treats a
+// record a crash left unreadable as a container that is gone.
 func writeJSON(path string, v any) error {
 	b, err := json.Marshal(v)
 	if err != nil {
 		return err
 	}
-	return linux.WriteFileAtomic(path, "", b, 0o600, nil)
+	return linux.ReplaceFile(path, b, 0o600)
 }
 
-// writeExit writes v to name in dir atomically, as writeJSON does, through
-// a handle on the directory opened before the init left the host's root.
+// writeExit writes v to name in dir as writeJSON does, through a handle on
+// the directory opened before the init left the host's root.
 func writeExit(dir *os.Root, name string, v any) error {
 	b, err := json.Marshal(v)
 	if err != nil {
@@ -58,9 +61,6 @@ func writeExit(dir *os.Root, name string, v any) error {
 		return err
 	}
 	_, err = f.Write(b)
-	if err == nil {
-		err = f.Sync()
-	}
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
@@ -69,14 +69,8 @@ func writeExit(dir *os.Root, name string, v any) error {
 	}
 	if err != nil {
 		dir.Remove(tmp)
-		return err
 	}
-	d, err := dir.Open(".")
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
+	return err
 }
 
 func readJSON(path string, v any) error {

@@ -111,7 +111,14 @@ func (c *Containerizer) recoverOne(ctx context.Context, id string) (*container, 
 		return nil, c.teardown(ctx, id, record{ID: id})
 	}
 	if err != nil {
-		return nil, err
+		// Unreadable: a machine crash can leave a record empty (records
+		// are not synced). With no process left in its cgroup, the
+		// container is gone; otherwise nothing is touched.
+		if procs, perr := c.cfg.Isolator.Processes(ctx, id); perr == nil && len(procs) > 0 {
+			return nil, err
+		}
+		c.cfg.Logger.Info("cleaning up a container whose record is unreadable and whose cgroup is empty", "id", id, "err", err)
+		return nil, c.teardown(ctx, id, record{ID: id})
 	}
 	if rec.Version != recordVersion || rec.ID != id {
 		return nil, fmt.Errorf("record %s: version %d, id %q: not a record this containerizer wrote", c.recPath(id), rec.Version, rec.ID)

@@ -31,13 +31,14 @@
 //
 // --mig PROFILE asks for --gpus MIG devices of that profile ("1g.10gb")
 // instead of whole GPUs, on a node with MIG enabled on some GPUs
-// (--simulate hgx-h100-mig). --simulate runs on a simulated node: real cgroups and real device nodes
-// with NVIDIA's numbers, under a temporary directory. gpurun needs root.
+// (--simulate hgx-h100-mig). --simulate runs on a simulated node: real
+// cgroups and real device nodes with NVIDIA's numbers, made by the first run
+// of the state directory (sim/NAME) and kept for the next. gpurun needs root.
 //
 // Runs keep their state in a state directory: --state-dir DIR, or
 // /var/lib/gpuiso/gpurun without it. It holds each container's record
 // (naming the gpurun that supervises it) and each run's --image tree (with
-// the unpacker's scratch) under native/, each run's simulated node under tmp/;
+// the unpacker's scratch) under native/, the simulated nodes under sim/;
 // the containers' cgroups go under the cgroup parent derived from it
 // (gpuiso/i<hash>, removed with its last container). Each gpurun first
 // tears down what killed runs of the same state directory left: their
@@ -200,8 +201,8 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	// Runs share a state directory: --state-dir, or defaultStateDir. It
 	// holds under native the containers' records (one directory each,
 	// naming the gpurun that supervises it), whose cgroup parent native.New
-	// derives from it, and each run's --image tree; under tmp each run's
-	// simulated node; with --state-dir the allocator's state too. Each run
+	// derives from it, and each run's --image tree; under sim the simulated
+	// nodes; with --state-dir the allocator's state too. Each run
 	// first cleans up after runs that were killed: their containers,
 	// cgroups, /dev mounts and GPUs, then their trees.
 	stateRoot := defaultStateDir
@@ -215,13 +216,9 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	}
 	state, tmp := filepath.Join(stateRoot, "native"), filepath.Join(stateRoot, "tmp")
 
-	// The node: the host's, or a simulated one under a temporary directory.
-	if *simulate != "" {
-		if err := os.MkdirAll(tmp, 0o700); err != nil {
-			return fail("state directory: %v", err)
-		}
-	}
-	nd, err := cli.OpenNodeIn(ctx, *simulate, tmp)
+	// The node: the host's, or a simulated one, made by the first run of
+	// the state directory and kept for the next (sim/<name>).
+	nd, err := cli.OpenSharedNode(ctx, *simulate, filepath.Join(stateRoot, "sim", *simulate))
 	if err != nil {
 		return fail("%v", err)
 	}
@@ -249,7 +246,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	if _, err := c.Clean(ctx); err != nil {
 		fmt.Fprintf(stderr, "gpurun: cleaning up after killed runs: %v\n", err)
 	} else if _, err := cli.RemoveDeadTempIn(tmp, ""); err != nil {
-		// Their containers are gone: nothing uses their simulated nodes.
+		// Simulated nodes that earlier gpuruns made per run under tmp.
 		fmt.Fprintf(stderr, "gpurun: cleaning up after killed runs: %v\n", err)
 	}
 

@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/gpuiso/gpuiso/internal/linux"
 	"os"
 	"path/filepath"
 	"slices"
@@ -82,6 +83,65 @@ func OpenNodeIn(ctx context.Context, simulate, dir string, opts ...simnode.Optio
 		return nil, err
 	}
 	return &Node{Inventory: inv, DevRoot: host.DevRoot, Where: " of simulated " + simulate, dir: tree}, nil
+}
+
+// OpenSharedNode is OpenNode with a simulated node kept at root for every
+// later call to find: its host tree (device nodes, /proc and /sys files)
+// is made once, under a lock so that concurrent calls make it once, marked
+// complete last, so that what a killed call left half-made is made again;
+// then reused. Close leaves it.
+func OpenSharedNode(ctx context.Context, simulate, root string) (*Node, error) {
+	if simulate == "" {
+		return OpenNode(ctx, "")
+	}
+	sim, err := simnode.New(simulate)
+	if err != nil {
+		return nil, err
+	}
+	if root, err = filepath.Abs(root); err != nil {
+		return nil, err
+	}
+	host := &simnode.Host{Root: root, DevRoot: filepath.Join(root, "dev"), ProcRoot: filepath.Join(root, "proc"), SysRoot: filepath.Join(root, "sys")}
+	if _, err := os.Stat(filepath.Join(root, sharedComplete)); err != nil {
+		if err := makeShared(ctx, sim, host); err != nil {
+			return nil, fmt.Errorf("simulated node (needs root): %w", err)
+		}
+	}
+	inv, err := nvmlnode.Discover(ctx, sim.DiscoverOptions(host)...)
+	if err != nil {
+		return nil, err
+	}
+	return &Node{Inventory: inv, DevRoot: host.DevRoot, Where: " of simulated " + simulate}, nil
+}
+
+// sharedComplete marks a shared simulated node's tree as made whole.
+const sharedComplete = ".complete"
+
+// makeShared makes sim's host tree at host.Root unless another process
+// did while this one waited for the lock.
+func makeShared(ctx context.Context, sim *simnode.Node, host *simnode.Host) error {
+	if err := os.MkdirAll(host.Root, 0o755); err != nil {
+		return err
+	}
+	lock, err := os.OpenFile(filepath.Join(host.Root, ".lock"), os.O_RDONLY|os.O_CREATE, 0o600)
+	if err != nil {
+		return err
+	}
+	defer lock.Close()
+	if err := linux.Lock(ctx, lock); err != nil {
+		return err
+	}
+	defer linux.Unlock(lock)
+	if _, err := os.Stat(filepath.Join(host.Root, sharedComplete)); err == nil {
+		return nil
+	}
+	if err := host.Remove(); err != nil { // what a killed call left
+		return err
+	}
+	if _, err := sim.MakeHost(host.Root); err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(host.Root, sharedComplete), nil, 0o644)
 }
 
 const nodeTempPrefix = "gpuiso-node"

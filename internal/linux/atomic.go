@@ -63,3 +63,32 @@ func SyncDir(dir string) error {
 	}
 	return err
 }
+
+// ReplaceFile replaces the file at path with data as WriteFileAtomic does,
+// a reader seeing the old content or the new, never a part, but without
+// the syncs: the replacement is atomic against the writer's death, not the
+// machine's. It is for state that describes running processes, which no
+// machine crash outlives (a container's record, its exit status): after a
+// crash such a file may be empty, and its reader treats it as gone.
+func ReplaceFile(path string, data []byte, perm fs.FileMode) (err error) {
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*.tmp")
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			os.Remove(tmp.Name())
+		}
+	}()
+	_, err = tmp.Write(data)
+	if err == nil {
+		err = tmp.Chmod(perm)
+	}
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), path)
+}
