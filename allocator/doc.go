@@ -89,10 +89,11 @@
 // change, writes the file atomically and lets go; reads take no lock and see
 // the last complete file. Temporary files carry their writer's pid, and only
 // those of writers that provably died are removed. The cost is one
-// read-and-hash of the state file beside the fsynced write: on the test
-// hosts (2 shared cores, ext4) BenchmarkSharedStateDir measured about 550
-// Allocate+Release pairs a second from 1 process and 350 from 4 processes
-// together on one directory (ratio 0.64: the lock serialises the fsyncs).
+// read-and-hash of the state file beside the fsynced write, so the rate is
+// the disk's fsync rate: BenchmarkSharedStateDir measures Allocate+Release
+// pairs a second from 1 process and from 4 together on one directory (on a
+// shared 2-core host with ext4 it gave from 140 to 900 a second, depending
+// on the load of the host's other users; the lock serialises the fsyncs).
 // Processes sharing a directory must share a pid namespace.
 //
 // An owner may name a [Holder] in its [Request]: the process (pid and start
