@@ -9,7 +9,6 @@ import (
 	"maps"
 	"path/filepath"
 	"slices"
-	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -21,7 +20,6 @@ import (
 
 	"github.com/gpuiso/gpuiso/allocator"
 	"github.com/gpuiso/gpuiso/containerizer"
-	isodocker "github.com/gpuiso/gpuiso/isolator/docker"
 	"github.com/gpuiso/gpuiso/node"
 	"github.com/gpuiso/gpuiso/volume"
 )
@@ -483,149 +481,6 @@ func (z *Containerizer) release(ctx context.Context, owner, version string) erro
 		errs = append(errs, z.cfg.volumes.Release(ctx, version, owner))
 	}
 	return errors.Join(errs...)
-}
-
-// Recover adopts the containers of the containerizer's namespace that the
-// daemon still has, with their GPUs, and releases what was held for those
-// that vanished (see the package documentation). A container that cannot be
-// adopted is left alone and reported in the joined error (matching
-// ErrNotManaged); the others are adopted all the same.
-func (z *Containerizer) Recover(ctx context.Context) ([]containerizer.Container, error) {
-	if z.cli == nil || z.alloc == nil {
-		return nil, fmt.Errorf("recover: %w", containerizer.ErrNotMade)
-	}
-	list, err := z.cli.ContainerList(ctx, client.ContainerListOptions{
-		All:     true,
-		Filters: make(client.Filters).Add("label", LabelNamespace+"="+z.cfg.namespace),
-	})
-	if err != nil {
-		return nil, fmt.Errorf("recover: %w", daemonErr("list containers", err))
-	}
-	var errs []error
-	found := map[string]*entry{}
-	listed := map[string]bool{} // owners with a container, adopted or not
-	for _, s := range list.Items {
-		owner, gpus, err := isodocker.ParseLabels(s.Labels)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("recover container %s: %w: %w", s.ID, ErrNotManaged, err))
-			continue
-		}
-		listed[owner] = true
-		if _, dup := found[owner]; dup {
-			errs = append(errs, fmt.Errorf("recover container %s: %w: owner %s has another container", s.ID, ErrNotManaged, owner))
-			continue
-		}
-		if err := z.reclaim(ctx, owner, gpus); err != nil {
-			errs = append(errs, fmt.Errorf("recover container %s: %w: %w", s.ID, ErrNotManaged, err))
-			continue
-		}
-		e := &entry{c: containerizer.Container{ID: owner, Kind: containerizer.KindDocker, GPUs: gpus, RuntimeID: s.ID, State: containerizer.StateRunning}}
-		if v := s.Labels[LabelVolume]; v != "" && z.cfg.volumes != nil {
-			e.version = v
-			e.c.Volume = filepath.Join(z.cfg.volumes.Root(), volume.Prefix+v)
-			if err := z.cfg.volumes.Acquire(ctx, v, owner); err != nil {
-				errs = append(errs, fmt.Errorf("recover %s: %w", owner, err))
-			}
-		}
-		switch s.State {
-		case container.StateRunning, container.StatePaused, container.StateRestarting:
-		default:
-			insp, err := z.cli.ContainerInspect(ctx, s.ID, client.ContainerInspectOptions{})
-			if err != nil {
-				if cerrdefs.IsNotFound(err) {
-					continue // removed meanwhile: released below
-				}
-				return nil, fmt.Errorf("recover: %w", daemonErr("inspect container", err))
-			}
-			if st := insp.Container.State; st != nil && !st.Running {
-				e.exit = &containerizer.ExitStatus{Code: st.ExitCode}
-				e.c.State = containerizer.StateExited
-			}
-		}
-		found[owner] = e
-	}
-
-	z.mu.Lock()
-	var vanished []*entry
-	for id, e := range z.containers {
-		if e.launching {
-			continue
-		}
-		if f, ok := found[id]; !ok || f.c.RuntimeID != e.c.RuntimeID {
-			if !listed[id] {
-				vanished = append(vanished, e)
-			}
-			delete(z.containers, id)
-		}
-	}
-	for id, f := range found {
-		if old, ok := z.containers[id]; ok && old.c.RuntimeID == f.c.RuntimeID {
-			// Known already: keep its output stream and exit status.
-			old.c.GPUs, old.version = f.c.GPUs, f.version
-			if f.exit != nil && old.exit == nil {
-				old.exit, old.c.State = f.exit, f.c.State
-			}
-			continue
-		}
-		z.containers[id] = f
-	}
-	z.mu.Unlock()
-	for _, e := range vanished {
-		if err := z.release(ctx, e.c.ID, e.version); err != nil {
-			errs = append(errs, fmt.Errorf("recover: release vanished %s: %w", e.c.ID, err))
-		}
-	}
-	if z.cfg.reconcile {
-		live := slices.Collect(maps.Keys(listed))
-		z.mu.Lock()
-		for id, e := range z.containers {
-			if e.launching {
-				live = append(live, id)
-			}
-		}
-		z.mu.Unlock()
-		if _, err := z.alloc.Reconcile(ctx, live); err != nil {
-			errs = append(errs, fmt.Errorf("recover: %w", err))
-		}
-	}
-	return z.Containers(), errors.Join(errs...)
-}
-
-// reclaim makes sure the allocator holds gpus for owner, allocating them
-// again (as explicit devices) when it lost them.
-func (z *Containerizer) reclaim(ctx context.Context, owner string, gpus []node.DeviceRef) error {
-	held, err := z.alloc.Allocation(owner)
-	if err == nil {
-		if !sameDevices(held.Devices, gpus) {
-			return fmt.Errorf("owner %s holds %v in the allocator, its labels say %v", owner, uuids(held.Devices), uuids(gpus))
-		}
-		return nil
-	}
-	if !errors.Is(err, allocator.ErrUnknownOwner) {
-		return err
-	}
-	if len(gpus) == 0 {
-		return nil
-	}
-	if _, err := z.alloc.Allocate(ctx, owner, allocator.Request{Devices: uuids(gpus)}); err != nil {
-		return err
-	}
-	return nil
-}
-
-func uuids(refs []node.DeviceRef) []string {
-	out := make([]string, len(refs))
-	for i, r := range refs {
-		out[i] = r.UUID
-	}
-	return out
-}
-
-func sameDevices(a, b []node.DeviceRef) bool {
-	x, y := uuids(a), uuids(b)
-	sort.Strings(x)
-	sort.Strings(y)
-	return slices.Equal(x, y)
 }
 
 // Containers lists the containers the containerizer knows of, by id

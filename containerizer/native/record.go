@@ -55,22 +55,7 @@ func writeExit(dir *os.Root, name string, v any) error {
 	if err != nil {
 		return err
 	}
-	tmp := "." + name + ".tmp"
-	f, err := dir.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
-	if err != nil {
-		return err
-	}
-	_, err = f.Write(b)
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = dir.Rename(tmp, name)
-	}
-	if err != nil {
-		dir.Remove(tmp)
-	}
-	return err
+	return linux.ReplaceFileIn(dir, name, b, 0o600)
 }
 
 func readJSON(path string, v any) error {

@@ -11,7 +11,7 @@
 //
 //	gpurun [--simulate NAME] [--gpus N | --devices LIST | --mig PROFILE] [--policy P]
 //	       [--state-dir DIR] [--cgroup v1|v2] [--rootfs DIR [--label K=V]... | --image ARCHIVE]
-//	       [--user UID[:GID]] [--network none|host] [--max-image-bytes N] [--max-image-entries N]
+//	       [--user UID[:GID]] [--network none|host] [--max-image-bytes N] [--max-image-entries N] [--max-image-ratio N]
 //	       [--cap-add CAP]... [--quiet] -- CMD [ARGS...]
 //
 // --mig takes one MIG device of that profile (e.g. 1g.10gb) instead of whole
@@ -20,7 +20,7 @@
 // com.nvidia.volumes.needed=nvidia_driver for the driver volume); --image
 // unpacks an OCI layout or a docker save archive and runs in it, with its
 // labels, environment, entrypoint, USER and WORKDIR, unpacked within limits
-// (--max-image-bytes, --max-image-entries; an archive past them is refused
+// (--max-image-bytes, --max-image-entries, --max-image-ratio; an archive past them is refused
 // in one line and leaves nothing); --user runs the command as that user
 // (with no capabilities) instead; --cap-add adds a capability to Docker's default set
 // (repeatable).
@@ -94,7 +94,7 @@ var exitInterrupted = cli.ExitSignal(syscall.SIGINT)
 const usage = `usage: gpurun [--simulate NAME] [--gpus N | --devices LIST | --mig PROFILE] [--policy P]
               [--state-dir DIR] [--cgroup v1|v2] [--rootfs DIR [--label KEY=VALUE]... | --image ARCHIVE]
               [--user UID[:GID]] [--network none|host] [--max-image-bytes N] [--max-image-entries N]
-              [--cap-add CAP]... [--quiet] -- CMD [ARGS...]
+              [--max-image-ratio N] [--cap-add CAP]... [--quiet] -- CMD [ARGS...]
 
 Run a command as a GPU container: its own mount, pid, cgroup, network, IPC and
 UTS namespaces and device cgroup, a private /dev with only its GPUs and a
@@ -127,6 +127,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	user := fs.String("user", "", "run the command as `UID[:GID]` (for --image, instead of the image's USER)")
 	maxBytes := fs.Int64("max-image-bytes", 0, "refuse an --image whose files hold more than `N` bytes (default 32 GiB)")
 	maxEntries := fs.Int64("max-image-entries", 0, "refuse an --image of more than `N` files (default 1048576)")
+	maxRatio := fs.Int64("max-image-ratio", 0, "refuse an --image whose compressed layers expand more than `N` times (default 100)")
 	network := fs.String("network", "none", "the container's network: `none` (its own, loopback only) or host (the host's: every listener and abstract socket of the host reachable)")
 	var capAdd []string
 	fs.Func("cap-add", "add the capability `CAP` to the default set (repeatable; ALL for every one, as docker run has it)", func(s string) error {
@@ -265,7 +266,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		}
 		defer os.RemoveAll(dir)
 		root := filepath.Join(dir, "rootfs")
-		img, err := rootfs.Unpack(ctx, *image, root, rootfs.WithLimits(rootfs.Limits{Bytes: *maxBytes, Entries: *maxEntries}), rootfs.WithScratchDir(dir))
+		img, err := rootfs.Unpack(ctx, *image, root, rootfs.WithLimits(rootfs.Limits{Bytes: *maxBytes, Entries: *maxEntries, Ratio: *maxRatio}), rootfs.WithScratchDir(dir))
 		if err != nil {
 			return fail("%v", err)
 		}

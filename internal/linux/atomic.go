@@ -4,6 +4,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strconv"
 )
 
 // WriteFileAtomic replaces the file at path with data so that a reader,
@@ -70,25 +71,35 @@ func SyncDir(dir string) error {
 // machine's. It is for state that describes running processes, which no
 // machine crash outlives (a container's record, its exit status): after a
 // crash such a file may be empty, and its reader treats it as gone.
-func ReplaceFile(path string, data []byte, perm fs.FileMode) (err error) {
-	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*.tmp")
+func ReplaceFile(path string, data []byte, perm fs.FileMode) error {
+	dir, err := os.OpenRoot(filepath.Dir(path))
+	if err != nil {
+		return err
+	}
+	defer dir.Close()
+	return ReplaceFileIn(dir, filepath.Base(path), data, perm)
+}
+
+// ReplaceFileIn is ReplaceFile for the file name in dir, through a handle
+// on the directory (one opened before a process left the file system that
+// holds it, say).
+func ReplaceFileIn(dir *os.Root, name string, data []byte, perm fs.FileMode) (err error) {
+	tmp := "." + name + "." + strconv.Itoa(os.Getpid()) + ".tmp"
+	f, err := dir.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, perm)
 	if err != nil {
 		return err
 	}
 	defer func() {
 		if err != nil {
-			os.Remove(tmp.Name())
+			dir.Remove(tmp)
 		}
 	}()
-	_, err = tmp.Write(data)
-	if err == nil {
-		err = tmp.Chmod(perm)
-	}
-	if cerr := tmp.Close(); err == nil {
+	_, err = f.Write(data)
+	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
 	if err != nil {
 		return err
 	}
-	return os.Rename(tmp.Name(), path)
+	return dir.Rename(tmp, name)
 }

@@ -1,0 +1,157 @@
+package native
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+
+	"github.com/gpuiso/gpuiso/allocator"
+	"github.com/gpuiso/gpuiso/containerizer"
+	"github.com/gpuiso/gpuiso/isolator"
+	"github.com/gpuiso/gpuiso/isolator/cgroups"
+	"github.com/gpuiso/gpuiso/node"
+	"github.com/gpuiso/gpuiso/volume"
+)
+
+// Config is what a Containerizer works with. Allocator, Inventory and
+// Isolator are required; zero values of the rest mean their defaults.
+type Config struct {
+	// Allocator hands out the GPUs; share it with any other containerizer
+	// on the node.
+	Allocator *allocator.Allocator
+	// Inventory is the node the allocator was made for.
+	Inventory *node.Inventory
+	// Isolator confines each container to its devices: a
+	// *cgroups.Isolator, in practice. One on the package default parent
+	// (cgroups.DefaultParent, what cgroups.New() gives) is moved to the
+	// state directory's own parent, CgroupParent(StateDir), so that
+	// containerizers on distinct state directories never share a cgroup
+	// parent. Only in its own parent does Recover remove cgroups no record
+	// explains, and the parent itself once its last container is gone.
+	Isolator Isolator
+	// Volumes provides the driver volume; nil means containers get none.
+	Volumes *volume.Manager
+	// NVML reports the containers' GPU usage (see Usage); nil means usage
+	// is not supported.
+	NVML nvml.Interface
+	// DevRoot holds the host's device nodes (default /dev).
+	DevRoot string
+	// ProcRoot is the proc file system (default /proc).
+	ProcRoot string
+	// StateDir holds the containers' state (default DefaultStateDir).
+	StateDir string
+	// InitPath is the binary started as each container's init; it must call
+	// Init first thing (default: this process's own binary).
+	InitPath string
+	// ReconcileAllocator says the allocator serves this containerizer alone:
+	// Recover then also releases allocations of owners it has no container
+	// for. Leave it false when the allocator is shared (containerizer.Composite
+	// reconciles against every back end's containers).
+	ReconcileAllocator bool
+	// Logger receives what the containerizer does (default: nothing).
+	Logger *slog.Logger
+}
+
+// Isolator is what the containerizer needs of a device isolator; package
+// isolator/cgroups provides it for the v1 devices controller and the cgroup
+// v2 eBPF filter.
+type Isolator interface {
+	// Version is the cgroup version the isolator works with.
+	Version() cgroups.Version
+	// Apply makes id's cgroup allow exactly rules (creating the cgroup).
+	Apply(ctx context.Context, id string, rules []isolator.Rule) error
+	// AddProcess moves pid into id's cgroup.
+	AddProcess(ctx context.Context, id string, pid int) error
+	// OpenCgroup opens id's cgroup directory, for a child to be born in it
+	// (cgroup v2 only).
+	OpenCgroup(id string) (*os.File, error)
+	// Processes lists the pids in id's cgroup.
+	Processes(ctx context.Context, id string) ([]int, error)
+	// Owners lists the ids that have a cgroup.
+	Owners(ctx context.Context) ([]string, error)
+	// Destroy kills id's processes and removes its cgroup; a missing one
+	// is not an error.
+	Destroy(ctx context.Context, id string) error
+}
+
+// devices is what the containerizer does to a container's private /dev;
+// the default is the host's file system (see dev.go).
+type devices interface {
+	makeDev(dir string, nodes []isolator.DeviceNode) error
+	addNode(dir string, n isolator.DeviceNode) error
+	removeNode(dir string, n isolator.DeviceNode) error
+	removeDev(dir string) error
+}
+
+// hostDevices makes real device nodes.
+type hostDevices struct{}
+
+func (hostDevices) makeDev(dir string, nodes []isolator.DeviceNode) error { return makeDev(dir, nodes) }
+func (hostDevices) addNode(dir string, n isolator.DeviceNode) error       { return addNode(dir, n) }
+func (hostDevices) removeNode(dir string, n isolator.DeviceNode) error    { return removeNode(dir, n) }
+func (hostDevices) removeDev(dir string) error                            { return removeDev(dir) }
+
+// New returns a containerizer. Call Recover before launching containers when
+// the containerizer may have run before.
+func New(cfg Config) (*Containerizer, error) {
+	if cfg.Allocator == nil || cfg.Inventory == nil || cfg.Isolator == nil {
+		return nil, fmt.Errorf("native containerizer: Allocator, Inventory and Isolator are required: %w", node.ErrInvalid)
+	}
+	if cfg.DevRoot == "" {
+		cfg.DevRoot = node.DefaultDevRoot
+	}
+	if cfg.ProcRoot == "" {
+		cfg.ProcRoot = node.DefaultProcRoot
+	}
+	if cfg.StateDir == "" {
+		cfg.StateDir = DefaultStateDir
+	}
+	if cfg.InitPath == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return nil, fmt.Errorf("native containerizer: own binary for the init: %w", err)
+		}
+		cfg.InitPath = exe
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	for _, p := range []string{cfg.DevRoot, cfg.ProcRoot, cfg.StateDir, cfg.InitPath} {
+		if !filepath.IsAbs(p) {
+			return nil, fmt.Errorf("native containerizer: %q must be an absolute path", p)
+		}
+	}
+	own := CgroupParent(cfg.StateDir)
+	if iso, ok := cfg.Isolator.(*cgroups.Isolator); ok && iso.Parent() == cgroups.DefaultParent {
+		moved, err := iso.InParent(own)
+		if err != nil {
+			return nil, fmt.Errorf("native containerizer: %w", err)
+		}
+		cfg.Isolator = moved
+	}
+	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
+		return nil, fmt.Errorf("native containerizer: %w", err)
+	}
+	prep := &containerizer.Preparer{Allocator: cfg.Allocator, Inventory: cfg.Inventory, Volumes: cfg.Volumes, DevRoot: cfg.DevRoot}
+	c := &Containerizer{cfg: cfg, prep: prep, dev: hostDevices{}, self: self(cfg.ProcRoot), containers: map[string]*container{}}
+	if p, ok := cfg.Isolator.(parented); ok && p.Parent() == own {
+		c.parent = p
+	}
+	return c, nil
+}
+
+// parented is what an isolator tells of its cgroup parent;
+// *cgroups.Isolator has it.
+type parented interface {
+	Parent() string
+	RemoveParent() error
+}
+
+// Isolator is the isolator the containerizer works with: Config.Isolator,
+// or the same on the state directory's own cgroup parent when
+// Config.Isolator was on the package default.
+func (c *Containerizer) Isolator() Isolator { return c.cfg.Isolator }
