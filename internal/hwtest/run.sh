@@ -6,8 +6,6 @@
 set -uo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
-bin=$here/bin
-export GPUISO_PROBE=$bin/probe GPUISO_CUDACHECK=$bin/cudacheck
 
 gpu=1
 [ -e /proc/driver/nvidia/version ] || gpu=0
@@ -20,6 +18,13 @@ if [ "$(id -u)" -ne 0 ]; then
   echo "hwtest: run as root: the suites create cgroups, device nodes and containers" >&2
   exit 1
 fi
+# Native containers see neither the host's /tmp nor its /var/tmp (each gets
+# a private one), where a bundle is often unpacked: the binaries the
+# containers run are copied to a directory of root's own first.
+mkdir -p /var/lib/gpuiso-test
+bin=$(mktemp -d /var/lib/gpuiso-test/hwbundle-XXXXXX)
+cp -a "$here/bin/." "$bin/"
+export GPUISO_PROBE=$bin/probe GPUISO_CUDACHECK=$bin/cudacheck
 
 echo "hwtest: revision $(cat "$here/REVISION" 2>/dev/null || echo unknown), GPUISO_REQUIRE=$GPUISO_REQUIRE"
 if [ "$gpu" -eq 1 ]; then
@@ -28,7 +33,7 @@ if [ "$gpu" -eq 1 ]; then
 fi
 
 work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+trap 'rm -rf "$work" "$bin"' EXIT
 failed=()
 suite() { # suite NAME [ARGS...]: one test binary, run from an empty directory
   local name=$1
@@ -41,7 +46,7 @@ suite() { # suite NAME [ARGS...]: one test binary, run from an empty directory
 suite hwtest "$@"
 suite nvmlnode -test.run='^TestDiscover(RealGPU|DriverNotLoaded)$' "$@"
 suite native "$@"
-suite cgroups "$@"
+suite cgroups -test.skip='^TestProgram$' "$@" # its golden listings stay in the source tree
 
 if [ ${#failed[@]} -gt 0 ]; then
   echo "hwtest: FAIL: ${failed[*]}"
