@@ -1,0 +1,228 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/gpuiso/gpuiso/allocator"
+	"github.com/gpuiso/gpuiso/containerizer/chain"
+	"github.com/gpuiso/gpuiso/internal/cli"
+	"github.com/gpuiso/gpuiso/internal/testenv"
+	"github.com/gpuiso/gpuiso/isolator/cgroups"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m) }
+
+// buildAgent compiles the agent into a directory of t.
+func buildAgent(t *testing.T) string {
+	t.Helper()
+	if _, err := exec.LookPath("go"); err != nil {
+		t.Skipf("no go command to build the agent: %v", err)
+	}
+	bin := filepath.Join(t.TempDir(), "agent")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
+}
+
+func TestUsage(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		args []string
+		code int
+		out  string // on stdout (help) or stderr
+	}{
+		{"help", []string{"--help"}, 0, "usage: agent"},
+		{"unknown flag", []string{"--nope"}, cli.ExitError, "flag provided but not defined: --nope"},
+		{"negative gpus", []string{"--gpus", "-1", "--", "true"}, cli.ExitError, "--gpus -1"},
+		{"gpus without a command", []string{"--gpus", "2"}, cli.ExitError, "need a command"},
+		{"empty state dir", []string{"--state-dir", "", "--", "true"}, cli.ExitError, "--state-dir is empty"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var stdout, stderr bytes.Buffer
+			code := run(context.Background(), tc.args, nil, &stdout, &stderr)
+			got := stderr.String()
+			if tc.code == 0 {
+				got = stdout.String()
+				if stderr.Len() != 0 {
+					t.Errorf("stderr %q, want nothing", stderr.String())
+				}
+			}
+			if code != tc.code || !strings.Contains(got, tc.out) {
+				t.Errorf("exit %d, output %q: want %d and %q", code, got, tc.code, tc.out)
+			}
+		})
+	}
+}
+
+// lines forwards each line of r to a channel.
+func lines(r io.Reader) <-chan string {
+	ch := make(chan string, 64)
+	go func() {
+		defer close(ch)
+		s := bufio.NewScanner(r)
+		for s.Scan() {
+			ch <- s.Text()
+		}
+	}()
+	return ch
+}
+
+// waitFor returns the first line with prefix, failing when the output ends
+// without one.
+func waitFor(t *testing.T, ch <-chan string, prefix string) string {
+	t.Helper()
+	for l := range ch {
+		if strings.HasPrefix(l, prefix) {
+			return l
+		}
+	}
+	t.Fatalf("output ended without a line %q", prefix)
+	return ""
+}
+
+// TestRecoverAfterKill kills the agent with SIGKILL while its container
+// runs and starts it again: the container's GPU stays held and allowed to
+// it, another GPU stays denied, and when the container exits the restarted
+// agent releases everything: allocation, cgroups, records.
+func TestRecoverAfterKill(t *testing.T) {
+	testenv.RequireRoot(t)
+	testenv.RequireCgroupV1Devices(t)
+	bin := buildAgent(t)
+	state := filepath.Join(t.TempDir(), "state")
+	ctx := context.Background()
+
+	// The container is a prober: it opens device nodes on request, from
+	// inside its cgroups, through pipes that outlive the agent.
+	inR, inW, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	outR, outW, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer inW.Close()
+	defer outR.Close()
+	probeArgs, probeEnv := testenv.ProberCommand(t)
+	first := exec.Command(bin, append([]string{"--simulate", "dgx1-volta", "--gpus", "1", "--state-dir", state, "--"}, probeArgs...)...)
+	first.Env = append(os.Environ(), probeEnv)
+	first.Stdin, first.Stdout = inR, outW
+	firstErr, err := first.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := first.Start(); err != nil {
+		t.Fatal(err)
+	}
+	inR.Close()
+	outW.Close()
+	t.Cleanup(func() { first.Process.Kill(); first.Wait() })
+	started := waitFor(t, lines(firstErr), "agent: container ")
+	id := strings.TrimSuffix(strings.Fields(started)[2], ":")
+	prober := testenv.NewProber(inW, outR)
+
+	// What the container holds, and the node paths of its GPU and another.
+	nd, err := cli.OpenSharedNode(ctx, "dgx1-volta", filepath.Join(state, "sim", "dgx1-volta"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nd.Close()
+	held := func() []string {
+		t.Helper()
+		a, err := allocator.New(nd.Inventory, allocator.WithStateDir(filepath.Join(state, "alloc")))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer a.Close()
+		var uuids []string
+		for _, al := range a.Allocations() {
+			for _, d := range al.Devices {
+				uuids = append(uuids, al.Owner+" "+d.UUID)
+			}
+		}
+		return uuids
+	}
+	owned := held()
+	if len(owned) != 1 || !strings.HasPrefix(owned[0], id+" ") {
+		t.Fatalf("allocations %v, want one GPU of %s", owned, id)
+	}
+	var mine, other string
+	for _, d := range nd.Inventory.Devices {
+		if id+" "+d.UUID == owned[0] {
+			mine = d.Node.Path
+		} else if other == "" {
+			other = d.Node.Path
+		}
+	}
+	check := func(when string) {
+		t.Helper()
+		got, err := prober.OpenAll(mine, other)
+		if err != nil {
+			t.Fatalf("%s: %v", when, err)
+		}
+		if !testenv.Allowed(got[mine]) || got[other] != "EPERM" {
+			t.Errorf("%s: its GPU %s: %s, another %s: %s; want allowed and EPERM", when, mine, got[mine], other, got[other])
+		}
+	}
+	check("before the kill")
+
+	if err := first.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	first.Wait()
+	check("with the agent dead")
+
+	second := exec.Command(bin, "--simulate", "dgx1-volta", "--state-dir", state)
+	secondErr, err := second.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := second.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { second.Process.Kill(); second.Wait() })
+	waitFor(t, lines(secondErr), "agent: recovered container "+id)
+	if got := held(); len(got) != 1 || got[0] != owned[0] {
+		t.Errorf("after recovery: allocations %v, want %v", got, owned)
+	}
+	check("after recovery")
+
+	// The container exits (its prober reads the end of its input); the
+	// restarted agent cleans up after it and exits 0.
+	inW.Close()
+	if err := second.Wait(); err != nil {
+		t.Fatalf("restarted agent: %v", err)
+	}
+	if got := held(); len(got) != 0 {
+		t.Errorf("allocations left: %v", got)
+	}
+	for _, dir := range []string{filepath.Join(state, "containers"), filepath.Join(state, "gpu")} {
+		entries, err := os.ReadDir(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range entries {
+			t.Errorf("left in %s: %s", dir, e.Name())
+		}
+	}
+	for _, dir := range []string{
+		"/sys/fs/cgroup/cpu/gpuiso-agent/" + id,
+		"/sys/fs/cgroup/memory/gpuiso-agent/" + id,
+		filepath.Join(cgroups.DefaultV1Mount, chain.CgroupParent(filepath.Join(state, "gpu"))),
+	} {
+		if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("cgroup %s left (%v)", dir, err)
+		}
+	}
+}
