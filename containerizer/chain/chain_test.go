@@ -129,7 +129,9 @@ func TestHooks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(l.Allocation.Devices) != 2 || len(l.Plan.Devices) < 2 || !slices.ContainsFunc(l.Plan.Env, func(e string) bool { return e == "NVIDIA_VISIBLE_DEVICES="+l.Allocation.Devices[0].UUID+","+l.Allocation.Devices[1].UUID }) {
+	if len(l.Allocation.Devices) != 2 || len(l.Plan.Devices) < 2 || !slices.ContainsFunc(l.Plan.Env, func(e string) bool {
+		return e == "NVIDIA_VISIBLE_DEVICES="+l.Allocation.Devices[0].UUID+","+l.Allocation.Devices[1].UUID
+	}) {
 		t.Fatalf("launch: %+v, plan %+v", l.Allocation, l.Plan)
 	}
 	if _, err := iso.Prepare(ctx, "c1", allocator.Request{Count: 1}, containerizer.Image{}); !errors.Is(err, ErrContainerExists) {
