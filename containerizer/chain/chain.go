@@ -203,7 +203,9 @@ func (i *Isolator) Prepare(ctx context.Context, id string, req allocator.Request
 // Isolate enforces container id's device rules on its process pid: the
 // isolator makes the container's device cgroup (under Parent) with its
 // rules and moves pid into it. The agent calls it before pid runs the
-// container's command; its children inherit the cgroup.
+// container's command; its children inherit the cgroup. On cgroup2, where a
+// process is in one cgroup only, this takes pid out of the agent's own
+// cgroups: an agent with a CPU or memory cgroup there uses IsolateCgroup.
 func (i *Isolator) Isolate(ctx context.Context, id string, pid int) error {
 	if err := i.made(); err != nil {
 		return err

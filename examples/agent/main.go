@@ -352,6 +352,9 @@ func (a *agent) launch(ctx context.Context, command []string, gpus int, res *spe
 	}
 	fail := func(err error) int {
 		derr := a.destroy(context.WithoutCancel(ctx), c)
+		if ctx.Err() != nil && derr == nil {
+			return exitInterrupted // a signal cut the launch short
+		}
 		return cli.Errorf(stderr, "agent", "%v", errors.Join(err, derr))
 	}
 	cg, err := newCgroup(c, res)
@@ -363,7 +366,6 @@ func (a *agent) launch(ctx context.Context, command []string, gpus int, res *spe
 	if err != nil {
 		return fail(err)
 	}
-	fmt.Fprintf(stderr, "agent: container %s: %s\n", c.ID, cli.DescribeGPUs(l.Allocation.Devices))
 
 	goR, goW, err := os.Pipe()
 	if err != nil {
@@ -407,6 +409,7 @@ func (a *agent) launch(ctx context.Context, command []string, gpus int, res *spe
 	}
 	goW.Write([]byte{1})
 	goW.Close()
+	fmt.Fprintf(stderr, "agent: container %s: %s\n", c.ID, cli.DescribeGPUs(l.Allocation.Devices))
 
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()

@@ -226,3 +226,45 @@ func TestRecoverAfterKill(t *testing.T) {
 		}
 	}
 }
+
+// TestTerminate: SIGTERM ends the agent and its container (exit 143) and
+// leaves nothing: allocation, records, cgroups.
+func TestTerminate(t *testing.T) {
+	testenv.RequireRoot(t)
+	testenv.RequireCgroupV1Devices(t)
+	bin := buildAgent(t)
+	state := filepath.Join(t.TempDir(), "state")
+	cmd := exec.Command(bin, "--simulate", "dgx1-volta", "--gpus", "2", "--state-dir", state, "--", "sleep", "600")
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	out := lines(stderr)
+	id := strings.TrimSuffix(strings.Fields(waitFor(t, out, "agent: container "))[2], ":")
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	for range out {
+	}
+	var ee *exec.ExitError
+	if err := cmd.Wait(); !errors.As(err, &ee) || ee.ExitCode() != 143 {
+		t.Fatalf("agent after SIGTERM: %v, want exit 143", err)
+	}
+	entries, err := os.ReadDir(filepath.Join(state, "containers"))
+	if err != nil || len(entries) != 0 {
+		t.Errorf("records left: %v (%v)", entries, err)
+	}
+	b, err := os.ReadFile(filepath.Join(state, "alloc", allocator.StateFile))
+	if err != nil || strings.Contains(string(b), id) {
+		t.Errorf("allocator state still names %s (%v):\n%s", id, err, b)
+	}
+	for _, dir := range []string{"/sys/fs/cgroup/cpu/gpuiso-agent/" + id, filepath.Join(cgroups.DefaultV1Mount, chain.CgroupParent(filepath.Join(state, "gpu")))} {
+		if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("cgroup %s left (%v)", dir, err)
+		}
+	}
+}
