@@ -16,6 +16,7 @@ import (
 	"github.com/gpuiso/gpuiso/node"
 	"github.com/gpuiso/gpuiso/node/nvmlnode"
 	"github.com/gpuiso/gpuiso/node/simnode"
+	"github.com/gpuiso/gpuiso/volume"
 )
 
 // fakeDevices records the rules and processes of each cgroup.
@@ -238,14 +239,19 @@ func TestPrepareRefusals(t *testing.T) {
 		name string
 		id   string
 		req  allocator.Request
+		img  containerizer.Image
 		want error
 	}{
-		{"bad id", "a/b", allocator.Request{Count: 1}, node.ErrInvalid},
-		{"more than the node has", "c1", allocator.Request{Count: 9}, allocator.ErrInvalidRequest},
-		{"unknown device", "c1", allocator.Request{Devices: []string{"GPU-nope"}}, node.ErrNotFound},
+		{"bad id", "a/b", allocator.Request{Count: 1}, containerizer.Image{}, node.ErrInvalid},
+		{"more than the node has", "c1", allocator.Request{Count: 9}, containerizer.Image{}, allocator.ErrInvalidRequest},
+		{"unknown device", "c1", allocator.Request{Devices: []string{"GPU-nope"}}, containerizer.Image{}, node.ErrNotFound},
+		{"volume and no volume manager", "c1", allocator.Request{Count: 1},
+			containerizer.Image{OwnRoot: true, Env: []string{"NVIDIA_VISIBLE_DEVICES=all"}}, containerizer.ErrNoVolume},
+		{"driver too old for the image", "c1", allocator.Request{Count: 1},
+			containerizer.Image{Env: []string{"NVIDIA_REQUIRE_CUDA=cuda>=99.0"}}, volume.ErrRequirementUnmet},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if _, err := iso.Prepare(ctx, tc.id, tc.req, containerizer.Image{}); !errors.Is(err, tc.want) {
+			if _, err := iso.Prepare(ctx, tc.id, tc.req, tc.img); !errors.Is(err, tc.want) {
 				t.Fatalf("Prepare: %v, want %v", err, tc.want)
 			}
 			if len(a.Allocations()) != 0 {
@@ -255,6 +261,22 @@ func TestPrepareRefusals(t *testing.T) {
 				t.Errorf("records after a refusal: %v", ids)
 			}
 		})
+	}
+	for _, tc := range []struct {
+		name string
+		call func() error
+	}{
+		{"Isolate", func() error { return iso.Isolate(ctx, "c9", 1) }},
+		{"IsolateCgroup", func() error { return iso.IsolateCgroup(ctx, "c9", "agent/c9") }},
+		{"Update", func() error { _, err := iso.Update(ctx, "c9", 1); return err }},
+		{"Usage", func() error { _, err := iso.Usage(ctx, "c9"); return err }},
+	} {
+		if err := tc.call(); !errors.Is(err, ErrUnknownContainer) {
+			t.Errorf("%s before Prepare: %v, want ErrUnknownContainer", tc.name, err)
+		}
+	}
+	if err := iso.Cleanup(ctx, "c9"); err != nil {
+		t.Errorf("Cleanup of a container never prepared: %v", err)
 	}
 	var zero Isolator
 	if _, err := zero.Prepare(ctx, "c1", allocator.Request{}, containerizer.Image{}); !errors.Is(err, ErrNotMade) {
@@ -296,6 +318,13 @@ func TestRecover(t *testing.T) {
 			if _, err := a.Allocate(ctx, "half", allocator.Request{Count: 1}); err != nil {
 				t.Fatal(err)
 			}
+			// A record that cannot be read, with an allocation.
+			if err := os.WriteFile(filepath.Join(f.dir, "bad.json"), []byte("{"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := a.Allocate(ctx, "bad", allocator.Request{Count: 1}); err != nil {
+				t.Fatal(err)
+			}
 			// A device cgroup without a record (a kill between cleanups).
 			f.dev.Apply(ctx, parent, "stray", nil)
 			// Rules the kernel lost (reapplied by Recover).
@@ -313,7 +342,7 @@ func TestRecover(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			want := Recovered{Recovered: []string{"keep"}, Cleaned: []string{"gone", "half", "stray"}, Unknown: []string{"never"}}
+			want := Recovered{Recovered: []string{"keep"}, Cleaned: []string{"bad", "gone", "half", "stray"}, Unknown: []string{"never"}}
 			if fmt.Sprint(res) != fmt.Sprint(want) {
 				t.Errorf("Recover = %+v, want %+v", res, want)
 			}
