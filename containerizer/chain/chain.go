@@ -13,11 +13,13 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
 	"github.com/gpuiso/gpuiso/allocator"
 	"github.com/gpuiso/gpuiso/containerizer"
+	"github.com/gpuiso/gpuiso/internal/linux"
 	"github.com/gpuiso/gpuiso/isolator"
 	"github.com/gpuiso/gpuiso/isolator/cgroups"
 	"github.com/gpuiso/gpuiso/node"
@@ -36,8 +38,8 @@ type Config struct {
 	// system of their own whose image asks for it; nil means none.
 	Volumes *volume.Manager
 	// StateDir holds one record per prepared container (created if
-	// missing). One agent instance owns it: two isolators must not share
-	// one.
+	// missing). One isolator at a time owns it: New fails with ErrInUse
+	// while another holds it (until its Close).
 	StateDir string
 	// Cgroups enforces the device rules; nil means cgroups.New(). An
 	// isolator on the default parent is moved to the state directory's own
@@ -76,8 +78,10 @@ type Isolator struct {
 	dev    devices
 	nvml   nvml.Interface
 	log    *slog.Logger
+	lock   *os.File
 
-	mu sync.Mutex
+	mu     sync.Mutex
+	closed atomic.Bool
 }
 
 // CgroupParent is the device cgroup parent of the isolator whose state
@@ -94,8 +98,9 @@ func CgroupParent(stateDir string) string {
 	return cgroups.DefaultParent + "/a" + hex.EncodeToString(sum[:6])
 }
 
-// New returns the isolator cfg describes. It reads nothing of the state
-// directory: call Recover before anything else after a restart.
+// New returns the isolator cfg describes, holding its state directory
+// until Close. It reads nothing of the directory: call Recover before
+// anything else after a restart.
 func New(cfg Config) (*Isolator, error) {
 	if cfg.Allocator == nil || cfg.Inventory == nil {
 		return nil, fmt.Errorf("gpu isolator: no allocator or inventory: %w", node.ErrInvalid)
@@ -121,7 +126,51 @@ func New(cfg Config) (*Isolator, error) {
 			return nil, fmt.Errorf("gpu isolator: %w", err)
 		}
 	}
-	return newIsolator(cfg, dir, cg.Parent(), cgroupDevices{base: cg}), nil
+	lock, err := lockDir(dir)
+	if err != nil {
+		return nil, fmt.Errorf("gpu isolator: %w", err)
+	}
+	i := newIsolator(cfg, dir, cg.Parent(), cgroupDevices{base: cg})
+	i.lock = lock
+	return i, nil
+}
+
+// lockFile is the state directory's lock, held by the isolator that owns
+// the directory.
+const lockFile = ".lock"
+
+// lockDir takes dir's lock without waiting: ErrInUse when another isolator
+// holds it.
+func lockDir(dir string) (*os.File, error) {
+	f, err := os.OpenFile(filepath.Join(dir, lockFile), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancelCause(context.Background())
+	cancel(fmt.Errorf("state directory %s: %w", dir, ErrInUse))
+	if err := linux.Lock(ctx, f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
+}
+
+// Close gives up the state directory, for another isolator (a restarted
+// agent's) to take; it leaves every container as it is. Every later call
+// fails with ErrClosed.
+func (i *Isolator) Close() error {
+	if i == nil || i.dev == nil {
+		return ErrNotMade
+	}
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	i.closed.Store(true)
+	if i.lock == nil {
+		return nil
+	}
+	err := i.lock.Close()
+	i.lock = nil
+	return err
 }
 
 func newIsolator(cfg Config, dir, parent string, dev devices) *Isolator {
@@ -148,6 +197,9 @@ func (i *Isolator) Parent() string {
 func (i *Isolator) made() error {
 	if i == nil || i.dev == nil {
 		return ErrNotMade
+	}
+	if i.closed.Load() {
+		return ErrClosed
 	}
 	return nil
 }

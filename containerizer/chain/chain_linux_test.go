@@ -50,11 +50,15 @@ func TestIsolateProcess(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
+				t.Cleanup(func() { iso.Close() })
 				return iso, a
 			}
 			stateDir := t.TempDir()
 			iso, _ := open(stateDir)
 			t.Cleanup(func() { iso.Cleanup(context.Background(), "c1") })
+			if _, err := New(Config{Allocator: iso.alloc, Inventory: inv, StateDir: stateDir}); !errors.Is(err, ErrInUse) {
+				t.Fatalf("a second isolator on the state directory: %v, want ErrInUse", err)
+			}
 			l, err := iso.Prepare(ctx, "c1", allocator.Request{Count: 1}, containerizer.Image{})
 			if err != nil {
 				t.Fatal(err)
@@ -93,6 +97,10 @@ func TestIsolateProcess(t *testing.T) {
 			check("after a neighbour's Recover", al.Devices)
 
 			// The agent restarts and still knows c1.
+			iso.Close()
+			if err := iso.Isolate(ctx, "c1", p.Pid); !errors.Is(err, ErrClosed) {
+				t.Errorf("Isolate after Close: %v, want ErrClosed", err)
+			}
 			iso, a := open(stateDir)
 			res, err := iso.Recover(ctx, []string{"c1"})
 			if err != nil || !slices.Equal(res.Recovered, []string{"c1"}) {
@@ -104,6 +112,7 @@ func TestIsolateProcess(t *testing.T) {
 			check("after Recover", al.Devices)
 
 			// It restarts again and no longer knows c1: everything goes.
+			iso.Close()
 			iso, a = open(stateDir)
 			if res, err = iso.Recover(ctx, nil); err != nil || !slices.Equal(res.Cleaned, []string{"c1"}) {
 				t.Fatalf("Recover of nothing: %+v, %v", res, err)

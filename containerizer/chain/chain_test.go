@@ -364,3 +364,21 @@ func TestRecover(t *testing.T) {
 		})
 	}
 }
+
+// TestStateDirLock: one isolator at a time holds a state directory.
+func TestStateDirLock(t *testing.T) {
+	dir := t.TempDir()
+	first, err := lockDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := lockDir(dir); !errors.Is(err, ErrInUse) {
+		t.Fatalf("second lock: %v, want ErrInUse", err)
+	}
+	first.Close()
+	second, err := lockDir(dir)
+	if err != nil {
+		t.Fatalf("lock after the first gave it up: %v", err)
+	}
+	second.Close()
+}

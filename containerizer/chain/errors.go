@@ -21,6 +21,10 @@ var (
 	// the agent created) still holds processes: the agent destroys its
 	// container before cleaning up after it.
 	ErrStillRunning = node.Sentinel(node.ErrUnavailable, "container still has processes")
+	// ErrInUse: another isolator holds the state directory.
+	ErrInUse = node.Sentinel(node.ErrUnavailable, "state directory in use by another isolator")
+	// ErrClosed: the isolator was closed; it refuses every call.
+	ErrClosed = node.Sentinel(node.ErrInvalid, "gpu isolator closed")
 	// ErrCorruptRecord: a container's record in the state directory cannot
 	// be read back.
 	ErrCorruptRecord = node.Sentinel(node.ErrCorrupt, "corrupt container record")

@@ -29,7 +29,8 @@
 //
 // The state lives in --state-dir (default /var/lib/gpuiso/agent): the
 // agent's records (containers/), the GPU isolator's (gpu/), the allocator's
-// state (alloc/) and the simulated nodes (sim/). The agent needs root.
+// state (alloc/) and the simulated nodes (sim/); one agent at a time owns
+// it (a second exits 125 while the first runs). The agent needs root.
 package main
 
 import (
@@ -203,7 +204,7 @@ func open(ctx context.Context, simulate, stateDir string) (*agent, error) {
 		nd.Close()
 		return nil, err
 	}
-	return &agent{dir: dir, alloc: alloc, gpu: gpu, close: func() { alloc.Close(); nd.Close() }}, nil
+	return &agent{dir: dir, alloc: alloc, gpu: gpu, close: func() { gpu.Close(); alloc.Close(); nd.Close() }}, nil
 }
 
 // container is the agent's record of one container.
