@@ -129,3 +129,85 @@ func TestIsolateProcess(t *testing.T) {
 		})
 	}
 }
+
+// TestIsolateAgentCgroup enforces a container's rules on a cgroup the
+// agent made (as an agent with its own CPU and memory cgroup on cgroup2
+// does), for each cgroup version: the process in it may open its GPU and
+// no other; Cleanup refuses while the cgroup holds it and leaves the
+// cgroup to the agent.
+func TestIsolateAgentCgroup(t *testing.T) {
+	for _, tc := range []struct {
+		version cgroups.Version
+		require func(testing.TB) string
+	}{
+		{cgroups.V1, testenv.RequireCgroupV1Devices},
+		{cgroups.V2, testenv.RequireCgroupV2},
+	} {
+		t.Run(tc.version.String(), func(t *testing.T) {
+			mount := tc.require(t)
+			ctx := context.Background()
+			_, _, inv := testenv.SimulatedNode(t, "dgx1-volta")
+			a, err := allocator.New(inv)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cg, err := cgroups.New(cgroups.WithVersion(tc.version), cgroups.WithMount(mount))
+			if err != nil {
+				t.Fatal(err)
+			}
+			iso, err := New(Config{Allocator: a, Inventory: inv, StateDir: t.TempDir(), Cgroups: cg})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer iso.Close()
+			// The agent's cgroup, and the agent's own way to remove it.
+			agentParent := "chain-test-" + filepath.Base(t.TempDir())
+			agentCg, err := cg.InParent(agentParent)
+			if err != nil {
+				t.Fatal(err)
+			}
+			dir := filepath.Join(mount, agentParent, "c2")
+			if err := os.MkdirAll(dir, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() {
+				agentCg.Destroy(context.Background(), "c2")
+				agentCg.RemoveParent()
+			})
+
+			l, err := iso.Prepare(ctx, "c2", allocator.Request{Count: 1}, containerizer.Image{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := iso.IsolateCgroup(ctx, "c2", agentParent+"/c2"); err != nil {
+				t.Fatal(err)
+			}
+			p := testenv.StartProber(t, func(pid int) error { return agentCg.AddProcess(ctx, "c2", pid) })
+			for _, d := range inv.Devices {
+				got, err := p.Open(d.Node.Path)
+				if err != nil {
+					t.Fatal(err)
+				}
+				mine := d.UUID == l.Allocation.Devices[0].UUID
+				if testenv.Allowed(got) != mine || !mine && got != "EPERM" {
+					t.Errorf("GPU %d (held %v): open %s", d.Index, mine, got)
+				}
+			}
+			if err := iso.Cleanup(ctx, "c2"); !errors.Is(err, ErrStillRunning) {
+				t.Fatalf("Cleanup with the container running: %v, want ErrStillRunning", err)
+			}
+			if len(a.Allocations()) != 1 {
+				t.Fatal("a refused Cleanup released the GPU")
+			}
+			if err := agentCg.Destroy(ctx, "c2"); err != nil {
+				t.Fatal(err)
+			}
+			if err := iso.Cleanup(ctx, "c2"); err != nil {
+				t.Fatal(err)
+			}
+			if len(a.Allocations()) != 0 {
+				t.Errorf("allocations left: %v", a.Allocations())
+			}
+		})
+	}
+}

@@ -327,6 +327,9 @@ func TestRecover(t *testing.T) {
 			}
 			// A device cgroup without a record (a kill between cleanups).
 			f.dev.Apply(ctx, parent, "stray", nil)
+			// A device cgroup of a container the agent knows, without a
+			// record: it stays, with every GPU denied.
+			f.dev.Apply(ctx, parent, "never", isolator.GPURules(nil, []node.DeviceRef{{UUID: f.inv.Devices[0].UUID, Node: f.inv.Devices[0].Node}}))
 			// Rules the kernel lost (reapplied by Recover).
 			f.dev.Apply(ctx, parent, "keep", isolator.DefaultRules())
 			a.Close()
@@ -358,8 +361,13 @@ func TestRecover(t *testing.T) {
 					t.Errorf("GPU %d of keep not allowed again", g.Index)
 				}
 			}
-			if owners, _ := f.dev.Owners(ctx, parent); !slices.Equal(owners, []string{"keep"}) {
+			if owners, _ := f.dev.Owners(ctx, parent); !slices.Equal(owners, []string{"keep", "never"}) {
 				t.Errorf("cgroups after Recover: %v", owners)
+			}
+			for _, g := range f.inv.Devices {
+				if f.dev.allows(parent+"/never", node.DeviceRef{Node: g.Node}) {
+					t.Errorf("GPU %d still allowed to a container the isolator holds nothing for", g.Index)
+				}
 			}
 		})
 	}

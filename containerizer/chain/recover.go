@@ -19,7 +19,8 @@ type Recovered struct {
 	// explains (records, device cgroups), cleaned up as Cleanup does.
 	Cleaned []string
 	// Unknown are known containers the isolator has no record of: it
-	// holds nothing for them, and they get no GPU.
+	// holds nothing for them, and they get no GPU (a device cgroup of
+	// theirs under Parent is left to them with every GPU denied).
 	Unknown []string
 }
 
@@ -76,6 +77,15 @@ func (i *Isolator) Recover(ctx context.Context, known []string) (Recovered, erro
 		if slices.Contains(res.Recovered, id) {
 			continue
 		}
+		if slices.Contains(res.Unknown, id) {
+			// A device cgroup of a container the agent knows and the
+			// isolator holds nothing for: it keeps running, denied every
+			// GPU, for the agent to decide.
+			if err := i.denyGPUs(ctx, id); err != nil {
+				errs = append(errs, fmt.Errorf("recover %s: %w", id, err))
+			}
+			continue
+		}
 		if err := i.cleanup(ctx, id); err != nil {
 			errs = append(errs, fmt.Errorf("recover: clean up %s: %w", id, err))
 			continue
@@ -121,4 +131,14 @@ func (i *Isolator) readopt(ctx context.Context, rec record) error {
 	}
 	parent, name := i.target(rec)
 	return i.dev.Apply(ctx, parent, name, rules)
+}
+
+// denyGPUs leaves id's own device cgroup only the rules of a container
+// without GPUs.
+func (i *Isolator) denyGPUs(ctx context.Context, id string) error {
+	rules, err := i.rulesFor(id, nil)
+	if err != nil {
+		return err
+	}
+	return i.dev.Apply(ctx, i.parent, id, rules)
 }
