@@ -13,11 +13,13 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/containerd/cgroups/v3"
+
 	"github.com/gpuiso/gpuiso/allocator"
 	"github.com/gpuiso/gpuiso/containerizer/chain"
 	"github.com/gpuiso/gpuiso/internal/cli"
 	"github.com/gpuiso/gpuiso/internal/testenv"
-	"github.com/gpuiso/gpuiso/isolator/cgroups"
+	gpucgroups "github.com/gpuiso/gpuiso/isolator/cgroups"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }
@@ -96,8 +98,7 @@ func waitFor(t *testing.T, ch <-chan string, prefix string) string {
 // it, another GPU stays denied, and when the container exits the restarted
 // agent releases everything: allocation, cgroups, records.
 func TestRecoverAfterKill(t *testing.T) {
-	testenv.RequireRoot(t)
-	testenv.RequireCgroupV1Devices(t)
+	requireCgroups(t)
 	bin := buildAgent(t)
 	state := filepath.Join(t.TempDir(), "state")
 	ctx := context.Background()
@@ -218,22 +219,13 @@ func TestRecoverAfterKill(t *testing.T) {
 			}
 		}
 	}
-	for _, dir := range []string{
-		"/sys/fs/cgroup/cpu/gpuiso-agent/" + id,
-		"/sys/fs/cgroup/memory/gpuiso-agent/" + id,
-		filepath.Join(cgroups.DefaultV1Mount, chain.CgroupParent(filepath.Join(state, "gpu"))),
-	} {
-		if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
-			t.Errorf("cgroup %s left (%v)", dir, err)
-		}
-	}
+	noCgroups(t, state, id)
 }
 
 // TestTerminate: SIGTERM ends the agent and its container (exit 143) and
 // leaves nothing: allocation, records, cgroups.
 func TestTerminate(t *testing.T) {
-	testenv.RequireRoot(t)
-	testenv.RequireCgroupV1Devices(t)
+	requireCgroups(t)
 	bin := buildAgent(t)
 	state := filepath.Join(t.TempDir(), "state")
 	cmd := exec.Command(bin, "--simulate", "dgx1-volta", "--gpus", "2", "--state-dir", state, "--", "sleep", "600")
@@ -270,11 +262,7 @@ func TestTerminate(t *testing.T) {
 	if err != nil || strings.Contains(string(b), id) {
 		t.Errorf("allocator state still names %s (%v):\n%s", id, err, b)
 	}
-	for _, dir := range []string{"/sys/fs/cgroup/cpu/gpuiso-agent/" + id, filepath.Join(cgroups.DefaultV1Mount, chain.CgroupParent(filepath.Join(state, "gpu")))} {
-		if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
-			t.Errorf("cgroup %s left (%v)", dir, err)
-		}
-	}
+	noCgroups(t, state, id)
 }
 
 func exitCode(err error) int {
@@ -286,4 +274,35 @@ func exitCode(err error) int {
 		return -1
 	}
 	return 0
+}
+
+// requireCgroups skips t unless it runs as root with the cgroups the agent
+// uses: v1's devices controller (with cpu and memory), or cgroup2 alone.
+func requireCgroups(t *testing.T) {
+	t.Helper()
+	testenv.RequireRoot(t)
+	if cgroups.Mode() == cgroups.Unified {
+		testenv.RequireCgroupV2(t)
+	} else {
+		testenv.RequireCgroupV1Devices(t)
+	}
+}
+
+// noCgroups fails t if any cgroup of container id of the agent whose
+// state directory is state is left.
+func noCgroups(t *testing.T, state, id string) {
+	t.Helper()
+	dirs := []string{"/sys/fs/cgroup/gpuiso-agent/" + id}
+	if cgroups.Mode() != cgroups.Unified {
+		dirs = []string{
+			"/sys/fs/cgroup/cpu/gpuiso-agent/" + id,
+			"/sys/fs/cgroup/memory/gpuiso-agent/" + id,
+			filepath.Join(gpucgroups.DefaultV1Mount, chain.CgroupParent(filepath.Join(state, "gpu"))),
+		}
+	}
+	for _, dir := range dirs {
+		if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("cgroup %s left (%v)", dir, err)
+		}
+	}
 }
