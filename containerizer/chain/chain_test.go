@@ -390,3 +390,41 @@ func TestStateDirLock(t *testing.T) {
 	}
 	second.Close()
 }
+
+// TestRecoverTakenGPUs: a known container whose GPUs another owner took
+// while the allocator's state was lost is not recovered: it keeps running
+// with every GPU denied, and the other owner keeps them.
+func TestRecoverTakenGPUs(t *testing.T) {
+	ctx := context.Background()
+	f := newFixture(t)
+	iso, a := f.open(t)
+	l, err := iso.Prepare(ctx, "c1", allocator.Request{Count: 1}, containerizer.Image{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := iso.Isolate(ctx, "c1", 100); err != nil {
+		t.Fatal(err)
+	}
+	a.Close()
+	if err := os.RemoveAll(f.allocDir); err != nil {
+		t.Fatal(err)
+	}
+	os.Mkdir(f.allocDir, 0o700)
+	iso, a = f.open(t)
+	if _, err := a.Allocate(ctx, "thief", allocator.Request{Devices: uuids(l.Allocation.Devices)}); err != nil {
+		t.Fatal(err)
+	}
+	res, err := iso.Recover(ctx, []string{"c1"})
+	if err == nil || len(res.Recovered)+len(res.Cleaned) != 0 {
+		t.Fatalf("Recover = %+v, %v: want an error and nothing recovered or cleaned", res, err)
+	}
+	if f.dev.allows(parent+"/c1", l.Allocation.Devices[0]) {
+		t.Error("c1 still allowed the GPU another owner holds")
+	}
+	if owners, _ := f.dev.Owners(ctx, parent); !slices.Equal(owners, []string{"c1"}) {
+		t.Errorf("cgroups after Recover: %v, want c1's kept", owners)
+	}
+	if owners, _ := a.Owners(l.Allocation.Devices[0].UUID); !slices.Equal(owners, []string{"thief"}) {
+		t.Errorf("GPU owners %v, want [thief]", owners)
+	}
+}

@@ -50,6 +50,7 @@ func (i *Isolator) Recover(ctx context.Context, known []string) (Recovered, erro
 		return res, fmt.Errorf("recover: %w", err)
 	}
 	var errs []error
+	var failed []string
 	for _, id := range slices.Sorted(slices.Values(known)) {
 		rec, err := i.read(id)
 		switch {
@@ -64,7 +65,15 @@ func (i *Isolator) Recover(ctx context.Context, known []string) (Recovered, erro
 			continue
 		}
 		if err := i.readopt(ctx, rec); err != nil {
-			errs = append(errs, fmt.Errorf("recover %s: %w", id, err))
+			// It keeps running, for the agent to decide, but with no GPU
+			// the isolator cannot hold for it.
+			parent, name := i.target(rec)
+			rules, rerr := i.rulesFor(id, nil)
+			if rerr == nil {
+				rerr = i.dev.Apply(ctx, parent, name, rules)
+			}
+			errs = append(errs, fmt.Errorf("recover %s: %w", id, errors.Join(err, rerr)))
+			failed = append(failed, id)
 			continue
 		}
 		res.Recovered = append(res.Recovered, id)
@@ -74,7 +83,7 @@ func (i *Isolator) Recover(ctx context.Context, known []string) (Recovered, erro
 		errs = append(errs, fmt.Errorf("recover: %w", err))
 	}
 	for _, id := range slices.Compact(slices.Sorted(slices.Values(append(ids, owners...)))) {
-		if slices.Contains(res.Recovered, id) {
+		if slices.Contains(res.Recovered, id) || slices.Contains(failed, id) {
 			continue
 		}
 		if slices.Contains(res.Unknown, id) {

@@ -147,17 +147,21 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		return cli.Errorf(stderr, "agent", "%v", err)
 	}
 	defer a.close()
+	// What recovery could not do is reported (and is the exit status of a
+	// run without a command); the containers it adopted and the command
+	// still run.
+	code := 0
 	adopted, err := a.recover(ctx, stderr)
 	if err != nil {
-		return cli.Errorf(stderr, "agent", "recover: %v", err)
+		code = cli.Errorf(stderr, "agent", "recover: %v", err)
 	}
-	code := 0
 	if len(command) > 0 {
 		res := &specs.LinuxResources{CPU: &specs.LinuxCPU{Shares: shares}}
 		if *memory > 0 {
 			res.Memory = &specs.LinuxMemory{Limit: memory}
 		}
-		code = a.launch(ctx, command, *gpus, res, stdin, stdout, stderr)
+		code = a.launch(ctx, command, *gpus, res, stdin, stdout, stderr) // the command's status
+
 	}
 	for _, c := range adopted {
 		if err := a.waitAdopted(ctx, c); err != nil {
@@ -278,15 +282,13 @@ func (a *agent) recover(ctx context.Context, stderr io.Writer) ([]container, err
 			known = append(known, c.ID)
 		}
 	}
-	res, err := a.gpu.Recover(ctx, known)
-	if err != nil {
-		return nil, err
-	}
+	// A container the GPU isolator could not recover is reported and, like
+	// one it never isolated, does not get to run on.
+	res, rerr := a.gpu.Recover(ctx, known)
 	var adopted []container
-	var errs []error
+	errs := []error{rerr}
 	for _, c := range live {
 		if !slices.Contains(res.Recovered, c.ID) {
-			// Never isolated: it does not get to run without its rules.
 			errs = append(errs, a.destroy(ctx, c))
 			continue
 		}
