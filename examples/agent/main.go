@@ -242,6 +242,11 @@ func (a *agent) records() ([]container, error) {
 	var out []container
 	var errs []error
 	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), ".") && strings.HasSuffix(e.Name(), ".tmp") {
+			// An interrupted write's; this agent owns the directory.
+			os.Remove(filepath.Join(a.dir, "containers", e.Name()))
+			continue
+		}
 		if !strings.HasSuffix(e.Name(), ".json") || strings.HasPrefix(e.Name(), ".") {
 			continue
 		}

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/containerd/cgroups/v3"
 
@@ -84,12 +85,14 @@ func lines(r io.Reader) <-chan string {
 // without one.
 func waitFor(t *testing.T, ch <-chan string, prefix string) string {
 	t.Helper()
+	var seen []string
 	for l := range ch {
 		if strings.HasPrefix(l, prefix) {
 			return l
 		}
+		seen = append(seen, l)
 	}
-	t.Fatalf("output ended without a line %q", prefix)
+	t.Fatalf("output ended without a line %q: %q", prefix, seen)
 	return ""
 }
 
@@ -304,5 +307,78 @@ func noCgroups(t *testing.T, state, id string) {
 		if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("cgroup %s left (%v)", dir, err)
 		}
+	}
+}
+
+// TestKilledAnywhere kills the agent with SIGKILL at points spread over its
+// launch (before the record, between cgroups, between isolation and the
+// command's start, while it runs); one more start then recovers or removes
+// whatever each left, waits for the containers that still run, and leaves
+// nothing: no record, allocation or cgroup. Where each kill lands varies
+// from run to run; what must hold does not.
+func TestKilledAnywhere(t *testing.T) {
+	requireCgroups(t)
+	bin := buildAgent(t)
+	state := filepath.Join(t.TempDir(), "state")
+	const kills = 12
+	var ids []string
+	for i := range kills {
+		// A node of 16 GPUs: the containers that kills leave running hold
+		// theirs until they end, fewer than 16 at any time.
+		cmd := exec.Command(bin, "--simulate", "dgx2", "--gpus", "1", "--state-dir", state, "--", "sleep", "1")
+		stderr, err := cmd.StderrPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		out := lines(stderr)
+		if i%3 == 2 {
+			// While the container runs.
+			l := waitFor(t, out, "agent: container ")
+			ids = append(ids, strings.TrimSuffix(strings.Fields(l)[2], ":"))
+		} else {
+			// Somewhere in start-up or launch.
+			time.Sleep(time.Duration(i) * 7 * time.Millisecond)
+		}
+		cmd.Process.Signal(syscall.SIGKILL)
+		cmd.Wait()
+		for range out {
+		}
+	}
+	// Every cgroup the agent makes has a record first: the records left
+	// name every container a kill may have left.
+	recs, err := os.ReadDir(filepath.Join(state, "containers"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range recs {
+		if id, ok := strings.CutSuffix(e.Name(), ".json"); ok && !strings.HasPrefix(id, ".") {
+			ids = append(ids, id)
+		}
+	}
+	t.Logf("%d kills left %d records", kills, len(recs))
+	last := exec.Command(bin, "--simulate", "dgx2", "--state-dir", state)
+	if out, err := last.CombinedOutput(); err != nil {
+		t.Fatalf("start after %d kills: %v\n%s", kills, err, out)
+	}
+	for _, dir := range []string{filepath.Join(state, "containers"), filepath.Join(state, "gpu")} {
+		entries, err := os.ReadDir(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range entries {
+			if e.Name() != ".lock" {
+				t.Errorf("left in %s: %s", dir, e.Name())
+			}
+		}
+	}
+	b, err := os.ReadFile(filepath.Join(state, "alloc", allocator.StateFile))
+	if err != nil || strings.Contains(string(b), "ct-") {
+		t.Errorf("allocations left (%v):\n%s", err, b)
+	}
+	for _, id := range ids {
+		noCgroups(t, state, id)
 	}
 }
