@@ -24,6 +24,9 @@
 //   - [Isolator.Recover] once, when the agent starts, with the containers it
 //     still knows.
 //
+// Mesos' watch (a container's limitations) has no counterpart: the device
+// cgroup refuses what is not allowed rather than reporting it.
+//
 // # Who owns what
 //
 // The allocator's state directory owns the allocations; the isolator's
@@ -37,6 +40,10 @@
 // processes, its other cgroups and its own record of which containers
 // run.
 //
+// One isolator at a time holds a state directory (New takes its lock,
+// Close gives it up; a second New fails with ErrInUse), so that a
+// restarted agent never races a live one over the same containers.
+//
 // # Recovery
 //
 // The kernel keeps a container's device rules while the agent is down, and
@@ -44,6 +51,9 @@
 // GPUs of every known container again (its allocation, or exactly the GPUs
 // its record names where the allocator's state lost it) and applies its
 // rules again; everything of the isolator's own that no known container
-// explains is cleaned up. Recover never touches another instance's
-// cgroups, records or allocations.
+// explains is cleaned up. A known container it cannot hold GPUs for again
+// (another owner took them while the allocator's state was lost) keeps
+// running with every GPU denied, and is reported. Recover never touches
+// another instance's cgroups, records or allocations, and never lists a
+// nested parent as a container.
 package chain
