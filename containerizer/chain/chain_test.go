@@ -428,3 +428,37 @@ func TestRecoverTakenGPUs(t *testing.T) {
 		t.Errorf("GPU owners %v, want [thief]", owners)
 	}
 }
+
+// TestUsage reads a container's usage through NVML (the simulated node's)
+// for exactly the GPUs it holds.
+func TestUsage(t *testing.T) {
+	ctx := context.Background()
+	sim, err := simnode.New("dgx1-volta")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := newFixture(t)
+	a, err := allocator.New(f.inv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	iso := newIsolator(Config{Allocator: a, Inventory: f.inv, StateDir: f.dir, NVML: sim.NVML()}, f.dir, parent, f.dev)
+	l, err := iso.Prepare(ctx, "c1", allocator.Request{Count: 2}, containerizer.Image{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := iso.Isolate(ctx, "c1", 4242); err != nil {
+		t.Fatal(err)
+	}
+	u, err := iso.Usage(ctx, "c1")
+	if err != nil && !errors.Is(err, node.ErrNotSupported) {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, g := range u.GPUs {
+		got = append(got, g.UUID)
+	}
+	if !slices.Equal(got, uuids(l.Allocation.Devices)) {
+		t.Errorf("usage of GPUs %v, want %v", got, uuids(l.Allocation.Devices))
+	}
+}
