@@ -1,4 +1,5 @@
-// Package examples holds the test that the six example programs follow one
+// Package examples holds the test that the example programs (all but
+// gpuiso-runtime, which speaks the OCI runtime CLI) follow one
 // command-line convention (internal/cli): help on stdout with a usage line,
 // docker run's exit status 125 for their own errors (usage errors included),
 // flags spelt --name, and per-subcommand help.
@@ -20,9 +21,9 @@ import (
 	"github.com/gpuiso/gpuiso/internal/testenv"
 )
 
-var programs = []string{"allocsim", "dockerrun", "gpuinfo", "gpurun", "nvcdi", "nvvolume"}
+var programs = []string{"agent", "allocsim", "dockerrun", "gpuinfo", "gpurun", "nvcdi", "nvvolume"}
 
-// build compiles the six programs into one directory.
+// build compiles the programs into one directory.
 func build(t *testing.T) string {
 	t.Helper()
 	if _, err := exec.LookPath("go"); err != nil {
@@ -67,7 +68,7 @@ func TestConvention(t *testing.T) {
 		args []string
 	}
 	help := []tc{
-		{"allocsim", nil}, {"dockerrun", nil}, {"dockerrun", []string{"gc"}}, {"gpuinfo", nil}, {"gpurun", nil},
+		{"agent", nil}, {"allocsim", nil}, {"dockerrun", nil}, {"dockerrun", []string{"gc"}}, {"gpuinfo", nil}, {"gpurun", nil},
 		{"nvcdi", nil}, {"nvcdi", []string{"generate"}}, {"nvcdi", []string{"list"}}, {"nvcdi", []string{"validate"}},
 		{"nvvolume", nil}, {"nvvolume", []string{"build"}}, {"nvvolume", []string{"list"}}, {"nvvolume", []string{"gc"}},
 	}
@@ -111,6 +112,7 @@ func TestConvention(t *testing.T) {
 	// Usage errors: 125, one line on stderr naming the program, nothing on
 	// stdout, flags spelt --name.
 	usage := []tc{
+		{"agent", []string{"--bogus"}}, {"agent", []string{"--gpus", "2"}},
 		{"allocsim", []string{"--bogus"}}, {"allocsim", []string{"extra"}},
 		{"dockerrun", []string{"--bogus", "img"}}, {"dockerrun", nil}, {"dockerrun", []string{"gc", "extra"}},
 		{"dockerrun", []string{"--gpus", "2", "--devices", "1", "img"}},
