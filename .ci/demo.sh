@@ -2,7 +2,7 @@
 # The README's first command: runs a command as a GPU container on a simulated
 # DGX-1 (SIM=NAME for another shipped topology). As root, on Debian 12 with Go
 # installed and nothing else: it checks Go, provisions only what it needs (the
-# NVIDIA user-space driver, a C compiler for cgo) idempotently, builds the six
+# NVIDIA user-space driver, a C compiler for cgo) idempotently, builds the
 # example programs into bin/ and runs bin/gpurun.
 set -euo pipefail
 cd "$(dirname "$0")/.."
