@@ -13,6 +13,7 @@ import (
 
 	"github.com/gpuiso/gpuiso/allocator"
 	"github.com/gpuiso/gpuiso/containerizer"
+	"github.com/gpuiso/gpuiso/containerizer/chain"
 	czdocker "github.com/gpuiso/gpuiso/containerizer/docker"
 	"github.com/gpuiso/gpuiso/containerizer/rootfs"
 	"github.com/gpuiso/gpuiso/isolator"
@@ -64,6 +65,14 @@ func TestVocabulary(t *testing.T) {
 		"containerizer/rootfs.ErrLimit":             rootfs.ErrLimit,
 		"containerizer/rootfs.ErrUnsafe":            rootfs.ErrUnsafe,
 		"containerizer/rootfs.ErrInvalidOption":     rootfs.ErrInvalidOption,
+		"containerizer/chain.ErrNotMade":            chain.ErrNotMade,
+		"containerizer/chain.ErrUnknownContainer":   chain.ErrUnknownContainer,
+		"containerizer/chain.ErrContainerExists":    chain.ErrContainerExists,
+		"containerizer/chain.ErrInvalidCgroup":      chain.ErrInvalidCgroup,
+		"containerizer/chain.ErrStillRunning":       chain.ErrStillRunning,
+		"containerizer/chain.ErrInUse":              chain.ErrInUse,
+		"containerizer/chain.ErrClosed":             chain.ErrClosed,
+		"containerizer/chain.ErrCorruptRecord":      chain.ErrCorruptRecord,
 		"isolator.ErrInvalidRule":                   isolator.ErrInvalidRule,
 		"isolator.ErrNoMIGCaps":                     isolator.ErrNoMIGCaps,
 		"isolator.ErrNotSupported":                  isolator.ErrNotSupported,
