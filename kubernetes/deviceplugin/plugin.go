@@ -1,8 +1,8 @@
 package deviceplugin
 
 import (
-	"errors"
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"

@@ -387,13 +387,17 @@ func TestAllocate(t *testing.T) {
 	}{
 		{
 			name: "two GPUs by CDI", sim: "dgx1-volta", resource: "nvidia.com/gpu",
-			pick:    func(n *simnode.Node) []string { return []string{n.UUID(0), n.UUID(1)} },
-			wantCDI: func(n *simnode.Node) []string { return []string{"nvidia.com/gpu=" + n.UUID(0), "nvidia.com/gpu=" + n.UUID(1)} },
+			pick: func(n *simnode.Node) []string { return []string{n.UUID(0), n.UUID(1)} },
+			wantCDI: func(n *simnode.Node) []string {
+				return []string{"nvidia.com/gpu=" + n.UUID(0), "nvidia.com/gpu=" + n.UUID(1)}
+			},
 		},
 		{
 			name: "two GPUs with device specs", sim: "dgx1-volta", resource: "nvidia.com/gpu", specs: true,
-			pick:      func(n *simnode.Node) []string { return []string{n.UUID(2), n.UUID(5)} },
-			wantCDI:   func(n *simnode.Node) []string { return []string{"nvidia.com/gpu=" + n.UUID(2), "nvidia.com/gpu=" + n.UUID(5)} },
+			pick: func(n *simnode.Node) []string { return []string{n.UUID(2), n.UUID(5)} },
+			wantCDI: func(n *simnode.Node) []string {
+				return []string{"nvidia.com/gpu=" + n.UUID(2), "nvidia.com/gpu=" + n.UUID(5)}
+			},
 			wantNodes: 2,
 		},
 		{

@@ -242,7 +242,9 @@ func semver(s string) (string, bool) {
 	return fmt.Sprintf("%d.%d.%d", v[0], v[1], v[2]), true
 }
 
-func str(s string) resourceapi.DeviceAttribute { return resourceapi.DeviceAttribute{StringValue: ptr.To(s)} }
+func str(s string) resourceapi.DeviceAttribute {
+	return resourceapi.DeviceAttribute{StringValue: ptr.To(s)}
+}
 func integer(i int64) resourceapi.DeviceAttribute {
 	return resourceapi.DeviceAttribute{IntValue: ptr.To(i)}
 }
