@@ -13,8 +13,10 @@ export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 all: check unit
 
 ## test: provision the host, then run every suite; required suites may not skip
+## (the nested kubernetes/ module's suites too)
 test: provision check
 	GPUISO_REQUIRE=all $(GO) test $(GOTESTFLAGS) ./...
+	cd kubernetes && GPUISO_REQUIRE=all $(GO) test $(GOTESTFLAGS) ./...
 
 ## provision: Debian non-free NVIDIA user-space driver, docker.io, a running dockerd
 provision:
@@ -35,10 +37,12 @@ check:
 	GO=$(GO) bash .ci/syscall-rule.sh
 	CGO_ENABLED=0 $(GO) build $(PURE)
 	CGO_ENABLED=0 GOOS=darwin $(GO) build $(PURE)
+	cd kubernetes && $(GO) vet ./...
 
 ## unit: the suites that need nothing of the host (privileged ones skip)
 unit:
 	$(GO) test -count=1 ./...
+	cd kubernetes && $(GO) test -count=1 ./...
 
 ## demo: the README's first command: a GPU container on a simulated DGX-1 (root)
 demo:
