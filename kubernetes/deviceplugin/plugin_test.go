@@ -42,7 +42,7 @@ func (k *fakeKubelet) Register(_ context.Context, r *pluginapi.RegisterRequest) 
 	return &pluginapi.Empty{}, nil
 }
 
-func startKubelet(t *testing.T, dir string) *fakeKubelet {
+func startKubelet(t testing.TB, dir string) *fakeKubelet {
 	t.Helper()
 	sock := filepath.Join(dir, "kubelet.sock")
 	_ = os.Remove(sock)
@@ -82,7 +82,7 @@ type setup struct {
 }
 
 // start builds a simulated node, a fake kubelet and a running manager.
-func start(t *testing.T, sim string, cfg deviceplugin.Config) *setup {
+func start(t testing.TB, sim string, cfg deviceplugin.Config) *setup {
 	t.Helper()
 	s := &setup{}
 	s.sim, _, s.inv = testenv.SimulatedNode(t, sim)

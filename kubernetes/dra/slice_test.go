@@ -21,7 +21,7 @@ var update = flag.Bool("update", false, "rewrite the golden files")
 // inventory discovers a simulated node without its host tree (no root):
 // the slice needs no device node. Driver and CUDA versions are fixed so
 // the golden files do not depend on the host's driver.
-func inventory(t *testing.T, name string) (*simnode.Node, *node.Inventory) {
+func inventory(t testing.TB, name string) (*simnode.Node, *node.Inventory) {
 	t.Helper()
 	sim, err := simnode.New(name, simnode.WithDriverVersion("550.127.05"), simnode.WithCUDAVersion(12040))
 	if err != nil {
