@@ -37,7 +37,7 @@ check:
 	GO=$(GO) bash .ci/syscall-rule.sh
 	CGO_ENABLED=0 $(GO) build $(PURE)
 	CGO_ENABLED=0 GOOS=darwin $(GO) build $(PURE)
-	cd kubernetes && $(GO) vet ./...
+	cd kubernetes && $(GO) vet ./... && $(GO) tool staticcheck ./...
 
 ## unit: the suites that need nothing of the host (privileged ones skip)
 unit:
