@@ -544,3 +544,65 @@ func TestConfig(t *testing.T) {
 		})
 	}
 }
+
+// TestMIGHealth: an XID the driver attributes to one MIG device turns that
+// device alone Unhealthy in its profile's ListAndWatch.
+func TestMIGHealth(t *testing.T) {
+	s := start(t, "hgx-h100-mig", deviceplugin.Config{})
+	regs := s.kube.registrations(t, len(registeredResources(t, s)))
+	var gpu int
+	var dev simnode.MIGDevice
+	for i := range s.sim.Len() {
+		if ds := s.sim.MIGDevices(i); len(ds) > 1 {
+			gpu, dev = i, ds[0]
+			break
+		}
+	}
+	res := "nvidia.com/mig-" + dev.Profile
+	stream, err := s.client(t, res, regs).ListAndWatch(t.Context(), &pluginapi.Empty{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := stream.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	go nvmlnode.Monitor(ctx, s.sim.NVML(), s.alloc, func(nvmlnode.HealthEvent) {
+		if _, err := s.mgr.Refresh(); err != nil {
+			t.Error(err)
+		}
+	})
+	// The monitor registers its event sets before it waits; an XID sent
+	// before that is lost, so send until the stream moves.
+	bad := s.sim.MIGUUID(gpu, dev.GI, dev.CI)
+	got := make(chan *pluginapi.ListAndWatchResponse, 1)
+	go func() {
+		r, err := stream.Recv()
+		if err == nil {
+			got <- r
+		}
+	}()
+	var resp *pluginapi.ListAndWatchResponse
+	deadline := time.After(wait)
+	for resp == nil {
+		if err := s.sim.InjectMIGXID(gpu, dev.GI, dev.CI, 48); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case resp = <-got:
+		case <-time.After(100 * time.Millisecond):
+		case <-deadline:
+			t.Fatal("no health change")
+		}
+	}
+	for _, d := range resp.Devices {
+		want := pluginapi.Healthy
+		if d.ID == bad {
+			want = pluginapi.Unhealthy
+		}
+		if d.Health != want {
+			t.Errorf("%s is %s, want %s", d.ID, d.Health, want)
+		}
+	}
+}
