@@ -174,7 +174,7 @@ func TestScheduleSelectors(t *testing.T) {
 		},
 		{
 			name: "by compute capability", sim: "dgx1-volta",
-			req: request("gpu.gpuiso.io", 8, `device.attributes["gpu.gpuiso.io"].computeCapability.isGreaterThan(semver("6.9.0"))`),
+			req:   request("gpu.gpuiso.io", 8, `device.attributes["gpu.gpuiso.io"].computeCapability.isGreaterThan(semver("6.9.0"))`),
 			check: func(_ *node.Inventory, got []string) bool { return len(got) == 8 },
 		},
 	}
