@@ -7,6 +7,8 @@ var (
 	ErrUnknownDevice = node.Sentinel(node.ErrNotFound, "unknown device id")
 	// ErrInvalidConfig: a Config field is missing or malformed.
 	ErrInvalidConfig = node.Sentinel(node.ErrInvalid, "invalid device plugin configuration")
+	// ErrHeld: a device to allocate is held by another owner (a DRA claim).
+	ErrHeld = node.Sentinel(node.ErrUnavailable, "device held by another owner")
 	// ErrRegister: the kubelet refused or did not answer a registration.
 	ErrRegister = node.Sentinel(node.ErrUnavailable, "kubelet registration")
 )

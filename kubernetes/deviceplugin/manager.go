@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"sync"
 	"time"
@@ -23,6 +24,13 @@ import (
 // *allocator.Allocator, which nvmlnode.Monitor marks.
 type Source interface {
 	Devices() []node.Device
+}
+
+// Holders is what a Source may also tell: who holds a device (by UUID). An
+// *allocator.Allocator does; the device plugin then refuses to hand out a
+// device that a DRA claim holds.
+type Holders interface {
+	Owners(device string) ([]string, error)
 }
 
 // Config configures a Manager.
@@ -89,7 +97,7 @@ func New(inv *node.Inventory, src Source, cfg Config) (*Manager, error) {
 	}
 	m := &Manager{cfg: cfg, inv: inv, src: src, plugins: map[string]*Plugin{}, registered: make(chan struct{})}
 	for name, devs := range res {
-		m.plugins[name] = newPlugin(name, filepath.Join(cfg.Dir, socketName(name)), inv, &m.cfg, devs)
+		m.plugins[name] = newPlugin(name, filepath.Join(cfg.Dir, socketName(name)), inv, &m.cfg, src, devs)
 	}
 	return m, nil
 }
@@ -146,6 +154,9 @@ func (m *Manager) Refresh() (bool, error) {
 // kubelet's next start brings another round. Run fails only when it cannot
 // watch the directory.
 func (m *Manager) Run(ctx context.Context) error {
+	if err := os.MkdirAll(m.cfg.Dir, 0o755); err != nil {
+		return fmt.Errorf("device-plugin directory: %w", err)
+	}
 	w, err := fsnotify.NewWatcher()
 	if err != nil {
 		return fmt.Errorf("watch %s: %w", m.cfg.Dir, err)

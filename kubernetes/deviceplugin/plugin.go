@@ -30,6 +30,7 @@ type Plugin struct {
 	socket   string
 	inv      *node.Inventory
 	cfg      *Config
+	src      Source
 
 	mu      sync.Mutex
 	devices []Device
@@ -38,9 +39,9 @@ type Plugin struct {
 	done    chan struct{}
 }
 
-func newPlugin(resource, socket string, inv *node.Inventory, cfg *Config, devices []Device) *Plugin {
+func newPlugin(resource, socket string, inv *node.Inventory, cfg *Config, src Source, devices []Device) *Plugin {
 	return &Plugin{
-		resource: resource, socket: socket, inv: inv, cfg: cfg,
+		resource: resource, socket: socket, inv: inv, cfg: cfg, src: src,
 		devices: slices.Clone(devices), changed: make(chan struct{}),
 	}
 }
@@ -239,7 +240,9 @@ func (p *Plugin) Allocate(_ context.Context, req *pluginapi.AllocateRequest) (*p
 	return resp, nil
 }
 
-// Container is Allocate's answer for one container given ids.
+// Container is Allocate's answer for one container given ids. A device
+// that the source holds for an owner (a DRA claim prepared on the same
+// allocator) is refused with ErrHeld rather than handed out twice.
 func (p *Plugin) Container(ids []string) (*pluginapi.ContainerAllocateResponse, error) {
 	byID := map[string]Device{}
 	for _, d := range p.Devices() {
@@ -250,6 +253,11 @@ func (p *Plugin) Container(ids []string) (*pluginapi.ContainerAllocateResponse, 
 		d, ok := byID[id]
 		if !ok {
 			return nil, fmt.Errorf("allocate %s: device %q: %w", p.resource, id, ErrUnknownDevice)
+		}
+		if h, ok := p.src.(Holders); ok {
+			if owners, err := h.Owners(id); err == nil && len(owners) > 0 {
+				return nil, fmt.Errorf("allocate %s: device %s is held by %v: %w", p.resource, id, owners, ErrHeld)
+			}
 		}
 		refs = append(refs, d.Ref)
 	}

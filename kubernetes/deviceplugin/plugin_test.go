@@ -460,6 +460,19 @@ func TestAllocate(t *testing.T) {
 			t.Errorf("err = %v, want InvalidArgument", err)
 		}
 	})
+	t.Run("device a claim holds", func(t *testing.T) {
+		s := start(t, "dgx1-volta", deviceplugin.Config{})
+		c := s.client(t, "nvidia.com/gpu", s.kube.registrations(t, 1))
+		if _, err := s.alloc.Allocate(t.Context(), "claim-x", allocator.Request{Devices: []string{s.sim.UUID(6)}}); err != nil {
+			t.Fatal(err)
+		}
+		_, err := c.Allocate(t.Context(), &pluginapi.AllocateRequest{
+			ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: []string{s.sim.UUID(5), s.sim.UUID(6)}}},
+		})
+		if status.Code(err) != codes.ResourceExhausted {
+			t.Errorf("err = %v, want ResourceExhausted", err)
+		}
+	})
 }
 
 func registeredResources(t *testing.T, s *setup) []string {
