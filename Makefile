@@ -16,6 +16,7 @@ all: check unit
 ## (the nested kubernetes/ module's suites too)
 test: provision check
 	GPUISO_REQUIRE=all $(GO) test $(GOTESTFLAGS) ./...
+	bash .ci/k8s-build.sh
 	cd kubernetes && GPUISO_REQUIRE=all $(GO) test $(GOTESTFLAGS) ./...
 
 ## provision: Debian non-free NVIDIA user-space driver, docker.io, a running dockerd
