@@ -21,8 +21,11 @@ gocheck:
 	@bash .ci/gocheck.sh
 
 ## test: provision the host, then run every suite; required suites may not skip
+## (the nested kubernetes/ module's suites too)
 test: gocheck provision check
 	GPUISO_REQUIRE=all $(GO) test $(GOTESTFLAGS) ./...
+	bash .ci/k8s-build.sh
+	cd kubernetes && GPUISO_REQUIRE=all $(GO) test $(GOTESTFLAGS) ./...
 
 ## build: the example programs into bin/
 build: gocheck
@@ -51,10 +54,13 @@ check:
 	GO=$(GO) bash .ci/syscall-rule.sh
 	CGO_ENABLED=0 $(GO) build $(PURE)
 	CGO_ENABLED=0 GOOS=darwin $(GO) build $(PURE)
+	cd kubernetes && $(GO) vet ./... && $(GO) tool staticcheck ./...
 
 ## unit: the suites that need nothing of the host (privileged ones skip); PKG=./dir and RUN=regexp narrow it
+## (without PKG, the nested kubernetes/ module's too)
 unit: gocheck
 	$(GO) test -count=1 $(if $(RUN),-v -run '$(RUN)') $(or $(PKG),./...)
+	$(if $(PKG),,cd kubernetes && $(GO) test -count=1 $(if $(RUN),-v -run '$(RUN)') ./...)
 
 ## demo: the README's first command: a GPU container on a simulated DGX-1 (root)
 demo:

@@ -1,0 +1,326 @@
+// Command gpuiso-kubelet-plugin serves a node's NVIDIA GPUs to Kubernetes,
+// as a device plugin and as a DRA driver in one process:
+//
+//	gpuiso-kubelet-plugin [--node-name NAME] [--kubeconfig FILE]
+//	        [--cdi-dir DIR] [--state-dir DIR]
+//	        [--kubelet-plugins-dir DIR] [--kubelet-registry-dir DIR]
+//	        [--device-plugin-dir DIR] [--driver-name NAME] [--resource-name NAME]
+//	        [--device-plugin=false] [--dra=false] [--device-specs]
+//	        [--simulate NAME --dev-root DIR]
+//
+// It discovers the node's GPUs through NVML (or simulates a node: --simulate
+// with a host tree under --dev-root), writes the node's CDI spec, registers
+// the device plugin (nvidia.com/gpu and one resource per MIG profile) with
+// the kubelet and, given --kubeconfig, starts the DRA kubelet plugin (which
+// publishes the node's ResourceSlice) and labels the Node. It watches the
+// GPUs' health: a GPU found lost turns Unhealthy in ListAndWatch and leaves
+// the slice. It runs until SIGINT or SIGTERM.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/dynamic-resource-allocation/deviceattribute"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+
+	"github.com/gpuiso/gpuiso/allocator"
+	"github.com/gpuiso/gpuiso/isolator/cdi"
+	"github.com/gpuiso/gpuiso/kubernetes/deviceplugin"
+	"github.com/gpuiso/gpuiso/kubernetes/dra"
+	"github.com/gpuiso/gpuiso/kubernetes/labels"
+	"github.com/gpuiso/gpuiso/node"
+	"github.com/gpuiso/gpuiso/node/nvmlnode"
+	"github.com/gpuiso/gpuiso/node/simnode"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// flags are the command line.
+type flags struct {
+	nodeName, kubeconfig, cdiDir, stateDir      string
+	pluginsDir, registryDir, devicePluginDir    string
+	driverName, resourceName, simulate, devRoot string
+	devicePlugin, dra, deviceSpecs              bool
+	refresh                                     time.Duration
+}
+
+func parse(args []string, stderr io.Writer) (*flags, int, bool) {
+	f := &flags{}
+	fs := flag.NewFlagSet("gpuiso-kubelet-plugin", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	host, _ := os.Hostname()
+	if n := os.Getenv("NODE_NAME"); n != "" {
+		host = n
+	}
+	fs.StringVar(&f.nodeName, "node-name", host, "the Node's name (default $NODE_NAME, else the host name)")
+	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig of the node's credentials; without it neither the DRA driver nor the labels run")
+	fs.StringVar(&f.cdiDir, "cdi-dir", cdi.DefaultDir, "CDI spec directory the container runtime reads")
+	fs.StringVar(&f.stateDir, "state-dir", "/var/lib/gpuiso-kubelet-plugin", "the allocator's state and one checkpoint per prepared claim")
+	fs.StringVar(&f.pluginsDir, "kubelet-plugins-dir", "/var/lib/kubelet/plugins", "the kubelet's DRA plugin directory (the driver's socket goes in <dir>/<driver-name>)")
+	fs.StringVar(&f.registryDir, "kubelet-registry-dir", "/var/lib/kubelet/plugins_registry", "the kubelet's plugin registration directory")
+	fs.StringVar(&f.devicePluginDir, "device-plugin-dir", "/var/lib/kubelet/device-plugins", "the kubelet's device-plugin directory (kubelet.sock)")
+	fs.StringVar(&f.driverName, "driver-name", dra.DefaultDriverName, "the DRA driver's name")
+	fs.StringVar(&f.resourceName, "resource-name", "nvidia.com/gpu", "the device plugin's resource for whole GPUs")
+	fs.StringVar(&f.simulate, "simulate", "", "simulate a node: "+strings.Join(simnode.Names(), ", "))
+	fs.StringVar(&f.devRoot, "dev-root", "", "with --simulate: the directory of the simulated host tree (made when missing, reused otherwise); else the device-node directory (default /dev)")
+	fs.BoolVar(&f.devicePlugin, "device-plugin", true, "serve the device plugin")
+	fs.BoolVar(&f.dra, "dra", true, "serve the DRA driver (needs --kubeconfig)")
+	fs.BoolVar(&f.deviceSpecs, "device-specs", false, "device plugin: answer Allocate with device nodes too, for runtimes without CDI")
+	fs.DurationVar(&f.refresh, "health-refresh", 30*time.Second, "how often to read health from the allocator's state again (GPUs marked healthy or unhealthy by others)")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			fs.SetOutput(stderr)
+			fs.PrintDefaults()
+			return nil, 0, true
+		}
+		fmt.Fprintf(stderr, "gpuiso-kubelet-plugin: %v (see --help)\n", err)
+		return nil, 2, true
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "gpuiso-kubelet-plugin: unexpected arguments %q\n", fs.Args())
+		return nil, 2, true
+	}
+	if f.simulate != "" && f.devRoot == "" {
+		fmt.Fprintln(stderr, "gpuiso-kubelet-plugin: --simulate needs --dev-root DIR for the simulated host tree")
+		return nil, 2, true
+	}
+	if f.nodeName == "" {
+		fmt.Fprintln(stderr, "gpuiso-kubelet-plugin: --node-name is empty")
+		return nil, 2, true
+	}
+	if !f.devicePlugin && !f.dra {
+		fmt.Fprintln(stderr, "gpuiso-kubelet-plugin: --device-plugin=false and --dra=false leave nothing to serve")
+		return nil, 2, true
+	}
+	return f, 0, false
+}
+
+func run(ctx context.Context, args []string, stderr io.Writer) int {
+	f, code, done := parse(args, stderr)
+	if done {
+		return code
+	}
+	log := slog.New(slog.NewTextHandler(stderr, nil))
+	if err := serve(ctx, f, log); err != nil && !errors.Is(err, context.Canceled) {
+		log.Error("exiting", "err", err)
+		return 1
+	}
+	return 0
+}
+
+// openNode discovers the node, real or simulated, and returns the NVML
+// library the health monitor watches and the sys root for PCIe roots.
+func openNode(ctx context.Context, f *flags) (*node.Inventory, nvml.Interface, string, error) {
+	if f.simulate == "" {
+		var opts []nvmlnode.Option
+		if f.devRoot != "" {
+			opts = append(opts, nvmlnode.WithDevRoot(f.devRoot))
+		}
+		inv, err := nvmlnode.Discover(ctx, opts...)
+		return inv, nvml.New(), node.DefaultSysRoot, err
+	}
+	sim, err := simnode.New(f.simulate)
+	if err != nil {
+		return nil, nil, "", err
+	}
+	root, err := filepath.Abs(f.devRoot)
+	if err != nil {
+		return nil, nil, "", err
+	}
+	host := &simnode.Host{Root: root, DevRoot: filepath.Join(root, "dev"), ProcRoot: filepath.Join(root, "proc"), SysRoot: filepath.Join(root, "sys")}
+	if _, err := os.Stat(host.DevRoot); errors.Is(err, os.ErrNotExist) {
+		// A first start makes the tree; a restart reuses it (its
+		// /proc/devices names the majors it was made with).
+		if host, err = sim.MakeHost(root); err != nil {
+			return nil, nil, "", fmt.Errorf("simulated host (needs root): %w", err)
+		}
+	}
+	inv, err := nvmlnode.Discover(ctx, sim.DiscoverOptions(host)...)
+	return inv, sim.NVML(), host.SysRoot, err
+}
+
+func serve(ctx context.Context, f *flags, log *slog.Logger) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	inv, lib, sysRoot, err := openNode(ctx, f)
+	if err != nil {
+		return fmt.Errorf("discover the node's GPUs: %w", err)
+	}
+	allocDir := filepath.Join(f.stateDir, "allocator")
+	for _, d := range []string{allocDir, f.cdiDir} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return err
+		}
+	}
+	alloc, err := allocator.New(inv, allocator.WithStateDir(allocDir), allocator.WithLogger(log))
+	if err != nil {
+		return err
+	}
+	defer alloc.Close()
+	log.Info("node", "gpus", len(inv.Devices), "driver", inv.DriverVersion, "simulated", f.simulate)
+
+	writeSpec := func() {
+		cur := inv.Clone()
+		cur.Devices = alloc.Devices()
+		spec, err := cdi.New(cur)
+		if err == nil {
+			_, err = cdi.Writer{Dir: f.cdiDir}.Write(ctx, spec)
+		}
+		if err != nil {
+			log.Warn("node CDI spec", "err", err)
+		}
+	}
+	writeSpec()
+
+	// The device plugin's Run removes its sockets before it returns: serve
+	// waits for it.
+	errc := make(chan error, 1)
+	var dpDone <-chan error
+	defer func() {
+		cancel()
+		if dpDone != nil {
+			<-dpDone
+		}
+	}()
+	var refreshers []func()
+	if f.devicePlugin {
+		m, err := deviceplugin.New(inv, alloc, deviceplugin.Config{
+			ResourceName: f.resourceName, Dir: f.devicePluginDir, DeviceSpecs: f.deviceSpecs, Logger: log,
+		})
+		if err != nil {
+			return err
+		}
+		done := make(chan error, 1)
+		dpDone = done
+		go func() {
+			err := m.Run(ctx)
+			errc <- err
+			done <- err
+		}()
+		refreshers = append(refreshers, func() {
+			if _, err := m.Refresh(); err != nil {
+				log.Warn("device plugin refresh", "err", err)
+			}
+		})
+	}
+	if f.kubeconfig != "" {
+		cfg, err := clientcmd.BuildConfigFromFlags("", f.kubeconfig)
+		if err != nil {
+			return fmt.Errorf("kubeconfig: %w", err)
+		}
+		client, err := kubernetes.NewForConfig(cfg)
+		if err != nil {
+			return fmt.Errorf("kubeconfig: %w", err)
+		}
+		if want, err := labels.Labels(inv); err != nil {
+			log.Warn("node labels", "err", err)
+		} else if changed, err := labels.Apply(ctx, client, f.nodeName, want); err != nil {
+			log.Warn("node labels", "err", err)
+		} else if len(changed) > 0 {
+			log.Info("node labels", "changed", changed)
+		}
+		if f.dra {
+			publish, err := startDRA(ctx, f, inv, alloc, client, sysRoot, log)
+			if err != nil {
+				return err
+			}
+			refreshers = append(refreshers, publish)
+		}
+	} else if f.dra {
+		log.Info("no --kubeconfig: the DRA driver and node labels are off")
+	}
+
+	refresh := func() {
+		writeSpec()
+		for _, r := range refreshers {
+			r()
+		}
+	}
+	go func() {
+		err := nvmlnode.Monitor(ctx, lib, alloc, func(ev nvmlnode.HealthEvent) {
+			log.Warn("GPU health", "gpu", ev.Device.UUID, "xid", ev.XID, "owners", ev.Owners, "err", ev.Err)
+			refresh()
+		})
+		if err != nil && !errors.Is(err, context.Canceled) {
+			log.Warn("health monitor stopped", "err", err)
+		}
+	}()
+	tick := time.NewTicker(f.refresh)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case err := <-errc:
+			return err
+		case <-tick.C:
+			refresh()
+		}
+	}
+}
+
+// startDRA starts the DRA kubelet plugin and publishes the node's slice; it
+// returns the function that publishes it again.
+func startDRA(ctx context.Context, f *flags, inv *node.Inventory, alloc *allocator.Allocator, client kubernetes.Interface, sysRoot string, log *slog.Logger) (func(), error) {
+	pcieRoot := func(busID string) (string, bool) {
+		a, err := deviceattribute.GetPCIeRootAttributeByPCIBusID(busID, deviceattribute.WithFSFromRoot(sysRoot))
+		if err != nil || a.Value.StringValue == nil {
+			return "", false
+		}
+		return *a.Value.StringValue, true
+	}
+	d, err := dra.New(inv, alloc, dra.Config{
+		DriverName: f.driverName, CDIDir: f.cdiDir, StateDir: filepath.Join(f.stateDir, "claims"),
+		Slice: dra.SliceOptions{PCIeRoot: pcieRoot}, Logger: log,
+	})
+	if err != nil {
+		return nil, err
+	}
+	dataDir := filepath.Join(f.pluginsDir, f.driverName)
+	if err := os.MkdirAll(dataDir, 0o750); err != nil {
+		return nil, err
+	}
+	helper, err := kubeletplugin.Start(ctx, d,
+		kubeletplugin.DriverName(f.driverName),
+		kubeletplugin.NodeName(f.nodeName),
+		kubeletplugin.KubeClient(client),
+		kubeletplugin.PluginDataDirectoryPath(dataDir),
+		kubeletplugin.RegistrarDirectoryPath(f.registryDir),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("start the DRA kubelet plugin: %w", err)
+	}
+	go func() {
+		<-ctx.Done()
+		helper.Stop()
+	}()
+	publish := func() {
+		if err := helper.PublishResources(ctx, d.Resources(f.nodeName)); err != nil {
+			log.Warn("publish the ResourceSlice", "err", err)
+		}
+	}
+	publish()
+	if uids, err := d.Prepared(); err == nil && len(uids) > 0 {
+		log.Info("prepared claims kept from before", "claims", uids)
+	}
+	return publish, nil
+}

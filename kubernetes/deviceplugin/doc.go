@@ -1,0 +1,41 @@
+// Package deviceplugin serves a node's GPUs to the kubelet through the
+// device-plugin API (k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1).
+//
+// # Resources
+//
+// Resources turns the node model into the extended resources a pod asks for:
+// every whole GPU (one not split by MIG) under the configured name
+// (default "nvidia.com/gpu"), named by its "GPU-" UUID, and every MIG device
+// under a resource of its profile in the same domain
+// ("nvidia.com/mig-1g.10gb"), named by its "MIG-" UUID. A device carries its
+// health and NUMA node.
+//
+// # Lifecycle
+//
+// A Manager serves one Plugin (one gRPC server on its own unix socket in the
+// kubelet's device-plugin directory) per resource and registers each with
+// the kubelet's Registration service (kubelet.sock in the same directory).
+// When the kubelet restarts it deletes every socket there and creates
+// kubelet.sock again: the Manager sees that and serves and registers every
+// plugin again. When the Manager itself restarts, it removes its own stale
+// sockets and registers anew; the kubelet keeps the devices of running pods.
+//
+// # Health
+//
+// ListAndWatch streams a resource's devices and sends the list again
+// whenever a device's health changes, both ways: Manager.Refresh reads the
+// devices' health from the Source (the allocator, which nvmlnode.Monitor
+// marks) and pushes a new list to every stream when anything changed.
+//
+// # Placement and allocation
+//
+// GetPreferredAllocation answers with gpuiso's topology-aware placement (the
+// allocator's PolicyTopology run on the kubelet's available devices, with the
+// ones it must include). Allocate answers each container with the CDI names
+// of its devices (the node's spec, written by the caller with isolator/cdi),
+// the environment naming them (NVIDIA_VISIBLE_DEVICES, CUDA_VISIBLE_DEVICES)
+// and, with Config.DeviceSpecs, the device nodes themselves for runtimes
+// that do not read CDI.
+//
+// The package never logs unless given a *slog.Logger.
+package deviceplugin

@@ -1,0 +1,169 @@
+package dra
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"github.com/gpuiso/gpuiso/internal/linux"
+)
+
+// Checkpoint states: a claim whose preparation started but did not finish
+// (the process died in between) is rolled back before it is prepared again.
+const (
+	StatePrepareStarted   = "PrepareStarted"
+	StatePrepareCompleted = "PrepareCompleted"
+)
+
+const (
+	checkpointFormat  = "gpuiso-dra-claim"
+	checkpointVersion = 1
+)
+
+// Checkpoint is what the driver records of one prepared claim, in its own
+// file, so that a restart keeps every prepared claim.
+type Checkpoint struct {
+	Format    string `json:"format"`
+	Version   int    `json:"version"`
+	UID       string `json:"uid"`
+	Namespace string `json:"namespace,omitempty"`
+	Name      string `json:"name,omitempty"`
+	State     string `json:"state"`
+	// Owner is the claim's owner id in the allocator and its CDI spec.
+	Owner string `json:"owner"`
+	// Devices are the claim's devices of this driver.
+	Devices []PreparedDevice `json:"devices"`
+	// Checksum is the SHA-256 of the record with Checksum empty.
+	Checksum string `json:"checksum,omitempty"`
+}
+
+// PreparedDevice is one device of a prepared claim.
+type PreparedDevice struct {
+	Requests     []string `json:"requests"`
+	Pool         string   `json:"pool"`
+	Device       string   `json:"device"`
+	UUID         string   `json:"uuid"`
+	CDIDeviceIDs []string `json:"cdiDeviceIDs,omitempty"`
+}
+
+func (c Checkpoint) sum() (string, error) {
+	c.Checksum = ""
+	b, err := json.Marshal(c)
+	if err != nil {
+		return "", err
+	}
+	h := sha256.Sum256(b)
+	return hex.EncodeToString(h[:]), nil
+}
+
+// checkpoints is a directory of one file per claim, "<uid>.json".
+type checkpoints struct{ dir string }
+
+func (s checkpoints) path(uid string) (string, error) {
+	if uid == "" || strings.ContainsAny(uid, "/\\") || uid == "." || uid == ".." {
+		return "", fmt.Errorf("claim uid %q: %w", uid, ErrInvalidConfig)
+	}
+	return filepath.Join(s.dir, uid+".json"), nil
+}
+
+// write records c atomically: temp file, sync, rename, sync the directory.
+func (s checkpoints) write(c Checkpoint) error {
+	p, err := s.path(c.UID)
+	if err != nil {
+		return err
+	}
+	c.Format, c.Version = checkpointFormat, checkpointVersion
+	if c.Checksum, err = c.sum(); err != nil {
+		return err
+	}
+	b, err := json.MarshalIndent(c, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := linux.WriteFileAtomic(p, "", append(b, '\n'), 0o600, nil); err != nil {
+		return fmt.Errorf("write claim checkpoint: %w", err)
+	}
+	return nil
+}
+
+// read returns the checkpoint of uid; ok is false when there is none. A
+// file that does not parse, is of another format or version, or fails its
+// checksum gives a *CheckpointError.
+func (s checkpoints) read(uid string) (Checkpoint, bool, error) {
+	p, err := s.path(uid)
+	if err != nil {
+		return Checkpoint{}, false, err
+	}
+	b, err := os.ReadFile(p)
+	if errors.Is(err, fs.ErrNotExist) {
+		return Checkpoint{}, false, nil
+	}
+	if err != nil {
+		return Checkpoint{}, false, err
+	}
+	c, err := ParseCheckpoint(b)
+	if err != nil {
+		return Checkpoint{}, false, &CheckpointError{Path: p, Err: err}
+	}
+	if c.UID != uid {
+		return Checkpoint{}, false, &CheckpointError{Path: p, Err: fmt.Errorf("records claim %q", c.UID)}
+	}
+	return c, true, nil
+}
+
+// ParseCheckpoint reads a checkpoint file's content and checks its format,
+// version and checksum.
+func ParseCheckpoint(b []byte) (Checkpoint, error) {
+	var c Checkpoint
+	if err := json.Unmarshal(b, &c); err != nil {
+		return Checkpoint{}, err
+	}
+	if c.Format != checkpointFormat || c.Version != checkpointVersion {
+		return Checkpoint{}, fmt.Errorf("format %q version %d, want %q %d", c.Format, c.Version, checkpointFormat, checkpointVersion)
+	}
+	sum, err := c.sum()
+	if err != nil {
+		return Checkpoint{}, err
+	}
+	if sum != c.Checksum {
+		return Checkpoint{}, errors.New("checksum mismatch")
+	}
+	if c.State != StatePrepareStarted && c.State != StatePrepareCompleted {
+		return Checkpoint{}, fmt.Errorf("unknown state %q", c.State)
+	}
+	return c, nil
+}
+
+func (s checkpoints) remove(uid string) error {
+	p, err := s.path(uid)
+	if err != nil {
+		return err
+	}
+	if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	return linux.SyncDir(s.dir)
+}
+
+// list returns the uids with a checkpoint file, sorted.
+func (s checkpoints) list() ([]string, error) {
+	entries, err := os.ReadDir(s.dir)
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, e := range entries {
+		if uid, ok := strings.CutSuffix(e.Name(), ".json"); ok && !strings.HasPrefix(e.Name(), ".") {
+			out = append(out, uid)
+		}
+	}
+	sort.Strings(out)
+	return out, nil
+}

@@ -1,0 +1,47 @@
+// Package dra is gpuiso's Dynamic Resource Allocation driver for the
+// kubelet (resource.k8s.io/v1, on
+// k8s.io/dynamic-resource-allocation/kubeletplugin).
+//
+// # The slice
+//
+// Devices computes, as plain data, the devices of the node's ResourceSlice:
+// every healthy whole GPU ("gpu-<index>") and every healthy MIG device of a
+// GPU split by MIG ("mig-<index>-<gi>-<ci>"; its parent is then not
+// published whole, as the allocator hands such a GPU out only by its MIG
+// devices). Each carries attributes a CEL selector can use, in the driver's
+// domain (type, uuid, index, minor, model, productName, brand,
+// architecture, computeCapability, driverVersion, cudaDriverVersion,
+// numaNode, migCapable, and for MIG devices profile, parentUUID,
+// gpuInstance, computeInstance), the standard resource.kubernetes.io
+// pciBusID, pcieRoot and numaNode, and capacity (memory, and
+// multiprocessors for MIG devices). nvlinkClique partitions the whole GPUs
+// into groups that are NVLinked pairwise (NVLinkCliques), so that a claim
+// for several GPUs with a matchAttribute constraint on it gets directly
+// connected GPUs. An unhealthy device is left out: the slice changes when
+// health does, and the caller publishes it again.
+//
+// # Prepare and unprepare
+//
+// A Driver prepares a claim's devices of this driver by holding them in the
+// node's allocator under the owner "claim-<uid>" (so a GPU is never
+// prepared for two claims, and an unhealthy one never), computing their
+// isolator.Plan, and writing it as the claim's own CDI spec
+// (cdi.Render, Writer.WriteAllocation): one CDI device,
+// "<driver>/claim=alloc-claim-<uid>", with every device node and the
+// environment naming exactly the claim's devices.
+//
+// Each prepared claim has its own checkpoint file in the state directory,
+// "<uid>.json", written atomically (temporary file, sync, rename, directory
+// sync), versioned and checksummed. It is written PrepareStarted before
+// anything is done and PrepareCompleted after. A completed claim is
+// answered from its checkpoint (prepare is idempotent and survives a
+// restart); a started one was cut short by a crash and is rolled back
+// (allocator hold, CDI spec, checkpoint) before it is prepared again. A
+// failure rolls back what the call did. Unprepare rolls back a claim and
+// is no error for a claim it does not know. A corrupt checkpoint is
+// reported (ErrCorruptCheckpoint) and left as it is.
+//
+// The driver does not report health through the kubelet's health service;
+// it withdraws an unhealthy device from the slice. It never logs unless
+// given a *slog.Logger.
+package dra

@@ -1,0 +1,274 @@
+package dra
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"sync"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	"k8s.io/dynamic-resource-allocation/resourceslice"
+
+	"github.com/gpuiso/gpuiso/allocator"
+	"github.com/gpuiso/gpuiso/isolator"
+	"github.com/gpuiso/gpuiso/isolator/cdi"
+	"github.com/gpuiso/gpuiso/node"
+)
+
+// DefaultDriverName is the driver's name: the domain of its attributes and
+// the value a DeviceClass selects with device.driver == "gpu.gpuiso.io".
+const DefaultDriverName = "gpu.gpuiso.io"
+
+// Config configures a Driver.
+type Config struct {
+	// DriverName is the driver's name (default DefaultDriverName).
+	DriverName string
+	// CDIDir is where claims' CDI specs go (default cdi.DefaultDir).
+	CDIDir string
+	// StateDir holds one checkpoint file per prepared claim (required).
+	StateDir string
+	// Slice tunes the published devices.
+	Slice SliceOptions
+	// Logger, when set, receives the driver's events.
+	Logger *slog.Logger
+}
+
+// Driver prepares and unprepares resource claims for the kubelet (it is a
+// kubeletplugin.DRAPlugin) and computes the node's ResourceSlice. It is
+// safe for concurrent use.
+type Driver struct {
+	cfg   Config
+	kind  string
+	inv   *node.Inventory
+	alloc *allocator.Allocator
+	cps   checkpoints
+	cdiw  cdi.Writer
+
+	mu sync.Mutex // serialises prepare and unprepare
+}
+
+var _ kubeletplugin.DRAPlugin = (*Driver)(nil)
+
+// New returns a Driver for the GPUs of inv, which alloc hands out (its
+// health is the slice's; its owners are the prepared claims).
+func New(inv *node.Inventory, alloc *allocator.Allocator, cfg Config) (*Driver, error) {
+	if inv == nil || alloc == nil {
+		return nil, fmt.Errorf("DRA driver needs an inventory and an allocator: %w", ErrInvalidConfig)
+	}
+	if cfg.DriverName == "" {
+		cfg.DriverName = DefaultDriverName
+	}
+	if cfg.CDIDir == "" {
+		cfg.CDIDir = cdi.DefaultDir
+	}
+	if cfg.StateDir == "" {
+		return nil, fmt.Errorf("DRA driver needs a state directory: %w", ErrInvalidConfig)
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	kind := cfg.DriverName + "/claim"
+	if err := cdi.ValidateKind(kind); err != nil {
+		return nil, fmt.Errorf("driver name %q: %w: %w", cfg.DriverName, ErrInvalidConfig, err)
+	}
+	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
+		return nil, fmt.Errorf("DRA state directory: %w", err)
+	}
+	return &Driver{cfg: cfg, kind: kind, inv: inv, alloc: alloc, cps: checkpoints{dir: cfg.StateDir}, cdiw: cdi.Writer{Dir: cfg.CDIDir}}, nil
+}
+
+// CDIKind is the kind of the claims' CDI specs: "<driver>/claim".
+func (d *Driver) CDIKind() string { return d.kind }
+
+// Resources is what the driver publishes for its node now: one pool, named
+// after the node, of one slice holding Devices of the allocator's current
+// view (unhealthy devices left out).
+func (d *Driver) Resources(nodeName string) resourceslice.DriverResources {
+	return resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{
+		nodeName: {Slices: []resourceslice.Slice{{Devices: Devices(d.inv, d.alloc.Devices(), d.cfg.Slice)}}},
+	}}
+}
+
+// Prepared returns the uids of the claims with a checkpoint, sorted.
+func (d *Driver) Prepared() ([]string, error) { return d.cps.list() }
+
+// PrepareResourceClaims prepares each claim: see Prepare.
+func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
+	out := make(map[types.UID]kubeletplugin.PrepareResult, len(claims))
+	for _, c := range claims {
+		devs, err := d.Prepare(ctx, c)
+		out[c.UID] = kubeletplugin.PrepareResult{Devices: devs, Err: err}
+	}
+	return out, nil
+}
+
+// Prepare makes claim's devices of this driver ready for its pods: it
+// holds them in the allocator under the claim's owner id, writes the CDI
+// spec of their plan (isolator.NewPlan rendered by cdi.Render), and
+// records the claim in its checkpoint, started before and completed after.
+// A claim already prepared gets the recorded answer again; one whose
+// preparation was cut short is rolled back first. A failure rolls back what
+// this call did and leaves no checkpoint.
+func (d *Driver) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim) ([]kubeletplugin.Device, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	uid := string(claim.UID)
+	cp, ok, err := d.cps.read(uid)
+	if err != nil {
+		return nil, fmt.Errorf("prepare claim %s: %w", uid, err)
+	}
+	if ok && cp.State == StatePrepareCompleted {
+		return cp.result(), nil
+	}
+	if ok {
+		if err := d.rollback(ctx, cp); err != nil {
+			return nil, fmt.Errorf("prepare claim %s: roll back the cut-short preparation: %w", uid, err)
+		}
+	}
+	if claim.Status.Allocation == nil {
+		return nil, fmt.Errorf("prepare claim %s/%s: %w", claim.Namespace, claim.Name, ErrNotAllocated)
+	}
+	cp = Checkpoint{UID: uid, Namespace: claim.Namespace, Name: claim.Name, State: StatePrepareStarted, Owner: "claim-" + uid}
+	byName := d.byName()
+	for _, r := range claim.Status.Allocation.Devices.Results {
+		if r.Driver != d.cfg.DriverName {
+			continue
+		}
+		uuid, ok := byName[r.Device]
+		if !ok {
+			return nil, fmt.Errorf("prepare claim %s/%s: device %q: %w", claim.Namespace, claim.Name, r.Device, ErrUnknownDevice)
+		}
+		cp.Devices = append(cp.Devices, PreparedDevice{Requests: []string{r.Request}, Pool: r.Pool, Device: r.Device, UUID: uuid})
+	}
+	if len(cp.Devices) == 0 {
+		return nil, nil
+	}
+	if err := d.cps.write(cp); err != nil {
+		return nil, fmt.Errorf("prepare claim %s: %w", uid, err)
+	}
+	if err := d.prepare(ctx, &cp); err != nil {
+		err = fmt.Errorf("prepare claim %s/%s: %w", claim.Namespace, claim.Name, err)
+		if rerr := d.rollback(ctx, cp); rerr != nil {
+			err = errors.Join(err, fmt.Errorf("roll back: %w", rerr))
+		}
+		return nil, err
+	}
+	d.cfg.Logger.Info("prepared claim", "claim", claim.Namespace+"/"+claim.Name, "uid", uid, "devices", len(cp.Devices))
+	return cp.result(), nil
+}
+
+func (d *Driver) prepare(ctx context.Context, cp *Checkpoint) error {
+	uuids := make([]string, len(cp.Devices))
+	for i, pd := range cp.Devices {
+		uuids[i] = pd.UUID
+	}
+	al, err := d.alloc.Allocate(ctx, cp.Owner, allocator.Request{Devices: uuids})
+	if err != nil {
+		return err
+	}
+	plan, err := isolator.NewPlan(cp.Owner, d.inv, al.Devices, nil, nil)
+	if err != nil {
+		return err
+	}
+	spec, err := cdi.Render(d.kind, plan)
+	if err != nil {
+		return err
+	}
+	if _, err := d.cdiw.WriteAllocation(ctx, cp.Owner, spec); err != nil {
+		return err
+	}
+	// The claim's one CDI device carries every node and the environment
+	// naming all of them; the first device of the claim names it (a
+	// runtime given the same CDI device twice would apply it twice).
+	cp.Devices[0].CDIDeviceIDs = []string{d.kind + "=" + cdi.AllocationDevice(cp.Owner)}
+	cp.State = StatePrepareCompleted
+	return d.cps.write(*cp)
+}
+
+// rollback undoes whatever of cp's preparation happened: the allocator's
+// hold, the CDI spec, the checkpoint. Each step tolerates its part being
+// absent.
+func (d *Driver) rollback(ctx context.Context, cp Checkpoint) error {
+	var errs []error
+	if err := d.alloc.Release(ctx, cp.Owner); err != nil && !errors.Is(err, allocator.ErrUnknownOwner) {
+		errs = append(errs, err)
+	}
+	if err := d.cdiw.RemoveAllocation(ctx, d.kind, cp.Owner); err != nil && !errors.Is(err, os.ErrNotExist) {
+		errs = append(errs, err)
+	}
+	if len(errs) == 0 {
+		if err := d.cps.remove(cp.UID); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (cp Checkpoint) result() []kubeletplugin.Device {
+	out := make([]kubeletplugin.Device, len(cp.Devices))
+	for i, pd := range cp.Devices {
+		out[i] = kubeletplugin.Device{Requests: pd.Requests, PoolName: pd.Pool, DeviceName: pd.Device, CDIDeviceIDs: pd.CDIDeviceIDs}
+	}
+	return out
+}
+
+// byName maps the slice's device names to UUIDs, for every device of the
+// node whatever its health.
+func (d *Driver) byName() map[string]string {
+	out := map[string]string{}
+	for _, dev := range d.inv.Devices {
+		if !dev.MIGSplit() {
+			out[DeviceName(dev)] = dev.UUID
+			continue
+		}
+		for _, m := range dev.MIGDevices {
+			out[MIGDeviceName(m)] = m.UUID
+		}
+	}
+	return out
+}
+
+// UnprepareResourceClaims unprepares each claim: see Unprepare.
+func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletplugin.NamespacedObject) (map[types.UID]error, error) {
+	out := make(map[types.UID]error, len(claims))
+	for _, c := range claims {
+		out[c.UID] = d.Unprepare(ctx, string(c.UID))
+	}
+	return out, nil
+}
+
+// Unprepare releases a claim's devices, removes its CDI spec and then its
+// checkpoint. A claim with no checkpoint (never prepared here, or already
+// unprepared) is not an error: the kubelet may ask again after a restart.
+func (d *Driver) Unprepare(ctx context.Context, uid string) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	cp, ok, err := d.cps.read(uid)
+	if err != nil {
+		return fmt.Errorf("unprepare claim %s: %w", uid, err)
+	}
+	if !ok {
+		return nil
+	}
+	if err := d.rollback(ctx, cp); err != nil {
+		return fmt.Errorf("unprepare claim %s: %w", uid, err)
+	}
+	d.cfg.Logger.Info("unprepared claim", "uid", uid)
+	return nil
+}
+
+// HandleError logs errors of the helper's background work.
+func (d *Driver) HandleError(_ context.Context, err error, msg string) {
+	d.cfg.Logger.Warn(msg, "err", err)
+}
+
+// WatchHealthStatus is not supported: health reaches the scheduler through
+// the published slice (an unhealthy device is withdrawn from it).
+func (d *Driver) WatchHealthStatus(context.Context, chan<- kubeletplugin.DeviceHealthReport) error {
+	return kubeletplugin.ErrHealthNotSupported
+}

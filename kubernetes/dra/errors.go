@@ -1,0 +1,36 @@
+package dra
+
+import (
+	"fmt"
+
+	"github.com/gpuiso/gpuiso/node"
+)
+
+var (
+	// ErrInvalidConfig: a Config field is missing or malformed.
+	ErrInvalidConfig = node.Sentinel(node.ErrInvalid, "invalid DRA driver configuration")
+	// ErrUnknownDevice: a claim names a device the node does not publish.
+	ErrUnknownDevice = node.Sentinel(node.ErrNotFound, "unknown device")
+	// ErrNotAllocated: a claim to prepare has no allocation.
+	ErrNotAllocated = node.Sentinel(node.ErrInvalid, "claim not allocated")
+	// ErrCorruptCheckpoint: a claim's checkpoint cannot be trusted.
+	ErrCorruptCheckpoint = node.Sentinel(node.ErrCorrupt, "corrupt claim checkpoint")
+)
+
+// CheckpointError is a checkpoint file that cannot be read as one.
+type CheckpointError struct {
+	Path string
+	Err  error
+}
+
+func (e *CheckpointError) Error() string {
+	return fmt.Sprintf("claim checkpoint %s: %v", e.Path, e.Err)
+}
+
+// Is matches ErrCorruptCheckpoint and node.ErrCorrupt.
+func (e *CheckpointError) Is(target error) bool {
+	return target == ErrCorruptCheckpoint || target == node.ErrCorrupt
+}
+
+// Unwrap returns the reason.
+func (e *CheckpointError) Unwrap() error { return e.Err }

@@ -1,0 +1,261 @@
+package dra
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/dynamic-resource-allocation/deviceattribute"
+	"k8s.io/utils/ptr"
+
+	"github.com/gpuiso/gpuiso/node"
+)
+
+// The attributes of a published device, in the driver's domain (a CEL
+// selector reads device.attributes["gpu.gpuiso.io"].uuid), beside the
+// standard resource.kubernetes.io/pciBusID, pcieRoot and numaNode.
+const (
+	AttrType              = "type"              // "gpu" or "mig"
+	AttrUUID              = "uuid"              // "GPU-..." or "MIG-..."
+	AttrIndex             = "index"             // NVML index (of the parent, for MIG)
+	AttrMinor             = "minor"             // /dev/nvidia<minor>
+	AttrModel             = "model"             // product name as a label value: "Tesla-V100-SXM2-16GB"
+	AttrProductName       = "productName"       // product name as NVML gives it
+	AttrBrand             = "brand"             // "Tesla", "NVIDIA", ...
+	AttrArchitecture      = "architecture"      // "volta", "hopper", ...
+	AttrComputeCapability = "computeCapability" // version: 7.0.0
+	AttrDriverVersion     = "driverVersion"     // version: 550.127.5
+	AttrCUDADriverVersion = "cudaDriverVersion" // version: 12.4.0
+	AttrNUMANode          = "numaNode"          // int, -1 when unknown
+	AttrMIGCapable        = "migCapable"        // bool, whole GPUs
+	AttrNVLinkClique      = "nvlinkClique"      // GPUs with the same value are all NVLinked pairwise
+	AttrMIGProfile        = "profile"           // MIG: "1g.10gb"
+	AttrParentUUID        = "parentUUID"        // MIG: the parent's "GPU-" UUID
+	AttrGI                = "gpuInstance"       // MIG: GPU-instance id
+	AttrCI                = "computeInstance"   // MIG: compute-instance id
+
+	CapMemory          = "memory"          // bytes
+	CapMultiprocessors = "multiprocessors" // MIG: SMs
+)
+
+// SliceOptions tune Devices.
+type SliceOptions struct {
+	// PCIeRoot, when set, gives a GPU's PCIe root complex ("pci0000:00")
+	// from its bus id, for the standard pcieRoot attribute; ok false leaves
+	// the attribute out. (The main program reads it from sysfs.)
+	PCIeRoot func(busID string) (root string, ok bool)
+}
+
+// DeviceName is a GPU's name in the slice: "gpu-<index>".
+func DeviceName(d node.Device) string { return "gpu-" + strconv.Itoa(d.Index) }
+
+// MIGDeviceName is a MIG device's name in the slice:
+// "mig-<index>-<gi>-<ci>".
+func MIGDeviceName(m node.MIGDevice) string {
+	return fmt.Sprintf("mig-%d-%d-%d", m.Parent, m.GI, m.CI)
+}
+
+// Devices are the devices of the node's ResourceSlice: every healthy whole
+// GPU of devs and every healthy MIG device of a GPU split by MIG (whose
+// parent is not published whole), with their attributes and capacity. devs
+// are inv's devices with their current health (the allocator's view); inv
+// gives the driver, CUDA version and topology. A GPU that is unhealthy, or
+// without a UUID, is left out: no claim can be allocated it.
+func Devices(inv *node.Inventory, devs []node.Device, opts SliceOptions) []resourceapi.Device {
+	cliques := NVLinkCliques(inv)
+	var out []resourceapi.Device
+	for p, d := range devs {
+		if !d.Health.Healthy || d.UUID == "" {
+			continue
+		}
+		common := commonAttributes(inv, d, opts)
+		if !d.MIGSplit() {
+			attrs := copyAttrs(common)
+			attrs[AttrType] = str("gpu")
+			attrs[AttrUUID] = str(d.UUID)
+			attrs[AttrMIGCapable] = resourceapi.DeviceAttribute{BoolValue: ptr.To(len(d.MIGProfiles) > 0)}
+			if c, ok := cliques[p]; ok {
+				attrs[AttrNVLinkClique] = str(c)
+			}
+			dev := resourceapi.Device{Name: DeviceName(d), Attributes: attrs}
+			if d.MemoryBytes > 0 {
+				dev.Capacity = map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{
+					CapMemory: {Value: *resource.NewQuantity(int64(d.MemoryBytes), resource.BinarySI)},
+				}
+			}
+			out = append(out, dev)
+			continue
+		}
+		for _, m := range d.MIGDevices {
+			if !m.Health.Healthy || m.UUID == "" {
+				continue
+			}
+			attrs := copyAttrs(common)
+			attrs[AttrType] = str("mig")
+			attrs[AttrUUID] = str(m.UUID)
+			attrs[AttrMIGProfile] = str(m.Profile)
+			attrs[AttrParentUUID] = str(d.UUID)
+			attrs[AttrGI] = integer(int64(m.GI))
+			attrs[AttrCI] = integer(int64(m.CI))
+			capacity := map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{}
+			if m.MemoryBytes > 0 {
+				capacity[CapMemory] = resourceapi.DeviceCapacity{Value: *resource.NewQuantity(int64(m.MemoryBytes), resource.BinarySI)}
+			}
+			if m.SMs > 0 {
+				capacity[CapMultiprocessors] = resourceapi.DeviceCapacity{Value: *resource.NewQuantity(int64(m.SMs), resource.DecimalSI)}
+			}
+			out = append(out, resourceapi.Device{Name: MIGDeviceName(m), Attributes: attrs, Capacity: capacity})
+		}
+	}
+	return out
+}
+
+func commonAttributes(inv *node.Inventory, d node.Device, opts SliceOptions) map[resourceapi.QualifiedName]resourceapi.DeviceAttribute {
+	a := map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
+		AttrIndex:    integer(int64(d.Index)),
+		AttrNUMANode: integer(int64(d.NUMANode)),
+	}
+	if d.Minor != node.NoMinor {
+		a[AttrMinor] = integer(int64(d.Minor))
+	}
+	setStr := func(k resourceapi.QualifiedName, v string) {
+		if v != "" {
+			a[k] = str(v)
+		}
+	}
+	setStr(AttrProductName, d.Model)
+	setStr(AttrModel, LabelValue(d.Model))
+	setStr(AttrBrand, d.Brand)
+	setStr(AttrArchitecture, d.Architecture)
+	if v, ok := semver(d.ComputeCapability); ok {
+		a[AttrComputeCapability] = version(v)
+	}
+	if v, ok := semver(inv.DriverVersion); ok {
+		a[AttrDriverVersion] = version(v)
+	}
+	if c := inv.CUDAVersion; c > 0 {
+		a[AttrCUDADriverVersion] = version(fmt.Sprintf("%d.%d.0", c.Major(), c.Minor()))
+	}
+	if d.BusID != "" {
+		a[deviceattribute.StandardDeviceAttributePCIBusID] = str(d.BusID)
+		if opts.PCIeRoot != nil {
+			if root, ok := opts.PCIeRoot(d.BusID); ok {
+				a[deviceattribute.StandardDeviceAttributePCIeRoot] = str(root)
+			}
+		}
+	}
+	if d.NUMANode >= 0 {
+		a[deviceattribute.StandardDeviceAttributeNUMANode] = integer(int64(d.NUMANode))
+	}
+	return a
+}
+
+// NVLinkCliques partitions the node's whole GPUs into groups whose members
+// are all NVLinked pairwise, for a matchAttribute constraint: a claim for
+// several GPUs constrained to one AttrNVLinkClique gets GPUs that are
+// directly connected. GPUs are taken in inventory order; each joins the
+// first group all of whose members it links to, else starts one. A GPU
+// with no NVLink to any other is in no group. The map is by position,
+// the value "clique-<n>".
+func NVLinkCliques(inv *node.Inventory) map[int]string {
+	out := map[int]string{}
+	if inv == nil || inv.Topology == nil {
+		return out
+	}
+	t := inv.Topology
+	var groups [][]int
+	for i := range inv.Devices {
+		if i >= t.Len() || inv.Devices[i].MIGSplit() {
+			continue
+		}
+		linked := false
+		for j := range inv.Devices {
+			if j != i && j < t.Len() && t.Link(i, j).NVLinks > 0 && !inv.Devices[j].MIGSplit() {
+				linked = true
+				break
+			}
+		}
+		if !linked {
+			continue
+		}
+		placed := false
+		for g, members := range groups {
+			all := true
+			for _, m := range members {
+				if t.Link(i, m).NVLinks == 0 {
+					all = false
+					break
+				}
+			}
+			if all {
+				groups[g] = append(groups[g], i)
+				placed = true
+				break
+			}
+		}
+		if !placed {
+			groups = append(groups, []int{i})
+		}
+	}
+	for g, members := range groups {
+		if len(members) < 2 {
+			continue
+		}
+		for _, m := range members {
+			out[m] = "clique-" + strconv.Itoa(g)
+		}
+	}
+	return out
+}
+
+// LabelValue makes s a valid label value: characters other than
+// alphanumerics, '-', '_' and '.' become '-', at most 63, trimmed of
+// non-alphanumeric ends.
+func LabelValue(s string) string {
+	b := []byte(s)
+	for i, c := range b {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_' || c == '.') {
+			b[i] = '-'
+		}
+	}
+	if len(b) > 63 {
+		b = b[:63]
+	}
+	return strings.Trim(string(b), "-_.")
+}
+
+// semver writes a dotted version as the semantic version a version
+// attribute needs: "550.127.05" gives "550.127.5", "7.0" "7.0.0".
+func semver(s string) (string, bool) {
+	if s == "" {
+		return "", false
+	}
+	v, err := node.ParseVersion(s)
+	if err != nil || len(v) == 0 || len(v) > 3 {
+		return "", false
+	}
+	for len(v) < 3 {
+		v = append(v, 0)
+	}
+	return fmt.Sprintf("%d.%d.%d", v[0], v[1], v[2]), true
+}
+
+func str(s string) resourceapi.DeviceAttribute {
+	return resourceapi.DeviceAttribute{StringValue: ptr.To(s)}
+}
+func integer(i int64) resourceapi.DeviceAttribute {
+	return resourceapi.DeviceAttribute{IntValue: ptr.To(i)}
+}
+func version(s string) resourceapi.DeviceAttribute {
+	return resourceapi.DeviceAttribute{VersionValue: ptr.To(s)}
+}
+
+func copyAttrs(m map[resourceapi.QualifiedName]resourceapi.DeviceAttribute) map[resourceapi.QualifiedName]resourceapi.DeviceAttribute {
+	out := make(map[resourceapi.QualifiedName]resourceapi.DeviceAttribute, len(m)+8)
+	for k, v := range m {
+		out[k] = v
+	}
+	return out
+}
