@@ -34,7 +34,7 @@ func build(t *testing.T) string {
 	for _, p := range programs {
 		pkgs = append(pkgs, "./"+p)
 	}
-	cmd := exec.Command("go", append([]string{"build", "-o", dir + string(filepath.Separator)}, pkgs...)...)
+	cmd := exec.Command("go", append([]string{"build", "-buildvcs=false", "-o", dir + string(filepath.Separator)}, pkgs...)...)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}

@@ -26,7 +26,7 @@ import (
 // starts slower).
 func BenchmarkLaunch(b *testing.B) {
 	initPath := filepath.Join(b.TempDir(), "gpurun")
-	if out, err := exec.Command("go", "build", "-o", initPath, "github.com/gpuiso/gpuiso/examples/gpurun").CombinedOutput(); err != nil {
+	if out, err := exec.Command("go", "build", "-buildvcs=false", "-o", initPath, "github.com/gpuiso/gpuiso/examples/gpurun").CombinedOutput(); err != nil {
 		b.Fatalf("build gpurun: %v\n%s", err, out)
 	}
 	probe := testenv.BuildProbe(b)

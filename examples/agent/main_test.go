@@ -32,7 +32,7 @@ func buildAgent(t *testing.T) string {
 		t.Skipf("no go command to build the agent: %v", err)
 	}
 	bin := filepath.Join(t.TempDir(), "agent")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+	if out, err := exec.Command("go", "build", "-buildvcs=false", "-o", bin, ".").CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
 	return bin

@@ -162,7 +162,7 @@ func TestLibrariesRemoved(t *testing.T) {
 		t.Fatal(err)
 	}
 	bin := filepath.Join(t.TempDir(), "gpuinfo")
-	if b, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+	if b, err := exec.Command("go", "build", "-buildvcs=false", "-o", bin, ".").CombinedOutput(); err != nil {
 		t.Fatalf("build: %v\n%s", err, b)
 	}
 	script := `mount -t tmpfs none "$1" && exec "$2"`

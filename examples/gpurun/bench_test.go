@@ -27,7 +27,7 @@ func BenchmarkProcessVsRunc(b *testing.B) {
 	}
 	dir := b.TempDir()
 	gpurun := filepath.Join(dir, "gpurun")
-	if out, err := exec.Command("go", "build", "-o", gpurun, ".").CombinedOutput(); err != nil {
+	if out, err := exec.Command("go", "build", "-buildvcs=false", "-o", gpurun, ".").CombinedOutput(); err != nil {
 		b.Fatalf("build gpurun: %v\n%s", err, out)
 	}
 	probe := testenv.BuildProbe(b)
