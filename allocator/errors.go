@@ -97,3 +97,24 @@ func (e *StateError) Unwrap() error { return e.Err }
 func (e *StateError) Is(target error) bool {
 	return target == ErrCorruptState || target == node.ErrCorrupt
 }
+
+// ErrClaimMismatch: a claim names other devices than those its owner
+// holds. See ClaimError.
+var ErrClaimMismatch = node.Sentinel(node.ErrExists, "owner holds other devices")
+
+// ClaimError is a claim of devices other than those its owner holds.
+type ClaimError struct {
+	Owner string
+	// Held are the devices the owner holds, Claimed those claimed: UUIDs
+	// (indexes for devices without one), sorted.
+	Held, Claimed []string
+}
+
+func (e *ClaimError) Error() string {
+	return fmt.Sprintf("%s holds %v, claimed %v: %s", e.Owner, e.Held, e.Claimed, ErrClaimMismatch)
+}
+
+// Is makes errors.Is(err, ErrClaimMismatch) hold.
+func (e *ClaimError) Is(target error) bool {
+	return target == ErrClaimMismatch || target == node.ErrExists
+}

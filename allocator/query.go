@@ -117,6 +117,18 @@ func (a *Allocator) Free() []int {
 // Policy is the allocator's placement policy.
 func (a *Allocator) Policy() Policy { return a.cfg.policy }
 
+// Inventory returns a copy of the inventory the allocator was made with:
+// the node a containerizer built on this allocator runs containers on.
+// Health is as the inventory had it; Devices has the current one.
+func (a *Allocator) Inventory() *node.Inventory {
+	if a.inv == nil {
+		return nil
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.inv.Clone()
+}
+
 // Topology is the node's topology.
 func (a *Allocator) Topology() *node.Topology {
 	if a.inv == nil {

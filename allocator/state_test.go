@@ -26,6 +26,9 @@ func TestMain(m *testing.M) {
 	if dir := os.Getenv(crashChildEnv); dir != "" {
 		os.Exit(crashChild(dir))
 	}
+	if arg := os.Getenv(claimWorkerEnv); arg != "" {
+		os.Exit(claimWorker(arg))
+	}
 	if dir := os.Getenv(sharedWorkerEnv); dir != "" {
 		os.Exit(sharedWorker(dir))
 	}

@@ -40,6 +40,7 @@ func TestVocabulary(t *testing.T) {
 	kinds := []error{node.ErrNotSupported, node.ErrInvalid, node.ErrExists, node.ErrNotFound, node.ErrInsufficient, node.ErrUnavailable, node.ErrCorrupt}
 	sentinels := map[string]error{
 		"allocator.ErrCorruptState":                 allocator.ErrCorruptState,
+		"allocator.ErrClaimMismatch":                allocator.ErrClaimMismatch,
 		"allocator.ErrDeviceUnavailable":            allocator.ErrDeviceUnavailable,
 		"allocator.ErrDuplicateDevice":              allocator.ErrDuplicateDevice,
 		"allocator.ErrInsufficient":                 allocator.ErrInsufficient,

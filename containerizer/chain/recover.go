@@ -109,21 +109,21 @@ func (i *Isolator) Recover(ctx context.Context, known []string) (Recovered, erro
 
 // readopt holds rec's GPUs again and enforces its rules again.
 func (i *Isolator) readopt(ctx context.Context, rec record) error {
-	al, err := i.alloc.Allocation(rec.ID)
-	switch {
-	case errors.Is(err, allocator.ErrUnknownOwner) && len(rec.GPUs) > 0:
-		// The allocator's state lost it: claim exactly the recorded GPUs.
-		if al, err = i.alloc.Allocate(ctx, rec.ID, allocator.Request{Devices: rec.GPUs}); err != nil {
-			return err
-		}
-	case errors.Is(err, allocator.ErrUnknownOwner):
-		al = allocator.Allocation{Owner: rec.ID}
-	case err != nil:
+	claim := make([]node.DeviceRef, len(rec.GPUs))
+	for k, u := range rec.GPUs {
+		claim[k] = node.DeviceRef{UUID: u}
+	}
+	// Exactly the recorded GPUs, where the allocator's state lost them.
+	al, err := i.alloc.Claim(ctx, rec.ID, claim)
+	if errors.Is(err, allocator.ErrClaimMismatch) {
+		// An update was cut short after the allocator changed: the
+		// allocator's state is the newer one.
+		al, err = i.alloc.Allocation(rec.ID)
+	}
+	if err != nil {
 		return err
 	}
 	if got := uuids(al.Devices); !slices.Equal(got, rec.GPUs) {
-		// An update was cut short after the allocator changed: the
-		// allocator's state is the newer one.
 		rec.GPUs = got
 		if err := i.write(rec); err != nil {
 			return err

@@ -7,13 +7,11 @@ import (
 	"maps"
 	"path/filepath"
 	"slices"
-	"sort"
 
 	cerrdefs "github.com/containerd/errdefs"
 	"github.com/moby/moby/api/types/container"
 	"github.com/moby/moby/client"
 
-	"github.com/gpuiso/gpuiso/allocator"
 	"github.com/gpuiso/gpuiso/containerizer"
 	isodocker "github.com/gpuiso/gpuiso/isolator/docker"
 	"github.com/gpuiso/gpuiso/node"
@@ -126,39 +124,8 @@ func (z *Containerizer) Recover(ctx context.Context) ([]containerizer.Container,
 	return z.Containers(), errors.Join(errs...)
 }
 
-// reclaim makes sure the allocator holds gpus for owner, allocating them
-// again (as explicit devices) when it lost them.
+// reclaim makes sure the allocator holds exactly gpus for owner.
 func (z *Containerizer) reclaim(ctx context.Context, owner string, gpus []node.DeviceRef) error {
-	held, err := z.alloc.Allocation(owner)
-	if err == nil {
-		if !sameDevices(held.Devices, gpus) {
-			return fmt.Errorf("owner %s holds %v in the allocator, its labels say %v", owner, uuids(held.Devices), uuids(gpus))
-		}
-		return nil
-	}
-	if !errors.Is(err, allocator.ErrUnknownOwner) {
-		return err
-	}
-	if len(gpus) == 0 {
-		return nil
-	}
-	if _, err := z.alloc.Allocate(ctx, owner, allocator.Request{Devices: uuids(gpus)}); err != nil {
-		return err
-	}
-	return nil
-}
-
-func uuids(refs []node.DeviceRef) []string {
-	out := make([]string, len(refs))
-	for i, r := range refs {
-		out[i] = r.UUID
-	}
-	return out
-}
-
-func sameDevices(a, b []node.DeviceRef) bool {
-	x, y := uuids(a), uuids(b)
-	sort.Strings(x)
-	sort.Strings(y)
-	return slices.Equal(x, y)
+	_, err := z.alloc.Claim(ctx, owner, gpus)
+	return err
 }

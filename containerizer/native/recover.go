@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"slices"
 
-	"github.com/gpuiso/gpuiso/allocator"
 	"github.com/gpuiso/gpuiso/containerizer"
 	"github.com/gpuiso/gpuiso/isolator"
 	"github.com/gpuiso/gpuiso/node"
@@ -150,20 +149,6 @@ func (c *Containerizer) recoverOne(ctx context.Context, id string) (*container, 
 
 // reclaim makes the allocator agree that the container owns its GPUs.
 func (c *Containerizer) reclaim(ctx context.Context, rec record) error {
-	want := uuids(rec.GPUs)
-	if len(want) == 0 {
-		return nil // a container without GPUs holds nothing
-	}
-	al, err := c.cfg.Allocator.Allocation(rec.ID)
-	if err == nil {
-		if slices.Equal(uuids(al.Devices), want) {
-			return nil
-		}
-		return fmt.Errorf("the allocator gives %s GPUs %v, its record says %v", rec.ID, uuids(al.Devices), want)
-	}
-	if !errors.Is(err, allocator.ErrUnknownOwner) {
-		return err
-	}
-	_, err = c.cfg.Allocator.Allocate(ctx, rec.ID, allocator.Request{Devices: want})
+	_, err := c.cfg.Allocator.Claim(ctx, rec.ID, rec.GPUs)
 	return err
 }

@@ -186,17 +186,7 @@ func (rt *Runtime) Create(ctx context.Context, res *prepared, cmd string, rest [
 		h, err = allocator.ProcessHolder("", pid)
 	}
 	if err == nil {
-		req := allocator.Request{Holder: &h}
-		for _, d := range res.p.Allocation.Devices {
-			req.Devices = append(req.Devices, d.UUID)
-		}
-		err = res.alloc.Exclusive(ctx, func() error {
-			if err := res.alloc.Release(ctx, c.ID); err != nil {
-				return err
-			}
-			_, err := res.alloc.Allocate(ctx, c.ID, req)
-			return err
-		})
+		err = res.alloc.SetHolder(ctx, c.ID, &h)
 	}
 	if err != nil {
 		// The claim stays with this process and ends with it: the GPUs are

@@ -1,0 +1,209 @@
+package allocator
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/gpuiso/gpuiso/node"
+)
+
+// Claim makes owner hold exactly devices, the GPUs (or MIG devices) a
+// container was started with, as its records or labels name them: it is
+// how a recovery re-holds the GPUs of a container that outlived the
+// allocator's memory of it. It is idempotent and compares sets, never
+// orders:
+//
+//   - owner already holds exactly these devices (in any order; for a shared
+//     allocation, its one GPU): nothing changes, and Claim returns the
+//     allocation;
+//   - owner holds nothing and every device is free and healthy: owner takes
+//     them, exclusively (a memory share is not re-made: its size is not in
+//     the devices), in one change on disk before Claim returns;
+//   - owner holds other devices: a *ClaimError matching ErrClaimMismatch;
+//   - a device is held by another owner, unhealthy, or a GPU whose MIG
+//     devices are handed out instead: ErrDeviceUnavailable; a device the
+//     node does not have: ErrUnknownDevice; one named twice:
+//     ErrDuplicateDevice.
+//
+// On error nothing changes. Claiming no devices for an owner that holds
+// nothing succeeds with an empty allocation and holds nothing. The holder
+// of an allocation that already existed is kept.
+func (a *Allocator) Claim(ctx context.Context, owner string, devices []node.DeviceRef) (Allocation, error) {
+	if a.inv == nil {
+		return Allocation{}, ErrNotMade
+	}
+	al, err := a.claim(ctx, owner, devices)
+	if err != nil {
+		return Allocation{}, fmt.Errorf("claim %d gpus for %s: %w", len(devices), owner, err)
+	}
+	return al, nil
+}
+
+func (a *Allocator) claim(ctx context.Context, owner string, devices []node.DeviceRef) (Allocation, error) {
+	if err := ctx.Err(); err != nil {
+		return Allocation{}, err
+	}
+	if err := node.ValidateOwner(owner); err != nil {
+		return Allocation{}, err
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	unlock, err := a.lockState(ctx)
+	if err != nil {
+		return Allocation{}, err
+	}
+	defer unlock()
+	want, err := a.claimed(devices) // MIG devices as the state has them now
+	if err != nil {
+		return Allocation{}, err
+	}
+	if h, ok := a.owners[owner]; ok {
+		if !a.holds(h, want) {
+			return Allocation{}, &ClaimError{Owner: owner, Held: refNames(a.allocation(owner, h).Devices), Claimed: refNames(devices)}
+		}
+		return a.allocation(owner, h), nil
+	}
+	if len(want.mig) == 0 && want.devices == 0 {
+		return Allocation{Owner: owner}, nil
+	}
+	h := &holding{shared: -1, devices: want.devices, mig: want.mig}
+	usable := a.usable()
+	for _, p := range a.positions(want.devices) {
+		if usable&(1<<p) == 0 {
+			return Allocation{}, fmt.Errorf("%s: %s: %w", a.name(p), a.why(p, compiled{match: ^uint64(0)}), ErrDeviceUnavailable)
+		}
+	}
+	for _, k := range want.mig {
+		if !a.migUsable(k) {
+			why := "unhealthy"
+			if o := a.mig.owner[k]; o != "" {
+				why = "owned by " + o
+			}
+			return Allocation{}, fmt.Errorf("MIG device %s: %s: %w", a.mig.units[k].dev.UUID, why, ErrDeviceUnavailable)
+		}
+	}
+	if err := a.checkQuota(owner, h); err != nil {
+		return Allocation{}, err
+	}
+	a.apply(owner, h)
+	if err := a.persist(ctx, func() { a.apply(owner, nil) }); err != nil {
+		return Allocation{}, err
+	}
+	if a.cfg.logger.Enabled(ctx, slog.LevelDebug) {
+		a.cfg.logger.Debug("claimed", "owner", owner, "devices", a.positions(h.devices), "mig", a.migUUIDs(h.mig))
+	}
+	return a.allocation(owner, h), nil
+}
+
+// claimSet is a claim's devices: whole GPUs by position, or MIG devices by
+// unit, ascending.
+type claimSet struct {
+	devices uint64
+	mig     []int
+}
+
+// claimed resolves devices: by UUID (a "MIG-" UUID names a MIG device),
+// else by index. The caller holds a.mu.
+func (a *Allocator) claimed(devices []node.DeviceRef) (claimSet, error) {
+	var s claimSet
+	for _, d := range devices {
+		id := strings.TrimSpace(d.UUID)
+		if node.IsMIGUUID(id) {
+			k, ok := a.migUnitOf(id)
+			if !ok {
+				return s, fmt.Errorf("MIG device %q: %w", id, ErrUnknownDevice)
+			}
+			if slices.Contains(s.mig, k) {
+				return s, fmt.Errorf("%s: %w", id, ErrDuplicateDevice)
+			}
+			s.mig = append(s.mig, k)
+			continue
+		}
+		if id == "" {
+			id = strconv.Itoa(d.Index)
+		}
+		p, err := a.resolve(id)
+		if err != nil {
+			return s, err
+		}
+		if s.devices&(1<<p) != 0 {
+			return s, fmt.Errorf("%s: %w", id, ErrDuplicateDevice)
+		}
+		s.devices |= 1 << p
+	}
+	if s.devices != 0 && len(s.mig) > 0 {
+		return s, fmt.Errorf("whole GPUs and MIG devices in one claim: %w", ErrInvalidRequest)
+	}
+	slices.Sort(s.mig)
+	return s, nil
+}
+
+// holds tells whether h is exactly the set s.
+func (a *Allocator) holds(h *holding, s claimSet) bool {
+	if h.shared >= 0 {
+		return len(s.mig) == 0 && s.devices == 1<<h.shared
+	}
+	return h.devices == s.devices && slices.Equal(h.mig, s.mig)
+}
+
+// refNames are the UUIDs of refs (or their indexes, for refs without one),
+// sorted.
+func refNames(refs []node.DeviceRef) []string {
+	out := make([]string, len(refs))
+	for i, r := range refs {
+		out[i] = r.UUID
+		if out[i] == "" {
+			out[i] = strconv.Itoa(r.Index)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// SetHolder makes h what proves owner's allocation alive (nil: nothing,
+// so ReleaseDead keeps it), in one change on disk, keeping its devices: the
+// hand-over of a claim from the process that made it to the container's
+// init, with no moment at which the devices are free.
+func (a *Allocator) SetHolder(ctx context.Context, owner string, h *Holder) error {
+	if a.inv == nil {
+		return ErrNotMade
+	}
+	if err := a.setHolder(ctx, owner, h); err != nil {
+		return fmt.Errorf("set holder of %s: %w", owner, err)
+	}
+	return nil
+}
+
+func (a *Allocator) setHolder(ctx context.Context, owner string, h *Holder) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	var holder *Holder
+	if h != nil {
+		if err := h.validate(); err != nil {
+			return err
+		}
+		hh := *h
+		holder = &hh
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	unlock, err := a.lockState(ctx)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	old, ok := a.owners[owner]
+	if !ok {
+		return ErrUnknownOwner
+	}
+	next := *old
+	next.holder = holder
+	next.mig = slices.Clone(old.mig)
+	a.apply(owner, &next)
+	return a.persist(ctx, func() { a.apply(owner, old) })
+}
