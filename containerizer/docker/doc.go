@@ -51,6 +51,17 @@
 // live containers, releasing the GPUs of containers that vanished while no
 // containerizer ran. Output writers are not re-attached.
 //
+// A program that runs containers only while it lives (dockerrun) names
+// itself their supervisor with [WithSupervisor]: each container carries
+// the process in [LabelSupervisor], and its GPUs are held with the process
+// as holder. [Containerizer.Clean] is that program's recovery: it removes
+// the namespace's containers whose supervisor is provably dead, gives back
+// their GPUs and volume uses and those of owners whose holder died, and
+// claims (allocator.Claim) the GPUs of the containers of live supervisors,
+// so that a lost allocator state cannot hand them out again. Recover leaves
+// a live supervisor's containers to it (their GPUs claimed, not adopted);
+// those of a dead one it adopts, as an agent that restarted expects.
+//
 // When the daemon does not answer, calls fail with a [*DaemonError]
 // (matching [ErrDaemonUnavailable]) and change nothing; once it is back,
 // the same calls, or Recover, succeed. A daemon without live-restore stops

@@ -67,6 +67,7 @@ type config struct {
 	logger      *slog.Logger
 	cdiKind     string // WithCDI; "" for device mappings always
 	labels      map[string]string
+	supervisor  *allocator.Holder // WithSupervisor
 }
 
 // WithDevRoot sets the host directory holding the GPUs' device nodes
@@ -272,6 +273,10 @@ func (z *Containerizer) Launch(ctx context.Context, spec containerizer.Spec) (c 
 	if insp.Config != nil {
 		img.Labels, img.Env = insp.Config.Labels, insp.Config.Env
 	}
+	if z.cfg.supervisor != nil && spec.GPUs.Holder == nil {
+		h := *z.cfg.supervisor
+		spec.GPUs.Holder = &h
+	}
 	prep, err := z.prep.Prepare(ctx, spec, img)
 	if err != nil {
 		return c, fmt.Errorf("launch %s: image %s: %w", spec.ID, spec.Image, err)
@@ -294,6 +299,9 @@ func (z *Containerizer) Launch(ctx context.Context, spec containerizer.Spec) (c 
 	}
 	for k, v := range z.cfg.labels {
 		cfg.Labels[k] = v
+	}
+	if z.cfg.supervisor != nil {
+		cfg.Labels[LabelSupervisor] = formatSupervisor(*z.cfg.supervisor)
 	}
 	hc := &container.HostConfig{}
 	if spec.Network != containerizer.NetworkPrivate {

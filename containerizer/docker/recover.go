@@ -44,6 +44,13 @@ func (z *Containerizer) Recover(ctx context.Context) ([]containerizer.Container,
 			continue
 		}
 		listed[owner] = true
+		if sup, h := z.supervision(s.Labels); sup == supLive {
+			// Another live process's: its GPUs stay held, it stays its.
+			if err := z.claim(ctx, s.Labels, &h); err != nil {
+				errs = append(errs, fmt.Errorf("recover container %s: %w", s.ID, err))
+			}
+			continue
+		}
 		if _, dup := found[owner]; dup {
 			errs = append(errs, fmt.Errorf("recover container %s: %w: owner %s has another container", s.ID, ErrNotManaged, owner))
 			continue

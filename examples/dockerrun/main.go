@@ -17,30 +17,23 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
-	"slices"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
-	cerrdefs "github.com/containerd/errdefs"
 	"github.com/moby/moby/client"
 
 	"github.com/gpuiso/gpuiso/allocator"
 	"github.com/gpuiso/gpuiso/containerizer"
 	"github.com/gpuiso/gpuiso/containerizer/docker"
 	"github.com/gpuiso/gpuiso/internal/cli"
-	isodocker "github.com/gpuiso/gpuiso/isolator/docker"
-	"github.com/gpuiso/gpuiso/node"
 	"github.com/gpuiso/gpuiso/node/simnode"
-	"github.com/gpuiso/gpuiso/volume"
 )
 
 func main() {
@@ -79,11 +72,6 @@ left.
 
 // DefaultStateDir keeps the allocator's state of every dockerrun on the host.
 const DefaultStateDir = "/run/gpuiso/dockerrun"
-
-// LabelSupervisor names the dockerrun process that runs a container,
-// "<pid>.<start time>": a container whose dockerrun has died is removed by
-// the next dockerrun (or dockerrun gc).
-const LabelSupervisor = "io.gpuiso.x.dockerrun.supervisor"
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	gc := len(args) > 0 && args[0] == "gc"
@@ -130,7 +118,6 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return fail("%v", err)
 	}
-	req.Holder = &self
 
 	dc, err := client.New(client.FromEnv)
 	if err != nil {
@@ -161,8 +148,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	id := fmt.Sprintf("dockerrun-%d", os.Getpid())
 	ns := namespace(state)
 	vols, volNote := cli.DriverVolume(ctx)
-	opts := []docker.Option{docker.WithDevRoot(devRoot), docker.WithNamespace(ns),
-		docker.WithLabels(map[string]string{LabelSupervisor: fmt.Sprintf("%d.%d", self.Pid, self.Start)})}
+	// This process supervises its container: once it is dead, the next
+	// run's Clean removes what it left.
+	opts := []docker.Option{docker.WithDevRoot(devRoot), docker.WithNamespace(ns), docker.WithSupervisor(self)}
 	if vols != nil {
 		opts = append(opts, docker.WithVolumes(vols))
 	}
@@ -171,19 +159,16 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return fail("%v", err)
 	}
 	// The daemon is the truth, and every run reads and changes it under the
-	// allocator's lock: what killed runs left is removed, the allocation is
-	// brought in line with the containers' labels, and only then is this
-	// run's container created. No other run acts in between.
+	// allocator's lock: Clean removes what killed runs left and holds the
+	// GPUs of the live runs' containers again, and only then is this run's
+	// container created. No other run acts in between.
 	var ct containerizer.Container
 	err = alloc.Exclusive(ctx, func() error {
-		if err := collect(ctx, dc, alloc, vols, ns); err != nil {
+		if _, err := z.Clean(ctx); err != nil {
 			if gc {
 				return err
 			}
 			fmt.Fprintf(stderr, "dockerrun: cleaning up after killed runs: %v\n", err)
-		}
-		if err := adopt(ctx, dc, alloc, ns); err != nil {
-			return err
 		}
 		if gc {
 			return nil
@@ -229,130 +214,6 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 func namespace(stateDir string) string {
 	sum := sha256.Sum256([]byte(stateDir))
 	return "dockerrun-" + hex.EncodeToString(sum[:6])
-}
-
-// adopt makes the allocator hold, for every container of the namespace
-// whose dockerrun lives, the GPUs its labels name: the daemon is the truth
-// when a state file was lost or replaced. The caller holds the allocator's
-// lock (Exclusive).
-func adopt(ctx context.Context, dc *client.Client, alloc *allocator.Allocator, ns string) error {
-	list, err := dc.ContainerList(ctx, client.ContainerListOptions{
-		All:     true,
-		Filters: make(client.Filters).Add("label", docker.LabelNamespace+"="+ns),
-	})
-	if err != nil {
-		return fmt.Errorf("list containers: %w", err)
-	}
-	var errs []error
-	for _, c := range list.Items {
-		owner, sup := c.Labels[isodocker.LabelOwner], c.Labels[LabelSupervisor]
-		holder, ok := parseSupervisor(sup)
-		if owner == "" || !ok || holder.Dead("") {
-			continue // not a live run's (collect removes the dead ones)
-		}
-		var gpus []node.DeviceRef
-		if err := json.Unmarshal([]byte(c.Labels[isodocker.LabelGPUs]), &gpus); err != nil {
-			errs = append(errs, fmt.Errorf("container %.12s: label %s: %w", c.ID, isodocker.LabelGPUs, err))
-			continue
-		}
-		want := make([]string, 0, len(gpus))
-		for _, g := range gpus {
-			want = append(want, g.UUID)
-		}
-		if al, err := alloc.Allocation(owner); err == nil {
-			have := make([]string, 0, len(al.Devices))
-			for _, d := range al.Devices {
-				have = append(have, d.UUID)
-			}
-			if !slices.Equal(have, want) {
-				errs = append(errs, fmt.Errorf("container %.12s of %s has GPUs %v, the allocator gives it %v", c.ID, owner, want, have))
-			}
-			continue
-		}
-		if len(want) == 0 {
-			continue // a container without GPUs holds nothing
-		}
-		if _, err := alloc.Allocate(ctx, owner, allocator.Request{Devices: want, Holder: &holder}); err != nil {
-			errs = append(errs, fmt.Errorf("container %.12s of %s: %w", c.ID, owner, err))
-		}
-	}
-	return errors.Join(errs...)
-}
-
-// collect removes what killed runs left: first the containers whose
-// supervisor is provably dead (force-removed), then the allocations and
-// volume users of owners whose holder is dead. Owners are taken from the
-// allocator before containers are listed: a run dead by then can create no
-// container the listing misses.
-func collect(ctx context.Context, dc *client.Client, alloc *allocator.Allocator, vols *volume.Manager, ns string) error {
-	dead := map[string]bool{}
-	for _, al := range alloc.Allocations() {
-		if al.Holder != nil && al.Holder.Dead("") {
-			dead[al.Owner] = true
-		}
-	}
-	list, err := dc.ContainerList(ctx, client.ContainerListOptions{
-		All:     true,
-		Filters: make(client.Filters).Add("label", docker.LabelNamespace+"="+ns),
-	})
-	if err != nil {
-		return err
-	}
-	var errs []error
-	release := func(owner, version string) {
-		if err := alloc.Release(ctx, owner); err != nil && !errors.Is(err, allocator.ErrUnknownOwner) {
-			errs = append(errs, err)
-		}
-		if vols == nil {
-			return
-		}
-		vs, err := vols.List(ctx)
-		if err != nil {
-			errs = append(errs, err)
-		}
-		for _, v := range vs {
-			if (version == "" || v.Version == version) && slices.Contains(v.Users, owner) {
-				if err := vols.Release(ctx, v.Version, owner); err != nil {
-					errs = append(errs, err)
-				}
-			}
-		}
-	}
-	for _, c := range list.Items {
-		owner := c.Labels[isodocker.LabelOwner]
-		if !dead[owner] && !supervisorDead(c.Labels[LabelSupervisor]) {
-			continue
-		}
-		_, err := dc.ContainerRemove(ctx, c.ID, client.ContainerRemoveOptions{Force: true})
-		if err != nil && !cerrdefs.IsNotFound(err) {
-			errs = append(errs, err)
-			continue
-		}
-		release(owner, c.Labels[docker.LabelVolume])
-		delete(dead, owner)
-	}
-	for owner := range dead {
-		release(owner, "")
-	}
-	return errors.Join(errs...)
-}
-
-// supervisorDead reads a LabelSupervisor value: true when that dockerrun
-// provably ended.
-func supervisorDead(v string) bool {
-	h, ok := parseSupervisor(v)
-	return ok && h.Dead("")
-}
-
-// parseSupervisor reads a LabelSupervisor value, "<pid>.<start time>".
-func parseSupervisor(v string) (allocator.Holder, bool) {
-	p, s, ok := strings.Cut(v, ".")
-	pid, err1 := strconv.Atoi(p)
-	start, err2 := strconv.ParseUint(s, 10, 64)
-	if !ok || err1 != nil || err2 != nil || pid <= 0 {
-		return allocator.Holder{}, false
-	}
-	return allocator.Holder{Pid: pid, Start: start}, true
 }
 
 func volumeNote(path string) string {
