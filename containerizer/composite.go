@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"sync"
 
 	"github.com/gpuiso/gpuiso/allocator"
 	"github.com/gpuiso/gpuiso/node"
@@ -27,9 +26,9 @@ type Composite struct {
 	alloc    *allocator.Allocator
 	backends map[Kind]Containerizer
 
-	mu        sync.Mutex
-	routes    map[string]Kind          // container id -> back end; "" while launching
-	launching map[string]chan struct{} // closed when that launch has ended
+	// routes are the containers by id, with their back end: the table of
+	// launches in progress too.
+	routes Table[Kind]
 }
 
 var _ Containerizer = (*Composite)(nil)
@@ -44,7 +43,7 @@ func NewComposite(alloc *allocator.Allocator, native, docker Containerizer) (*Co
 	if native == nil && docker == nil {
 		return nil, fmt.Errorf("composite containerizer: no back end: %w", node.ErrInvalid)
 	}
-	c := &Composite{alloc: alloc, backends: map[Kind]Containerizer{}, routes: map[string]Kind{}, launching: map[string]chan struct{}{}}
+	c := &Composite{alloc: alloc, backends: map[Kind]Containerizer{}}
 	if native != nil {
 		c.backends[KindNative] = native
 	}
@@ -73,34 +72,23 @@ func (c *Composite) Launch(ctx context.Context, spec Spec) (Container, error) {
 	if !ok {
 		return Container{}, fmt.Errorf("launch %s: no %s containerizer: %w", spec.ID, kind, ErrNotSupported)
 	}
-	c.mu.Lock()
-	if _, ok := c.routes[spec.ID]; ok {
-		c.mu.Unlock()
-		return Container{}, fmt.Errorf("launch %s: %w", spec.ID, ErrContainerExists)
+	if err := c.routes.Begin(spec.ID, kind); err != nil {
+		return Container{}, fmt.Errorf("launch: %w", err)
 	}
-	c.routes[spec.ID] = "" // reserved
-	done := make(chan struct{})
-	c.launching[spec.ID] = done
-	c.mu.Unlock()
 	ctr, err := b.Launch(ctx, spec)
-	c.mu.Lock()
-	if err != nil {
-		delete(c.routes, spec.ID)
-	} else {
-		c.routes[spec.ID] = kind
+	if serr := c.routes.Settle(spec.ID, err == nil); serr != nil && err == nil {
+		err = serr
 	}
-	delete(c.launching, spec.ID)
-	c.mu.Unlock()
-	close(done)
 	return ctr, err
 }
 
 // backend returns the back end of a launched container.
 func (c *Composite) backend(id string) (Containerizer, error) {
-	c.mu.Lock()
-	kind, ok := c.routes[id]
-	c.mu.Unlock()
-	if !ok || kind == "" {
+	kind, st, err := c.routes.Get(id)
+	if err != nil {
+		return nil, err
+	}
+	if st == StateLaunching {
 		return nil, fmt.Errorf("%s: %w", id, ErrUnknownContainer)
 	}
 	return c.backends[kind], nil
@@ -126,30 +114,21 @@ func (c *Composite) Update(ctx context.Context, id string, gpus int) (Container,
 }
 
 // Destroy destroys the container on its back end, waiting first for a
-// launch of it in progress to end; an unknown one is not an error.
+// launch of it in progress to end (see Table); an unknown one is not an
+// error. A Destroy of a container that another Destroy is at is refused
+// with a *TransitionError.
 func (c *Composite) Destroy(ctx context.Context, id string) error {
-	// A container being launched is destroyed once its launch has ended.
-	c.mu.Lock()
-	done, launching := c.launching[id]
-	c.mu.Unlock()
-	if launching {
-		select {
-		case <-done:
-		case <-ctx.Done():
-			return fmt.Errorf("destroy %s: waiting for its launch: %w", id, ctx.Err())
-		}
-	}
-	b, err := c.backend(id)
+	kind, _, ok, err := c.routes.Destroying(ctx, id)
 	if err != nil {
+		return fmt.Errorf("destroy: %w", err)
+	}
+	if !ok {
 		return nil
 	}
-	if err := b.Destroy(ctx, id); err != nil {
-		return err
+	if err := c.backends[kind].Destroy(ctx, id); err != nil {
+		return errors.Join(err, c.routes.Restore(id, false))
 	}
-	c.mu.Lock()
-	delete(c.routes, id)
-	c.mu.Unlock()
-	return nil
+	return c.routes.Remove(id)
 }
 
 // Recover recovers both back ends (a failure of one does not stop the
@@ -187,18 +166,32 @@ func (c *Composite) Recover(ctx context.Context) ([]Container, error) {
 			all = append(all, ctr)
 		}
 	}
-	c.mu.Lock()
-	for id, kind := range c.routes {
-		if kind == "" {
-			routes[id] = "" // a launch in flight keeps its reservation
+	// The table now: launches in flight keep their reservation, and a
+	// container being destroyed stays with its Destroy.
+	for _, e := range c.routes.List(false) {
+		if _, found := routes[e.ID]; !found && e.State != StateDestroying {
+			c.routes.Delete(e.ID)
 		}
 	}
-	c.routes = routes
-	c.mu.Unlock()
+	for _, ctr := range all {
+		if _, _, err := c.routes.Get(ctr.ID); err != nil {
+			if ctr.State != StateRunning && ctr.State != StateExited {
+				continue // a back end's own Destroy is at it
+			}
+			errs = append(errs, c.routes.Adopt(ctr.ID, ctr.State, routes[ctr.ID]))
+		} else {
+			errs = append(errs, c.routes.Set(ctr.ID, routes[ctr.ID]))
+		}
+	}
 	if ok {
 		live := make([]string, 0, len(routes))
 		for id := range routes {
 			live = append(live, id)
+		}
+		for _, e := range c.routes.List(true) {
+			if e.State == StateLaunching {
+				live = append(live, e.ID) // a launch in flight holds its GPUs
+			}
 		}
 		res, err := c.alloc.Reconcile(ctx, live)
 		if err != nil {

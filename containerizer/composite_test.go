@@ -23,6 +23,9 @@ type fakeBackend struct {
 	kind       containerizer.Kind
 	alloc      *allocator.Allocator
 	recoverErr error
+	// gate, when set, holds every launch after its allocation until it is
+	// closed; entered is told when a launch reaches it.
+	gate, entered chan struct{}
 
 	mu         sync.Mutex
 	containers map[string]containerizer.Container
@@ -55,6 +58,10 @@ func (f *fakeBackend) Launch(ctx context.Context, spec containerizer.Spec) (cont
 	a, err := f.alloc.Allocate(ctx, spec.ID, spec.GPUs)
 	if err != nil {
 		return containerizer.Container{}, err
+	}
+	if f.gate != nil {
+		f.entered <- struct{}{}
+		<-f.gate
 	}
 	c := containerizer.Container{ID: spec.ID, Kind: f.kind, GPUs: a.Devices, State: containerizer.StateRunning}
 	f.mu.Lock()
@@ -311,5 +318,46 @@ func TestCompositeRecover(t *testing.T) {
 	}
 	if _, err := c3.Launch(ctx, containerizer.Spec{ID: "d1"}); !errors.Is(err, containerizer.ErrContainerExists) {
 		t.Fatalf("Launch of a recovered id = %v, want ErrContainerExists", err)
+	}
+}
+
+// TestCompositeDestroyDuringLaunch: a Destroy that comes while a launch is
+// in progress waits for it and then destroys the container, so nothing is
+// left held; a Launch of the same id meanwhile is refused. Run with -race.
+func TestCompositeDestroyDuringLaunch(t *testing.T) {
+	ctx := context.Background()
+	_, alloc := simAllocator(t, "dgx1-volta")
+	native := newFake(containerizer.KindNative, alloc)
+	native.gate, native.entered = make(chan struct{}), make(chan struct{}, 1)
+	c, err := containerizer.NewComposite(alloc, native, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	launched := make(chan error, 1)
+	go func() {
+		_, err := c.Launch(ctx, containerizer.Spec{ID: "a", GPUs: allocator.Request{Count: 2}})
+		launched <- err
+	}()
+	<-native.entered // the launch holds its GPUs and is not done
+	destroyed := make(chan error, 1)
+	go func() { destroyed <- c.Destroy(ctx, "a") }()
+	if _, err := c.Launch(ctx, containerizer.Spec{ID: "a"}); !errors.Is(err, containerizer.ErrContainerExists) {
+		t.Fatalf("a second launch of a launching id: %v", err)
+	}
+	if _, err := c.Wait(ctx, "a"); !errors.Is(err, containerizer.ErrUnknownContainer) {
+		t.Fatalf("wait of a launching container: %v", err)
+	}
+	close(native.gate)
+	if err := <-launched; err != nil {
+		t.Fatal(err)
+	}
+	if err := <-destroyed; err != nil {
+		t.Fatal(err)
+	}
+	if got := alloc.Allocations(); len(got) != 0 {
+		t.Fatalf("held after a destroy during launch: %+v", got)
+	}
+	if got := c.Containers(); len(got) != 0 {
+		t.Fatalf("containers after a destroy during launch: %+v", got)
 	}
 }

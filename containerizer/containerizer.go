@@ -113,13 +113,22 @@ const (
 	KindDocker Kind = "docker"
 )
 
-// State is where a container is in its life.
+// State is where a container is in its life (see Table for the changes
+// allowed between states).
 type State string
 
 // States.
 const (
+	// StateLaunching: its launch is in progress; its id is reserved.
+	StateLaunching State = "launching"
+	// StateRunning: launched, its command has not ended (as far as the
+	// back end knows).
 	StateRunning State = "running"
-	StateExited  State = "exited"
+	// StateExited: its command ended; it keeps what it holds until
+	// destroyed.
+	StateExited State = "exited"
+	// StateDestroying: its destruction is in progress.
+	StateDestroying State = "destroying"
 )
 
 // Container describes a launched container.

@@ -25,6 +25,19 @@
 // gives everything back. A conformance suite runs the same cases against
 // both back ends.
 //
+// # One lifecycle
+//
+// A container is launching (its id reserved while its launch runs),
+// running, exited (its command ended; it keeps what it holds), or
+// destroying. Every back end, and Composite, keeps its containers in a
+// [Table], which allows only the changes of that life and refuses any other
+// with a [*TransitionError] (matching [ErrTransition]). Destroy of a
+// launching container is decided there, once: it waits for the launch to
+// end, then destroys what the launch made, or nothing when the launch
+// failed and undid itself. A second Destroy while one is at work is a
+// transition error; a Destroy that fails leaves the container as it was,
+// to be destroyed again.
+//
 // Every back end owns, per container: the allocation named by the
 // container's id, its isolation (cgroup, or Docker container), and its
 // registration as a user of the driver volume; Destroy gives all of them

@@ -57,6 +57,7 @@ func TestVocabulary(t *testing.T) {
 		"containerizer.ErrNoVolume":                 containerizer.ErrNoVolume,
 		"containerizer.ErrNotMade":                  containerizer.ErrNotMade,
 		"containerizer.ErrNotSupported":             containerizer.ErrNotSupported,
+		"containerizer.ErrTransition":               containerizer.ErrTransition,
 		"containerizer.ErrUnknownContainer":         containerizer.ErrUnknownContainer,
 		"containerizer/docker.ErrDaemonUnavailable": czdocker.ErrDaemonUnavailable,
 		"containerizer/docker.ErrNoVolume":          czdocker.ErrNoVolume,

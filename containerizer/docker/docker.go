@@ -166,23 +166,24 @@ type Containerizer struct {
 	cfg   config
 	prep  *containerizer.Preparer
 
-	mu         sync.Mutex
-	containers map[string]*entry
-	cdi        bool // the daemon takes CDI requests (once cdiKnown)
-	cdiKnown   bool
+	// containers are the containers by id, with their states (see
+	// containerizer.Table): the table of launches in progress too.
+	containers containerizer.Table[*entry]
+
+	mu       sync.Mutex // guards the entries' fields and the CDI choice
+	cdi      bool       // the daemon takes CDI requests (once cdiKnown)
+	cdiKnown bool
 }
 
 var _ containerizer.Containerizer = (*Containerizer)(nil)
 
-// entry is a container the containerizer knows of. While launching is true
+// entry is a container the containerizer knows of. While it is launching
 // its id is reserved and nothing else about it is settled.
 type entry struct {
-	c         containerizer.Container
-	launching bool
-	ready     chan struct{} // closed when the launch has ended, either way
-	version   string        // driver volume version, "" for none
-	exit      *containerizer.ExitStatus
-	streamed  chan struct{} // closed when the output is copied; nil when not attached
+	c        containerizer.Container
+	version  string // driver volume version, "" for none
+	exit     *containerizer.ExitStatus
+	streamed chan struct{} // closed when the output is copied; nil when not attached
 }
 
 // New returns a containerizer that runs containers on the daemon cli talks
@@ -202,7 +203,7 @@ func New(cli Client, alloc *allocator.Allocator, inv *node.Inventory, opts ...Op
 			return nil, fmt.Errorf("docker containerizer: %w", err)
 		}
 	}
-	z := &Containerizer{cli: cli, alloc: alloc, inv: inv.Clone(), cfg: cfg, containers: map[string]*entry{}}
+	z := &Containerizer{cli: cli, alloc: alloc, inv: inv.Clone(), cfg: cfg}
 	z.prep = &containerizer.Preparer{Allocator: alloc, Inventory: z.inv, Volumes: cfg.volumes, DevRoot: cfg.devRoot}
 	return z, nil
 }
@@ -239,29 +240,20 @@ func (z *Containerizer) Launch(ctx context.Context, spec containerizer.Spec) (c 
 	if spec.Stdin != nil {
 		return c, fmt.Errorf("launch %s: standard input for a docker container: %w", spec.ID, containerizer.ErrNotSupported)
 	}
-	z.mu.Lock()
-	if _, ok := z.containers[spec.ID]; ok {
-		z.mu.Unlock()
-		return c, fmt.Errorf("launch %s: %w", spec.ID, containerizer.ErrContainerExists)
+	e := &entry{}
+	if err := z.containers.Begin(spec.ID, e); err != nil {
+		return c, fmt.Errorf("launch: %w", err)
 	}
-	e := &entry{launching: true, ready: make(chan struct{})}
-	z.containers[spec.ID] = e
-	z.mu.Unlock()
-	defer close(e.ready)
-
 	var undo []func(context.Context)
 	defer func() {
-		if err == nil {
-			return
+		if err != nil {
+			cctx, cancel := cleanupCtx(ctx)
+			defer cancel()
+			for _, f := range slices.Backward(undo) {
+				f(cctx)
+			}
 		}
-		cctx, cancel := cleanupCtx(ctx)
-		defer cancel()
-		for _, f := range slices.Backward(undo) {
-			f(cctx)
-		}
-		z.mu.Lock()
-		delete(z.containers, spec.ID)
-		z.mu.Unlock()
+		z.containers.Settle(spec.ID, err == nil) // a Destroy waiting goes on
 	}()
 
 	// Decide from the image, before anything is held.
@@ -338,7 +330,7 @@ func (z *Containerizer) Launch(ctx context.Context, spec containerizer.Spec) (c 
 		c.Volume = vol.Path
 	}
 	z.mu.Lock()
-	e.c, e.streamed, e.launching = c, streamed, false
+	e.c, e.streamed = c, streamed
 	if vol != nil {
 		e.version = vol.Version
 	}
@@ -367,13 +359,15 @@ func copyContainer(c containerizer.Container) containerizer.Container {
 
 // lookup returns the settled entry of id.
 func (z *Containerizer) lookup(id string) (*entry, containerizer.Container, error) {
-	z.mu.Lock()
-	defer z.mu.Unlock()
-	e, ok := z.containers[id]
-	if !ok || e.launching {
+	e, st, err := z.containers.Get(id)
+	if err != nil || st == containerizer.StateLaunching {
 		return nil, containerizer.Container{}, fmt.Errorf("%s: %w", id, containerizer.ErrUnknownContainer)
 	}
-	return e, copyContainer(e.c), nil
+	z.mu.Lock()
+	defer z.mu.Unlock()
+	c := copyContainer(e.c)
+	c.State = st
+	return e, c, nil
 }
 
 // Wait blocks until the container exits and its output is copied, and
@@ -412,8 +406,8 @@ func (z *Containerizer) Wait(ctx context.Context, id string) (containerizer.Exit
 	}
 	z.mu.Lock()
 	e.exit = &status
-	e.c.State = containerizer.StateExited
 	z.mu.Unlock()
+	_, _ = z.containers.Exited(id, e) // refused for none: exited is after every state it can have
 	return status, nil
 }
 
@@ -437,24 +431,26 @@ func (z *Containerizer) Destroy(ctx context.Context, id string) error {
 		return fmt.Errorf("destroy %s: %w", id, containerizer.ErrNotMade)
 	}
 	// A container being launched is destroyed once its launch has ended.
-	z.mu.Lock()
-	pending, ok := z.containers[id]
-	launching := ok && pending.launching
-	z.mu.Unlock()
-	if launching {
-		select {
-		case <-pending.ready:
-		case <-ctx.Done():
-			return fmt.Errorf("destroy %s: waiting for its launch: %w", id, ctx.Err())
-		}
-	}
-	e, c, err := z.lookup(id)
+	e, _, ok, err := z.containers.Destroying(ctx, id)
 	if err != nil {
+		return fmt.Errorf("destroy: %w", err)
+	}
+	if !ok {
 		return nil
 	}
+	if err := z.destroy(ctx, id, e); err != nil {
+		z.mu.Lock()
+		exited := e.exit != nil
+		z.mu.Unlock()
+		return errors.Join(err, z.containers.Restore(id, exited))
+	}
+	return z.containers.Remove(id)
+}
+
+// destroy stops and removes e's container and gives back what it held.
+func (z *Containerizer) destroy(ctx context.Context, id string, e *entry) error {
 	z.mu.Lock()
-	exited := e.exit != nil
-	version := e.version
+	exited, version, c := e.exit != nil, e.version, copyContainer(e.c)
 	z.mu.Unlock()
 	if !exited {
 		secs := int(z.cfg.stopTimeout / time.Second)
@@ -463,18 +459,13 @@ func (z *Containerizer) Destroy(ctx context.Context, id string) error {
 			return fmt.Errorf("destroy %s: %w", id, daemonErr("stop container", err))
 		}
 	}
-	_, err = z.cli.ContainerRemove(ctx, c.RuntimeID, client.ContainerRemoveOptions{Force: true})
+	_, err := z.cli.ContainerRemove(ctx, c.RuntimeID, client.ContainerRemoveOptions{Force: true})
 	if err != nil && !cerrdefs.IsNotFound(err) {
 		return fmt.Errorf("destroy %s: %w", id, daemonErr("remove container", err))
 	}
 	if err := z.release(ctx, id, version); err != nil {
 		return fmt.Errorf("destroy %s: %w", id, err)
 	}
-	z.mu.Lock()
-	if z.containers[id] == e {
-		delete(z.containers, id)
-	}
-	z.mu.Unlock()
 	z.cfg.logger.InfoContext(ctx, "destroyed", "id", id, "container", c.RuntimeID)
 	return nil
 }
@@ -494,14 +485,13 @@ func (z *Containerizer) release(ctx context.Context, owner, version string) erro
 // Containers lists the containers the containerizer knows of, by id
 // (copies).
 func (z *Containerizer) Containers() []containerizer.Container {
-	z.mu.Lock()
-	defer z.mu.Unlock()
 	var out []containerizer.Container
-	for _, e := range z.containers {
-		if !e.launching {
-			out = append(out, copyContainer(e.c))
-		}
+	for _, x := range z.containers.List(false) {
+		z.mu.Lock()
+		c := copyContainer(x.Value.c)
+		z.mu.Unlock()
+		c.State = x.State
+		out = append(out, c)
 	}
-	slices.SortFunc(out, func(a, b containerizer.Container) int { return strings.Compare(a.ID, b.ID) })
 	return out
 }

@@ -85,31 +85,40 @@ func (z *Containerizer) Recover(ctx context.Context) ([]containerizer.Container,
 		found[owner] = e
 	}
 
-	z.mu.Lock()
 	var vanished []*entry
-	for id, e := range z.containers {
-		if e.launching {
-			continue
+	for _, x := range z.containers.List(false) {
+		if x.State == containerizer.StateDestroying {
+			continue // its Destroy is at it
 		}
-		if f, ok := found[id]; !ok || f.c.RuntimeID != e.c.RuntimeID {
-			if !listed[id] {
-				vanished = append(vanished, e)
+		if f, ok := found[x.ID]; !ok || f.c.RuntimeID != x.Value.c.RuntimeID {
+			if !listed[x.ID] {
+				vanished = append(vanished, x.Value)
 			}
-			delete(z.containers, id)
+			z.containers.Delete(x.ID)
 		}
 	}
 	for id, f := range found {
-		if old, ok := z.containers[id]; ok && old.c.RuntimeID == f.c.RuntimeID {
-			// Known already: keep its output stream and exit status.
-			old.c.GPUs, old.version = f.c.GPUs, f.version
-			if f.exit != nil && old.exit == nil {
-				old.exit, old.c.State = f.exit, f.c.State
+		old, _, err := z.containers.Get(id)
+		if err == nil {
+			z.mu.Lock()
+			same := old.c.RuntimeID == f.c.RuntimeID
+			if same {
+				// Known already: keep its output stream and exit status.
+				old.c.GPUs, old.version = f.c.GPUs, f.version
+				if f.exit != nil && old.exit == nil {
+					old.exit = f.exit
+				}
 			}
-			continue
+			z.mu.Unlock()
+			if same && f.exit != nil {
+				_, _ = z.containers.Exited(id, old)
+			}
+			continue // the same container, or one launching or being destroyed
 		}
-		z.containers[id] = f
+		if err := z.containers.Adopt(id, f.c.State, f); err != nil {
+			errs = append(errs, fmt.Errorf("recover: %w", err))
+		}
 	}
-	z.mu.Unlock()
 	for _, e := range vanished {
 		if err := z.release(ctx, e.c.ID, e.version); err != nil {
 			errs = append(errs, fmt.Errorf("recover: release vanished %s: %w", e.c.ID, err))
@@ -117,13 +126,11 @@ func (z *Containerizer) Recover(ctx context.Context) ([]containerizer.Container,
 	}
 	if z.cfg.reconcile {
 		live := slices.Collect(maps.Keys(listed))
-		z.mu.Lock()
-		for id, e := range z.containers {
-			if e.launching {
-				live = append(live, id)
+		for _, x := range z.containers.List(true) {
+			if x.State == containerizer.StateLaunching {
+				live = append(live, x.ID) // a launch in flight holds its GPUs
 			}
 		}
-		z.mu.Unlock()
 		if _, err := z.alloc.Reconcile(ctx, live); err != nil {
 			errs = append(errs, fmt.Errorf("recover: %w", err))
 		}

@@ -394,8 +394,12 @@ func TestBareRecover(t *testing.T) {
 	}
 	n.nothingLeft(t, "lives")
 	// The old instance's reaper sees its child go.
+	first, _, err := old.containers.Get("lives")
+	if err != nil {
+		t.Fatal(err)
+	}
 	select {
-	case <-old.containers["lives"].exited:
+	case <-first.exited:
 	case <-time.After(10 * time.Second):
 		t.Fatal("the first instance never saw its container end")
 	}

@@ -137,7 +137,7 @@ func New(cfg Config) (*Containerizer, error) {
 		return nil, fmt.Errorf("native containerizer: %w", err)
 	}
 	prep := &containerizer.Preparer{Allocator: cfg.Allocator, Inventory: cfg.Inventory, Volumes: cfg.Volumes, DevRoot: cfg.DevRoot}
-	c := &Containerizer{cfg: cfg, prep: prep, dev: hostDevices{}, self: self(cfg.ProcRoot), containers: map[string]*container{}}
+	c := &Containerizer{cfg: cfg, prep: prep, dev: hostDevices{}, self: self(cfg.ProcRoot)}
 	if p, ok := cfg.Isolator.(parented); ok && p.Parent() == own {
 		c.parent = p
 	}

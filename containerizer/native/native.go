@@ -47,18 +47,20 @@ type Containerizer struct {
 	// the package's own tests of its bookkeeping set it.
 	bare bool
 
-	mu         sync.Mutex
-	containers map[string]*container
+	// containers are the containers by id, with their states (see
+	// containerizer.Table): the table of launches in progress too.
+	containers containerizer.Table[*container]
+	// mu guards the containers' fields.
+	mu sync.Mutex
 }
 
 var _ containerizer.Containerizer = (*Containerizer)(nil)
 
 // container is the containerizer's view of one container.
 type container struct {
-	rec   record
-	plan  *isolator.Plan
-	env   []string // the command's environment, set at launch
-	state containerizer.State
+	rec  record
+	plan *isolator.Plan
+	env  []string // the command's environment, set at launch
 	// exited is closed once the exit status is known.
 	exited chan struct{}
 	status containerizer.ExitStatus
@@ -79,27 +81,22 @@ func (c *Containerizer) exitPath(id string) string {
 // Launch starts spec's command as a container; see the package documentation
 // for what it gets. On error everything already done is undone.
 func (c *Containerizer) Launch(ctx context.Context, spec containerizer.Spec) (containerizer.Container, error) {
-	if c.containers == nil {
+	if c.prep == nil {
 		return containerizer.Container{}, fmt.Errorf("launch %s: %w", spec.ID, containerizer.ErrNotMade)
 	}
 	if err := validate(spec, c.cfg.StateDir); err != nil {
 		return containerizer.Container{}, fmt.Errorf("launch %s: %w", spec.ID, err)
 	}
-	c.mu.Lock()
-	if _, ok := c.containers[spec.ID]; ok {
-		c.mu.Unlock()
-		return containerizer.Container{}, fmt.Errorf("launch %s: %w", spec.ID, containerizer.ErrContainerExists)
-	}
-	ct := &container{state: containerizer.StateRunning, exited: make(chan struct{})}
+	ct := &container{exited: make(chan struct{})}
 	ct.busy.Lock()
-	c.containers[spec.ID] = ct // reserves the id
-	c.mu.Unlock()
-	defer ct.busy.Unlock()
-
-	if err := c.launch(ctx, spec, ct); err != nil {
-		c.mu.Lock()
-		delete(c.containers, spec.ID)
-		c.mu.Unlock()
+	if err := c.containers.Begin(spec.ID, ct); err != nil {
+		ct.busy.Unlock()
+		return containerizer.Container{}, fmt.Errorf("launch: %w", err)
+	}
+	err := c.launch(ctx, spec, ct)
+	ct.busy.Unlock()
+	c.containers.Settle(spec.ID, err == nil) // a Destroy waiting goes on
+	if err != nil {
 		return containerizer.Container{}, fmt.Errorf("launch %s: %w", spec.ID, err)
 	}
 	return c.describe(spec.ID, ct), nil
@@ -330,7 +327,7 @@ func writeConfig(w io.WriteCloser, cfg initConfig) error {
 // reap waits for an init this process started and records how it ended.
 func (c *Containerizer) reap(id string, ct *container) {
 	code, _ := linux.ExitCode(ct.child.Wait())
-	c.exit(ct, code)
+	c.exit(id, ct, code)
 }
 
 // watch polls an adopted init (not a child of this process) until it ends,
@@ -347,17 +344,22 @@ func (c *Containerizer) watch(id string, ct *container) {
 	if err := readJSON(c.exitPath(id), &ex); err == nil {
 		code = ex.Code
 	}
-	c.exit(ct, code)
+	c.exit(id, ct, code)
 }
 
-func (c *Containerizer) exit(ct *container, code int) {
+// exit records how container id, ct, ended, once.
+func (c *Containerizer) exit(id string, ct *container, code int) {
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	if ct.state == containerizer.StateExited {
+	select {
+	case <-ct.exited:
+		c.mu.Unlock()
 		return
+	default:
 	}
-	ct.state, ct.status = containerizer.StateExited, containerizer.ExitStatus{Code: code}
+	ct.status = containerizer.ExitStatus{Code: code}
 	close(ct.exited)
+	c.mu.Unlock()
+	_, _ = c.containers.Exited(id, ct) // refused for none: exited is after every state it can have
 }
 
 // Wait blocks until the container's command has exited.
@@ -377,10 +379,8 @@ func (c *Containerizer) Wait(ctx context.Context, id string) (containerizer.Exit
 }
 
 func (c *Containerizer) get(id string) (*container, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	ct, ok := c.containers[id]
-	if !ok {
+	ct, _, err := c.containers.Get(id)
+	if err != nil {
 		return nil, containerizer.ErrUnknownContainer
 	}
 	return ct, nil
@@ -395,29 +395,27 @@ func (c *Containerizer) Destroy(ctx context.Context, id string) error {
 	if err := node.ValidateOwner(id); err != nil {
 		return fmt.Errorf("destroy %s: %w", id, err)
 	}
-	ct, err := c.get(id)
+	// A container being launched is destroyed once its launch has ended.
+	ct, _, ok, err := c.containers.Destroying(ctx, id)
 	if err != nil {
-		return nil
+		return fmt.Errorf("destroy: %w", err)
 	}
-	ct.busy.Lock() // waits for a launch in progress
+	if !ok {
+		return nil // unknown, or its launch failed and undid everything
+	}
+	ct.busy.Lock() // waits for an update in progress
 	defer ct.busy.Unlock()
-	c.mu.Lock()
-	current := c.containers[id] == ct
-	c.mu.Unlock()
-	if !current {
-		return nil // its launch failed and undid everything
-	}
 	if err := c.teardown(ctx, id, ct.rec); err != nil {
-		return fmt.Errorf("destroy %s: %w", id, err)
+		return errors.Join(fmt.Errorf("destroy %s: %w", id, err), c.containers.Restore(id, false))
 	}
 	if ct.child != nil {
 		<-ct.exited // reaped: the cgroup's processes are gone
 	} else {
-		c.exit(ct, 128+linux.SignalKill)
+		c.exit(id, ct, 128+linux.SignalKill)
 	}
-	c.mu.Lock()
-	delete(c.containers, id)
-	c.mu.Unlock()
+	if err := c.containers.Remove(id); err != nil {
+		return fmt.Errorf("destroy: %w", err)
+	}
 	c.cfg.Logger.Info("container destroyed", "id", id)
 	return nil
 }
@@ -453,30 +451,26 @@ func (c *Containerizer) teardown(ctx context.Context, id string, rec record) err
 	return errors.Join(errs...)
 }
 
-// Containers lists the containers.
+// Containers lists the containers, by id (launches in progress aside).
 func (c *Containerizer) Containers() []containerizer.Container {
-	c.mu.Lock()
-	ids := make([]string, 0, len(c.containers))
-	for id := range c.containers {
-		ids = append(ids, id)
-	}
-	c.mu.Unlock()
-	slices.Sort(ids)
 	var out []containerizer.Container
-	for _, id := range ids {
-		if ct, err := c.get(id); err == nil {
-			out = append(out, c.describe(id, ct))
-		}
+	for _, e := range c.containers.List(false) {
+		out = append(out, c.describe(e.ID, e.Value))
 	}
 	return out
 }
 
+// describe is container id, ct, as the containerizer shows it.
 func (c *Containerizer) describe(id string, ct *container) containerizer.Container {
+	_, st, _ := c.containers.Get(id)
+	if st == containerizer.StateLaunching {
+		st = containerizer.StateRunning // Launch describes it as it returns
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return containerizer.Container{
 		ID: id, Kind: containerizer.KindNative, GPUs: slices.Clone(ct.rec.GPUs),
-		Volume: ct.rec.Volume, Pid: ct.rec.Pid, State: ct.state,
+		Volume: ct.rec.Volume, Pid: ct.rec.Pid, State: st,
 	}
 }
 
@@ -485,7 +479,7 @@ func (c *Containerizer) describe(id string, ct *container) containerizer.Contain
 // Without NVML (Config.NVML) it fails with an error matching
 // isolator.ErrNotSupported.
 func (c *Containerizer) Usage(ctx context.Context, id string) (nvmlnode.Usage, error) {
-	if c.containers == nil {
+	if c.prep == nil {
 		return nvmlnode.Usage{}, fmt.Errorf("usage of %s: %w", id, containerizer.ErrNotMade)
 	}
 	ct, err := c.get(id)

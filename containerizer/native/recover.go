@@ -26,7 +26,7 @@ import (
 // bounded in time. It returns the re-adopted containers. Errors are
 // joined: one container that cannot be recovered does not stop the others.
 func (c *Containerizer) Recover(ctx context.Context) ([]containerizer.Container, error) {
-	if c.containers == nil {
+	if c.prep == nil {
 		return nil, fmt.Errorf("recover: %w", containerizer.ErrNotMade)
 	}
 	// Cgroups are listed before directories: a container's directory is
@@ -138,10 +138,10 @@ func (c *Containerizer) recoverOne(ctx context.Context, id string) (*container, 
 	if err := writeJSON(c.supPath(id), c.self); err != nil {
 		return nil, fmt.Errorf("adopt: %w", err)
 	}
-	ct := &container{rec: rec, plan: plan, state: containerizer.StateRunning, exited: make(chan struct{})}
-	c.mu.Lock()
-	c.containers[id] = ct
-	c.mu.Unlock()
+	ct := &container{rec: rec, plan: plan, exited: make(chan struct{})}
+	if err := c.containers.Adopt(id, containerizer.StateRunning, ct); err != nil {
+		return nil, err
+	}
 	go c.watch(id, ct)
 	c.cfg.Logger.Info("container re-adopted", "id", id, "pid", rec.Pid, "gpus", len(rec.GPUs))
 	return ct, nil

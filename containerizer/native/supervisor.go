@@ -133,7 +133,7 @@ func (c *Containerizer) dead(pidStr, startStr string) bool {
 // Recover leaves the directories of dead processes alone, since a
 // container it re-adopts may run in one.
 func (c *Containerizer) TempDir() (string, error) {
-	if c.containers == nil {
+	if c.prep == nil {
 		return "", fmt.Errorf("temporary directory: %w", containerizer.ErrNotMade)
 	}
 	return os.MkdirTemp(c.cfg.StateDir, fmt.Sprintf("%s%d.%d-", tempPrefix, c.self.Pid, c.self.Start))

@@ -30,8 +30,9 @@ func (c *Containerizer) Update(ctx context.Context, id string, n int) (container
 }
 
 func (c *Containerizer) update(ctx context.Context, id string, ct *container, n int) error {
+	_, st, _ := c.containers.Get(id)
 	c.mu.Lock()
-	running, have := ct.state == containerizer.StateRunning, slices.Clone(ct.rec.GPUs)
+	running, have := st == containerizer.StateRunning, slices.Clone(ct.rec.GPUs)
 	c.mu.Unlock()
 	if !running {
 		return fmt.Errorf("container has exited: %w", containerizer.ErrNotSupported)
