@@ -13,11 +13,14 @@ import (
 
 // Composite puts a native and a Docker containerizer behind one
 // Containerizer: a spec with an Image goes to Docker, one without to the
-// native back end. Both back ends must be built over the same
-// *allocator.Allocator, the one given to NewComposite, so that they never
-// hand out the same GPU, and without reconciling it on their own (the
-// native Config.ReconcileAllocator and docker.WithReconcileAllocator left
-// out), so that neither's recovery releases the other's GPUs.
+// native back end. Both back ends draw on one *allocator.Allocator, so that
+// they never hand out the same GPU, and neither reconciles it on its own
+// (the native Config.ReconcileAllocator and docker.WithReconcileAllocator
+// left out), so that neither's recovery releases the other's GPUs. Compose
+// builds the back ends from the one allocator, so they cannot be given
+// another; NewComposite checks back ends built apart (those that tell
+// their allocator, as native's and Docker's do) and refuses a mix with
+// ErrAllocatorMismatch.
 //
 // Container ids are unique across both back ends. Recover recovers both and
 // then reconciles the allocator against the union of their live containers.
@@ -33,9 +36,47 @@ type Composite struct {
 
 var _ Containerizer = (*Composite)(nil)
 
-// NewComposite returns a Composite over native and docker, which share
-// alloc. Either back end may be nil: specs routed to it are refused with
-// ErrNotSupported.
+// ErrAllocatorMismatch: a Composite's back ends do not share its one
+// allocator, or one reconciles it on its own.
+var ErrAllocatorMismatch = node.Sentinel(node.ErrInvalid, "back end not over the composite's allocator")
+
+// Backend builds a back end of a Composite over its allocator (see
+// Compose): native.Backend and docker.Backend are the two.
+type Backend func(alloc *allocator.Allocator) (Kind, Containerizer, error)
+
+// allocated is a back end that tells the allocator it draws on and whether
+// it reconciles it on its own.
+type allocated interface {
+	Allocator() *allocator.Allocator
+	ReconcilesAllocator() bool
+}
+
+// Compose returns a Composite over alloc whose back ends the builders make
+// from it (at most one per Kind): the allocator is given once, to all.
+func Compose(alloc *allocator.Allocator, backends ...Backend) (*Composite, error) {
+	if alloc == nil {
+		return nil, fmt.Errorf("composite containerizer: nil allocator: %w", node.ErrInvalid)
+	}
+	made := map[Kind]Containerizer{}
+	for _, b := range backends {
+		if b == nil {
+			return nil, fmt.Errorf("composite containerizer: nil back end: %w", node.ErrInvalid)
+		}
+		kind, z, err := b(alloc)
+		if err != nil {
+			return nil, fmt.Errorf("composite containerizer: %s: %w", kind, err)
+		}
+		if _, dup := made[kind]; dup {
+			return nil, fmt.Errorf("composite containerizer: two %s back ends: %w", kind, node.ErrInvalid)
+		}
+		made[kind] = z
+	}
+	return NewComposite(alloc, made[KindNative], made[KindDocker])
+}
+
+// NewComposite returns a Composite over native and docker, which must draw
+// on alloc and not reconcile it on their own (ErrAllocatorMismatch). Either
+// back end may be nil: specs routed to it are refused with ErrNotSupported.
 func NewComposite(alloc *allocator.Allocator, native, docker Containerizer) (*Composite, error) {
 	if alloc == nil {
 		return nil, fmt.Errorf("composite containerizer: nil allocator: %w", node.ErrInvalid)
@@ -44,11 +85,19 @@ func NewComposite(alloc *allocator.Allocator, native, docker Containerizer) (*Co
 		return nil, fmt.Errorf("composite containerizer: no back end: %w", node.ErrInvalid)
 	}
 	c := &Composite{alloc: alloc, backends: map[Kind]Containerizer{}}
-	if native != nil {
-		c.backends[KindNative] = native
-	}
-	if docker != nil {
-		c.backends[KindDocker] = docker
+	for kind, b := range map[Kind]Containerizer{KindNative: native, KindDocker: docker} {
+		if b == nil {
+			continue
+		}
+		if a, ok := b.(allocated); ok {
+			switch {
+			case a.Allocator() != alloc:
+				return nil, fmt.Errorf("composite containerizer: the %s back end draws on another allocator: %w", kind, ErrAllocatorMismatch)
+			case a.ReconcilesAllocator():
+				return nil, fmt.Errorf("composite containerizer: the %s back end reconciles the allocator on its own: %w", kind, ErrAllocatorMismatch)
+			}
+		}
+		c.backends[kind] = b
 	}
 	return c, nil
 }

@@ -40,16 +40,17 @@ func TestCompositeWithDocker(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		dz, err := docker.New(cli, alloc, inv, docker.WithDevRoot(host.DevRoot), docker.WithNamespace(ns), docker.WithStopTimeout(time.Second))
-		if err != nil {
-			t.Fatal(err)
+		// The allocator is given once: both back ends are built from it.
+		nativeOver := func(a *allocator.Allocator) (containerizer.Kind, containerizer.Containerizer, error) {
+			if native == nil {
+				native = newFake(containerizer.KindNative, a)
+			} else {
+				native = native.restarted(a)
+			}
+			return containerizer.KindNative, native, nil
 		}
-		if native == nil {
-			native = newFake(containerizer.KindNative, alloc)
-		} else {
-			native = native.restarted(alloc)
-		}
-		c, err := containerizer.NewComposite(alloc, native, dz)
+		c, err := containerizer.Compose(alloc, nativeOver,
+			docker.Backend(cli, docker.WithDevRoot(host.DevRoot), docker.WithNamespace(ns), docker.WithStopTimeout(time.Second)))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 
@@ -23,6 +24,7 @@ type fakeBackend struct {
 	kind       containerizer.Kind
 	alloc      *allocator.Allocator
 	recoverErr error
+	reconciles bool
 	// gate, when set, holds every launch after its allocation until it is
 	// closed; entered is told when a launch reaches it.
 	gate, entered chan struct{}
@@ -123,6 +125,10 @@ func (f *fakeBackend) Recover(ctx context.Context) ([]containerizer.Container, e
 	}
 	return f.Containers(), nil
 }
+
+func (f *fakeBackend) Allocator() *allocator.Allocator { return f.alloc }
+
+func (f *fakeBackend) ReconcilesAllocator() bool { return f.reconciles }
 
 func (f *fakeBackend) Containers() []containerizer.Container {
 	f.mu.Lock()
@@ -359,5 +365,83 @@ func TestCompositeDestroyDuringLaunch(t *testing.T) {
 	}
 	if got := c.Containers(); len(got) != 0 {
 		t.Fatalf("containers after a destroy during launch: %+v", got)
+	}
+}
+
+// TestCompositeOneAllocator: a Composite's back ends draw on its one
+// allocator: Compose builds them from it, and NewComposite refuses back
+// ends over another one or reconciling it on their own.
+func TestCompositeOneAllocator(t *testing.T) {
+	ctx := context.Background()
+	_, alloc := simAllocator(t, "dgx1-volta")
+	_, other := simAllocator(t, "dgx1-volta")
+	build := func(kind containerizer.Kind) containerizer.Backend {
+		return func(a *allocator.Allocator) (containerizer.Kind, containerizer.Containerizer, error) {
+			return kind, newFake(kind, a), nil
+		}
+	}
+	failing := func(*allocator.Allocator) (containerizer.Kind, containerizer.Containerizer, error) {
+		return containerizer.KindDocker, nil, errors.New("no daemon")
+	}
+	reconciling := newFake(containerizer.KindNative, alloc)
+	reconciling.reconciles = true
+	cases := []struct {
+		name string
+		make func() (*containerizer.Composite, error)
+		want error  // nil: made, unless msg
+		msg  string // the error says this
+	}{
+		{"compose both", func() (*containerizer.Composite, error) {
+			return containerizer.Compose(alloc, build(containerizer.KindNative), build(containerizer.KindDocker))
+		}, nil, ""},
+		{"compose one", func() (*containerizer.Composite, error) {
+			return containerizer.Compose(alloc, build(containerizer.KindDocker))
+		}, nil, ""},
+		{"compose two of a kind", func() (*containerizer.Composite, error) {
+			return containerizer.Compose(alloc, build(containerizer.KindNative), build(containerizer.KindNative))
+		}, node.ErrInvalid, ""},
+		{"compose a failing back end", func() (*containerizer.Composite, error) {
+			return containerizer.Compose(alloc, build(containerizer.KindNative), failing)
+		}, nil, "no daemon"},
+		{"compose nothing", func() (*containerizer.Composite, error) { return containerizer.Compose(alloc) }, node.ErrInvalid, ""},
+		{"compose without allocator", func() (*containerizer.Composite, error) {
+			return containerizer.Compose(nil, build(containerizer.KindNative))
+		}, node.ErrInvalid, ""},
+		{"back end over another allocator", func() (*containerizer.Composite, error) {
+			return containerizer.NewComposite(alloc, newFake(containerizer.KindNative, alloc), newFake(containerizer.KindDocker, other))
+		}, containerizer.ErrAllocatorMismatch, ""},
+		{"back end reconciling on its own", func() (*containerizer.Composite, error) {
+			return containerizer.NewComposite(alloc, reconciling, nil)
+		}, containerizer.ErrAllocatorMismatch, ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := tc.make()
+			if tc.msg != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.msg) || c != nil {
+					t.Fatalf("made %v, %v; want an error saying %q", c, err, tc.msg)
+				}
+				return
+			}
+			if tc.want != nil {
+				if !errors.Is(err, tc.want) || c != nil {
+					t.Fatalf("made %v, %v; want %v", c, err, tc.want)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			ct, err := c.Launch(ctx, containerizer.Spec{ID: "a", Image: "img", GPUs: allocator.Request{Count: 1}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if held, err := alloc.Allocation("a"); err != nil || held.Devices[0].UUID != ct.GPUs[0].UUID {
+				t.Fatalf("the back end did not draw on the composite's allocator: %+v, %v", held, err)
+			}
+			if err := c.Destroy(ctx, "a"); err != nil {
+				t.Fatal(err)
+			}
+		})
 	}
 }

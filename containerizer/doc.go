@@ -9,7 +9,9 @@
 // the Docker daemon, whose devices and driver volume gpuiso injects itself.
 // [Composite] puts both behind the one interface: a [Spec] naming an image
 // goes to Docker, any other to the native back end, and both draw on one
-// allocator, so no GPU is ever handed out twice.
+// allocator, so no GPU is ever handed out twice: [Compose] takes the
+// allocator once and builds the back ends from it ([Backend]), and
+// [NewComposite] refuses back ends over another one ([ErrAllocatorMismatch]).
 //
 // # One prepare step
 //

@@ -14,6 +14,7 @@ import (
 	"github.com/moby/moby/client"
 
 	"github.com/gpuiso/gpuiso/allocator"
+	"github.com/gpuiso/gpuiso/containerizer"
 	"github.com/gpuiso/gpuiso/containerizer/docker"
 	isodocker "github.com/gpuiso/gpuiso/isolator/docker"
 	"github.com/gpuiso/gpuiso/node"
@@ -240,5 +241,33 @@ func TestRecoverSupervised(t *testing.T) {
 	}
 	if len(fake.removed) != 0 {
 		t.Errorf("Recover removed %v", fake.removed)
+	}
+}
+
+// TestBackend: Backend builds a Docker containerizer over the composite's
+// allocator and refuses WithReconcileAllocator. No daemon needed.
+func TestBackend(t *testing.T) {
+	sim, _ := simnode.New("pcie8")
+	inv, err := nvmlnode.Discover(context.Background(), nvmlnode.WithNVML(sim.NVML()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	alloc, _ := allocator.New(inv)
+	other, _ := allocator.New(inv)
+	kind, z, err := docker.Backend(&listDaemon{}, docker.WithNamespace("ns"))(alloc)
+	if err != nil || kind != containerizer.KindDocker {
+		t.Fatalf("backend: %q, %v", kind, err)
+	}
+	if got := z.(*docker.Containerizer).Allocator(); got != alloc {
+		t.Fatalf("built over %p, want %p", got, alloc)
+	}
+	if _, err := containerizer.NewComposite(other, nil, z); !errors.Is(err, containerizer.ErrAllocatorMismatch) {
+		t.Fatalf("a composite over another allocator: %v", err)
+	}
+	if _, _, err := docker.Backend(&listDaemon{}, docker.WithReconcileAllocator())(alloc); !errors.Is(err, containerizer.ErrAllocatorMismatch) {
+		t.Fatalf("WithReconcileAllocator in a composite: %v", err)
+	}
+	if _, _, err := docker.Backend(&listDaemon{})(nil); !errors.Is(err, containerizer.ErrAllocatorMismatch) {
+		t.Fatalf("no allocator: %v", err)
 	}
 }

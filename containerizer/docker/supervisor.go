@@ -191,3 +191,30 @@ func (z *Containerizer) releaseAll(ctx context.Context, owner, version string) e
 	}
 	return errors.Join(errs...)
 }
+
+// Allocator returns the allocator the containerizer draws on.
+func (z *Containerizer) Allocator() *allocator.Allocator { return z.alloc }
+
+// ReconcilesAllocator tells whether Recover reconciles the allocator on its
+// own (WithReconcileAllocator).
+func (z *Containerizer) ReconcilesAllocator() bool { return z.cfg.reconcile }
+
+// Backend builds, for containerizer.Compose, a Docker containerizer on the
+// daemon cli talks to, over the composite's allocator and its node
+// (Allocator.Inventory). WithReconcileAllocator is refused (the composite
+// reconciles) with an error matching containerizer.ErrAllocatorMismatch.
+func Backend(cli Client, opts ...Option) containerizer.Backend {
+	return func(alloc *allocator.Allocator) (containerizer.Kind, containerizer.Containerizer, error) {
+		if alloc == nil {
+			return containerizer.KindDocker, nil, fmt.Errorf("docker containerizer: nil allocator: %w", containerizer.ErrAllocatorMismatch)
+		}
+		z, err := New(cli, alloc, alloc.Inventory(), opts...)
+		if err != nil {
+			return containerizer.KindDocker, nil, err
+		}
+		if z.cfg.reconcile {
+			return containerizer.KindDocker, nil, fmt.Errorf("docker containerizer: WithReconcileAllocator in a composite: %w", containerizer.ErrAllocatorMismatch)
+		}
+		return containerizer.KindDocker, z, nil
+	}
+}

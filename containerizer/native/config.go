@@ -155,3 +155,37 @@ type parented interface {
 // or the same on the state directory's own cgroup parent when
 // Config.Isolator was on the package default.
 func (c *Containerizer) Isolator() Isolator { return c.cfg.Isolator }
+
+// Allocator returns the allocator the containerizer draws on.
+func (c *Containerizer) Allocator() *allocator.Allocator { return c.cfg.Allocator }
+
+// ReconcilesAllocator tells whether Recover reconciles the allocator on its
+// own (Config.ReconcileAllocator).
+func (c *Containerizer) ReconcilesAllocator() bool { return c.cfg.ReconcileAllocator }
+
+// Backend builds, for containerizer.Compose, a native containerizer of cfg
+// over the composite's allocator: cfg.Allocator must be nil or that
+// allocator, cfg.Inventory defaults to its inventory, and
+// cfg.ReconcileAllocator must be false (the composite reconciles), or the
+// error matches containerizer.ErrAllocatorMismatch.
+func Backend(cfg Config) containerizer.Backend {
+	return func(alloc *allocator.Allocator) (containerizer.Kind, containerizer.Containerizer, error) {
+		switch {
+		case alloc == nil:
+			return containerizer.KindNative, nil, fmt.Errorf("native containerizer: nil allocator: %w", containerizer.ErrAllocatorMismatch)
+		case cfg.Allocator != nil && cfg.Allocator != alloc:
+			return containerizer.KindNative, nil, fmt.Errorf("native containerizer: Config.Allocator is another allocator: %w", containerizer.ErrAllocatorMismatch)
+		case cfg.ReconcileAllocator:
+			return containerizer.KindNative, nil, fmt.Errorf("native containerizer: ReconcileAllocator in a composite: %w", containerizer.ErrAllocatorMismatch)
+		}
+		cfg.Allocator = alloc
+		if cfg.Inventory == nil {
+			cfg.Inventory = alloc.Inventory()
+		}
+		c, err := New(cfg)
+		if err != nil {
+			return containerizer.KindNative, nil, err
+		}
+		return containerizer.KindNative, c, nil
+	}
+}
