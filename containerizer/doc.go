@@ -40,6 +40,17 @@
 // transition error; a Destroy that fails leaves the container as it was,
 // to be destroyed again.
 //
+// [Lifecycle] is that life over a [Runtime], which only creates, starts,
+// waits for, kills, removes and lists containers with their records: the
+// Lifecycle owns the states, the launches in progress, the prepare step, the
+// allocator (taken once) and the one recovery, which serves both an agent
+// that restarted ([Lifecycle.Recover]: adopt what runs, claim its GPUs
+// with allocator.Claim, give back what vanished) and a short-lived runner
+// that died ([Lifecycle.Clean]: remove the containers of dead supervisors,
+// claim those of live ones). Package docker's containerizer is a Lifecycle
+// over the Docker runtime; package native keeps its own (records in its
+// state directory, cgroups).
+//
 // Every back end owns, per container: the allocation named by the
 // container's id, its isolation (cgroup, or Docker container), and its
 // registration as a user of the driver volume; Destroy gives all of them

@@ -56,6 +56,7 @@ func TestVocabulary(t *testing.T) {
 		"containerizer.ErrContainerExists":          containerizer.ErrContainerExists,
 		"containerizer.ErrInvalidSpec":              containerizer.ErrInvalidSpec,
 		"containerizer.ErrNoVolume":                 containerizer.ErrNoVolume,
+		"containerizer.ErrNotAdopted":               containerizer.ErrNotAdopted,
 		"containerizer.ErrNotMade":                  containerizer.ErrNotMade,
 		"containerizer.ErrNotSupported":             containerizer.ErrNotSupported,
 		"containerizer.ErrTransition":               containerizer.ErrTransition,

@@ -17,7 +17,7 @@ import (
 // TestZeroValues: the containerizers' zero values refuse every call with an
 // error instead of panicking.
 func TestZeroValues(t *testing.T) {
-	testenv.ZeroValueSafe(t, []any{&containerizer.Composite{}, &containerizer.Preparer{}, &containerizer.Prepared{},
+	testenv.ZeroValueSafe(t, []any{&containerizer.Composite{}, &containerizer.Preparer{}, &containerizer.Prepared{}, &containerizer.Lifecycle{},
 		&native.Containerizer{}, &docker.Containerizer{}})
 }
 
@@ -26,6 +26,7 @@ func TestZeroValues(t *testing.T) {
 func TestZeroValueLaunch(t *testing.T) {
 	for name, c := range map[string]containerizer.Containerizer{
 		"composite": &containerizer.Composite{}, "native": &native.Containerizer{}, "docker": &docker.Containerizer{},
+		"lifecycle": &containerizer.Lifecycle{},
 	} {
 		for _, spec := range []containerizer.Spec{
 			{ID: "job-1", Command: []string{"true"}, GPUs: allocator.Request{Count: 1}},

@@ -39,40 +39,40 @@ func WithCDI(kind string) Option {
 
 // dockerConfig is the Docker configuration of plan: CDI requests where
 // WithCDI was given and the daemon takes them, device mappings otherwise.
-func (z *Containerizer) dockerConfig(ctx context.Context, plan *isolator.Plan) (*isodocker.Config, error) {
-	if z.cfg.cdiKind == "" || !z.daemonCDI(ctx) {
+func (r *Runtime) dockerConfig(ctx context.Context, plan *isolator.Plan) (*isodocker.Config, error) {
+	if r.cfg.cdiKind == "" || !r.daemonCDI(ctx) {
 		return isodocker.New(plan)
 	}
-	return isodocker.NewCDI(plan, z.cfg.cdiKind)
+	return isodocker.NewCDI(plan, r.cfg.cdiKind)
 }
 
 // daemonCDI reports whether the daemon takes CDI device requests, asking it
 // once; a daemon that cannot be asked now is asked again next time.
-func (z *Containerizer) daemonCDI(ctx context.Context) bool {
-	z.mu.Lock()
-	ok, known := z.cdi, z.cdiKnown
-	z.mu.Unlock()
+func (r *Runtime) daemonCDI(ctx context.Context) bool {
+	r.mu.Lock()
+	ok, known := r.cdi, r.cdiKnown
+	r.mu.Unlock()
 	if known {
 		return ok
 	}
-	di, isInfo := z.cli.(DaemonInfo)
+	di, isInfo := r.cli.(DaemonInfo)
 	if !isInfo {
 		return false
 	}
 	ver, err := di.ServerVersion(ctx, client.ServerVersionOptions{})
 	if err != nil {
-		z.cfg.logger.Debug("daemon version for CDI", slog.Any("err", err))
+		r.cfg.logger.Debug("daemon version for CDI", slog.Any("err", err))
 		return false
 	}
 	info, err := di.Info(ctx, client.InfoOptions{})
 	if err != nil {
-		z.cfg.logger.Debug("daemon info for CDI", slog.Any("err", err))
+		r.cfg.logger.Debug("daemon info for CDI", slog.Any("err", err))
 		return false
 	}
 	ok = isodocker.CDISupported(ver.APIVersion, info.Info.CDISpecDirs)
-	z.cfg.logger.Info("GPU injection", slog.String("api", ver.APIVersion), slog.Any("cdiSpecDirs", info.Info.CDISpecDirs), slog.Bool("cdi", ok))
-	z.mu.Lock()
-	z.cdi, z.cdiKnown = ok, true
-	z.mu.Unlock()
+	r.cfg.logger.Info("GPU injection", slog.String("api", ver.APIVersion), slog.Any("cdiSpecDirs", info.Info.CDISpecDirs), slog.Bool("cdi", ok))
+	r.mu.Lock()
+	r.cdi, r.cdiKnown = ok, true
+	r.mu.Unlock()
 	return ok
 }

@@ -3,9 +3,15 @@
 // driver are injected by the containerizer itself, so no NVIDIA runtime hook
 // is needed on the daemon's host.
 //
+// [Runtime] is the daemon as a containerizer.Runtime: it creates, starts,
+// waits for, stops, removes and lists (by their labels) the containers of
+// its namespace. [Containerizer] is a containerizer.Lifecycle over it, which
+// owns the rest: the states and the launches in progress, the prepare step,
+// the allocator and the recovery ([New] builds both).
+//
 // # Launch
 //
-// [Containerizer.Launch] inspects the image first (its labels and
+// Launch inspects the image first (its labels and
 // environment; an image's configuration may be empty) and decides there,
 // before anything is created or held for good, whether the container gets
 // the driver volume (the com.nvidia.volumes.needed label, or
@@ -32,20 +38,20 @@
 //
 // # Lifecycle
 //
-// [Containerizer.Wait] returns the exit status (128+N for a signal) once the
-// output is copied. [Containerizer.Destroy] stops (after a grace period) and
-// removes the container, releases its GPUs and its use of the volume.
-// [Containerizer.Update] returns an error matching
+// Wait returns the exit status (128+N for a signal) once the output is
+// copied. Destroy stops (after a grace period) and removes the container,
+// releases its GPUs and its use of the volume. Update returns an error
+// matching
 // containerizer.ErrNotSupported and changes nothing: the daemon cannot
 // change the device rules of a created container (moby #42255).
 //
 // # Recovery
 //
 // Everything needed to find a container again is in its labels and the
-// allocator's durable state. [Containerizer.Recover], run by a new
-// containerizer over the same daemon and allocator state, lists the
-// containers of its namespace, re-adopts each with its GPUs (allocating its
-// recorded devices again where the allocator lost them), and releases what
+// allocator's durable state. Recover, run by a new containerizer over the
+// same daemon and allocator state, lists the containers of its namespace,
+// re-adopts each with its GPUs (allocator.Claim: its recorded devices again
+// where the allocator lost them), and releases what
 // it held for containers that vanished; when the allocator serves it alone
 // ([WithReconcileAllocator]) it also reconciles the allocator against the
 // live containers, releasing the GPUs of containers that vanished while no
@@ -54,7 +60,7 @@
 // A program that runs containers only while it lives (dockerrun) names
 // itself their supervisor with [WithSupervisor]: each container carries
 // the process in [LabelSupervisor], and its GPUs are held with the process
-// as holder. [Containerizer.Clean] is that program's recovery: it removes
+// as holder. Clean is that program's recovery: it removes
 // the namespace's containers whose supervisor is provably dead, gives back
 // their GPUs and volume uses and those of owners whose holder died, and
 // claims (allocator.Claim) the GPUs of the containers of live supervisors,

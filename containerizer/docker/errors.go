@@ -24,9 +24,10 @@ var (
 	// prepare step's containerizer.ErrNoVolume.
 	ErrNoVolume = containerizer.ErrNoVolume
 	// ErrNotManaged: a container the daemon lists carries gpuiso's labels
-	// but cannot be adopted (its labels do not parse, or its GPUs are held
-	// by another owner).
-	ErrNotManaged = node.Sentinel(node.ErrInvalid, "container cannot be adopted")
+	// but cannot be adopted (its labels do not parse, its owner has another
+	// container, or its GPUs are held by another owner). It is the
+	// lifecycle's containerizer.ErrNotAdopted.
+	ErrNotManaged = containerizer.ErrNotAdopted
 )
 
 // DaemonError is a call the Docker daemon did not answer.

@@ -1,0 +1,323 @@
+package containerizer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/gpuiso/gpuiso/allocator"
+	"github.com/gpuiso/gpuiso/node"
+	"github.com/gpuiso/gpuiso/volume"
+)
+
+// ErrNotAdopted: a container its runtime lists cannot be adopted (its
+// record does not read, its owner has another container, or its GPUs are
+// held by another owner). It is left alone.
+var ErrNotAdopted = node.Sentinel(node.ErrInvalid, "container cannot be adopted")
+
+// LifecycleConfig is what a Lifecycle works with. Runtime and Allocator
+// are required; zero values of the rest mean their defaults.
+type LifecycleConfig struct {
+	// Runtime runs the containers.
+	Runtime Runtime
+	// Allocator hands out the GPUs, taken once: the Lifecycle builds its
+	// prepare step on it.
+	Allocator *allocator.Allocator
+	// Inventory is the node (default: Allocator.Inventory()).
+	Inventory *node.Inventory
+	// Volumes provides the driver volume; nil means containers get none.
+	Volumes *volume.Manager
+	// DevRoot holds the host's device nodes (default /dev).
+	DevRoot string
+	// Supervisor, when set, is the process that runs the containers and
+	// whose death ends them: runtimes record it, and the GPUs are held with
+	// it as holder (unless a spec's request names another). See Clean.
+	Supervisor *allocator.Holder
+	// ReconcileAllocator says the allocator serves this Lifecycle alone:
+	// Recover then also releases the allocations of owners it has no
+	// container for. Leave it false when the allocator is shared (a
+	// Composite reconciles against every back end's containers).
+	ReconcileAllocator bool
+	// Logger receives what the Lifecycle does (default: nothing).
+	Logger *slog.Logger
+}
+
+// Lifecycle is the one implementation of a container's life over a
+// Runtime: its states and the launches in progress (a Table), the prepare
+// step, the allocator and the recovery. It implements Containerizer and is
+// safe for concurrent use.
+type Lifecycle struct {
+	cfg  LifecycleConfig
+	prep *Preparer
+	log  *slog.Logger
+
+	table Table[*lifeEntry]
+	mu    sync.Mutex // guards the entries' fields
+}
+
+var _ Containerizer = (*Lifecycle)(nil)
+
+// lifeEntry is what the Lifecycle knows of one container.
+type lifeEntry struct {
+	rec  Record
+	exit *ExitStatus
+}
+
+// NewLifecycle returns a Lifecycle over cfg.Runtime and cfg.Allocator.
+func NewLifecycle(cfg LifecycleConfig) (*Lifecycle, error) {
+	if cfg.Runtime == nil || cfg.Allocator == nil {
+		return nil, fmt.Errorf("lifecycle: Runtime and Allocator are required: %w", node.ErrInvalid)
+	}
+	if cfg.Inventory == nil {
+		cfg.Inventory = cfg.Allocator.Inventory()
+	}
+	if cfg.DevRoot == "" {
+		cfg.DevRoot = node.DefaultDevRoot
+	}
+	if cfg.Supervisor != nil {
+		h := *cfg.Supervisor
+		if h.Pid <= 0 || h.Start == 0 {
+			return nil, fmt.Errorf("lifecycle: supervisor pid %d started at %d: %w", h.Pid, h.Start, node.ErrInvalid)
+		}
+		cfg.Supervisor = &h
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Lifecycle{
+		cfg:  cfg,
+		prep: &Preparer{Allocator: cfg.Allocator, Inventory: cfg.Inventory, Volumes: cfg.Volumes, DevRoot: cfg.DevRoot},
+		log:  log,
+	}, nil
+}
+
+func (l *Lifecycle) made() bool { return l != nil && l.prep != nil }
+
+// Allocator returns the allocator the Lifecycle draws on.
+func (l *Lifecycle) Allocator() *allocator.Allocator {
+	if !l.made() {
+		return nil
+	}
+	return l.cfg.Allocator
+}
+
+// ReconcilesAllocator tells whether Recover reconciles the allocator on its
+// own (LifecycleConfig.ReconcileAllocator).
+func (l *Lifecycle) ReconcilesAllocator() bool { return l.made() && l.cfg.ReconcileAllocator }
+
+// cleanupCtx is a context for undoing work after ctx may have ended.
+func cleanupCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+}
+
+// Launch reserves spec.ID (launching), asks the runtime about the image,
+// runs the prepare step, and has the runtime create and start the
+// container (running). On error nothing is left: no container, no
+// allocation, no volume use, and the id is free again.
+func (l *Lifecycle) Launch(ctx context.Context, spec Spec) (c Container, err error) {
+	if !l.made() {
+		return c, fmt.Errorf("launch %s: %w", spec.ID, ErrNotMade)
+	}
+	if err := node.ValidateOwner(spec.ID); err != nil {
+		return c, fmt.Errorf("launch %q: %w: %w", spec.ID, ErrInvalidSpec, err)
+	}
+	e := &lifeEntry{}
+	if err := l.table.Begin(spec.ID, e); err != nil {
+		return c, fmt.Errorf("launch: %w", err)
+	}
+	rt := l.cfg.Runtime
+	var p *Prepared
+	var rec Record
+	created := false
+	defer func() {
+		if err != nil {
+			cctx, cancel := cleanupCtx(ctx)
+			defer cancel()
+			if created {
+				rt.Remove(cctx, rec)
+			}
+			if p != nil {
+				p.Undo(cctx)
+			}
+		}
+		l.table.Settle(spec.ID, err == nil) // a Destroy waiting goes on
+	}()
+	img, err := rt.Image(ctx, spec)
+	if err != nil {
+		return c, fmt.Errorf("launch %s: %w", spec.ID, err)
+	}
+	if l.cfg.Supervisor != nil && spec.GPUs.Holder == nil {
+		h := *l.cfg.Supervisor
+		spec.GPUs.Holder = &h
+	}
+	if p, err = l.prep.Prepare(ctx, spec, img); err != nil {
+		return c, fmt.Errorf("launch %s: %w", spec.ID, err)
+	}
+	if rec, err = rt.Create(ctx, spec, p); err != nil {
+		return c, fmt.Errorf("launch %s: %w", spec.ID, err)
+	}
+	created = true
+	rec.ID, rec.GPUs, rec.Supervisor = spec.ID, slices.Clone(p.Allocation.Devices), l.cfg.Supervisor
+	if p.Volume != nil {
+		rec.Volume, rec.VolumeVersion = p.Volume.Path, p.Volume.Version
+	}
+	if err = rt.Start(ctx, rec); err != nil {
+		return c, fmt.Errorf("launch %s: %w", spec.ID, err)
+	}
+	l.mu.Lock()
+	e.rec = rec
+	l.mu.Unlock()
+	l.log.InfoContext(ctx, "launched", "id", spec.ID, "kind", rt.Kind(), "runtime id", rec.RuntimeID, "gpus", len(rec.GPUs), "volume", rec.Volume)
+	return l.describe(rec, StateRunning), nil
+}
+
+func (l *Lifecycle) describe(rec Record, st State) Container {
+	return Container{ID: rec.ID, Kind: l.cfg.Runtime.Kind(), GPUs: slices.Clone(rec.GPUs), Volume: rec.Volume, Pid: rec.Pid, RuntimeID: rec.RuntimeID, State: st}
+}
+
+// lookup returns a launched container's entry and a copy of its record.
+func (l *Lifecycle) lookup(id string) (*lifeEntry, Record, State, error) {
+	e, st, err := l.table.Get(id)
+	if err != nil || st == StateLaunching {
+		return nil, Record{}, st, fmt.Errorf("%s: %w", id, ErrUnknownContainer)
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return e, e.rec, st, nil
+}
+
+// Wait blocks until the container's command ends and returns how.
+func (l *Lifecycle) Wait(ctx context.Context, id string) (ExitStatus, error) {
+	if !l.made() {
+		return ExitStatus{}, fmt.Errorf("wait %s: %w", id, ErrNotMade)
+	}
+	e, rec, _, err := l.lookup(id)
+	if err != nil {
+		return ExitStatus{}, fmt.Errorf("wait: %w", err)
+	}
+	l.mu.Lock()
+	exit := e.exit
+	l.mu.Unlock()
+	if exit != nil {
+		return *exit, nil
+	}
+	st, err := l.cfg.Runtime.Wait(ctx, rec)
+	if err != nil {
+		return st, fmt.Errorf("wait %s: %w", id, err)
+	}
+	l.mu.Lock()
+	e.exit = &st
+	l.mu.Unlock()
+	_, _ = l.table.Exited(id, e) // refused for none: exited is after every state it can have
+	return st, nil
+}
+
+// Update changes a running container's GPUs where the runtime can
+// (Updater); others refuse with an error matching ErrNotSupported.
+func (l *Lifecycle) Update(ctx context.Context, id string, gpus int) (Container, error) {
+	if !l.made() {
+		return Container{}, fmt.Errorf("update %s: %w", id, ErrNotMade)
+	}
+	e, rec, st, err := l.lookup(id)
+	if err != nil {
+		return Container{}, fmt.Errorf("update: %w", err)
+	}
+	u, ok := l.cfg.Runtime.(Updater)
+	if !ok {
+		return Container{}, fmt.Errorf("update %s to %d gpus: a %s container: %w", id, gpus, l.cfg.Runtime.Kind(), ErrNotSupported)
+	}
+	if st != StateRunning {
+		return Container{}, fmt.Errorf("update %s: container has exited: %w", id, ErrNotSupported)
+	}
+	rec, err = u.Update(ctx, rec, gpus)
+	if err != nil {
+		return Container{}, fmt.Errorf("update %s to %d gpus: %w", id, gpus, err)
+	}
+	l.mu.Lock()
+	e.rec = rec
+	l.mu.Unlock()
+	return l.describe(rec, st), nil
+}
+
+// Destroy stops and removes the container and gives back its GPUs and its
+// use of the volume. A launching container is waited for (see Table); an
+// unknown one is not an error. On error the container is as it was, to be
+// destroyed again.
+func (l *Lifecycle) Destroy(ctx context.Context, id string) error {
+	if !l.made() {
+		return fmt.Errorf("destroy %s: %w", id, ErrNotMade)
+	}
+	e, _, ok, err := l.table.Destroying(ctx, id)
+	if err != nil {
+		return fmt.Errorf("destroy: %w", err)
+	}
+	if !ok {
+		return nil
+	}
+	l.mu.Lock()
+	rec, exited := e.rec, e.exit != nil
+	l.mu.Unlock()
+	if err := l.teardown(ctx, rec, !exited); err != nil {
+		return errors.Join(fmt.Errorf("destroy %s: %w", id, err), l.table.Restore(id, exited))
+	}
+	l.log.InfoContext(ctx, "destroyed", "id", id, "runtime id", rec.RuntimeID)
+	return l.table.Remove(id)
+}
+
+// teardown stops (when kill) and removes rec's container, then gives back
+// what it held.
+func (l *Lifecycle) teardown(ctx context.Context, rec Record, kill bool) error {
+	if kill {
+		if err := l.cfg.Runtime.Kill(ctx, rec); err != nil {
+			return err
+		}
+	}
+	if err := l.cfg.Runtime.Remove(ctx, rec); err != nil {
+		return err
+	}
+	return l.release(ctx, rec.ID, rec.VolumeVersion, false)
+}
+
+// release gives back owner's GPUs and its use of the volume version; with
+// every, of every version it uses.
+func (l *Lifecycle) release(ctx context.Context, owner, version string, every bool) error {
+	var errs []error
+	if err := l.cfg.Allocator.Release(ctx, owner); err != nil && !errors.Is(err, allocator.ErrUnknownOwner) {
+		errs = append(errs, err)
+	}
+	vols := l.cfg.Volumes
+	switch {
+	case vols == nil:
+	case version != "":
+		errs = append(errs, vols.Release(ctx, version, owner))
+	case every:
+		vs, err := vols.List(ctx)
+		errs = append(errs, err)
+		for _, v := range vs {
+			if slices.Contains(v.Users, owner) {
+				errs = append(errs, vols.Release(ctx, v.Version, owner))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Containers lists the containers, by id (launches in progress aside).
+func (l *Lifecycle) Containers() []Container {
+	if !l.made() {
+		return nil
+	}
+	var out []Container
+	for _, x := range l.table.List(false) {
+		l.mu.Lock()
+		rec := x.Value.rec
+		l.mu.Unlock()
+		out = append(out, l.describe(rec, x.State))
+	}
+	return out
+}
