@@ -1,0 +1,106 @@
+package cluster
+
+import (
+	"context"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	"github.com/gpuiso/gpuiso/internal/testenv"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m) }
+
+func TestInCgroup(t *testing.T) {
+	tests := []struct {
+		name    string
+		content string
+		want    bool
+	}{
+		{"v1 root of the cluster", "4:memory:/gpuiso-k8s-1\n0::/\n", true},
+		{"v1 below it", "5:devices:/gpuiso-k8s-1/kubepods/besteffort/pod1/abc\n", true},
+		{"v2 below it", "0::/gpuiso-k8s-1/kubepods\n", true},
+		{"another cluster", "5:devices:/gpuiso-k8s-10/kubepods\n", false},
+		{"the host", "4:memory:/process_api/x\n0::/\n", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := inCgroup(tt.content, "gpuiso-k8s-1"); got != tt.want {
+				t.Errorf("inCgroup = %v, want %v", got, tt.want)
+			}
+		})
+	}
+}
+
+// TestCluster starts a cluster, runs a pod on it (a probe image imported
+// into containerd) to completion, reads its output through the API, and
+// tears everything down: no process, mount, cgroup or file of the cluster
+// is left.
+func TestCluster(t *testing.T) {
+	testenv.RequireKubernetes(t, Config{}.Missing()...)
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
+	defer cancel()
+	probe, err := BuildProbe(ctx, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := Start(ctx, Config{Pause: probe, PauseArgs: PauseArgs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stopped := false
+	defer func() {
+		if !stopped {
+			c.Stop(context.Background())
+		}
+	}()
+	if err := c.ImportImage(ctx, "gpuiso.test/probe:1", probe, nil); err != nil {
+		t.Fatal(err)
+	}
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "hello", Namespace: "default"},
+		Spec: corev1.PodSpec{
+			RestartPolicy: corev1.RestartPolicyNever, HostNetwork: true, AutomountServiceAccountToken: ptr.To(false),
+			Containers: []corev1.Container{{Name: "main", Image: "gpuiso.test/probe:1", ImagePullPolicy: corev1.PullNever,
+				Args: []string{"env", "HOSTNAME"}}},
+		},
+	}
+	if _, err := c.Client.CoreV1().Pods("default").Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var phase corev1.PodPhase
+	for phase != corev1.PodSucceeded && phase != corev1.PodFailed {
+		if ctx.Err() != nil {
+			t.Fatalf("pod phase %q: %v\n%s", phase, ctx.Err(), c.Logs(3000))
+		}
+		time.Sleep(200 * time.Millisecond)
+		p, err := c.Client.CoreV1().Pods("default").Get(ctx, "hello", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		phase = p.Status.Phase
+	}
+	logs, err := c.Client.CoreV1().Pods("default").GetLogs("hello", &corev1.PodLogOptions{}).DoRaw(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if phase != corev1.PodSucceeded || !strings.HasPrefix(string(logs), "HOSTNAME=") {
+		t.Errorf("pod %s, output %q", phase, logs)
+	}
+
+	stopped = true
+	if err := c.Stop(ctx); err != nil {
+		t.Errorf("stop: %v", err)
+	}
+	if left := c.Leftovers(); len(left) > 0 {
+		t.Errorf("left after Stop:\n%s", strings.Join(left, "\n"))
+	}
+	if _, err := os.Stat(c.Dir); !os.IsNotExist(err) {
+		t.Errorf("directory %s: %v", c.Dir, err)
+	}
+}
