@@ -80,12 +80,12 @@ type Cluster struct {
 	// PauseImage is the sandbox image's reference.
 	PauseImage string
 
-	cfg           Config
-	cgroupName    string
+	cfg            Config
+	cgroupName     string
 	containerdSock string
-	procs         []*proc
-	madeHostDirs  []string
-	stopped       bool
+	procs          []*proc
+	madeHostDirs   []string
+	stopped        bool
 }
 
 // PluginsDir is the kubelet's DRA plugin directory.
