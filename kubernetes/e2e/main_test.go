@@ -365,7 +365,7 @@ func probePod(name string, args []string) *corev1.Pod {
 		Spec: corev1.PodSpec{
 			RestartPolicy: corev1.RestartPolicyNever, HostNetwork: true, AutomountServiceAccountToken: ptr.To(false),
 			TerminationGracePeriodSeconds: ptr.To(int64(1)),
-			Containers: []corev1.Container{{Name: "main", Image: probeImage, ImagePullPolicy: corev1.PullNever, Args: args}},
+			Containers:                    []corev1.Container{{Name: "main", Image: probeImage, ImagePullPolicy: corev1.PullNever, Args: args}},
 		},
 	}
 }
