@@ -60,6 +60,7 @@ func TestDevicePlugin(t *testing.T) {
 			t.Fatalf("NVIDIA_VISIBLE_DEVICES=%q: want 2 of the node's GPUs", s.env["NVIDIA_VISIBLE_DEVICES"])
 		}
 		s.check(t, all, minors, uuids)
+		t.Logf("the pod's pair: minors %v", minors)
 		best := -1
 		for a := range inv.Devices {
 			for b := a + 1; b < len(inv.Devices); b++ {

@@ -277,13 +277,17 @@ const driver = "gpu.gpuiso.io"
 // device nodes in /dev, a read-write open of a node it makes itself for
 // each minor of minors on the GPUs' major (ENXIO: the cgroup allows it;
 // EPERM: denied), the environment naming the devices, then "cwd /" (the
-// end), then it sleeps when keep.
-func isolationArgs(major uint32, minors []int, keep bool) []string {
+// end), then it sleeps when keep. extra is one more step, before the end.
+func isolationArgs(major uint32, minors []int, keep bool, extra ...string) []string {
 	args := []string{"do", "ls", "/dev"}
 	for _, m := range minors {
 		args = append(args, "--", "mknod", fmt.Sprintf("/dev/gpuiso-m%d", m), strconv.Itoa(int(major)), strconv.Itoa(m), "open")
 	}
-	args = append(args, "--", "env", "NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", "--", "cwd")
+	args = append(args, "--", "env", "NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")
+	if len(extra) > 0 {
+		args = append(append(args, "--"), extra...)
+	}
+	args = append(args, "--", "cwd")
 	if keep {
 		args = append(args, "--", "sleep", "100000")
 	}
