@@ -48,7 +48,8 @@ var ErrStart = errors.New("start the cluster")
 
 // Config says where the cluster's programs are.
 type Config struct {
-	// Bin is the directory of Binaries (DefaultBin when empty).
+	// Bin is the directory of Binaries ($GPUISO_K8S_BIN, else DefaultBin,
+	// when empty).
 	Bin string
 	// Runc is the runc binary containerd runs (DefaultRunc when empty).
 	Runc string
@@ -100,7 +101,14 @@ func (c *Cluster) ContainerdAddress() string { return c.containerdSock }
 // CgroupName is the kubelet's cgroup root (without the leading slash).
 func (c *Cluster) CgroupName() string { return c.cgroupName }
 
+// BinEnv names the directory of the pinned binaries when Config.Bin is
+// empty (as for the other suites of this module); DefaultBin without it.
+const BinEnv = "GPUISO_K8S_BIN"
+
 func (cfg *Config) defaults() {
+	if cfg.Bin == "" {
+		cfg.Bin = os.Getenv(BinEnv)
+	}
 	if cfg.Bin == "" {
 		cfg.Bin = DefaultBin
 	}
