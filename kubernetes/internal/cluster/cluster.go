@@ -21,6 +21,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/gpuiso/gpuiso/internal/linux"
+	"github.com/gpuiso/gpuiso/node"
 )
 
 // Defaults of Config.
@@ -43,8 +44,10 @@ func Binaries() []string {
 // which also becomes its InternalIP.
 const NodeName = "127.0.0.1"
 
-// ErrStart matches every error of Start.
-var ErrStart = errors.New("start the cluster")
+// ErrStart matches every error of Start: a cluster that could not start
+// (a missing program, no root, a process that exited or never became
+// ready) is unavailable.
+var ErrStart = fmt.Errorf("start the cluster: %w", node.ErrUnavailable)
 
 // Config says where the cluster's programs are.
 type Config struct {

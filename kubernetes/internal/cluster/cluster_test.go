@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"context"
+	"errors"
 	"os"
 	"strings"
 	"testing"
@@ -32,6 +33,34 @@ func TestInCgroup(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			if got := inCgroup(tt.content, "gpuiso-k8s-1"); got != tt.want {
 				t.Errorf("inCgroup = %v, want %v", got, tt.want)
+			}
+		})
+	}
+}
+
+// TestStartRefuses: a cluster that cannot start is refused with ErrStart
+// before anything is made.
+func TestStartRefuses(t *testing.T) {
+	tests := []struct {
+		name string
+		cfg  Config
+	}{
+		{"no binaries", Config{Bin: "/nonexistent", Pause: "/bin/true"}},
+		{"no runc", Config{Runc: "/nonexistent/runc", Pause: "/bin/true"}},
+		{"no pause program", Config{Bin: DefaultBin, Runc: DefaultRunc}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			tt.cfg.Parent = t.TempDir()
+			if tt.name == "no pause program" && len(tt.cfg.Missing()) > 0 {
+				t.Skip("the pinned binaries are not built: refused for that first")
+			}
+			c, err := Start(t.Context(), tt.cfg)
+			if !errors.Is(err, ErrStart) || c != nil {
+				t.Fatalf("Start = %v, %v; want ErrStart", c, err)
+			}
+			if entries, _ := os.ReadDir(tt.cfg.Parent); len(entries) > 0 {
+				t.Errorf("Start made %v", entries)
 			}
 		})
 	}
