@@ -496,9 +496,3 @@ func tail(s string, n int) string {
 	}
 	return s
 }
-
-// processDead reports whether the process is gone (a zombie counts).
-func processDead(pid int) bool {
-	st, err := linux.ReadProcStat("", pid)
-	return err != nil || st.Exited()
-}
