@@ -3,7 +3,9 @@ package cluster
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -67,9 +69,11 @@ func TestStartRefuses(t *testing.T) {
 }
 
 // TestCluster starts a cluster, runs a pod on it (a probe image imported
-// into containerd) to completion, reads its output through the API, and
-// tears everything down: no process, mount, cgroup or file of the cluster
-// is left.
+// into containerd) to completion, reads its output through the API, checks
+// that the kubelet's sysctls and device-plugin directory stay in its own
+// mount namespace, and tears everything down while another pod still
+// runs: no process (shims and the pod's included), mount, cgroup or file
+// of the cluster is left.
 func TestCluster(t *testing.T) {
 	testenv.RequireKubernetes(t, Config{}.Missing()...)
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
@@ -77,6 +81,12 @@ func TestCluster(t *testing.T) {
 	probe, err := BuildProbe(ctx, t.TempDir())
 	if err != nil {
 		t.Fatal(err)
+	}
+	sysctlsBefore := map[string]string{}
+	for _, name := range sysctls {
+		if b, err := os.ReadFile(filepath.Join("/proc/sys", name)); err == nil {
+			sysctlsBefore[name] = string(b)
+		}
 	}
 	c, err := Start(ctx, Config{Pause: probe, PauseArgs: PauseArgs})
 	if err != nil {
@@ -120,6 +130,56 @@ func TestCluster(t *testing.T) {
 	}
 	if phase != corev1.PodSucceeded || !strings.HasPrefix(string(logs), "HOSTNAME=") {
 		t.Errorf("pod %s, output %q", phase, logs)
+	}
+
+	// A pod still runs when the cluster stops: its process, its shim,
+	// its root file system's mount and its cgroups are the cluster's, and
+	// Leftovers sees them until Stop.
+	sleeper := pod.DeepCopy()
+	sleeper.Name, sleeper.Spec.Containers[0].Args = "sleeper", []string{"sleep", "100000"}
+	if _, err := c.Client.CoreV1().Pods("default").Create(ctx, sleeper, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for phase = ""; phase != corev1.PodRunning; {
+		if ctx.Err() != nil {
+			t.Fatalf("pod sleeper %q: %v", phase, ctx.Err())
+		}
+		time.Sleep(200 * time.Millisecond)
+		p, err := c.Client.CoreV1().Pods("default").Get(ctx, "sleeper", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		phase = p.Status.Phase
+	}
+	left := strings.Join(c.Leftovers(), "\n")
+	for _, want := range []string{"containerd-shim-runc-v2", "/probe sleep 100000", "mount " + c.Dir + "/containerd/state/",
+		"cgroup /sys/fs/cgroup/memory/" + c.CgroupName() + "/kubepods/", "directory " + c.Dir} {
+		if !strings.Contains(left, want) {
+			t.Errorf("while the cluster runs, Leftovers has no %q:\n%s", want, left)
+		}
+	}
+
+	// The kubelet rewrites sysctls and binds a device-plugin directory in
+	// its own mount namespace only.
+	var kubelet *proc
+	for _, p := range c.procs {
+		if p.name == "kubelet" {
+			kubelet = p
+		}
+	}
+	mi, err := os.ReadFile(fmt.Sprintf("/proc/%d/mountinfo", kubelet.id.Pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range []string{" /proc/sys/vm/overcommit_memory ", " /proc/sys/kernel/panic ", " " + hostDevicePlugins + " "} {
+		if !strings.Contains(string(mi), m) {
+			t.Errorf("no mount on%s in the kubelet's mount namespace", m)
+		}
+	}
+	for name, before := range sysctlsBefore {
+		if now, _ := os.ReadFile(filepath.Join("/proc/sys", name)); string(now) != before {
+			t.Errorf("host's %s: %q, %q before the cluster", name, now, before)
+		}
 	}
 
 	stopped = true
