@@ -171,6 +171,9 @@ func Start(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 	if err := os.MkdirAll(cfg.Parent, 0o700); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrStart, err)
 	}
+	if _, err := Reap(cfg.Parent); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrStart, err)
+	}
 	var id [4]byte
 	rand.Read(id[:])
 	name := "k8s-" + hex.EncodeToString(id[:])
@@ -202,6 +205,9 @@ func Start(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 }
 
 func (c *Cluster) start(ctx context.Context) error {
+	if err := c.writeOwner(); err != nil {
+		return err
+	}
 	for _, d := range []string{"logs", "etcd", "pki", "kubelet/plugins", "kubelet/plugins_registry", "device-plugins",
 		"cdi", "pod-logs", "container-logs", "cni/net.d", "cni/bin", "sysctl", "flexvolume", "containerd", "runc", "kubectl-cache"} {
 		if err := os.MkdirAll(filepath.Join(c.Dir, d), 0o755); err != nil {

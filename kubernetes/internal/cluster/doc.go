@@ -42,6 +42,11 @@
 // cluster still exists on the host (processes, mounts, cgroups, files):
 // nothing, when the teardown worked.
 //
+// The control plane, containerd and the kubelet get SIGKILL when the test
+// process dies; containerd's shims and the pods outlive it. Each cluster's
+// directory names its owner (pid and start time), and Start first reaps
+// (Reap) the clusters whose owner is dead, as Stop would have.
+//
 // Processes are recorded as pid and start time, so that a reused pid is
 // never signalled; a zombie counts as gone.
 package cluster

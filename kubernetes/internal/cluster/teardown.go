@@ -75,7 +75,6 @@ func (c *Cluster) Stop(ctx context.Context) error {
 		return nil
 	}
 	c.stopped = true
-	var errs []error
 	c.deletePods(ctx)
 	byName := map[string]*proc{}
 	for _, p := range c.procs {
@@ -88,23 +87,12 @@ func (c *Cluster) Stop(ctx context.Context) error {
 		c.removeContainers(ctx)
 		p.stop(15 * time.Second)
 	}
-	if err := c.killStragglers(); err != nil {
-		errs = append(errs, err)
-	}
-	for i := len(c.procs) - 1; i >= 0; i-- {
-		c.procs[i].stop(10 * time.Second)
-	}
-	if err := c.unmountAll(); err != nil {
-		errs = append(errs, err)
-	}
-	if err := c.removeCgroups(); err != nil {
-		errs = append(errs, err)
-	}
-	if err := os.RemoveAll(c.Dir); err != nil {
-		errs = append(errs, err)
-	}
-	return errors.Join(errs...)
+	return c.teardown()
 }
+
+// stopGrace is how long a process of the cluster has between SIGTERM and
+// SIGKILL.
+const stopGrace = 10 * time.Second
 
 // deletePods deletes every pod and waits (30 s at most) until the kubelet
 // has ended them, so that their claims are unprepared.
