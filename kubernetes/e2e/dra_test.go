@@ -214,6 +214,14 @@ func TestDRA(t *testing.T) {
 				t.Errorf("after the restart: %v", err)
 			}
 		}
+		// Inside the same container, the GPU is still the only one it
+		// may open.
+		out, err := c.Kubectl(t.Context(), append([]string{"exec", "kept", "--", "/probe"}, isolationArgs(major, all, false)...)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		after := parseSeen(out)
+		after.check(t, all, minors, uuids)
 		// The claim is unprepared after the restart: its CDI spec and
 		// checkpoint go.
 		deletePod(t, c, "kept")

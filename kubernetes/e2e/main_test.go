@@ -311,13 +311,13 @@ func parseSeen(out string) seen {
 		switch {
 		case len(f) == 1 && gpuNode.MatchString(f[0]):
 			s.nodes = append(s.nodes, f[0])
-		case len(f) == 2 && strings.HasPrefix(f[0], "/dev/gpuiso-m"):
+		case len(f) >= 2 && strings.HasPrefix(f[0], "/dev/gpuiso-m"):
 			if !made[f[0]] {
-				made[f[0]] = true // the mknod's line; the open's follows
+				made[f[0]] = true // the mknod's line ("file exists" the second time); the open's follows
 				continue
 			}
 			m, _ := strconv.Atoi(strings.TrimPrefix(f[0], "/dev/gpuiso-m"))
-			s.open[m] = f[1]
+			s.open[m] = strings.Join(f[1:], " ")
 		case len(f) == 1 && strings.Contains(f[0], "="):
 			k, v, _ := strings.Cut(f[0], "=")
 			s.env[k] = v
