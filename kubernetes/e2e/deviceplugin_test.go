@@ -127,3 +127,39 @@ func testNoGPU(t *testing.T, c *cluster.Cluster, major uint32, all []int) {
 	createPod(t, c, probePod("no-gpu", isolationArgs(major, all, false)))
 	parseSeen(podOutput(t, c, "no-gpu")).check(t, all, nil, nil)
 }
+
+// TestDevicePluginMIG serves a simulated HGX H100 with MIG through the
+// device plugin: nvidia.com/mig-1g.10gb counts the node's 1g.10gb MIG
+// devices, and a pod asking for one gets one, its parent GPU's node alone
+// and MIG capability nodes.
+func TestDevicePluginMIG(t *testing.T) {
+	c := requireCluster(t)
+	p := startPlugin(t, c, "hgx-h100-mig", "--dra=false")
+	inv := p.inventory()
+	_, all := minorsOf(inv)
+	major := p.major()
+	parent := map[string]int{} // a 1g.10gb MIG device's parent GPU minor
+	for _, d := range inv.Devices {
+		for _, m := range d.MIGDevices {
+			if m.Profile == "1g.10gb" {
+				parent[m.UUID] = d.Minor
+			}
+		}
+	}
+	const migResource = "nvidia.com/mig-1g.10gb"
+	until(t, "the 1g.10gb MIG devices to be allocatable", func() bool { return allocatable(t, c, migResource) == int64(len(parent)) })
+
+	createPod(t, c, withGPUs(probePod("mig", isolationArgs(major, all, false, "ls", "/dev/nvidia-caps")), migResource, 1))
+	out := podOutput(t, c, "mig")
+	s := parseSeen(out)
+	uuid := s.env["NVIDIA_VISIBLE_DEVICES"]
+	minor, ok := parent[uuid]
+	if !ok {
+		t.Fatalf("NVIDIA_VISIBLE_DEVICES=%q: not one of the node's 1g.10gb MIG devices", uuid)
+	}
+	t.Logf("got %s on GPU minor %d", uuid, minor)
+	s.check(t, all, []int{minor}, []string{uuid})
+	if !strings.Contains(out, "nvidia-cap") {
+		t.Errorf("no MIG capability node in the pod's /dev/nvidia-caps:\n%s", out)
+	}
+}
