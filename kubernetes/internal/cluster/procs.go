@@ -11,7 +11,7 @@ import (
 	"syscall"
 	"time"
 
-	"k8s.io/apimachinery/pkg/apis/meta/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	kubeletconfig "k8s.io/kubelet/config/v1beta1"
 	"k8s.io/utils/ptr"
 
@@ -212,7 +212,7 @@ const (
 func (c *Cluster) startKubelet(port, healthzPort int) error {
 	d := func(p string) string { return filepath.Join(c.Dir, p) }
 	cfg := kubeletconfig.KubeletConfiguration{
-		TypeMeta:                 v1.TypeMeta{APIVersion: "kubelet.config.k8s.io/v1beta1", Kind: "KubeletConfiguration"},
+		TypeMeta:                 metav1.TypeMeta{APIVersion: "kubelet.config.k8s.io/v1beta1", Kind: "KubeletConfiguration"},
 		Address:                  "127.0.0.1",
 		Port:                     int32(port),
 		ReadOnlyPort:             0,
@@ -234,8 +234,8 @@ func (c *Cluster) startKubelet(port, healthzPort int) error {
 		EvictionHard:                map[string]string{"memory.available": "1Mi", "nodefs.available": "1%", "imagefs.available": "1%", "nodefs.inodesFree": "1%"},
 		ImageGCHighThresholdPercent: ptr.To(int32(100)),
 		ImageGCLowThresholdPercent:  ptr.To(int32(99)),
-		NodeStatusUpdateFrequency:   v1.Duration{Duration: 2 * time.Second},
-		SyncFrequency:               v1.Duration{Duration: 5 * time.Second},
+		NodeStatusUpdateFrequency:   metav1.Duration{Duration: 2 * time.Second},
+		SyncFrequency:               metav1.Duration{Duration: 5 * time.Second},
 	}
 	b, err := json.Marshal(cfg)
 	if err != nil {
