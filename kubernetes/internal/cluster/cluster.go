@@ -88,7 +88,6 @@ type Cluster struct {
 	cgroupName     string
 	containerdSock string
 	procs          []*proc
-	madeHostDirs   []string
 	stopped        bool
 }
 
@@ -209,7 +208,7 @@ func (c *Cluster) start(ctx context.Context) error {
 		return err
 	}
 	for _, d := range []string{"logs", "etcd", "pki", "kubelet/plugins", "kubelet/plugins_registry", "device-plugins",
-		"cdi", "pod-logs", "container-logs", "cni/net.d", "cni/bin", "sysctl", "flexvolume", "containerd", "runc", "kubectl-cache"} {
+		"cdi", "pod-logs", "cni/net.d", "cni/bin", "sysctl", "flexvolume", "containerd", "runc", "kubectl-cache"} {
 		if err := os.MkdirAll(filepath.Join(c.Dir, d), 0o755); err != nil {
 			return err
 		}

@@ -88,6 +88,8 @@ func TestCluster(t *testing.T) {
 			sysctlsBefore[name] = string(b)
 		}
 	}
+	_, err = os.Stat(hostDevicePlugins)
+	hadDevicePlugins := err == nil
 	c, err := Start(ctx, Config{Pause: probe, PauseArgs: PauseArgs})
 	if err != nil {
 		t.Fatal(err)
@@ -171,7 +173,7 @@ func TestCluster(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, m := range []string{" /proc/sys/vm/overcommit_memory ", " /proc/sys/kernel/panic ", " " + hostDevicePlugins + " "} {
+	for _, m := range []string{" /proc/sys/vm/overcommit_memory ", " /proc/sys/kernel/panic ", " " + hostDevicePlugins + " ", " /var/log "} {
 		if !strings.Contains(string(mi), m) {
 			t.Errorf("no mount on%s in the kubelet's mount namespace", m)
 		}
@@ -191,5 +193,10 @@ func TestCluster(t *testing.T) {
 	}
 	if _, err := os.Stat(c.Dir); !os.IsNotExist(err) {
 		t.Errorf("directory %s: %v", c.Dir, err)
+	}
+	if !hadDevicePlugins && !otherClusters(DefaultParent) {
+		if _, err := os.Stat(hostDevicePlugins); !os.IsNotExist(err) {
+			t.Errorf("%s, made for the kubelet, is left: %v", hostDevicePlugins, err)
+		}
 	}
 }

@@ -21,8 +21,12 @@
 // /proc/sys files it would rewrite (vm.overcommit_memory, kernel.panic,
 // ...) and the cluster's device-plugin directory are bound over the host's
 // (the kubelet's device-plugin directory, /var/lib/kubelet/device-plugins,
-// is a constant of the kubelet, and /var/log/containers another), so the
-// host is left as it was. The cluster's directory is made a shared mount
+// is a constant of the kubelet), and /var/log, where it links container
+// logs at another fixed path, is a tmpfs; so the host is left as it was.
+// Where the host lacks /var/lib/kubelet/device-plugins, the mount point is
+// made and recorded, and the last cluster to stop removes it (not an
+// earlier one: removing a directory another kubelet has a mount on would
+// detach that mount). The cluster's directory is made a shared mount
 // first, so what the kubelet mounts there reaches containerd.
 //
 // Pods run on the host's network (no CNI: a configuration naming a plugin

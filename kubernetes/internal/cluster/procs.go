@@ -202,12 +202,10 @@ func (c *Cluster) importPause(ctx context.Context) error {
 var sysctls = []string{"vm/overcommit_memory", "vm/panic_on_oom", "kernel/panic", "kernel/panic_on_oops",
 	"kernel/keys/root_maxkeys", "kernel/keys/root_maxbytes"}
 
-// Host directories the kubelet writes at fixed paths: in its mount
-// namespace the cluster's own are bound over them.
-const (
-	hostDevicePlugins = "/var/lib/kubelet/device-plugins"
-	hostContainerLogs = "/var/log/containers"
-)
+// hostDevicePlugins is the kubelet's device-plugin directory, a constant
+// of the kubelet: in its mount namespace the cluster's own is bound over
+// it. (Its other fixed path, /var/log/containers, lies in a tmpfs there.)
+const hostDevicePlugins = "/var/lib/kubelet/device-plugins"
 
 func (c *Cluster) startKubelet(port, healthzPort int) error {
 	d := func(p string) string { return filepath.Join(c.Dir, p) }
@@ -244,14 +242,9 @@ func (c *Cluster) startKubelet(port, healthzPort int) error {
 	if err := os.WriteFile(d("kubelet.json"), b, 0o644); err != nil {
 		return err
 	}
-	// The mount points of the kubelet's fixed host directories.
-	for _, p := range []string{hostDevicePlugins, hostContainerLogs} {
-		if _, err := os.Stat(p); os.IsNotExist(err) {
-			if err := os.MkdirAll(p, 0o755); err != nil {
-				return err
-			}
-			c.madeHostDirs = append(c.madeHostDirs, p)
-		}
+	// The mount point of the device-plugin directory.
+	if err := makeHostDir(c.cfg.Parent, hostDevicePlugins); err != nil {
+		return err
 	}
 	script := []string{"set -e"}
 	for _, s := range sysctls {
@@ -268,7 +261,8 @@ func (c *Cluster) startKubelet(port, healthzPort int) error {
 	}
 	script = append(script,
 		fmt.Sprintf("mount --bind %q %q", c.DevicePluginDir, hostDevicePlugins),
-		fmt.Sprintf("mount --bind %q %q", d("container-logs"), hostContainerLogs),
+		"mount -t tmpfs -o mode=0755,size=16m gpuiso-kubelet-logs /var/log",
+		"mkdir /var/log/containers",
 		`exec "$@"`)
 	args := []string{"--mount", "--propagation", "unchanged", "--", "/bin/sh", "-c", strings.Join(script, "\n"), "kubelet",
 		filepath.Join(c.cfg.Bin, "kubelet"), "--config", d("kubelet.json"), "--kubeconfig", c.Kubeconfig,

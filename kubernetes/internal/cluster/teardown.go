@@ -87,7 +87,11 @@ func (c *Cluster) Stop(ctx context.Context) error {
 		c.removeContainers(ctx)
 		p.stop(15 * time.Second)
 	}
-	return c.teardown()
+	err := c.teardown()
+	if c.cfg.Parent != "" {
+		err = errors.Join(err, removeHostDirs(c.cfg.Parent))
+	}
+	return err
 }
 
 // stopGrace is how long a process of the cluster has between SIGTERM and
@@ -298,6 +302,11 @@ func (c *Cluster) Leftovers() []string {
 	}
 	if _, err := os.Lstat(c.Dir); err == nil {
 		out = append(out, "directory "+c.Dir)
+	}
+	if c.cfg.Parent != "" && !otherClusters(c.cfg.Parent) {
+		for _, d := range madeHostDirs(c.cfg.Parent) {
+			out = append(out, "host directory "+d)
+		}
 	}
 	return out
 }
