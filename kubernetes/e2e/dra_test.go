@@ -119,7 +119,10 @@ func allocated(t *testing.T, c *cluster.Cluster, podName string, slice map[strin
 // TestDRA serves a simulated DGX-1 (Volta) through the DRA driver alone:
 // claims made from templates are allocated by the scheduler from the
 // published slice, prepared by the plugin as CDI specs that containerd
-// applies, and each pod is checked from inside for exactly its devices.
+// applies, and each pod is checked from inside for exactly its devices: one
+// GPU; two of one NVLink clique; every GPU but a lost one; a claim that
+// waits (Pending) while another pod holds every GPU and runs when it ends;
+// a claim kept over a restart of the plugin and unprepared after it.
 func TestDRA(t *testing.T) {
 	c := requireCluster(t)
 	ensureClasses(t, c)
@@ -184,6 +187,23 @@ func TestDRA(t *testing.T) {
 		if len(uuids) != 7 || slices.Contains(minors, lost.Minor) {
 			t.Errorf("a claim for every GPU got minors %v (GPU %d is lost)", minors, lost.Minor)
 		}
+		s.check(t, all, minors, uuids)
+	})
+
+	t.Run("waits for a free GPU", func(t *testing.T) {
+		until(t, "the slice's 8 GPUs again", func() bool { return len(sliceDevices(t, c)) == 8 })
+		claimTemplate(t, c, "all-gpus", "gpu.gpuiso.io", 0, "")
+		claimTemplate(t, c, "one-gpu-w", "gpu.gpuiso.io", 1, "")
+		createPod(t, c, withClaim(probePod("holder", isolationArgs(major, all, true)), "all-gpus"))
+		podOutput(t, c, "holder")
+		createPod(t, c, withClaim(probePod("waiter", isolationArgs(major, all, false)), "one-gpu-w"))
+		until(t, "waiter to be unschedulable", func() bool { return unschedulable(pod(t, c, "waiter")) })
+		if ph := pod(t, c, "waiter").Status.Phase; ph != corev1.PodPending {
+			t.Fatalf("waiter is %s while every GPU is held", ph)
+		}
+		deletePod(t, c, "holder")
+		s := parseSeen(podOutput(t, c, "waiter"))
+		_, uuids, minors := allocated(t, c, "waiter", slice)
 		s.check(t, all, minors, uuids)
 	})
 
