@@ -57,7 +57,8 @@ type Config struct {
 	// Runc is the runc binary containerd runs (DefaultRunc when empty).
 	Runc string
 	// Parent is where the cluster's directory is made (DefaultParent when
-	// empty). Keep it short: containerd's shim sockets live below it.
+	// empty): an absolute path of at most MaxParent bytes, since
+	// containerd's shim sockets live below it.
 	Parent string
 	// Pause is a static program that, run with PauseArgs, waits until it
 	// is killed: the sandbox image's one file.
@@ -102,6 +103,10 @@ func (c *Cluster) ContainerdAddress() string { return c.containerdSock }
 
 // CgroupName is the kubelet's cgroup root (without the leading slash).
 func (c *Cluster) CgroupName() string { return c.cgroupName }
+
+// MaxParent is the longest Config.Parent: a shim socket,
+// <parent>/k8s-<8 hex>/s/<64 hex>, must fit a socket address (107 bytes).
+const MaxParent = 107 - len("/k8s-01234567/s/") - 64
 
 // BinEnv names the directory of the pinned binaries when Config.Bin is
 // empty (as for the other suites of this module); DefaultBin without it.
@@ -163,6 +168,9 @@ func Start(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 	}
 	if cfg.Pause == "" {
 		return nil, fmt.Errorf("%w: no pause program", ErrStart)
+	}
+	if !filepath.IsAbs(cfg.Parent) || len(cfg.Parent) > MaxParent {
+		return nil, fmt.Errorf("%w: parent directory %q: want an absolute path of at most %d bytes", ErrStart, cfg.Parent, MaxParent)
 	}
 	if !linux.IsRoot() {
 		return nil, fmt.Errorf("%w: needs root", ErrStart)

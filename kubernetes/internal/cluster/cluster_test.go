@@ -50,10 +50,23 @@ func TestStartRefuses(t *testing.T) {
 		{"no binaries", Config{Bin: "/nonexistent", Pause: "/bin/true"}},
 		{"no runc", Config{Runc: "/nonexistent/runc", Pause: "/bin/true"}},
 		{"no pause program", Config{Bin: DefaultBin, Runc: DefaultRunc}},
+		{"parent too long for shim sockets", Config{Bin: DefaultBin, Runc: DefaultRunc, Pause: "/bin/true"}},
+		{"relative parent", Config{Bin: DefaultBin, Runc: DefaultRunc, Pause: "/bin/true"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			tt.cfg.Parent = t.TempDir()
+			tt.cfg.Parent = t.TempDir() // longer than MaxParent
+			dir := tt.cfg.Parent
+			if tt.name == "relative parent" {
+				t.Chdir(dir)
+				tt.cfg.Parent = "p"
+			}
+			if len(dir) <= MaxParent {
+				t.Fatalf("temporary directory %s: not longer than %d bytes", dir, MaxParent)
+			}
+			if tt.cfg.Pause != "" && tt.cfg.Bin == DefaultBin && len(tt.cfg.Missing()) > 0 {
+				t.Skip("the pinned binaries are not built: refused for that first")
+			}
 			if tt.name == "no pause program" && len(tt.cfg.Missing()) > 0 {
 				t.Skip("the pinned binaries are not built: refused for that first")
 			}
@@ -61,7 +74,7 @@ func TestStartRefuses(t *testing.T) {
 			if !errors.Is(err, ErrStart) || c != nil {
 				t.Fatalf("Start = %v, %v; want ErrStart", c, err)
 			}
-			if entries, _ := os.ReadDir(tt.cfg.Parent); len(entries) > 0 {
+			if entries, _ := os.ReadDir(dir); len(entries) > 0 {
 				t.Errorf("Start made %v", entries)
 			}
 		})
