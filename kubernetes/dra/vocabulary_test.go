@@ -25,6 +25,7 @@ func TestVocabulary(t *testing.T) {
 		"dra.ErrNotAllocated":           dra.ErrNotAllocated,
 		"dra.ErrCorruptCheckpoint":      dra.ErrCorruptCheckpoint,
 		"cluster.ErrStart":              cluster.ErrStart,
+		"cluster.ErrNotStarted":         cluster.ErrNotStarted,
 	} {
 		n := 0
 		for _, k := range kinds {

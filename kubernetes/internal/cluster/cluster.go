@@ -44,6 +44,18 @@ func Binaries() []string {
 // which also becomes its InternalIP.
 const NodeName = "127.0.0.1"
 
+// ErrNotStarted matches the errors of a Cluster that Start did not return
+// (its zero value).
+var ErrNotStarted = fmt.Errorf("cluster not started: %w", node.ErrInvalid)
+
+// owns reports whether c names a directory and cgroup of its own: every
+// teardown step checks it, since an empty name would stand for the whole
+// host (every process, every cgroup).
+func (c *Cluster) owns() bool {
+	return filepath.IsAbs(c.Dir) && strings.HasPrefix(filepath.Base(c.Dir), "k8s-") &&
+		c.cgroupName == "gpuiso-"+filepath.Base(c.Dir)
+}
+
 // ErrStart matches every error of Start: a cluster that could not start
 // (a missing program, no root, a process that exited or never became
 // ready) is unavailable.

@@ -40,6 +40,24 @@ func TestInCgroup(t *testing.T) {
 	}
 }
 
+// TestZeroValue: a Cluster that Start did not return refuses every
+// action, and its teardown touches nothing (an empty directory or cgroup
+// name would stand for the whole host).
+func TestZeroValue(t *testing.T) {
+	testenv.ZeroValueSafe(t, []any{&Cluster{}, &Config{}})
+	for _, c := range []*Cluster{{}, {Dir: "/", cgroupName: "gpuiso-"}, {Dir: "/var/lib/x", cgroupName: ""}} {
+		if err := c.Stop(t.Context()); !errors.Is(err, ErrNotStarted) {
+			t.Errorf("Stop of %+v = %v, want ErrNotStarted", c, err)
+		}
+		if _, err := c.Ctr(t.Context(), nil, "version"); !errors.Is(err, ErrNotStarted) {
+			t.Errorf("Ctr of %+v = %v, want ErrNotStarted", c, err)
+		}
+		if ps, cgs := c.processes(), c.cgroupDirs(); len(ps) > 0 || len(cgs) > 0 {
+			t.Errorf("%+v claims %d processes and %d cgroups", c, len(ps), len(cgs))
+		}
+	}
+}
+
 // TestStartRefuses: a cluster that cannot start is refused with ErrStart
 // before anything is made.
 func TestStartRefuses(t *testing.T) {

@@ -102,6 +102,9 @@ func (c *Cluster) Logs(n int) string {
 
 // Ctr runs ctr against the cluster's containerd in namespace k8s.io.
 func (c *Cluster) Ctr(ctx context.Context, stdin []byte, args ...string) (string, error) {
+	if !c.owns() || c.cfg.Bin == "" {
+		return "", ErrNotStarted
+	}
 	cmd := exec.CommandContext(ctx, filepath.Join(c.cfg.Bin, "ctr"), append([]string{"-a", c.containerdSock, "-n", "k8s.io"}, args...)...)
 	if stdin != nil {
 		cmd.Stdin = strings.NewReader(string(stdin))
@@ -115,6 +118,9 @@ func (c *Cluster) Ctr(ctx context.Context, stdin []byte, args ...string) (string
 
 // Kubectl runs the cached kubectl against the cluster.
 func (c *Cluster) Kubectl(ctx context.Context, args ...string) (string, error) {
+	if !c.owns() || c.cfg.Bin == "" {
+		return "", ErrNotStarted
+	}
 	cmd := exec.CommandContext(ctx, filepath.Join(c.cfg.Bin, "kubectl"),
 		append([]string{"--kubeconfig", c.Kubeconfig, "--cache-dir", filepath.Join(c.Dir, "kubectl-cache")}, args...)...)
 	out, err := cmd.CombinedOutput()

@@ -65,6 +65,9 @@ func Reap(parent string) ([]string, error) {
 // teardown is Stop's part that needs none of the cluster's servers: kill
 // its processes, unmount, remove its cgroups and directory.
 func (c *Cluster) teardown() error {
+	if !c.owns() {
+		return ErrNotStarted
+	}
 	var errs []error
 	if err := c.killStragglers(); err != nil {
 		errs = append(errs, err)

@@ -71,6 +71,9 @@ func (c *Cluster) makeCgroups() error {
 // cgroups, its mounts, cgroups and directory. It returns what it could
 // not do; Leftovers says what remains.
 func (c *Cluster) Stop(ctx context.Context) error {
+	if !c.owns() {
+		return ErrNotStarted
+	}
 	if c.stopped {
 		return nil
 	}
@@ -147,6 +150,9 @@ func (c *Cluster) removeContainers(ctx context.Context) {
 // recorded ones: shims (their command line names the cluster's
 // directory) and processes in its cgroups.
 func (c *Cluster) processes() []linux.Process {
+	if !c.owns() {
+		return nil
+	}
 	entries, _ := os.ReadDir("/proc")
 	var out []linux.Process
 	for _, e := range entries {
@@ -207,6 +213,9 @@ func (c *Cluster) killStragglers() error {
 
 // mounts lists the mount points at or below the cluster's directory.
 func (c *Cluster) mounts() ([]string, error) {
+	if !c.owns() {
+		return nil, nil
+	}
 	f, err := os.Open("/proc/self/mountinfo")
 	if err != nil {
 		return nil, err
@@ -236,6 +245,9 @@ func (c *Cluster) unmountAll() error {
 
 // cgroupDirs lists the cluster's cgroups that exist, children first.
 func (c *Cluster) cgroupDirs() []string {
+	if !c.owns() {
+		return nil
+	}
 	roots, _ := cgroupMounts()
 	var out []string
 	for _, r := range roots {
