@@ -41,12 +41,13 @@ const (
 	NVIDIALibraries Suite = "nvidia-libs"     // the NVIDIA user-space driver (libnvidia-ml.so.1)
 	Podman          Suite = "podman"          // rootful Podman, a CDI runtime
 	CurrentDocker   Suite = "current-docker"  // a current Docker daemon (API 1.44+) built by .ci/current-docker.sh
+	Kubernetes      Suite = "kubernetes"      // a one-node Kubernetes cluster from the pinned build of .ci/k8s-build.sh
 	GPU             Suite = "gpu"             // a real NVIDIA GPU with a loaded kernel driver
 )
 
 // Suites lists every suite that "all" stands for.
 func Suites() []Suite {
-	return []Suite{Root, CgroupV1Devices, CgroupV2, Docker, NVIDIALibraries, Podman, CurrentDocker}
+	return []Suite{Root, CgroupV1Devices, CgroupV2, Docker, NVIDIALibraries, Podman, CurrentDocker, Kubernetes}
 }
 
 // Required reports whether suite is listed in RequireEnv.
@@ -185,4 +186,17 @@ func RequireCurrentDocker(tb testing.TB) string {
 		}
 	}
 	return dir
+}
+
+// RequireKubernetes skips tb unless the process is root and nothing that a
+// one-node Kubernetes cluster needs is missing: missing lists what is (the
+// kubernetes module's cluster harness finds it), each with its reason.
+func RequireKubernetes(tb testing.TB, missing ...string) {
+	tb.Helper()
+	if !linux.IsRoot() {
+		skip(tb, Kubernetes, "a cluster needs root (effective uid %d)", os.Geteuid())
+	}
+	if len(missing) > 0 {
+		skip(tb, Kubernetes, "missing (bash .ci/k8s-build.sh and .ci/current-docker.sh build them): %s", strings.Join(missing, "; "))
+	}
 }

@@ -15,6 +15,7 @@ func TestRequired(t *testing.T) {
 		{"not listed", "docker", CgroupV1Devices, false},
 		{"all", "all", NVIDIALibraries, true},
 		{"all holds podman", "all", Podman, true},
+		{"all holds kubernetes", "all", Kubernetes, true},
 		{"all leaves hardware out", "all", GPU, false},
 		{"hardware by name", "all,gpu", GPU, true},
 	}

@@ -6,6 +6,7 @@ import (
 
 	"github.com/gpuiso/gpuiso/kubernetes/deviceplugin"
 	"github.com/gpuiso/gpuiso/kubernetes/dra"
+	"github.com/gpuiso/gpuiso/kubernetes/internal/cluster"
 	"github.com/gpuiso/gpuiso/node"
 )
 
@@ -23,6 +24,8 @@ func TestVocabulary(t *testing.T) {
 		"dra.ErrUnknownDevice":          dra.ErrUnknownDevice,
 		"dra.ErrNotAllocated":           dra.ErrNotAllocated,
 		"dra.ErrCorruptCheckpoint":      dra.ErrCorruptCheckpoint,
+		"cluster.ErrStart":              cluster.ErrStart,
+		"cluster.ErrNotStarted":         cluster.ErrNotStarted,
 	} {
 		n := 0
 		for _, k := range kinds {
