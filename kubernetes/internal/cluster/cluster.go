@@ -30,8 +30,12 @@ const (
 	DefaultBin = "/var/cache/gpuiso/k8s-v1.37.2/bin"
 	// DefaultRunc is the current runc .ci/current-docker.sh builds.
 	DefaultRunc = "/var/cache/gpuiso/bin/runc"
-	// DefaultParent holds root test runs' files.
-	DefaultParent = "/var/lib/gpuiso-test"
+	// DefaultParent holds the clusters' directories. It is under /run on
+	// purpose: the cluster's sockets (containerd's among them, which is
+	// root on the host) must stay out of reach of a native gpuiso
+	// container in the host view run beside it, which gets /run as a
+	// private tmpfs (containerizer/native).
+	DefaultParent = "/run/gpuiso-test"
 )
 
 // Binaries lists the programs Config.Bin must hold.

@@ -6,7 +6,7 @@
 //
 // # What it owns
 //
-// Start makes one directory under /var/lib/gpuiso-test and keeps
+// Start makes one directory under /run/gpuiso-test and keeps
 // everything of the cluster in it: etcd's data, the API server's
 // certificates and credentials (a static admin token), containerd's root,
 // state, sockets and runc root, the kubelet's root directory (its plugins/
