@@ -22,7 +22,15 @@ import (
 //     (allocator.Claim) so that a lost allocator state cannot hand them out.
 //
 // Adopting claims the recorded GPUs (a no-op when the allocator holds them
-// already, an error when they are another's) and the volume use again.
+// already, an error when they are another's) and the volume use again; a
+// Lifecycle with a Supervisor takes over the containers of dead
+// supervisors it adopts (Adopter, allocator.SetHolder).
+//
+// A runtime that reserves ids (Reserver) lists the reservations of
+// launches not finished (Record.Reserved): those of dead processes (and,
+// in Recover, of no supervisor) are removed with what their owner holds;
+// the others are launches in progress, left alone. A Cleaner runtime then
+// sweeps its own leftovers.
 
 type supervision int
 
@@ -81,8 +89,20 @@ func (l *Lifecycle) Recover(ctx context.Context) ([]Container, error) {
 			errs = append(errs, fmt.Errorf("recover container %s: %w: %w", r.RuntimeID, ErrNotAdopted, r.Err))
 			continue
 		}
+		if r.Reserved {
+			// A launch in progress (another live process's, or this
+			// Lifecycle's), or one a dead process left, which goes.
+			if _, _, err := l.table.Get(r.ID); err == nil || l.supervision(r.Supervisor) == supLive {
+				listed[r.ID] = true
+			} else if err := l.unlaunch(ctx, r); err != nil {
+				listed[r.ID] = true
+				errs = append(errs, fmt.Errorf("recover %s: %w", r.ID, err))
+			}
+			continue
+		}
 		listed[r.ID] = true
-		if l.supervision(r.Supervisor) == supLive {
+		sup := l.supervision(r.Supervisor)
+		if sup == supLive {
 			// Another live process's: its GPUs stay held, it stays its.
 			if err := l.claim(ctx, r, r.Supervisor); err != nil {
 				errs = append(errs, fmt.Errorf("recover container %s: %w", r.RuntimeID, err))
@@ -96,6 +116,13 @@ func (l *Lifecycle) Recover(ctx context.Context) ([]Container, error) {
 		if err := l.claim(ctx, r, nil); err != nil {
 			errs = append(errs, fmt.Errorf("recover container %s: %w", r.RuntimeID, err))
 			continue
+		}
+		if sup == supDead && l.cfg.Supervisor != nil {
+			var err error
+			if r, err = l.takeOver(ctx, r); err != nil {
+				errs = append(errs, fmt.Errorf("recover container %s: %w: %w", r.RuntimeID, ErrNotAdopted, err))
+				continue
+			}
 		}
 		if r.VolumeVersion != "" && l.cfg.Volumes != nil {
 			if err := l.cfg.Volumes.Acquire(ctx, r.VolumeVersion, r.ID); err != nil {
@@ -165,7 +192,54 @@ func (l *Lifecycle) Recover(ctx context.Context) ([]Container, error) {
 			errs = append(errs, fmt.Errorf("recover: %w", err))
 		}
 	}
+	errs = append(errs, l.sweep(ctx, true, len(errs) > 0))
 	return l.Containers(), errors.Join(errs...)
+}
+
+// takeOver makes this Lifecycle's supervisor that of rec's container,
+// whose supervisor died: on the runtime's side (Adopter) and as the holder
+// of its GPUs, so that a Clean of another process does not take the
+// container for a dead one's.
+func (l *Lifecycle) takeOver(ctx context.Context, rec Record) (Record, error) {
+	sup := *l.cfg.Supervisor
+	if a, ok := l.cfg.Runtime.(Adopter); ok {
+		r, err := a.Adopt(ctx, rec, sup)
+		if err != nil {
+			return rec, err
+		}
+		rec = r
+	}
+	rec.Supervisor = &sup
+	if len(rec.GPUs) == 0 {
+		return rec, nil
+	}
+	return rec, l.cfg.Allocator.SetHolder(ctx, rec.ID, &sup)
+}
+
+// unlaunch removes what a launch that did not finish left (a reservation,
+// perhaps a container) and gives back what was held for its owner.
+func (l *Lifecycle) unlaunch(ctx context.Context, rec Record) error {
+	l.log.InfoContext(ctx, "removing a launch that did not finish", "id", rec.ID)
+	if err := l.cfg.Runtime.Remove(ctx, rec); err != nil {
+		return err
+	}
+	if err := l.release(ctx, rec.ID, rec.VolumeVersion, rec.VolumeVersion == ""); err != nil {
+		return err
+	}
+	return l.unreserve(ctx, rec.ID)
+}
+
+// sweep has a Cleaner runtime remove its leftovers, after Recover
+// (adopting) or Clean.
+func (l *Lifecycle) sweep(ctx context.Context, adopting, failed bool) error {
+	c, ok := l.cfg.Runtime.(Cleaner)
+	if !ok {
+		return nil
+	}
+	if err := c.Sweep(ctx, Sweep{Adopting: adopting, Failed: failed}); err != nil {
+		return fmt.Errorf("sweep: %w", err)
+	}
+	return nil
 }
 
 // Clean is the recovery of programs that run their containers only while
@@ -219,8 +293,14 @@ func (l *Lifecycle) Clean(ctx context.Context) ([]string, error) {
 			delete(dead, r.ID)
 			if err := l.release(ctx, r.ID, r.VolumeVersion, r.VolumeVersion == ""); err != nil {
 				errs = append(errs, fmt.Errorf("clean %s: %w", r.ID, err))
+				continue
+			}
+			if err := l.unreserve(ctx, r.ID); err != nil {
+				errs = append(errs, fmt.Errorf("clean %s: %w", r.ID, err))
 			}
 			cleaned = append(cleaned, r.ID)
+		case r.Reserved:
+			// A launch in progress: its GPUs are held by its supervisor.
 		case sup == supLive && r.Err == nil:
 			if err := l.claim(ctx, r, r.Supervisor); err != nil {
 				errs = append(errs, fmt.Errorf("clean: container %s: %w", r.RuntimeID, err))
@@ -236,6 +316,7 @@ func (l *Lifecycle) Clean(ctx context.Context) ([]string, error) {
 		}
 		cleaned = append(cleaned, owner)
 	}
+	errs = append(errs, l.sweep(ctx, false, len(errs) > 0))
 	slices.Sort(cleaned)
 	return slices.Compact(cleaned), errors.Join(errs...)
 }
