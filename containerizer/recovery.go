@@ -15,8 +15,10 @@ import (
 // and class each container by its supervisor:
 //
 //   - none (an agent's container) or a provably dead one: Recover adopts
-//     it, as an agent that restarted expects; Clean leaves an agent's alone
-//     and tears a dead supervisor's down;
+//     it, as an agent that restarted expects (but removes one of a dead
+//     supervisor that has exited too: no one is left to take its exit
+//     status); Clean leaves an agent's alone and tears a dead supervisor's
+//     down;
 //   - this Lifecycle's own supervisor: its own, adopted by Recover;
 //   - another live process: its, left to it by both; its GPUs are claimed
 //     (allocator.Claim) so that a lost allocator state cannot hand them out.
@@ -100,8 +102,19 @@ func (l *Lifecycle) Recover(ctx context.Context) ([]Container, error) {
 			}
 			continue
 		}
-		listed[r.ID] = true
 		sup := l.supervision(r.Supervisor)
+		if sup == supDead && r.Exit != nil && r.ID != "" {
+			// Ended with its supervisor gone: no one is left to take its
+			// exit status, and what it held goes back.
+			if _, _, err := l.table.Get(r.ID); err != nil {
+				if err := l.unlaunch(ctx, r); err != nil {
+					listed[r.ID] = true
+					errs = append(errs, fmt.Errorf("recover %s: %w", r.ID, err))
+				}
+				continue
+			}
+		}
+		listed[r.ID] = true
 		if sup == supLive {
 			// Another live process's: its GPUs stay held, it stays its.
 			if err := l.claim(ctx, r, r.Supervisor); err != nil {
@@ -217,9 +230,10 @@ func (l *Lifecycle) takeOver(ctx context.Context, rec Record) (Record, error) {
 }
 
 // unlaunch removes what a launch that did not finish left (a reservation,
-// perhaps a container) and gives back what was held for its owner.
+// perhaps a container), or an ended container whose supervisor died, and
+// gives back what was held for its owner.
 func (l *Lifecycle) unlaunch(ctx context.Context, rec Record) error {
-	l.log.InfoContext(ctx, "removing a launch that did not finish", "id", rec.ID)
+	l.log.InfoContext(ctx, "removing a container no one can use", "id", rec.ID, "reserved", rec.Reserved)
 	if err := l.cfg.Runtime.Remove(ctx, rec); err != nil {
 		return err
 	}

@@ -320,3 +320,49 @@ func TestLifecycleTakesOver(t *testing.T) {
 		})
 	}
 }
+
+// TestLifecycleRecoverEndedOfDead: Recover removes a container whose
+// supervisor died and whose command has ended, giving back its GPUs (no
+// one is left to take its exit status); one that still runs is adopted,
+// and an ended one without a supervisor (an agent's) is adopted as exited.
+func TestLifecycleRecoverEndedOfDead(t *testing.T) {
+	ctx := context.Background()
+	self, err := allocator.ProcessHolder("", os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := allocator.Holder{Pid: self.Pid, Start: self.Start + 1}
+	inv, alloc := simAllocator(t, "dgx1-volta")
+	rt := newReservingRuntime(alloc, nil)
+	ended := &containerizer.ExitStatus{Code: 3}
+	for i, c := range []struct {
+		id   string
+		sup  *allocator.Holder
+		exit *containerizer.ExitStatus
+	}{{"ended", &dead, ended}, {"runs", &dead, nil}, {"agents", nil, ended}} {
+		gpus := []node.DeviceRef{inv.Devices[i].Ref()}
+		if _, err := alloc.Claim(ctx, c.id, gpus); err != nil {
+			t.Fatal(err)
+		}
+		rt.reserved[c.id] = c.sup
+		rt.ctrs[c.id] = &fakeCtr{rec: containerizer.Record{ID: c.id, RuntimeID: c.id, GPUs: gpus, Supervisor: c.sup}, exit: c.exit, started: true}
+	}
+	l := newLifecycle(t, rt, alloc, func(c *containerizer.LifecycleConfig) { c.Supervisor = &self })
+	cs, err := l.Recover(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, c := range cs {
+		got = append(got, fmt.Sprintf("%s:%s", c.ID, c.State))
+	}
+	if want := []string{"agents:exited", "runs:running"}; !slices.Equal(got, want) {
+		t.Fatalf("recovered %v, want %v", got, want)
+	}
+	if rt.get("ended") != nil || rt.isReserved("ended") || rt.holds("ended") {
+		t.Fatalf("the ended container of a dead supervisor is left: container %v, reserved %v, gpus %v", rt.get("ended") != nil, rt.isReserved("ended"), rt.holds("ended"))
+	}
+	if rt.heldAtUnreserve["ended"] {
+		t.Fatal("unreserved before its gpus were given back")
+	}
+}
