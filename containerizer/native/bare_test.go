@@ -321,6 +321,17 @@ func TestBareUpdate(t *testing.T) {
 	if _, err := n.c.Update(ctx, "grow", 0); !errors.Is(err, node.ErrInvalid) {
 		t.Fatalf("update to 0 = %v", err)
 	}
+	// Ended, though no one has waited for it yet: refused, GPUs kept.
+	if _, err := n.c.Launch(ctx, containerizer.Spec{ID: "ends", Command: []string{"true"}, GPUs: allocator.Request{Count: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	<-n.c.rt.known("ends").exited
+	if _, err := n.c.Update(ctx, "ends", 2); !errors.Is(err, containerizer.ErrNotSupported) {
+		t.Fatalf("update of an ended container = %v", err)
+	}
+	if al, err := n.alloc.Allocation("ends"); err != nil || len(al.Devices) != 1 {
+		t.Fatalf("after a refused update: %+v, %v", al, err)
+	}
 	if err := n.c.Destroy(ctx, "grow"); err != nil {
 		t.Fatal(err)
 	}

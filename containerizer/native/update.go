@@ -26,11 +26,10 @@ func (r *runner) Update(ctx context.Context, rec containerizer.Record, n int) (c
 	}
 	pr.busy.Lock()
 	defer pr.busy.Unlock()
-	r.mu.Lock()
-	killed := pr.killed
-	r.mu.Unlock()
-	if killed {
-		return rec, fmt.Errorf("container was killed: %w", containerizer.ErrNotSupported)
+	select {
+	case <-pr.exited: // killed, or ended before the Lifecycle waited for it
+		return rec, fmt.Errorf("container has exited: %w", containerizer.ErrNotSupported)
+	default:
 	}
 	if err := r.update(ctx, rec.ID, pr, n); err != nil {
 		return rec, err
