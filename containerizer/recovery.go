@@ -76,12 +76,29 @@ func (l *Lifecycle) claim(ctx context.Context, rec Record, holder *allocator.Hol
 // the others are adopted all the same. It returns every container known
 // afterwards.
 func (l *Lifecycle) Recover(ctx context.Context) ([]Container, error) {
+	cs, _, err := l.recoverHolding(ctx)
+	return cs, err
+}
+
+// holdingRecoverer is a back end whose recovery also tells every owner
+// that may hold GPUs through it: its containers, those of other live
+// supervisors and the launches in progress (a Lifecycle). A Composite
+// reconciles the allocator against them.
+type holdingRecoverer interface {
+	recoverHolding(ctx context.Context) ([]Container, []string, error)
+}
+
+var _ holdingRecoverer = (*Lifecycle)(nil)
+
+// recoverHolding is Recover; it also returns the owners that may hold
+// GPUs through this Lifecycle, which ReconcileAllocator keeps.
+func (l *Lifecycle) recoverHolding(ctx context.Context) ([]Container, []string, error) {
 	if !l.made() {
-		return nil, fmt.Errorf("recover: %w", ErrNotMade)
+		return nil, nil, fmt.Errorf("recover: %w", ErrNotMade)
 	}
 	records, err := l.cfg.Runtime.List(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("recover: %w", err)
+		return nil, nil, fmt.Errorf("recover: %w", err)
 	}
 	var errs []error
 	found := map[string]*lifeEntry{}
@@ -194,19 +211,19 @@ func (l *Lifecycle) Recover(ctx context.Context) ([]Container, error) {
 			errs = append(errs, fmt.Errorf("recover: release vanished %s: %w", rec.ID, err))
 		}
 	}
+	live := slices.Collect(maps.Keys(listed))
+	for _, x := range l.table.List(true) {
+		live = append(live, x.ID) // a launch in flight holds its GPUs
+	}
+	slices.Sort(live)
+	live = slices.Compact(live)
 	if l.cfg.ReconcileAllocator {
-		live := slices.Collect(maps.Keys(listed))
-		for _, x := range l.table.List(true) {
-			if x.State == StateLaunching {
-				live = append(live, x.ID) // a launch in flight holds its GPUs
-			}
-		}
 		if _, err := l.cfg.Allocator.Reconcile(ctx, live); err != nil {
 			errs = append(errs, fmt.Errorf("recover: %w", err))
 		}
 	}
 	errs = append(errs, l.sweep(ctx, true, len(errs) > 0))
-	return l.Containers(), errors.Join(errs...)
+	return l.Containers(), live, errors.Join(errs...)
 }
 
 // takeOver makes this Lifecycle's supervisor that of rec's container,

@@ -366,3 +366,42 @@ func TestLifecycleRecoverEndedOfDead(t *testing.T) {
 		t.Fatal("unreserved before its gpus were given back")
 	}
 }
+
+// TestCompositeKeepsLiveSupervisors: a Composite's reconciliation keeps
+// the GPUs of the containers a Lifecycle back end's runtime lists for
+// another live supervisor, and of launches in progress elsewhere
+// (reservations), though neither is a container of the Composite; GPUs of
+// an owner nothing explains are released.
+func TestCompositeKeepsLiveSupervisors(t *testing.T) {
+	ctx := context.Background()
+	parent, err := allocator.ProcessHolder("", os.Getppid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	inv, alloc := simAllocator(t, "dgx1-volta")
+	rt := newReservingRuntime(alloc, nil)
+	gpu := []node.DeviceRef{inv.Devices[0].Ref()}
+	rt.ctrs["other"] = &fakeCtr{rec: containerizer.Record{ID: "other", RuntimeID: "other", GPUs: gpu, Supervisor: &parent}, started: true}
+	rt.reserved["launching"] = &parent
+	if _, err := alloc.Claim(ctx, "other", gpu); err != nil {
+		t.Fatal(err)
+	}
+	for owner, n := range map[string]int{"launching": 1, "ghost": 1} {
+		if _, err := alloc.Allocate(ctx, owner, allocator.Request{Count: n, Holder: &parent}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	l := newLifecycle(t, rt, alloc, nil)
+	c, err := containerizer.NewComposite(alloc, l, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Recover(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for owner, want := range map[string]bool{"other": true, "launching": true, "ghost": false} {
+		if _, err := alloc.Allocation(owner); (err == nil) != want {
+			t.Errorf("%s holds gpus: %v, want %v", owner, err == nil, want)
+		}
+	}
+}
