@@ -53,9 +53,10 @@
 // recovery removes with what its owner held), [Adopter] records the
 // supervisor that takes over a dead one's container, [Cleaner] sweeps
 // leftovers of its own after a recovery, and [Updater] resizes a running
-// container's GPUs. Package docker's containerizer is a Lifecycle
-// over the Docker runtime; package native keeps its own (records in its
-// state directory, cgroups).
+// container's GPUs. The containerizers of packages docker and native are
+// Lifecycles over their runtimes (Docker containers and their labels; a
+// state directory of records, cgroups and inits), so both recover the
+// same way.
 //
 // Every back end owns, per container: the allocation named by the
 // container's id, its isolation (cgroup, or Docker container), and its
