@@ -310,12 +310,13 @@ func (l *Lifecycle) Clean(ctx context.Context) ([]string, error) {
 	}
 	var cleaned []string
 	var errs []error
+	failed := false // a dead supervisor's container is left
 	for _, r := range records {
 		switch sup := l.supervision(r.Supervisor); {
 		case sup == supDead || (r.ID != "" && dead[r.ID]):
 			l.log.InfoContext(ctx, "removing a container whose supervisor died", "id", r.ID, "runtime id", r.RuntimeID)
 			if err := l.cfg.Runtime.Remove(ctx, r); err != nil {
-				errs = append(errs, fmt.Errorf("clean %s: %w", r.ID, err))
+				failed, errs = true, append(errs, fmt.Errorf("clean %s: %w", r.ID, err))
 				continue
 			}
 			if r.ID == "" {
@@ -323,11 +324,11 @@ func (l *Lifecycle) Clean(ctx context.Context) ([]string, error) {
 			}
 			delete(dead, r.ID)
 			if err := l.release(ctx, r.ID, r.VolumeVersion, r.VolumeVersion == ""); err != nil {
-				errs = append(errs, fmt.Errorf("clean %s: %w", r.ID, err))
+				failed, errs = true, append(errs, fmt.Errorf("clean %s: %w", r.ID, err))
 				continue
 			}
 			if err := l.unreserve(ctx, r.ID); err != nil {
-				errs = append(errs, fmt.Errorf("clean %s: %w", r.ID, err))
+				failed, errs = true, append(errs, fmt.Errorf("clean %s: %w", r.ID, err))
 			}
 			cleaned = append(cleaned, r.ID)
 		case r.Reserved:
@@ -347,7 +348,7 @@ func (l *Lifecycle) Clean(ctx context.Context) ([]string, error) {
 		}
 		cleaned = append(cleaned, owner)
 	}
-	errs = append(errs, l.sweep(ctx, false, len(errs) > 0))
+	errs = append(errs, l.sweep(ctx, false, failed))
 	slices.Sort(cleaned)
 	return slices.Compact(cleaned), errors.Join(errs...)
 }

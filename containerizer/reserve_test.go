@@ -28,7 +28,7 @@ type reservingRuntime struct {
 	heldAtReserve, heldAtUnreserve map[string]bool
 	adopted                        map[string]allocator.Holder
 	sweeps                         []containerizer.Sweep
-	failSweep                      error
+	failSweep, failRemove          error
 }
 
 var (
@@ -90,6 +90,13 @@ func (r *reservingRuntime) Adopt(_ context.Context, rec containerizer.Record, su
 	}
 	rec.Supervisor = &sup
 	return rec, nil
+}
+
+func (r *reservingRuntime) Remove(ctx context.Context, rec containerizer.Record) error {
+	if r.failRemove != nil {
+		return r.failRemove
+	}
+	return r.fakeRuntime.Remove(ctx, rec)
 }
 
 func (r *reservingRuntime) Sweep(_ context.Context, s containerizer.Sweep) error {
@@ -260,16 +267,23 @@ func TestLifecycleRecoversReservations(t *testing.T) {
 		}
 	})
 
-	t.Run("a failed recovery says so to the sweep", func(t *testing.T) {
+	t.Run("a failed removal says so to the sweep", func(t *testing.T) {
 		_, alloc := simAllocator(t, "dgx1-volta")
 		rt := newReservingRuntime(alloc, nil)
-		rt.failSweep = os.ErrPermission
+		rt.failSweep = os.ErrDeadlineExceeded
+		rt.failRemove = os.ErrPermission
 		rt.ctrs["broken"] = &fakeCtr{rec: containerizer.Record{RuntimeID: "broken", Supervisor: &parent, Err: errors.New("unreadable")}}
 		l := newLifecycle(t, rt, alloc, nil)
-		if _, err := l.Clean(ctx); !errors.Is(err, containerizer.ErrNotAdopted) || !errors.Is(err, os.ErrPermission) {
+		// A live supervisor's unreadable record is reported, and is no
+		// failure to remove a dead one's container.
+		if _, err := l.Clean(ctx); !errors.Is(err, containerizer.ErrNotAdopted) || !errors.Is(err, os.ErrDeadlineExceeded) {
 			t.Fatalf("clean: %v; want the broken record and the sweep's error", err)
 		}
-		if want := []containerizer.Sweep{{Failed: true}}; !slices.Equal(rt.sweeps, want) {
+		rt.ctrs["orphan"] = &fakeCtr{rec: containerizer.Record{ID: "orphan", RuntimeID: "orphan", Supervisor: &dead}, started: true}
+		if _, err := l.Clean(ctx); !errors.Is(err, os.ErrPermission) {
+			t.Fatalf("clean: %v; want the failed removal", err)
+		}
+		if want := []containerizer.Sweep{{}, {Failed: true}}; !slices.Equal(rt.sweeps, want) {
 			t.Fatalf("sweeps %+v, want %+v", rt.sweeps, want)
 		}
 	})

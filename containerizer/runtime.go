@@ -88,9 +88,9 @@ type Sweep struct {
 	// supervisors (their leftovers may still be in use by them), false
 	// after Clean, which removed them.
 	Adopting bool
-	// Failed is true when the recovery could not deal with every
-	// container: then the leftovers of dead processes may still be used by
-	// a container of theirs.
+	// Failed is true when the recovery could not remove or adopt every
+	// container of a dead supervisor: then the leftovers of dead processes
+	// may still be used by a container of theirs.
 	Failed bool
 }
 
