@@ -184,6 +184,8 @@ func (c *Composite) Destroy(ctx context.Context, id string) error {
 // other) and returns every container they know afterwards; when both
 // succeeded it reconciles the allocator against the union of their
 // containers, so that GPUs held for containers neither knows are released.
+// A back end that is a Lifecycle also keeps the GPUs of the containers its
+// runtime lists for other live supervisors, and of launches in progress.
 // A container that runs with GPUs the allocator does not hold for it (a back
 // end that reconciled on its own released them) is reported in the error.
 func (c *Composite) Recover(ctx context.Context) ([]Container, error) {
@@ -194,12 +196,23 @@ func (c *Composite) Recover(ctx context.Context) ([]Container, error) {
 	var errs []error
 	ok := true
 	routes := map[string]Kind{}
+	held := map[string]bool{} // owners the back ends' recoveries say hold GPUs beside their containers
 	for _, kind := range []Kind{KindNative, KindDocker} {
 		b, has := c.backends[kind]
 		if !has {
 			continue
 		}
-		if _, err := b.Recover(ctx); err != nil {
+		var err error
+		if hr, isHR := b.(holdingRecoverer); isHR {
+			var holding []string
+			_, holding, err = hr.recoverHolding(ctx)
+			for _, id := range holding {
+				held[id] = true
+			}
+		} else {
+			_, err = b.Recover(ctx)
+		}
+		if err != nil {
 			errs = append(errs, fmt.Errorf("recover %s: %w", kind, err))
 			ok = false
 		}
@@ -233,8 +246,11 @@ func (c *Composite) Recover(ctx context.Context) ([]Container, error) {
 		}
 	}
 	if ok {
-		live := make([]string, 0, len(routes))
+		live := make([]string, 0, len(routes)+len(held))
 		for id := range routes {
+			live = append(live, id)
+		}
+		for id := range held {
 			live = append(live, id)
 		}
 		for _, e := range c.routes.List(true) {

@@ -47,9 +47,16 @@
 // that restarted ([Lifecycle.Recover]: adopt what runs, claim its GPUs
 // with allocator.Claim, give back what vanished) and a short-lived runner
 // that died ([Lifecycle.Clean]: remove the containers of dead supervisors,
-// claim those of live ones). Package docker's containerizer is a Lifecycle
-// over the Docker runtime; package native keeps its own (records in its
-// state directory, cgroups).
+// claim those of live ones). A runtime can do more through optional
+// interfaces: [Reserver] reserves the id durably before the prepare step
+// (so that a process killed at any point leaves a reservation the next
+// recovery removes with what its owner held), [Adopter] records the
+// supervisor that takes over a dead one's container, [Cleaner] sweeps
+// leftovers of its own after a recovery, and [Updater] resizes a running
+// container's GPUs. The containerizers of packages docker and native are
+// Lifecycles over their runtimes (Docker containers and their labels; a
+// state directory of records, cgroups and inits), so both recover the
+// same way.
 //
 // Every back end owns, per container: the allocation named by the
 // container's id, its isolation (cgroup, or Docker container), and its

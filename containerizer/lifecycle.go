@@ -133,7 +133,7 @@ func (l *Lifecycle) Launch(ctx context.Context, spec Spec) (c Container, err err
 	rt := l.cfg.Runtime
 	var p *Prepared
 	var rec Record
-	created := false
+	created, reserved := false, false
 	defer func() {
 		if err != nil {
 			cctx, cancel := cleanupCtx(ctx)
@@ -144,12 +144,23 @@ func (l *Lifecycle) Launch(ctx context.Context, spec Spec) (c Container, err err
 			if p != nil {
 				p.Undo(cctx)
 			}
+			if reserved {
+				rt.(Reserver).Unreserve(cctx, spec.ID)
+			}
 		}
 		l.table.Settle(spec.ID, err == nil) // a Destroy waiting goes on
 	}()
 	img, err := rt.Image(ctx, spec)
 	if err != nil {
 		return c, fmt.Errorf("launch %s: %w", spec.ID, err)
+	}
+	if r, ok := rt.(Reserver); ok {
+		// Before anything is held: a kill from here on leaves a
+		// reservation that the next recovery cleans up.
+		if err = r.Reserve(ctx, spec); err != nil {
+			return c, fmt.Errorf("launch %s: %w", spec.ID, err)
+		}
+		reserved = true
 	}
 	if l.cfg.Supervisor != nil && spec.GPUs.Holder == nil {
 		h := *l.cfg.Supervisor
@@ -280,7 +291,19 @@ func (l *Lifecycle) teardown(ctx context.Context, rec Record, kill bool) error {
 	if err := l.cfg.Runtime.Remove(ctx, rec); err != nil {
 		return err
 	}
-	return l.release(ctx, rec.ID, rec.VolumeVersion, false)
+	if err := l.release(ctx, rec.ID, rec.VolumeVersion, false); err != nil {
+		return err
+	}
+	return l.unreserve(ctx, rec.ID)
+}
+
+// unreserve drops id's reservation where the runtime is a Reserver: the
+// last step of a teardown, once what the container held is given back.
+func (l *Lifecycle) unreserve(ctx context.Context, id string) error {
+	if r, ok := l.cfg.Runtime.(Reserver); ok {
+		return r.Unreserve(ctx, id)
+	}
+	return nil
 }
 
 // release gives back owner's GPUs and its use of the volume version; with

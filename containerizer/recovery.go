@@ -15,14 +15,24 @@ import (
 // and class each container by its supervisor:
 //
 //   - none (an agent's container) or a provably dead one: Recover adopts
-//     it, as an agent that restarted expects; Clean leaves an agent's alone
-//     and tears a dead supervisor's down;
+//     it, as an agent that restarted expects (but removes one of a dead
+//     supervisor that has exited too: no one is left to take its exit
+//     status); Clean leaves an agent's alone and tears a dead supervisor's
+//     down;
 //   - this Lifecycle's own supervisor: its own, adopted by Recover;
 //   - another live process: its, left to it by both; its GPUs are claimed
 //     (allocator.Claim) so that a lost allocator state cannot hand them out.
 //
 // Adopting claims the recorded GPUs (a no-op when the allocator holds them
-// already, an error when they are another's) and the volume use again.
+// already, an error when they are another's) and the volume use again; a
+// Lifecycle with a Supervisor takes over the containers of dead
+// supervisors it adopts (Adopter, allocator.SetHolder).
+//
+// A runtime that reserves ids (Reserver) lists the reservations of
+// launches not finished (Record.Reserved): those of dead processes (and,
+// in Recover, of no supervisor) are removed with what their owner holds;
+// the others are launches in progress, left alone. A Cleaner runtime then
+// sweeps its own leftovers.
 
 type supervision int
 
@@ -66,12 +76,29 @@ func (l *Lifecycle) claim(ctx context.Context, rec Record, holder *allocator.Hol
 // the others are adopted all the same. It returns every container known
 // afterwards.
 func (l *Lifecycle) Recover(ctx context.Context) ([]Container, error) {
+	cs, _, err := l.recoverHolding(ctx)
+	return cs, err
+}
+
+// holdingRecoverer is a back end whose recovery also tells every owner
+// that may hold GPUs through it: its containers, those of other live
+// supervisors and the launches in progress (a Lifecycle). A Composite
+// reconciles the allocator against them.
+type holdingRecoverer interface {
+	recoverHolding(ctx context.Context) ([]Container, []string, error)
+}
+
+var _ holdingRecoverer = (*Lifecycle)(nil)
+
+// recoverHolding is Recover; it also returns the owners that may hold
+// GPUs through this Lifecycle, which ReconcileAllocator keeps.
+func (l *Lifecycle) recoverHolding(ctx context.Context) ([]Container, []string, error) {
 	if !l.made() {
-		return nil, fmt.Errorf("recover: %w", ErrNotMade)
+		return nil, nil, fmt.Errorf("recover: %w", ErrNotMade)
 	}
 	records, err := l.cfg.Runtime.List(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("recover: %w", err)
+		return nil, nil, fmt.Errorf("recover: %w", err)
 	}
 	var errs []error
 	found := map[string]*lifeEntry{}
@@ -81,8 +108,31 @@ func (l *Lifecycle) Recover(ctx context.Context) ([]Container, error) {
 			errs = append(errs, fmt.Errorf("recover container %s: %w: %w", r.RuntimeID, ErrNotAdopted, r.Err))
 			continue
 		}
+		if r.Reserved {
+			// A launch in progress (another live process's, or this
+			// Lifecycle's), or one a dead process left, which goes.
+			if _, _, err := l.table.Get(r.ID); err == nil || l.supervision(r.Supervisor) == supLive {
+				listed[r.ID] = true
+			} else if err := l.unlaunch(ctx, r); err != nil {
+				listed[r.ID] = true
+				errs = append(errs, fmt.Errorf("recover %s: %w", r.ID, err))
+			}
+			continue
+		}
+		sup := l.supervision(r.Supervisor)
+		if sup == supDead && r.Exit != nil && r.ID != "" {
+			// Ended with its supervisor gone: no one is left to take its
+			// exit status, and what it held goes back.
+			if _, _, err := l.table.Get(r.ID); err != nil {
+				if err := l.unlaunch(ctx, r); err != nil {
+					listed[r.ID] = true
+					errs = append(errs, fmt.Errorf("recover %s: %w", r.ID, err))
+				}
+				continue
+			}
+		}
 		listed[r.ID] = true
-		if l.supervision(r.Supervisor) == supLive {
+		if sup == supLive {
 			// Another live process's: its GPUs stay held, it stays its.
 			if err := l.claim(ctx, r, r.Supervisor); err != nil {
 				errs = append(errs, fmt.Errorf("recover container %s: %w", r.RuntimeID, err))
@@ -96,6 +146,13 @@ func (l *Lifecycle) Recover(ctx context.Context) ([]Container, error) {
 		if err := l.claim(ctx, r, nil); err != nil {
 			errs = append(errs, fmt.Errorf("recover container %s: %w", r.RuntimeID, err))
 			continue
+		}
+		if sup == supDead && l.cfg.Supervisor != nil {
+			var err error
+			if r, err = l.takeOver(ctx, r); err != nil {
+				errs = append(errs, fmt.Errorf("recover container %s: %w: %w", r.RuntimeID, ErrNotAdopted, err))
+				continue
+			}
 		}
 		if r.VolumeVersion != "" && l.cfg.Volumes != nil {
 			if err := l.cfg.Volumes.Acquire(ctx, r.VolumeVersion, r.ID); err != nil {
@@ -154,18 +211,66 @@ func (l *Lifecycle) Recover(ctx context.Context) ([]Container, error) {
 			errs = append(errs, fmt.Errorf("recover: release vanished %s: %w", rec.ID, err))
 		}
 	}
+	live := slices.Collect(maps.Keys(listed))
+	for _, x := range l.table.List(true) {
+		live = append(live, x.ID) // a launch in flight holds its GPUs
+	}
+	slices.Sort(live)
+	live = slices.Compact(live)
 	if l.cfg.ReconcileAllocator {
-		live := slices.Collect(maps.Keys(listed))
-		for _, x := range l.table.List(true) {
-			if x.State == StateLaunching {
-				live = append(live, x.ID) // a launch in flight holds its GPUs
-			}
-		}
 		if _, err := l.cfg.Allocator.Reconcile(ctx, live); err != nil {
 			errs = append(errs, fmt.Errorf("recover: %w", err))
 		}
 	}
-	return l.Containers(), errors.Join(errs...)
+	errs = append(errs, l.sweep(ctx, true, len(errs) > 0))
+	return l.Containers(), live, errors.Join(errs...)
+}
+
+// takeOver makes this Lifecycle's supervisor that of rec's container,
+// whose supervisor died: on the runtime's side (Adopter) and as the holder
+// of its GPUs, so that a Clean of another process does not take the
+// container for a dead one's.
+func (l *Lifecycle) takeOver(ctx context.Context, rec Record) (Record, error) {
+	sup := *l.cfg.Supervisor
+	if a, ok := l.cfg.Runtime.(Adopter); ok {
+		r, err := a.Adopt(ctx, rec, sup)
+		if err != nil {
+			return rec, err
+		}
+		rec = r
+	}
+	rec.Supervisor = &sup
+	if len(rec.GPUs) == 0 {
+		return rec, nil
+	}
+	return rec, l.cfg.Allocator.SetHolder(ctx, rec.ID, &sup)
+}
+
+// unlaunch removes what a launch that did not finish left (a reservation,
+// perhaps a container), or an ended container whose supervisor died, and
+// gives back what was held for its owner.
+func (l *Lifecycle) unlaunch(ctx context.Context, rec Record) error {
+	l.log.InfoContext(ctx, "removing a container no one can use", "id", rec.ID, "reserved", rec.Reserved)
+	if err := l.cfg.Runtime.Remove(ctx, rec); err != nil {
+		return err
+	}
+	if err := l.release(ctx, rec.ID, rec.VolumeVersion, rec.VolumeVersion == ""); err != nil {
+		return err
+	}
+	return l.unreserve(ctx, rec.ID)
+}
+
+// sweep has a Cleaner runtime remove its leftovers, after Recover
+// (adopting) or Clean.
+func (l *Lifecycle) sweep(ctx context.Context, adopting, failed bool) error {
+	c, ok := l.cfg.Runtime.(Cleaner)
+	if !ok {
+		return nil
+	}
+	if err := c.Sweep(ctx, Sweep{Adopting: adopting, Failed: failed}); err != nil {
+		return fmt.Errorf("sweep: %w", err)
+	}
+	return nil
 }
 
 // Clean is the recovery of programs that run their containers only while
@@ -205,12 +310,13 @@ func (l *Lifecycle) Clean(ctx context.Context) ([]string, error) {
 	}
 	var cleaned []string
 	var errs []error
+	failed := false // a dead supervisor's container is left
 	for _, r := range records {
 		switch sup := l.supervision(r.Supervisor); {
 		case sup == supDead || (r.ID != "" && dead[r.ID]):
 			l.log.InfoContext(ctx, "removing a container whose supervisor died", "id", r.ID, "runtime id", r.RuntimeID)
 			if err := l.cfg.Runtime.Remove(ctx, r); err != nil {
-				errs = append(errs, fmt.Errorf("clean %s: %w", r.ID, err))
+				failed, errs = true, append(errs, fmt.Errorf("clean %s: %w", r.ID, err))
 				continue
 			}
 			if r.ID == "" {
@@ -218,9 +324,15 @@ func (l *Lifecycle) Clean(ctx context.Context) ([]string, error) {
 			}
 			delete(dead, r.ID)
 			if err := l.release(ctx, r.ID, r.VolumeVersion, r.VolumeVersion == ""); err != nil {
-				errs = append(errs, fmt.Errorf("clean %s: %w", r.ID, err))
+				failed, errs = true, append(errs, fmt.Errorf("clean %s: %w", r.ID, err))
+				continue
+			}
+			if err := l.unreserve(ctx, r.ID); err != nil {
+				failed, errs = true, append(errs, fmt.Errorf("clean %s: %w", r.ID, err))
 			}
 			cleaned = append(cleaned, r.ID)
+		case r.Reserved:
+			// A launch in progress: its GPUs are held by its supervisor.
 		case sup == supLive && r.Err == nil:
 			if err := l.claim(ctx, r, r.Supervisor); err != nil {
 				errs = append(errs, fmt.Errorf("clean: container %s: %w", r.RuntimeID, err))
@@ -236,6 +348,7 @@ func (l *Lifecycle) Clean(ctx context.Context) ([]string, error) {
 		}
 		cleaned = append(cleaned, owner)
 	}
+	errs = append(errs, l.sweep(ctx, false, failed))
 	slices.Sort(cleaned)
 	return slices.Compact(cleaned), errors.Join(errs...)
 }

@@ -43,6 +43,57 @@ type Updater interface {
 	Update(ctx context.Context, rec Record, gpus int) (Record, error)
 }
 
+// Reserver is a Runtime that durably reserves a container's id before the
+// prepare step, so that a process killed anywhere between the reservation
+// and the container's removal leaves something List finds (a record with
+// Reserved set until Create has made the container) and the next recovery
+// cleans up: the GPUs and the volume use the prepare step took for that
+// owner are given back with it.
+//
+// For a Reserver, Remove leaves the reservation: the Lifecycle drops it
+// with Unreserve once the container's GPUs and volume use are given back.
+type Reserver interface {
+	// Reserve marks spec.ID as taken by this runtime, durably, before
+	// anything is held for it. An id already reserved or in use is refused
+	// with an error matching ErrContainerExists. On error nothing is left.
+	Reserve(ctx context.Context, spec Spec) error
+	// Unreserve drops id's reservation; one already gone is not an error.
+	Unreserve(ctx context.Context, id string) error
+}
+
+// Adopter is a Runtime that records who supervises a container it keeps:
+// when Recover adopts a container whose supervisor died, a Lifecycle with
+// a Supervisor of its own takes the container over, and Adopt records that
+// supervisor on the runtime's side. Other runtimes keep their records as
+// they are.
+type Adopter interface {
+	// Adopt records sup as rec's supervisor and returns the record.
+	Adopt(ctx context.Context, rec Record, sup allocator.Holder) (Record, error)
+}
+
+// Cleaner is a Runtime that keeps things beside its containers that can
+// outlive the processes that made them (cgroups no record explains, the
+// temporary directories of dead processes). Recover and Clean call Sweep
+// once they have dealt with the containers.
+type Cleaner interface {
+	// Sweep removes the runtime's leftovers that no container explains.
+	// It never touches what a live process (another's or this one's) may
+	// still use. Errors are joined: one leftover does not keep the others.
+	Sweep(ctx context.Context, s Sweep) error
+}
+
+// Sweep tells a Cleaner what the recovery that calls it did.
+type Sweep struct {
+	// Adopting is true after Recover, which adopts the containers of dead
+	// supervisors (their leftovers may still be in use by them), false
+	// after Clean, which removed them.
+	Adopting bool
+	// Failed is true when the recovery could not remove or adopt every
+	// container of a dead supervisor: then the leftovers of dead processes
+	// may still be used by a container of theirs.
+	Failed bool
+}
+
 // Record is what a runtime keeps of a container: enough to find it again
 // and to give back what it holds.
 type Record struct {
@@ -63,6 +114,10 @@ type Record struct {
 	Supervisor *allocator.Holder `json:"supervisor,omitempty"`
 	// Exit is how its command ended, nil while it runs (List only).
 	Exit *ExitStatus `json:"exit,omitempty"`
+	// Reserved says the id is reserved (Reserver) and the container is not
+	// made yet (List only): a launch in progress, or one a killed process
+	// left, which the recoveries remove.
+	Reserved bool `json:"reserved,omitempty"`
 	// Err says why the runtime cannot read the container's record (List
 	// only): such a container is left alone.
 	Err error `json:"-"`

@@ -43,8 +43,8 @@ func TestBackend(t *testing.T) {
 				t.Fatal(err)
 			}
 			c := z.(*Containerizer)
-			if c.Allocator() != n.alloc || c.cfg.Inventory == nil || len(c.cfg.Inventory.Devices) != len(n.inv.Devices) {
-				t.Fatalf("built over %p with %v, want the composite's allocator %p", c.Allocator(), c.cfg.Inventory, n.alloc)
+			if c.Allocator() != n.alloc || c.rt.cfg.Inventory == nil || len(c.rt.cfg.Inventory.Devices) != len(n.inv.Devices) {
+				t.Fatalf("built over %p with %v, want the composite's allocator %p", c.Allocator(), c.rt.cfg.Inventory, n.alloc)
 			}
 			if _, err := containerizer.NewComposite(n.alloc, c, nil); err != nil {
 				t.Fatalf("a composite over it: %v", err)

@@ -221,7 +221,7 @@ func (n *bareNode) open(t *testing.T) *Containerizer {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c.dev, c.bare = n.dev, true
+	c.rt.dev, c.rt.bare = n.dev, true
 	return c
 }
 
@@ -257,7 +257,7 @@ func TestBareLifecycle(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := n.dev.names(n.c.devDir("job")); !slices.Equal(got, []string{"nvidia1", "nvidia3"}) {
+	if got := n.dev.names(n.c.rt.devDir("job")); !slices.Equal(got, []string{"nvidia1", "nvidia3"}) {
 		t.Errorf("/dev holds %v", got)
 	}
 	allowed := n.iso.allowed("job")
@@ -304,7 +304,7 @@ func TestBareUpdate(t *testing.T) {
 			names = append(names, fmt.Sprintf("nvidia%d", g.Minor))
 		}
 		sort.Strings(names)
-		if got := n.dev.names(n.c.devDir("grow")); len(ct.GPUs) != count || !slices.Equal(got, names) {
+		if got := n.dev.names(n.c.rt.devDir("grow")); len(ct.GPUs) != count || !slices.Equal(got, names) {
 			t.Fatalf("update to %d: GPUs %v, /dev %v", count, idx, got)
 		}
 		al, err := n.alloc.Allocation("grow")
@@ -320,6 +320,17 @@ func TestBareUpdate(t *testing.T) {
 	}
 	if _, err := n.c.Update(ctx, "grow", 0); !errors.Is(err, node.ErrInvalid) {
 		t.Fatalf("update to 0 = %v", err)
+	}
+	// Ended, though no one has waited for it yet: refused, GPUs kept.
+	if _, err := n.c.Launch(ctx, containerizer.Spec{ID: "ends", Command: []string{"true"}, GPUs: allocator.Request{Count: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	<-n.c.rt.known("ends").exited
+	if _, err := n.c.Update(ctx, "ends", 2); !errors.Is(err, containerizer.ErrNotSupported) {
+		t.Fatalf("update of an ended container = %v", err)
+	}
+	if al, err := n.alloc.Allocation("ends"); err != nil || len(al.Devices) != 1 {
+		t.Fatalf("after a refused update: %+v, %v", al, err)
 	}
 	if err := n.c.Destroy(ctx, "grow"); err != nil {
 		t.Fatal(err)
@@ -356,15 +367,16 @@ func TestBareLaunchFailures(t *testing.T) {
 }
 
 // TestBareRecover restarts the containerizer under a running container and
-// one that exited: the first is re-adopted with its GPUs, the second torn
-// down.
+// one that exited: both are re-adopted, this process being their
+// supervisor, the first with its GPUs, the second as exited; destroying
+// them gives everything back.
 func TestBareRecover(t *testing.T) {
 	n := newBareNode(t)
 	ctx := context.Background()
 	if _, err := n.c.Launch(ctx, containerizer.Spec{ID: "lives", Command: []string{"sleep", "60"}, GPUs: allocator.Request{Count: 2}}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := n.c.Launch(ctx, containerizer.Spec{ID: "ends", Command: []string{"true"}, GPUs: allocator.Request{Count: 1}}); err != nil {
+	if _, err := n.c.Launch(ctx, containerizer.Spec{ID: "ends", Command: []string{"sh", "-c", "exit 5"}, GPUs: allocator.Request{Count: 1}}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := n.c.Wait(ctx, "ends"); err != nil {
@@ -382,21 +394,29 @@ func TestBareRecover(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(got) != 1 || got[0].ID != "lives" || len(got[0].GPUs) != 2 {
-		t.Fatalf("recovered %+v", got)
+	var states []string
+	for _, c := range got {
+		states = append(states, fmt.Sprintf("%s:%s:%d", c.ID, c.State, len(c.GPUs)))
+	}
+	if want := []string{"ends:exited:1", "lives:running:2"}; !slices.Equal(states, want) {
+		t.Fatalf("recovered %v, want %v", states, want)
 	}
 	if al, err := n.alloc.Allocation("lives"); err != nil || len(al.Devices) != 2 {
 		t.Fatalf("allocation after recovery %+v, %v", al, err)
 	}
-	n.nothingLeft(t, "ends")
-	if err := n.c.Destroy(ctx, "lives"); err != nil {
-		t.Fatal(err)
+	if st, err := n.c.Wait(ctx, "ends"); err != nil || st.Code != 5 {
+		t.Fatalf("wait for the adopted exited container: %+v, %v; want exit 5", st, err)
 	}
-	n.nothingLeft(t, "lives")
+	for _, id := range []string{"ends", "lives"} {
+		if err := n.c.Destroy(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+		n.nothingLeft(t, id)
+	}
 	// The old instance's reaper sees its child go.
-	first, _, err := old.containers.Get("lives")
-	if err != nil {
-		t.Fatal(err)
+	first := old.rt.known("lives")
+	if first == nil {
+		t.Fatal("the first instance forgot its container")
 	}
 	select {
 	case <-first.exited:
@@ -444,7 +464,7 @@ func TestBareUnexplainedCgroups(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			c.dev, c.bare = n.dev, true
+			c.rt.dev, c.rt.bare = n.dev, true
 			if _, err := c.Recover(context.Background()); err != nil {
 				t.Fatal(err)
 			}

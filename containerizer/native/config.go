@@ -95,8 +95,10 @@ func (hostDevices) addNode(dir string, n isolator.DeviceNode) error       { retu
 func (hostDevices) removeNode(dir string, n isolator.DeviceNode) error    { return removeNode(dir, n) }
 func (hostDevices) removeDev(dir string) error                            { return removeDev(dir) }
 
-// New returns a containerizer. Call Recover before launching containers when
-// the containerizer may have run before.
+// New returns a containerizer. Call Recover (an agent) or Clean (a program
+// that runs its containers only while it lives) before launching
+// containers when the state directory may hold containers of an earlier
+// process.
 func New(cfg Config) (*Containerizer, error) {
 	if cfg.Allocator == nil || cfg.Inventory == nil || cfg.Isolator == nil {
 		return nil, fmt.Errorf("native containerizer: Allocator, Inventory and Isolator are required: %w", node.ErrInvalid)
@@ -136,12 +138,18 @@ func New(cfg Config) (*Containerizer, error) {
 	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
 		return nil, fmt.Errorf("native containerizer: %w", err)
 	}
-	prep := &containerizer.Preparer{Allocator: cfg.Allocator, Inventory: cfg.Inventory, Volumes: cfg.Volumes, DevRoot: cfg.DevRoot}
-	c := &Containerizer{cfg: cfg, prep: prep, dev: hostDevices{}, self: self(cfg.ProcRoot)}
+	rt := &runner{cfg: cfg, dev: hostDevices{}, self: self(cfg.ProcRoot)}
 	if p, ok := cfg.Isolator.(parented); ok && p.Parent() == own {
-		c.parent = p
+		rt.parent = p
 	}
-	return c, nil
+	lc, err := containerizer.NewLifecycle(containerizer.LifecycleConfig{
+		Runtime: rt, Allocator: cfg.Allocator, Inventory: cfg.Inventory, Volumes: cfg.Volumes, DevRoot: cfg.DevRoot,
+		Supervisor: rt.holder(), ReconcileAllocator: cfg.ReconcileAllocator, Logger: cfg.Logger,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("native containerizer: %w", err)
+	}
+	return &Containerizer{Lifecycle: lc, rt: rt}, nil
 }
 
 // parented is what an isolator tells of its cgroup parent;
@@ -154,14 +162,12 @@ type parented interface {
 // Isolator is the isolator the containerizer works with: Config.Isolator,
 // or the same on the state directory's own cgroup parent when
 // Config.Isolator was on the package default.
-func (c *Containerizer) Isolator() Isolator { return c.cfg.Isolator }
-
-// Allocator returns the allocator the containerizer draws on.
-func (c *Containerizer) Allocator() *allocator.Allocator { return c.cfg.Allocator }
-
-// ReconcilesAllocator tells whether Recover reconciles the allocator on its
-// own (Config.ReconcileAllocator).
-func (c *Containerizer) ReconcilesAllocator() bool { return c.cfg.ReconcileAllocator }
+func (c *Containerizer) Isolator() Isolator {
+	if c == nil || c.rt == nil {
+		return nil
+	}
+	return c.rt.cfg.Isolator
+}
 
 // Backend builds, for containerizer.Compose, a native containerizer of cfg
 // over the composite's allocator: cfg.Allocator must be nil or that

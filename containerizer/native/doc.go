@@ -108,11 +108,28 @@
 // mounts, runs the command, records its exit status and exits with it. Inits
 // run in their own session: killing the containerizer leaves them running.
 //
+// # A Lifecycle over a runtime
+//
+// [Containerizer] is a containerizer.Lifecycle over the native runtime,
+// as the Docker containerizer is over the Docker one: the Lifecycle owns
+// the states, the launches in progress, the prepare step, the allocator and
+// the one recovery; the runtime reserves a container's directory before
+// the prepare step (containerizer.Reserver), creates its /dev, cgroup and
+// held init, starts it, waits for it, kills and removes it, lists the
+// containers from their records, records the supervisor that takes one
+// over (containerizer.Adopter), sweeps its own leftovers
+// (containerizer.Cleaner) and resizes a running container's GPUs
+// (containerizer.Updater).
+//
 // Each container has a directory under the state directory (default
-// /run/gpuiso/native) holding its record (written atomically), its /dev and
-// its exit status. [Containerizer.Recover] reads them after a restart:
-// running containers are re-adopted with their GPUs, dead ones are cleaned up
-// and their GPUs released.
+// /run/gpuiso/native) holding its supervisor, its record (written
+// atomically, once the init's pid is known), its /dev and its exit
+// status. A directory without a record is a reservation: a launch in
+// progress, or one that a killed process left, which the next recovery
+// removes with what was held for it. [containerizer.Lifecycle.Recover]
+// reads them after a restart: running containers are re-adopted with their
+// GPUs (this process becomes their supervisor), those whose supervisor
+// died and that have ended are cleaned up and their GPUs released.
 //
 // The containerizer depends on an [Isolator] interface (package
 // isolator/cgroups implements it), so its bookkeeping is tested without root
@@ -125,12 +142,13 @@
 // names its supervisor, the process that launched or adopted it (pid and
 // start time), from the moment it exists: it is made under a temporary
 // name with the record inside and renamed into place, and it is renamed
-// away before it is removed. [Containerizer.Recover] adopts or tears down
-// only the containers of supervisors that provably died, and
-// [Containerizer.Clean] tears them down (processes killed, cgroup, /dev
+// away before it is removed. Recover adopts or tears down only the
+// containers of supervisors that provably died (or of this process), and
+// Clean tears them down (processes killed, cgroup, /dev
 // mounts, volume user, GPUs and directory given back) for programs whose
 // containers should not outlive them. Neither touches a container of a live
-// process. [Containerizer.TempDir] gives a program a directory of its own
+// process. The GPUs of a container are held in the allocator with its
+// supervisor as holder. [Containerizer.TempDir] gives a program a directory of its own
 // under the state directory (for an unpacked image, say) that Clean removes
 // once the program has died.
 //

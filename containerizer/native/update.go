@@ -16,64 +16,69 @@ import (
 // allocator chooses (healthy first, then by its placement policy), denies the
 // others (rules, then nodes) and only then
 // frees them. On error the container keeps the GPUs it had.
-func (c *Containerizer) Update(ctx context.Context, id string, n int) (containerizer.Container, error) {
-	ct, err := c.get(id)
+func (r *runner) Update(ctx context.Context, rec containerizer.Record, n int) (containerizer.Record, error) {
+	if n <= 0 {
+		return rec, fmt.Errorf("%w: %d GPUs (destroy the container to give all back)", containerizer.ErrInvalidSpec, n)
+	}
+	pr, err := r.entry(rec.ID)
 	if err != nil {
-		return containerizer.Container{}, fmt.Errorf("update %s: %w", id, err)
+		return rec, err
 	}
-	ct.busy.Lock()
-	defer ct.busy.Unlock()
-	if err := c.update(ctx, id, ct, n); err != nil {
-		return containerizer.Container{}, fmt.Errorf("update %s to %d gpus: %w", id, n, err)
+	pr.busy.Lock()
+	defer pr.busy.Unlock()
+	select {
+	case <-pr.exited: // killed, or ended before the Lifecycle waited for it
+		return rec, fmt.Errorf("container has exited: %w", containerizer.ErrNotSupported)
+	default:
 	}
-	return c.describe(id, ct), nil
+	if err := r.update(ctx, rec.ID, pr, n); err != nil {
+		return rec, err
+	}
+	r.mu.Lock()
+	rec.GPUs = slices.Clone(pr.rec.GPUs)
+	r.mu.Unlock()
+	return rec, nil
 }
 
-func (c *Containerizer) update(ctx context.Context, id string, ct *container, n int) error {
-	_, st, _ := c.containers.Get(id)
-	c.mu.Lock()
-	running, have := st == containerizer.StateRunning, slices.Clone(ct.rec.GPUs)
-	c.mu.Unlock()
-	if !running {
-		return fmt.Errorf("container has exited: %w", containerizer.ErrNotSupported)
-	}
-	if n <= 0 {
-		return fmt.Errorf("%w: %d GPUs (destroy the container to give all back)", containerizer.ErrInvalidSpec, n)
-	}
+func (r *runner) update(ctx context.Context, id string, pr *proc, n int) error {
+	r.mu.Lock()
+	have := slices.Clone(pr.rec.GPUs)
+	r.mu.Unlock()
+	alloc := r.cfg.Allocator
 	switch {
 	case n == len(have):
 		return nil
 	case n > len(have):
 		// A container launched without GPUs holds nothing yet.
-		grow := func() (allocator.Allocation, error) { return c.cfg.Allocator.Resize(ctx, id, n) }
+		grow := func() (allocator.Allocation, error) { return alloc.Resize(ctx, id, n) }
 		if len(have) == 0 {
 			grow = func() (allocator.Allocation, error) {
-				return c.cfg.Allocator.Allocate(ctx, id, allocator.Request{Count: n})
+				return alloc.Allocate(ctx, id, allocator.Request{Count: n, Holder: r.holder()})
 			}
 		}
 		al, err := grow()
 		if err != nil {
 			return err
 		}
-		if err := c.enforce(ctx, id, ct, al.Devices, have); err != nil {
+		if err := r.enforce(ctx, id, pr, al.Devices); err != nil {
 			if len(have) == 0 {
-				c.cfg.Allocator.Release(context.WithoutCancel(ctx), id)
+				alloc.Release(context.WithoutCancel(ctx), id)
 			} else {
-				c.cfg.Allocator.Retain(context.WithoutCancel(ctx), id, uuids(have))
+				alloc.Retain(context.WithoutCancel(ctx), id, uuids(have))
 			}
 			return err
 		}
 	default:
-		keep, err := c.cfg.Allocator.Shrink(id, n)
+		keep, err := alloc.Shrink(id, n)
 		if err != nil {
 			return err
 		}
-		if err := c.enforce(ctx, id, ct, keep, have); err != nil {
+		if err := r.enforce(ctx, id, pr, keep); err != nil {
 			return err
 		}
-		if _, err := c.cfg.Allocator.Retain(ctx, id, uuids(keep)); err != nil {
+		if _, err := alloc.Retain(ctx, id, uuids(keep)); err != nil {
 			// Still allocated: give the container its GPUs back.
-			c.enforce(context.WithoutCancel(ctx), id, ct, have, keep)
+			r.enforce(context.WithoutCancel(ctx), id, pr, have)
 			return err
 		}
 	}
@@ -82,35 +87,37 @@ func (c *Containerizer) update(ctx context.Context, id string, ct *container, n 
 
 // enforce moves the container's isolation from the GPUs old to gpus. Nodes
 // that come are added before the rules widen; rules narrow before nodes go.
-func (c *Containerizer) enforce(ctx context.Context, id string, ct *container, gpus, old []node.DeviceRef) error {
-	plan, err := isolator.NewPlan(id, c.cfg.Inventory, gpus, ct.rec.Mounts, ct.rec.Env)
+func (r *runner) enforce(ctx context.Context, id string, pr *proc, gpus []node.DeviceRef) error {
+	r.mu.Lock()
+	rec, old := pr.rec, pr.plan
+	r.mu.Unlock()
+	plan, err := isolator.NewPlan(id, r.cfg.Inventory, gpus, rec.Mounts, rec.Env)
 	if err != nil {
 		return err
 	}
-	dev := c.devDir(id)
+	dev := r.devDir(id)
 	for _, d := range plan.Devices {
-		if err := c.dev.addNode(dev, d); err != nil {
+		if err := r.dev.addNode(dev, d); err != nil {
 			return err
 		}
 	}
-	if err := c.cfg.Isolator.Apply(ctx, id, plan.Rules); err != nil {
+	if err := r.cfg.Isolator.Apply(ctx, id, plan.Rules); err != nil {
 		return err
 	}
-	for _, d := range ct.plan.Devices {
+	for _, d := range old.Devices {
 		if !slices.Contains(plan.Devices, d) {
-			if err := c.dev.removeNode(dev, d); err != nil {
+			if err := r.dev.removeNode(dev, d); err != nil {
 				return err
 			}
 		}
 	}
-	rec := ct.rec
 	rec.GPUs = gpus
-	if err := writeJSON(c.recPath(id), rec); err != nil {
+	if err := writeJSON(r.recPath(id), rec); err != nil {
 		return fmt.Errorf("record: %w", err)
 	}
-	c.mu.Lock()
-	ct.rec, ct.plan = rec, plan
-	c.mu.Unlock()
+	r.mu.Lock()
+	pr.rec, pr.plan = rec, plan
+	r.mu.Unlock()
 	return nil
 }
 
