@@ -1,0 +1,531 @@
+package conformance
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"hash/fnv"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gpuiso/gpuiso/internal/testenv"
+	gpucgroups "github.com/gpuiso/gpuiso/isolator/cgroups"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m) }
+
+// Environment variables that replay or widen the suite.
+const (
+	seedEnv  = "GPUISO_CONFORMANCE_SEED"  // the seed of the random kills
+	killsEnv = "GPUISO_CONFORMANCE_KILLS" // runs killed per subject (default 10)
+)
+
+// caseTimeout bounds each case: a hang fails it rather than stalls the run.
+const caseTimeout = 3 * time.Minute
+
+// TestConformance runs every case against every subject (see doc.go).
+func TestConformance(t *testing.T) {
+	testenv.RequireRoot(t)
+	testenv.RequireCgroupV1Devices(t) // the sampler reads v1 device rules
+	testenv.RequireNVIDIALibraries(t)
+	seed := uint64(time.Now().UnixNano())
+	if v := os.Getenv(seedEnv); v != "" {
+		n, err := strconv.ParseUint(v, 10, 64)
+		if err != nil {
+			t.Fatalf("%s=%q: %v", seedEnv, v, err)
+		}
+		seed = n
+	}
+	t.Logf("seed %d (replay with %s=%d)", seed, seedEnv, seed)
+	bins := build(t)
+	cases := []struct {
+		name string
+		run  func(t *testing.T, s subject, newInstance func(*testing.T, string) instance, rng *rand.Rand)
+	}{
+		{"random kills", randomKills},
+		{"side by side", sideBySide},
+		{"neighbours", neighbours},
+	}
+	for _, s := range []subject{nativeSubject(), dockerSubject(), chainSubject()} {
+		t.Run(s.name, func(t *testing.T) {
+			// Subjects share nothing: their own state directories,
+			// cgroup parents and Docker namespaces.
+			t.Parallel()
+			newInstance := s.setup(t, bins)
+			h := fnv.New64a()
+			h.Write([]byte(s.name))
+			rng := rand.New(rand.NewPCG(seed, h.Sum64()))
+			for _, c := range cases {
+				t.Run(c.name, func(t *testing.T) { c.run(t, s, newInstance, rng) })
+			}
+		})
+	}
+}
+
+// build compiles the three programs and the probe.
+func build(t *testing.T) binaries {
+	t.Helper()
+	if _, err := exec.LookPath("go"); err != nil {
+		t.Skipf("no go command to build the programs: %v", err)
+	}
+	dir := t.TempDir()
+	cmd := exec.Command("go", "build", "-buildvcs=false", "-o", dir+"/",
+		"github.com/gpuiso/gpuiso/examples/gpurun", "github.com/gpuiso/gpuiso/examples/dockerrun", "github.com/gpuiso/gpuiso/examples/agent")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return binaries{
+		gpurun:    filepath.Join(dir, "gpurun"),
+		dockerrun: filepath.Join(dir, "dockerrun"),
+		agent:     filepath.Join(dir, "agent"),
+		probe:     testenv.BuildProbe(t),
+	}
+}
+
+// newInstances makes n instances in directories of t, each torn down when
+// t ends.
+func newInstances(t *testing.T, newInstance func(*testing.T, string) instance, names ...string) []instance {
+	base := t.TempDir()
+	var out []instance
+	for _, n := range names {
+		inst := newInstance(t, filepath.Join(base, n))
+		t.Cleanup(inst.teardown)
+		out = append(out, inst)
+	}
+	return out
+}
+
+// process is a started run: its stderr read line by line, without tying
+// its end to that of its container (which holds the same stderr).
+type process struct {
+	cmd     *exec.Cmd
+	started chan struct{} // closed once a line says its container runs
+	done    chan struct{} // closed once it has exited
+	err     error         // Wait's, once done
+
+	mu  sync.Mutex
+	id  string
+	out strings.Builder
+}
+
+// start starts cmd of inst.
+func start(t *testing.T, inst instance, cmd *exec.Cmd) *process {
+	t.Helper()
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = w
+	p := &process{cmd: cmd, started: make(chan struct{}), done: make(chan struct{})}
+	err = cmd.Start()
+	w.Close()
+	if err != nil {
+		r.Close()
+		t.Fatal(err)
+	}
+	pid := cmd.Process.Pid
+	p.id, _ = inst.idOf(pid, "")
+	go func() {
+		defer r.Close()
+		sc := bufio.NewScanner(r)
+		for sc.Scan() {
+			id, ok := inst.idOf(pid, sc.Text())
+			p.mu.Lock()
+			p.out.WriteString(sc.Text() + "\n")
+			if ok {
+				p.id = id
+			}
+			p.mu.Unlock()
+			if ok {
+				close(p.started)
+			}
+		}
+	}()
+	go func() {
+		p.err = cmd.Wait()
+		close(p.done)
+	}()
+	return p
+}
+
+// ID names its container ("" while unknown).
+func (p *process) ID() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.id
+}
+
+func (p *process) output() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.out.String()
+}
+
+// kill SIGKILLs it and waits for it to end. It tells when it was killed:
+// "start-up or launch", "run" (its container ran) or "ended" (it had
+// exited on its own).
+func (p *process) kill() string {
+	phase := "start-up or launch"
+	select {
+	case <-p.done:
+		return "ended"
+	case <-p.started:
+		phase = "run"
+	default:
+	}
+	p.cmd.Process.Kill()
+	<-p.done
+	if p.cmd.ProcessState.Exited() {
+		return "ended" // exited between the look and the kill
+	}
+	return phase
+}
+
+// waitStarted waits until its container runs.
+func (p *process) waitStarted(t *testing.T, ctx context.Context) {
+	t.Helper()
+	select {
+	case <-p.started:
+	case <-p.done:
+		t.Fatalf("run ended before its container ran: %v\n%s", p.err, p.output())
+	case <-ctx.Done():
+		t.Fatalf("its container never ran: %v\n%s", ctx.Err(), p.output())
+	}
+}
+
+// wait waits until it ends on its own and fails t unless it exits 0.
+func (p *process) wait(t *testing.T, ctx context.Context, what string) {
+	t.Helper()
+	select {
+	case <-p.done:
+	case <-ctx.Done():
+		p.cmd.Process.Kill()
+		<-p.done
+		t.Errorf("%s did not end: %v\n%s", what, ctx.Err(), p.output())
+		return
+	}
+	if p.err != nil {
+		t.Errorf("%s: %v\n%s", what, p.err, p.output())
+	}
+}
+
+// running reports whether it still runs.
+func (p *process) running() bool {
+	select {
+	case <-p.done:
+		return false
+	default:
+		return true
+	}
+}
+
+// recoverInstance runs a start of inst that only recovers, bounded, and
+// fails t unless it exits 0 in time.
+func recoverInstance(t *testing.T, ctx context.Context, inst instance) time.Duration {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	began := time.Now()
+	out, err := inst.recovery(ctx).CombinedOutput()
+	took := time.Since(began)
+	if ctx.Err() != nil {
+		t.Errorf("recovery did not return within a minute: %v\n%s", err, out)
+	} else if err != nil {
+		t.Errorf("recovery: %v\n%s", err, out)
+	}
+	return took
+}
+
+// checkLeft fails t for anything left of the runs of ids of inst (keep:
+// containers that run on by design, skip: neighbours' cgroups).
+func checkLeft(t *testing.T, what string, inst instance, smp *sampler, ids []string, keep map[string]bool, skip []string) {
+	t.Helper()
+	left := inst.leftovers(ids, skip)
+	left = append(left, smp.leftovers(keep)...)
+	for _, l := range left {
+		t.Errorf("%s: left: %s", what, l)
+	}
+}
+
+// checkSamples fails t for every time the sampler saw a GPU allowed to two
+// live containers.
+func checkSamples(t *testing.T, what string, smp *sampler) {
+	t.Helper()
+	for _, f := range smp.finish() {
+		t.Errorf("%s: %s", what, f)
+	}
+}
+
+// envInt reads a positive count from the environment, or def.
+func envInt(name string, def int) int {
+	if n, err := strconv.Atoi(os.Getenv(name)); err == nil && n > 0 {
+		return n
+	}
+	return def
+}
+
+// randomKills: runs of a short command (2 GPUs, 0.3 s), a batch at a time,
+// each SIGKILLed at a random delay up to 1.2 times as long as a run takes
+// (one run not killed measures it): in start-up, launch, while the
+// container runs, in destroy, or after it ended. Then a start that only recovers, and a run of all the node's
+// GPUs. No GPU was ever allowed to two live containers; nothing of any
+// run is left.
+func randomKills(t *testing.T, s subject, newInstance func(*testing.T, string) instance, rng *rand.Rand) {
+	ctx, cancel := context.WithTimeout(context.Background(), caseTimeout)
+	defer cancel()
+	inst := newInstances(t, newInstance, "a")[0]
+	kills := envInt(killsEnv, 10)
+	smp := newSampler(inst, s.every)
+	smp.start()
+	// The window of the kill delays: a run's whole life, and a little
+	// more, as long as it takes on this host.
+	began := time.Now()
+	first := start(t, inst, inst.run(ctx, 2, "sleep", "0.3"))
+	first.wait(t, ctx, "a run not killed")
+	window := time.Since(began) * 6 / 5
+	ids := []string{first.ID()}
+	phases := map[string]int{}
+	for k := 0; k < kills; k += s.batch {
+		var batch []*process
+		var delays []time.Duration
+		for range min(s.batch, kills-k) {
+			delays = append(delays, time.Duration(rng.Int64N(int64(window))))
+			batch = append(batch, start(t, inst, inst.run(ctx, 2, "sleep", "0.3")))
+		}
+		var wg sync.WaitGroup
+		var mu sync.Mutex
+		for i, p := range batch {
+			wg.Go(func() {
+				time.Sleep(delays[i])
+				phase := p.kill()
+				mu.Lock()
+				phases[phase]++
+				mu.Unlock()
+			})
+		}
+		wg.Wait()
+		for _, p := range batch {
+			if id := p.ID(); id != "" {
+				ids = append(ids, id)
+			}
+		}
+		// What a kill left that names a container no line did.
+		ids = append(ids, inst.records()...)
+	}
+	t.Logf("%d runs killed, %d at a time, at delays up to %v: %v; %d containers seen running", kills, s.batch, window.Round(time.Millisecond), phases, smp.seenRunning())
+	took := recoverInstance(t, ctx, inst)
+	t.Logf("the recovery after the kills took %v", took.Round(time.Millisecond))
+	checkLeft(t, "after the kills and the next start", inst, smp, ids, nil, nil)
+	all := start(t, inst, inst.run(ctx, nodeGPUs, "exit", "0"))
+	all.wait(t, ctx, "a run of all GPUs after the kills")
+	ids = append(ids, all.ID())
+	checkSamples(t, "random kills", smp)
+	checkLeft(t, "after a run of all GPUs", inst, smp, ids, nil, nil)
+}
+
+// sideBySide: instances A and B (their own state directories, the same
+// kind of node) each run a held container. A is killed and started again;
+// B's container runs on, untouched, and exits 0 when let go. A subject
+// that adopts keeps A's first container running (the restarted A adopts
+// it); one that does not removes it.
+func sideBySide(t *testing.T, s subject, newInstance func(*testing.T, string) instance, _ *rand.Rand) {
+	ctx, cancel := context.WithTimeout(context.Background(), caseTimeout)
+	defer cancel()
+	insts := newInstances(t, newInstance, "a", "b")
+	a, b := insts[0], insts[1]
+	smpA, smpB := newSampler(a, s.every), newSampler(b, s.every)
+	smpA.start()
+	smpB.start()
+	a1 := start(t, a, a.run(ctx, 2, a.hold("a1")...))
+	b1 := start(t, b, b.run(ctx, 2, b.hold("b1")...))
+	a1.waitStarted(t, ctx)
+	b1.waitStarted(t, ctx)
+	before := liveProc(t, b, b1.ID())
+	firstA := liveProc(t, a, a1.ID())
+
+	if phase := a1.kill(); phase != "run" {
+		t.Fatalf("A's first run was killed in %s, want while its container ran", phase)
+	}
+	a2 := start(t, a, a.run(ctx, 2, a.hold("a2")...))
+	a2.waitStarted(t, ctx)
+	if !b1.running() {
+		t.Errorf("B's run ended when A was started again: %v\n%s", b1.err, b1.output())
+	}
+	if got := liveProc(t, b, b1.ID()); got != before || !before.alive() {
+		t.Errorf("B's container %s: first process %v, now %v (alive %v)", b1.ID(), before, got, before.alive())
+	}
+	if s.adopts {
+		if !firstA.alive() {
+			t.Errorf("A's first container %s was not adopted: its process %d is gone", a1.ID(), firstA.Pid)
+		}
+		if err := a.letGo(ctx, "a1"); err != nil {
+			t.Error(err)
+		}
+	} else if firstA.alive() {
+		t.Errorf("A's first container %s runs on after A was started again (process %d)", a1.ID(), firstA.Pid)
+	}
+	if err := a.letGo(ctx, "a2"); err != nil {
+		t.Error(err)
+	}
+	a2.wait(t, ctx, "A's second run")
+	checkLeft(t, "A after its last run", a, smpA, []string{a1.ID(), a2.ID()}, nil, nil)
+	if !b1.running() {
+		t.Errorf("B's run ended before it was let go: %v\n%s", b1.err, b1.output())
+	}
+	if err := b.letGo(ctx, "b1"); err != nil {
+		t.Error(err)
+	}
+	b1.wait(t, ctx, "B's run")
+	checkSamples(t, "A", smpA)
+	checkSamples(t, "B", smpB)
+	checkLeft(t, "B after its run", b, smpB, []string{b1.ID()}, nil, nil)
+}
+
+// liveProc returns the first process of inst's live container id.
+func liveProc(t *testing.T, inst instance, id string) proc {
+	t.Helper()
+	live, err := inst.live()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range live {
+		if c.ID == id {
+			return c.Proc
+		}
+	}
+	t.Fatalf("container %s does not run (live: %v)", id, live)
+	return proc{}
+}
+
+// neighbour is something live that is not the instance's: it must outlive
+// the instance's recovery.
+type neighbour struct {
+	name  string
+	alive func() bool
+}
+
+// neighbourer is an instance with neighbours of its own kind (a Docker
+// container that is not gpuiso's).
+type neighbourer interface {
+	neighbours(t *testing.T) []neighbour
+}
+
+// neighbours: live processes in a cgroup of gpuiso's shared default
+// parent and in nested parents inside each of A's own cgroup parents,
+// instance B's held container (and the subject's own kind of neighbour).
+// A run of A is killed while its container runs; A's recovery returns
+// within a bound, leaves nothing of the run, and every neighbour runs on;
+// B's container exits 0 when let go.
+func neighbours(t *testing.T, s subject, newInstance func(*testing.T, string) instance, rng *rand.Rand) {
+	ctx, cancel := context.WithTimeout(context.Background(), caseTimeout)
+	defer cancel()
+	insts := newInstances(t, newInstance, "a", "b")
+	a, b := insts[0], insts[1]
+	smpA, smpB := newSampler(a, s.every), newSampler(b, s.every)
+	smpA.start()
+	smpB.start()
+	b1 := start(t, b, b.run(ctx, 2, b.hold("b1")...))
+	b1.waitStarted(t, ctx)
+	tag := strconv.Itoa(os.Getpid()) + "-" + s.name + "-" + strconv.FormatUint(rng.Uint64()%1e6, 10)
+	shared := cgroupProcess(t, []string{filepath.Join(gpuParent(), "neighbour-"+tag)})
+	var nested []string
+	for _, p := range a.parents() {
+		nested = append(nested, filepath.Join(p, "nest-"+tag, "inner"))
+	}
+	nest := cgroupProcess(t, nested)
+	var skip []string
+	for _, n := range nested {
+		skip = append(skip, filepath.Dir(n))
+	}
+	all := []neighbour{shared, nest, {"B's container " + b1.ID(), liveProc(t, b, b1.ID()).alive}}
+	if n, ok := b.(neighbourer); ok {
+		all = append(all, n.neighbours(t)...)
+	}
+
+	a1 := start(t, a, a.run(ctx, 2, "sleep", "0.3"))
+	a1.waitStarted(t, ctx)
+	a1.kill()
+	ids := append([]string{a1.ID()}, a.records()...)
+	took := recoverInstance(t, ctx, a)
+	t.Logf("A's recovery with neighbours took %v", took.Round(time.Millisecond))
+	for _, n := range all {
+		if !n.alive() {
+			t.Errorf("A's recovery stopped a neighbour: %s", n.name)
+		}
+	}
+	checkSamples(t, "A", smpA)
+	checkLeft(t, "A after its recovery", a, smpA, ids, nil, skip)
+	if !b1.running() {
+		t.Errorf("B's run ended before it was let go: %v\n%s", b1.err, b1.output())
+	}
+	if err := b.letGo(ctx, "b1"); err != nil {
+		t.Error(err)
+	}
+	b1.wait(t, ctx, "B's run")
+	checkSamples(t, "B", smpB)
+	checkLeft(t, "B after its run", b, smpB, []string{b1.ID()}, nil, nil)
+}
+
+// gpuParent is gpuiso's shared default device cgroup parent.
+func gpuParent() string { return filepath.Join(cgroupRoot, "devices", gpucgroups.DefaultParent) }
+
+// cgroupProcess makes the cgroup directories dirs (one per hierarchy) and
+// moves one fresh process into all of them: someone else's live process.
+// It is killed, and what was made removed, when t ends.
+func cgroupProcess(t *testing.T, dirs []string) neighbour {
+	t.Helper()
+	var made []string
+	for _, d := range dirs {
+		for p := d; ; p = filepath.Dir(p) {
+			if _, err := os.Stat(p); err == nil {
+				break
+			}
+			made = append(made, p)
+		}
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cmd := exec.Command("sleep", "1000")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	p := procOf(cmd.Process.Pid)
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+		// Deepest first: made lists each directory's own before its parents.
+		for _, d := range made {
+			if err := os.Remove(d); err != nil && !errors.Is(err, os.ErrNotExist) {
+				t.Logf("remove %s: %v", d, err)
+			}
+		}
+	})
+	for _, d := range dirs {
+		if err := os.WriteFile(filepath.Join(d, "cgroup.procs"), []byte(strconv.Itoa(p.Pid)), 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return neighbour{name: "process in " + strings.Join(dirs, ", "), alive: func() bool {
+		if !p.alive() {
+			return false
+		}
+		// Still where it was put.
+		cgs := cgroupsOf(p.Pid)
+		for _, d := range dirs {
+			rel, _ := filepath.Rel(cgroupRoot, d)
+			ctl, path, _ := strings.Cut(rel, "/")
+			if cgs[ctl] != "/"+path {
+				return false
+			}
+		}
+		return true
+	}}
+}
