@@ -94,12 +94,17 @@ func gpusAllowed(pid int) (minors []int, path string, ok bool) {
 	if err != nil {
 		return nil, path, false
 	}
+	return gpuMinors(string(b)), path, true
+}
+
+// gpuMinors reads a devices.list: the minors of the GPU nodes it allows.
+func gpuMinors(list string) []int {
 	type rule struct {
 		kind, major, minor string
 	}
 	var rules []rule
 	majors := map[string]bool{}
-	for l := range strings.Lines(string(b)) {
+	for l := range strings.Lines(list) {
 		f := strings.Fields(l)
 		if len(f) != 3 || !strings.ContainsAny(f[2], "rw") {
 			continue
@@ -110,13 +115,14 @@ func gpusAllowed(pid int) (minors []int, path string, ok bool) {
 			majors[maj] = true
 		}
 	}
+	var minors []int
 	for _, r := range rules {
 		switch {
 		case r.kind == "a", r.kind == "c" && r.major == "*":
-			return []int{allGPUs}, path, true
+			return []int{allGPUs}
 		case r.kind != "c" || !majors[r.major]:
 		case r.minor == "*":
-			return []int{allGPUs}, path, true
+			return []int{allGPUs}
 		default:
 			if n, err := strconv.Atoi(r.minor); err == nil && n < 254 {
 				minors = append(minors, n)
@@ -124,7 +130,7 @@ func gpusAllowed(pid int) (minors []int, path string, ok bool) {
 		}
 	}
 	slices.Sort(minors)
-	return minors, path, true
+	return minors
 }
 
 // container is a live container of an instance: its id and first process.
@@ -138,7 +144,8 @@ type container struct {
 // running, its processes and its cgroups, for the check that nothing of
 // them is left.
 type sampler struct {
-	inst  instance
+	live  func() ([]container, error)
+	gpus  func(c container) (minors []int, path string, ok bool)
 	every time.Duration
 
 	mu       sync.Mutex
@@ -153,7 +160,8 @@ type sampler struct {
 }
 
 func newSampler(inst instance, every time.Duration) *sampler {
-	return &sampler{inst: inst, every: every, seen: map[string]bool{}, procs: map[proc]string{}, cgroups: map[string]string{}, own: cgroupsOf(os.Getpid())}
+	gpus := func(c container) ([]int, string, bool) { return gpusAllowed(c.Proc.Pid) }
+	return &sampler{live: inst.live, gpus: gpus, every: every, seen: map[string]bool{}, procs: map[proc]string{}, cgroups: map[string]string{}, own: cgroupsOf(os.Getpid())}
 }
 
 // start samples until finish.
@@ -184,7 +192,7 @@ func (s *sampler) finish() []string {
 
 // sample takes one look at the instance's live containers.
 func (s *sampler) sample() {
-	live, err := s.inst.live()
+	live, err := s.live()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.samples++
@@ -194,7 +202,7 @@ func (s *sampler) sample() {
 	}
 	holder := map[int]string{}
 	for _, c := range live {
-		minors, path, ok := gpusAllowed(c.Proc.Pid)
+		minors, path, ok := s.gpus(c)
 		if !ok || !c.Proc.alive() {
 			continue // not isolated yet, or gone since the listing
 		}

@@ -169,21 +169,22 @@ func (p *process) output() string {
 }
 
 // kill SIGKILLs it and waits for it to end. It tells when it was killed:
-// "start-up or launch", "run" (its container ran) or "ended" (it had
-// exited on its own).
+// "start-up or launch", "run" (its container ran) or "ended N" (it had
+// exited on its own with status N: 0, or 125 when it found too few free
+// GPUs).
 func (p *process) kill() string {
 	phase := "start-up or launch"
 	select {
 	case <-p.done:
-		return "ended"
+		return "ended " + strconv.Itoa(p.cmd.ProcessState.ExitCode())
 	case <-p.started:
 		phase = "run"
 	default:
 	}
 	p.cmd.Process.Kill()
 	<-p.done
-	if p.cmd.ProcessState.Exited() {
-		return "ended" // exited between the look and the kill
+	if p.cmd.ProcessState.Exited() { // between the look and the kill
+		return "ended " + strconv.Itoa(p.cmd.ProcessState.ExitCode())
 	}
 	return phase
 }
@@ -271,9 +272,9 @@ func envInt(name string, def int) int {
 	return def
 }
 
-// randomKills: runs of a short command (2 GPUs, 0.3 s), a batch at a time,
+// randomKills: runs of a short command (3 GPUs, 0.3 s), a batch at a time,
 // each SIGKILLed at a random delay up to 1.2 times as long as a run takes
-// (one run not killed measures it): in start-up, launch, while the
+// (a batch of runs of 2 GPUs not killed measures it): in start-up, launch, while the
 // container runs, in destroy, or after it ended. Then a start that only recovers, and a run of all the node's
 // GPUs. No GPU was ever allowed to two live containers; nothing of any
 // run is left.
@@ -285,19 +286,26 @@ func randomKills(t *testing.T, s subject, newInstance func(*testing.T, string) i
 	smp := newSampler(inst, s.every)
 	smp.start()
 	// The window of the kill delays: a run's whole life, and a little
-	// more, as long as it takes on this host.
+	// more, as long as it takes on this host with a batch going at once.
+	var ids []string
+	var window time.Duration
+	var calibration []*process
 	began := time.Now()
-	first := start(t, inst, inst.run(ctx, 2, "sleep", "0.3"))
-	first.wait(t, ctx, "a run not killed")
-	window := time.Since(began) * 6 / 5
-	ids := []string{first.ID()}
+	for range s.batch {
+		calibration = append(calibration, start(t, inst, inst.run(ctx, 2, "sleep", "0.3")))
+	}
+	for _, p := range calibration {
+		p.wait(t, ctx, "a run not killed")
+		window = max(window, time.Since(began)*6/5)
+		ids = append(ids, p.ID())
+	}
 	phases := map[string]int{}
 	for k := 0; k < kills; k += s.batch {
 		var batch []*process
 		var delays []time.Duration
 		for range min(s.batch, kills-k) {
 			delays = append(delays, time.Duration(rng.Int64N(int64(window))))
-			batch = append(batch, start(t, inst, inst.run(ctx, 2, "sleep", "0.3")))
+			batch = append(batch, start(t, inst, inst.run(ctx, 3, "sleep", "0.3")))
 		}
 		var wg sync.WaitGroup
 		var mu sync.Mutex
