@@ -39,13 +39,17 @@ func TestSamplerSeesSharedGPUs(t *testing.T) {
 	self := procOf(os.Getpid())
 	for _, tc := range []struct {
 		name string
-		gpus map[string][]int // by container
+		gpus map[string][]int // allowed by container
+		held map[string][]int // by the allocator; nil: as allowed
 		want string           // in the one failure; "" for none
 	}{
-		{"disjoint", map[string][]int{"a": {0, 1}, "b": {2, 3}}, ""},
-		{"one shared", map[string][]int{"a": {0, 1}, "b": {1, 2}}, "GPU minor 1 allowed to live containers"},
-		{"every GPU and one", map[string][]int{"a": {allGPUs}, "b": {5}}, "allowed to live containers"},
-		{"one container", map[string][]int{"a": {0, 1, 2}}, ""},
+		{"disjoint", map[string][]int{"a": {0, 1}, "b": {2, 3}}, nil, ""},
+		{"one shared", map[string][]int{"a": {0, 1}, "b": {1, 2}}, nil, "GPU minor 1 allowed to live containers"},
+		{"every GPU and one", map[string][]int{"a": {allGPUs}, "b": {5}}, nil, "allowed to live containers"},
+		{"one container", map[string][]int{"a": {0, 1, 2}}, nil, ""},
+		{"held for more", map[string][]int{"a": {0}}, map[string][]int{"a": {0, 1}}, ""},
+		{"not held", map[string][]int{"a": {0, 1}}, map[string][]int{"a": {0}}, "allowed GPU minors [1], which the allocator does not hold"},
+		{"held for another", map[string][]int{"a": {3}}, map[string][]int{"b": {3}}, "allowed GPU minors [3], which the allocator does not hold"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var live []container
@@ -56,6 +60,12 @@ func TestSamplerSeesSharedGPUs(t *testing.T) {
 			s := &sampler{
 				live: func() ([]container, error) { return live, nil },
 				gpus: func(c container) ([]int, string, bool) { return tc.gpus[c.ID], "/test", true },
+				held: func() (map[string][]int, error) {
+					if tc.held == nil {
+						return tc.gpus, nil
+					}
+					return tc.held, nil
+				},
 				seen: map[string]bool{}, procs: map[proc]string{}, cgroups: map[string]string{},
 			}
 			s.sample()

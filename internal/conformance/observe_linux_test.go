@@ -144,7 +144,10 @@ type container struct {
 // running, its processes and its cgroups, for the check that nothing of
 // them is left.
 type sampler struct {
-	live  func() ([]container, error)
+	live func() ([]container, error)
+	// held reads the GPU minors the allocator holds for each owner; nil
+	// where it is not checked.
+	held  func() (map[string][]int, error)
 	gpus  func(c container) (minors []int, path string, ok bool)
 	every time.Duration
 
@@ -159,9 +162,23 @@ type sampler struct {
 	done     chan struct{}
 }
 
-func newSampler(inst instance, every time.Duration) *sampler {
+func newSampler(inst instance, minorOf map[string]int, every time.Duration) *sampler {
 	gpus := func(c container) ([]int, string, bool) { return gpusAllowed(c.Proc.Pid) }
-	return &sampler{live: inst.live, gpus: gpus, every: every, seen: map[string]bool{}, procs: map[proc]string{}, cgroups: map[string]string{}, own: cgroupsOf(os.Getpid())}
+	held := func() (map[string][]int, error) {
+		byUUID, err := allocations(inst.allocDir())
+		out := map[string][]int{}
+		for o, uuids := range byUUID {
+			for _, u := range uuids {
+				m, ok := minorOf[u]
+				if !ok {
+					m = allGPUs - 1 // no GPU of the node: matches nothing
+				}
+				out[o] = append(out[o], m)
+			}
+		}
+		return out, err
+	}
+	return &sampler{live: inst.live, held: held, gpus: gpus, every: every, seen: map[string]bool{}, procs: map[proc]string{}, cgroups: map[string]string{}, own: cgroupsOf(os.Getpid())}
 }
 
 // start samples until finish.
@@ -201,11 +218,15 @@ func (s *sampler) sample() {
 		return
 	}
 	holder := map[int]string{}
+	uses := map[string][]int{}
+	var alive []container
 	for _, c := range live {
 		minors, path, ok := s.gpus(c)
 		if !ok || !c.Proc.alive() {
 			continue // not isolated yet, or gone since the listing
 		}
+		uses[c.ID] = minors
+		alive = append(alive, c)
 		s.seen[c.ID] = true
 		s.procs[c.Proc] = c.ID
 		for ctl, p := range cgroupsOf(c.Proc.Pid) {
@@ -220,6 +241,27 @@ func (s *sampler) sample() {
 				}
 			}
 			holder[m] = c.ID
+		}
+	}
+	if s.held == nil || len(alive) == 0 {
+		return
+	}
+	// The allocator holds, for each container that still runs after its
+	// state was read, every GPU its device cgroup allows.
+	held, err := s.held()
+	if err != nil {
+		s.failures = append(s.failures, fmt.Sprintf("read the allocator's state: %v", err))
+		return
+	}
+	for _, c := range alive {
+		var free []string
+		for _, m := range uses[c.ID] {
+			if !slices.Contains(held[c.ID], m) {
+				free = append(free, minorName(m))
+			}
+		}
+		if len(free) > 0 && c.Proc.alive() {
+			s.failures = append(s.failures, fmt.Sprintf("live container %s is allowed GPU minors %v, which the allocator does not hold for it (it holds %v)", c.ID, free, held[c.ID]))
 		}
 	}
 }
@@ -261,8 +303,9 @@ func (s *sampler) leftovers(keep map[string]bool) []string {
 	return left
 }
 
-// owners reads the owners of the allocator's state file in dir.
-func owners(dir string) ([]string, error) {
+// allocations reads the allocator's state file in dir: the UUIDs of the
+// GPUs it holds for each owner.
+func allocations(dir string) (map[string][]string, error) {
 	b, err := os.ReadFile(filepath.Join(dir, allocator.StateFile))
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
@@ -273,18 +316,35 @@ func owners(dir string) ([]string, error) {
 	var st struct {
 		State struct {
 			Owners []struct {
-				Owner string `json:"owner"`
+				Owner   string `json:"owner"`
+				Devices []struct {
+					UUID string `json:"uuid"`
+				} `json:"devices"`
 			} `json:"owners"`
 		} `json:"state"`
 	}
 	if err := json.Unmarshal(b, &st); err != nil {
 		return nil, fmt.Errorf("%s: %w", allocator.StateFile, err)
 	}
-	var out []string
+	out := map[string][]string{}
 	for _, o := range st.State.Owners {
-		out = append(out, o.Owner)
+		out[o.Owner] = []string{}
+		for _, d := range o.Devices {
+			out[o.Owner] = append(out[o.Owner], d.UUID)
+		}
 	}
 	return out, nil
+}
+
+// owners reads the owners of the allocator's state file in dir.
+func owners(dir string) ([]string, error) {
+	held, err := allocations(dir)
+	var out []string
+	for o := range held {
+		out = append(out, o)
+	}
+	slices.Sort(out)
+	return out, err
 }
 
 // mountsUnder lists the mounts of this mount namespace whose mount point or

@@ -78,6 +78,8 @@ type instance interface {
 	leftovers(ids []string, skip []string) []string
 	// parents are the cgroup parents of its containers (absolute).
 	parents() []string
+	// allocDir is the directory of its allocator's state.
+	allocDir() string
 	// teardown removes whatever a failed case left.
 	teardown()
 }
@@ -236,12 +238,14 @@ func (n *nativeInstance) live() ([]container, error) {
 	return out, nil
 }
 
+func (n *nativeInstance) allocDir() string { return n.state }
+
 func (n *nativeInstance) parents() []string {
 	return []string{filepath.Join(cgroupRoot, "devices", native.CgroupParent(filepath.Join(n.state, "native")))}
 }
 
 func (n *nativeInstance) leftovers(ids []string, skip []string) []string {
-	left := n.common(ids, n.state)
+	left := n.common(ids, n.allocDir())
 	for _, e := range entries(filepath.Join(n.state, "native")) {
 		left = append(left, "state entry native/"+e)
 	}
@@ -363,6 +367,8 @@ func (c *chainInstance) live() ([]container, error) {
 // every agent.
 const agentParent = "gpuiso-agent"
 
+func (c *chainInstance) allocDir() string { return filepath.Join(c.state, "alloc") }
+
 func (c *chainInstance) parents() []string {
 	return []string{
 		filepath.Join(cgroupRoot, "devices", chain.CgroupParent(filepath.Join(c.state, "gpu"))),
@@ -372,7 +378,7 @@ func (c *chainInstance) parents() []string {
 }
 
 func (c *chainInstance) leftovers(ids []string, skip []string) []string {
-	left := c.common(ids, filepath.Join(c.state, "alloc"))
+	left := c.common(ids, c.allocDir())
 	for _, e := range entries(filepath.Join(c.state, "containers")) {
 		left = append(left, "record containers/"+e)
 	}
@@ -532,12 +538,14 @@ func (d *dockerInstance) letGo(ctx context.Context, key string) error {
 	return fmt.Errorf("no running container waits for %s", key)
 }
 
+func (d *dockerInstance) allocDir() string { return d.state }
+
 func (d *dockerInstance) parents() []string {
 	return []string{filepath.Join(cgroupRoot, "devices", "docker")}
 }
 
 func (d *dockerInstance) leftovers(ids []string, _ []string) []string {
-	left := d.common(ids, d.state)
+	left := d.common(ids, d.allocDir())
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	cids, owner, err := d.containers(ctx, true)

@@ -45,9 +45,16 @@ func TestConformance(t *testing.T) {
 	}
 	t.Logf("seed %d (replay with %s=%d)", seed, seedEnv, seed)
 	bins := build(t)
+	// The GPUs' minors by UUID: the allocator names GPUs by UUID, device
+	// cgroups by number.
+	_, _, inv := testenv.SimulatedNode(t, simulated)
+	minorOf := map[string]int{}
+	for _, d := range inv.Devices {
+		minorOf[d.UUID] = int(d.Node.Minor)
+	}
 	cases := []struct {
 		name string
-		run  func(t *testing.T, s subject, newInstance func(*testing.T, string) instance, rng *rand.Rand)
+		run  func(t *testing.T, e env)
 	}{
 		{"random kills", randomKills},
 		{"side by side", sideBySide},
@@ -63,11 +70,22 @@ func TestConformance(t *testing.T) {
 			h.Write([]byte(s.name))
 			rng := rand.New(rand.NewPCG(seed, h.Sum64()))
 			for _, c := range cases {
-				t.Run(c.name, func(t *testing.T) { c.run(t, s, newInstance, rng) })
+				t.Run(c.name, func(t *testing.T) { c.run(t, env{s, newInstance, rng, minorOf}) })
 			}
 		})
 	}
 }
+
+// env is what a case runs with: the subject, how to make its instances,
+// the subject's random source and the GPUs' minors by UUID.
+type env struct {
+	s           subject
+	newInstance func(*testing.T, string) instance
+	rng         *rand.Rand
+	minorOf     map[string]int
+}
+
+func (e env) sampler(inst instance) *sampler { return newSampler(inst, e.minorOf, e.s.every) }
 
 // build compiles the three programs and the probe.
 func build(t *testing.T) binaries {
@@ -256,11 +274,15 @@ func checkLeft(t *testing.T, what string, inst instance, smp *sampler, ids []str
 }
 
 // checkSamples fails t for every time the sampler saw a GPU allowed to two
-// live containers.
-func checkSamples(t *testing.T, what string, smp *sampler) {
+// live containers, or one the allocator did not hold for the container, and
+// unless it saw at least seen containers running.
+func checkSamples(t *testing.T, what string, smp *sampler, seen int) {
 	t.Helper()
 	for _, f := range smp.finish() {
 		t.Errorf("%s: %s", what, f)
+	}
+	if n := smp.seenRunning(); n < seen {
+		t.Errorf("%s: the sampler saw %d containers running, want at least %d", what, n, seen)
 	}
 }
 
@@ -278,12 +300,12 @@ func envInt(name string, def int) int {
 // container runs, in destroy, or after it ended. Then a start that only recovers, and a run of all the node's
 // GPUs. No GPU was ever allowed to two live containers; nothing of any
 // run is left.
-func randomKills(t *testing.T, s subject, newInstance func(*testing.T, string) instance, rng *rand.Rand) {
+func randomKills(t *testing.T, e env) {
 	ctx, cancel := context.WithTimeout(context.Background(), caseTimeout)
 	defer cancel()
-	inst := newInstances(t, newInstance, "a")[0]
+	inst := newInstances(t, e.newInstance, "a")[0]
 	kills := envInt(killsEnv, 10)
-	smp := newSampler(inst, s.every)
+	smp := e.sampler(inst)
 	smp.start()
 	// The window of the kill delays: a run's whole life, and a little
 	// more, as long as it takes on this host with a batch going at once.
@@ -291,7 +313,7 @@ func randomKills(t *testing.T, s subject, newInstance func(*testing.T, string) i
 	var window time.Duration
 	var calibration []*process
 	began := time.Now()
-	for range s.batch {
+	for range e.s.batch {
 		calibration = append(calibration, start(t, inst, inst.run(ctx, 2, "sleep", "0.3")))
 	}
 	for _, p := range calibration {
@@ -300,11 +322,11 @@ func randomKills(t *testing.T, s subject, newInstance func(*testing.T, string) i
 		ids = append(ids, p.ID())
 	}
 	phases := map[string]int{}
-	for k := 0; k < kills; k += s.batch {
+	for k := 0; k < kills; k += e.s.batch {
 		var batch []*process
 		var delays []time.Duration
-		for range min(s.batch, kills-k) {
-			delays = append(delays, time.Duration(rng.Int64N(int64(window))))
+		for range min(e.s.batch, kills-k) {
+			delays = append(delays, time.Duration(e.rng.Int64N(int64(window))))
 			batch = append(batch, start(t, inst, inst.run(ctx, 3, "sleep", "0.3")))
 		}
 		var wg sync.WaitGroup
@@ -327,14 +349,14 @@ func randomKills(t *testing.T, s subject, newInstance func(*testing.T, string) i
 		// What a kill left that names a container no line did.
 		ids = append(ids, inst.records()...)
 	}
-	t.Logf("%d runs killed, %d at a time, at delays up to %v: %v; %d containers seen running", kills, s.batch, window.Round(time.Millisecond), phases, smp.seenRunning())
+	t.Logf("%d runs killed, %d at a time, at delays up to %v: %v; %d containers seen running", kills, e.s.batch, window.Round(time.Millisecond), phases, smp.seenRunning())
 	took := recoverInstance(t, ctx, inst)
 	t.Logf("the recovery after the kills took %v", took.Round(time.Millisecond))
 	checkLeft(t, "after the kills and the next start", inst, smp, ids, nil, nil)
 	all := start(t, inst, inst.run(ctx, nodeGPUs, "exit", "0"))
 	all.wait(t, ctx, "a run of all GPUs after the kills")
 	ids = append(ids, all.ID())
-	checkSamples(t, "random kills", smp)
+	checkSamples(t, "random kills", smp, e.s.batch)
 	checkLeft(t, "after a run of all GPUs", inst, smp, ids, nil, nil)
 }
 
@@ -343,12 +365,12 @@ func randomKills(t *testing.T, s subject, newInstance func(*testing.T, string) i
 // B's container runs on, untouched, and exits 0 when let go. A subject
 // that adopts keeps A's first container running (the restarted A adopts
 // it); one that does not removes it.
-func sideBySide(t *testing.T, s subject, newInstance func(*testing.T, string) instance, _ *rand.Rand) {
+func sideBySide(t *testing.T, e env) {
 	ctx, cancel := context.WithTimeout(context.Background(), caseTimeout)
 	defer cancel()
-	insts := newInstances(t, newInstance, "a", "b")
+	insts := newInstances(t, e.newInstance, "a", "b")
 	a, b := insts[0], insts[1]
-	smpA, smpB := newSampler(a, s.every), newSampler(b, s.every)
+	smpA, smpB := e.sampler(a), e.sampler(b)
 	smpA.start()
 	smpB.start()
 	a1 := start(t, a, a.run(ctx, 2, a.hold("a1")...))
@@ -369,7 +391,7 @@ func sideBySide(t *testing.T, s subject, newInstance func(*testing.T, string) in
 	if got := liveProc(t, b, b1.ID()); got != before || !before.alive() {
 		t.Errorf("B's container %s: first process %v, now %v (alive %v)", b1.ID(), before, got, before.alive())
 	}
-	if s.adopts {
+	if e.s.adopts {
 		if !firstA.alive() {
 			t.Errorf("A's first container %s was not adopted: its process %d is gone", a1.ID(), firstA.Pid)
 		}
@@ -391,8 +413,8 @@ func sideBySide(t *testing.T, s subject, newInstance func(*testing.T, string) in
 		t.Error(err)
 	}
 	b1.wait(t, ctx, "B's run")
-	checkSamples(t, "A", smpA)
-	checkSamples(t, "B", smpB)
+	checkSamples(t, "A", smpA, 2)
+	checkSamples(t, "B", smpB, 1)
 	checkLeft(t, "B after its run", b, smpB, []string{b1.ID()}, nil, nil)
 }
 
@@ -431,17 +453,17 @@ type neighbourer interface {
 // A run of A is killed while its container runs; A's recovery returns
 // within a bound, leaves nothing of the run, and every neighbour runs on;
 // B's container exits 0 when let go.
-func neighbours(t *testing.T, s subject, newInstance func(*testing.T, string) instance, rng *rand.Rand) {
+func neighbours(t *testing.T, e env) {
 	ctx, cancel := context.WithTimeout(context.Background(), caseTimeout)
 	defer cancel()
-	insts := newInstances(t, newInstance, "a", "b")
+	insts := newInstances(t, e.newInstance, "a", "b")
 	a, b := insts[0], insts[1]
-	smpA, smpB := newSampler(a, s.every), newSampler(b, s.every)
+	smpA, smpB := e.sampler(a), e.sampler(b)
 	smpA.start()
 	smpB.start()
 	b1 := start(t, b, b.run(ctx, 2, b.hold("b1")...))
 	b1.waitStarted(t, ctx)
-	tag := strconv.Itoa(os.Getpid()) + "-" + s.name + "-" + strconv.FormatUint(rng.Uint64()%1e6, 10)
+	tag := strconv.Itoa(os.Getpid()) + "-" + e.s.name + "-" + strconv.FormatUint(e.rng.Uint64()%1e6, 10)
 	shared := cgroupProcess(t, []string{filepath.Join(gpuParent(), "neighbour-"+tag)})
 	var nested []string
 	for _, p := range a.parents() {
@@ -468,7 +490,7 @@ func neighbours(t *testing.T, s subject, newInstance func(*testing.T, string) in
 			t.Errorf("A's recovery stopped a neighbour: %s", n.name)
 		}
 	}
-	checkSamples(t, "A", smpA)
+	checkSamples(t, "A", smpA, 1)
 	checkLeft(t, "A after its recovery", a, smpA, ids, nil, skip)
 	if !b1.running() {
 		t.Errorf("B's run ended before it was let go: %v\n%s", b1.err, b1.output())
@@ -477,7 +499,7 @@ func neighbours(t *testing.T, s subject, newInstance func(*testing.T, string) in
 		t.Error(err)
 	}
 	b1.wait(t, ctx, "B's run")
-	checkSamples(t, "B", smpB)
+	checkSamples(t, "B", smpB, 1)
 	checkLeft(t, "B after its run", b, smpB, []string{b1.ID()}, nil, nil)
 }
 
