@@ -296,7 +296,7 @@ func envInt(name string, def int) int {
 
 // randomKills: runs of a short command (3 GPUs, 0.3 s), a batch at a time,
 // each SIGKILLed at a random delay up to 1.2 times as long as a run takes
-// (a batch of runs of 2 GPUs not killed measures it): in start-up, launch, while the
+// (a batch of runs of 1 GPU not killed measures it): in start-up, launch, while the
 // container runs, in destroy, or after it ended. Then a start that only recovers, and a run of all the node's
 // GPUs. No GPU was ever allowed to two live containers; nothing of any
 // run is left.
@@ -314,7 +314,7 @@ func randomKills(t *testing.T, e env) {
 	var calibration []*process
 	began := time.Now()
 	for range e.s.batch {
-		calibration = append(calibration, start(t, inst, inst.run(ctx, 2, "sleep", "0.3")))
+		calibration = append(calibration, start(t, inst, inst.run(ctx, 1, "sleep", "0.3")))
 	}
 	for _, p := range calibration {
 		p.wait(t, ctx, "a run not killed")
