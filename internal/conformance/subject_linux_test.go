@@ -279,11 +279,11 @@ func (n *nativeInstance) teardown() {
 	n.recovery(ctx).Run()
 }
 
-// killAll kills the runs that still go.
+// killAll kills the runs that still go (their waiters reap them).
 func killAll(cmds []*exec.Cmd) {
 	for _, c := range cmds {
-		if c.Process != nil && c.ProcessState == nil {
-			c.Process.Kill()
+		if c.Process != nil {
+			c.Process.Kill() // an error for one that has ended
 		}
 	}
 }
@@ -402,11 +402,6 @@ func (c *chainInstance) teardown() {
 	cmds := slices.Clone(c.cmds)
 	c.mu.Unlock()
 	killAll(cmds)
-	for _, cmd := range cmds {
-		if cmd.Process != nil && cmd.ProcessState == nil {
-			cmd.Wait()
-		}
-	}
 	live, _ := c.live()
 	for _, ct := range live {
 		if p, err := os.FindProcess(ct.Proc.Pid); err == nil && ct.Proc.alive() {

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -266,6 +267,8 @@ func recoverInstance(t *testing.T, ctx context.Context, inst instance) time.Dura
 // containers that run on by design, skip: neighbours' cgroups).
 func checkLeft(t *testing.T, what string, inst instance, smp *sampler, ids []string, keep map[string]bool, skip []string) {
 	t.Helper()
+	ids = slices.Compact(slices.Sorted(slices.Values(ids)))
+	ids = slices.DeleteFunc(ids, func(id string) bool { return id == "" }) // runs killed before they named theirs
 	left := inst.leftovers(ids, skip)
 	left = append(left, smp.leftovers(keep)...)
 	for _, l := range left {
@@ -361,8 +364,9 @@ func randomKills(t *testing.T, e env) {
 }
 
 // sideBySide: instances A and B (their own state directories, the same
-// kind of node) each run a held container. A is killed and started again;
-// B's container runs on, untouched, and exits 0 when let go. A subject
+// kind of node) each run a held container. A is killed, three more starts
+// of A are killed at random points, and A is started again; B's container
+// runs on, untouched, and exits 0 when let go. A subject
 // that adopts keeps A's first container running (the restarted A adopts
 // it); one that does not removes it.
 func sideBySide(t *testing.T, e env) {
@@ -382,6 +386,17 @@ func sideBySide(t *testing.T, e env) {
 
 	if phase := a1.kill(); phase != "run" {
 		t.Fatalf("A's first run was killed in %s, want while its container ran", phase)
+	}
+	// Starts of A killed at random points of their own start-up and run
+	// (of one GPU each: a subject that adopts holds them all, with A's
+	// first, when A starts again).
+	ids := []string{a1.ID()}
+	for range 3 {
+		p := start(t, a, a.run(ctx, 1, "sleep", "0.3"))
+		time.Sleep(time.Duration(e.rng.Int64N(int64(400 * time.Millisecond))))
+		p.kill()
+		ids = append(ids, p.ID())
+		ids = append(ids, a.records()...)
 	}
 	a2 := start(t, a, a.run(ctx, 2, a.hold("a2")...))
 	a2.waitStarted(t, ctx)
@@ -405,7 +420,7 @@ func sideBySide(t *testing.T, e env) {
 		t.Error(err)
 	}
 	a2.wait(t, ctx, "A's second run")
-	checkLeft(t, "A after its last run", a, smpA, []string{a1.ID(), a2.ID()}, nil, nil)
+	checkLeft(t, "A after its last run", a, smpA, append(ids, a2.ID()), nil, nil)
 	if !b1.running() {
 		t.Errorf("B's run ended before it was let go: %v\n%s", b1.err, b1.output())
 	}
@@ -450,8 +465,9 @@ type neighbourer interface {
 // neighbours: live processes in a cgroup of gpuiso's shared default
 // parent and in nested parents inside each of A's own cgroup parents,
 // instance B's held container (and the subject's own kind of neighbour).
-// A run of A is killed while its container runs; A's recovery returns
-// within a bound, leaves nothing of the run, and every neighbour runs on;
+// A run of A is killed early in its start, another while its container
+// runs; A's recovery returns within a bound, leaves nothing of the runs,
+// and every neighbour runs on;
 // B's container exits 0 when let go.
 func neighbours(t *testing.T, e env) {
 	ctx, cancel := context.WithTimeout(context.Background(), caseTimeout)
@@ -479,10 +495,14 @@ func neighbours(t *testing.T, e env) {
 		all = append(all, n.neighbours(t)...)
 	}
 
+	// One run of A killed early in its start, one while its container runs.
+	a0 := start(t, a, a.run(ctx, 2, "sleep", "0.3"))
+	time.Sleep(time.Duration(e.rng.Int64N(int64(150 * time.Millisecond))))
+	a0.kill()
 	a1 := start(t, a, a.run(ctx, 2, "sleep", "0.3"))
 	a1.waitStarted(t, ctx)
 	a1.kill()
-	ids := append([]string{a1.ID()}, a.records()...)
+	ids := append([]string{a0.ID(), a1.ID()}, a.records()...)
 	took := recoverInstance(t, ctx, a)
 	t.Logf("A's recovery with neighbours took %v", took.Round(time.Millisecond))
 	for _, n := range all {
