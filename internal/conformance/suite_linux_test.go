@@ -381,6 +381,9 @@ func sideBySide(t *testing.T, e env) {
 	b1 := start(t, b, b.run(ctx, 2, b.hold("b1")...))
 	a1.waitStarted(t, ctx)
 	b1.waitStarted(t, ctx)
+	// A look while both certainly run (sampling alone may miss a short one).
+	smpA.sample()
+	smpB.sample()
 	before := liveProc(t, b, b1.ID())
 	firstA := liveProc(t, a, a1.ID())
 
@@ -400,6 +403,7 @@ func sideBySide(t *testing.T, e env) {
 	}
 	a2 := start(t, a, a.run(ctx, 2, a.hold("a2")...))
 	a2.waitStarted(t, ctx)
+	smpA.sample()
 	if !b1.running() {
 		t.Errorf("B's run ended when A was started again: %v\n%s", b1.err, b1.output())
 	}
@@ -479,6 +483,7 @@ func neighbours(t *testing.T, e env) {
 	smpB.start()
 	b1 := start(t, b, b.run(ctx, 2, b.hold("b1")...))
 	b1.waitStarted(t, ctx)
+	smpB.sample()
 	tag := strconv.Itoa(os.Getpid()) + "-" + e.s.name + "-" + strconv.FormatUint(e.rng.Uint64()%1e6, 10)
 	shared := cgroupProcess(t, []string{filepath.Join(gpuParent(), "neighbour-"+tag)})
 	var nested []string
@@ -501,6 +506,7 @@ func neighbours(t *testing.T, e env) {
 	a0.kill()
 	a1 := start(t, a, a.run(ctx, 2, "sleep", "0.3"))
 	a1.waitStarted(t, ctx)
+	smpA.sample()
 	a1.kill()
 	ids := append([]string{a0.ID(), a1.ID()}, a.records()...)
 	took := recoverInstance(t, ctx, a)
