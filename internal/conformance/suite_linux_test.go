@@ -291,8 +291,14 @@ func sideBySide(t *testing.T, e env) {
 		if err := a.letGo(ctx, "a1"); err != nil {
 			t.Error(err)
 		}
-	} else if firstA.alive() {
-		t.Errorf("A's first container %s runs on after A was started again (process %d)", a1.ID(), firstA.Pid)
+	} else {
+		if firstA.alive() {
+			t.Errorf("A's first container %s runs on after A was started again (process %d)", a1.ID(), firstA.Pid)
+		}
+		// The start that removes what dead runs left is this one.
+		if recs := a.records(); len(recs) != 1 || recs[0] != a2.ID() {
+			t.Errorf("A's state names containers %v once A was started again, want only %s", recs, a2.ID())
+		}
 	}
 	if err := a.letGo(ctx, "a2"); err != nil {
 		t.Error(err)
