@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	dockercontainer "github.com/moby/moby/api/types/container"
 	"github.com/moby/moby/client"
 
 	"github.com/gpuiso/gpuiso/containerizer/docker"
@@ -119,7 +120,7 @@ func (d *dockerInstance) live() ([]container, error) {
 }
 
 // hold: the probe in an image FROM scratch waits for a file in its own
-// root; letGo writes it there with docker exec.
+// root; letGo has the probe write it there (an exec in the container).
 func (d *dockerInstance) hold(key string) []string { return []string{"wait", "/release-" + key} }
 
 func (d *dockerInstance) letGo(ctx context.Context, key string) error {
@@ -132,9 +133,12 @@ func (d *dockerInstance) letGo(ctx context.Context, key string) error {
 		if err != nil || !slices.Contains(res.Container.Args, "/release-"+key) {
 			continue
 		}
-		out, err := exec.CommandContext(ctx, "docker", "exec", id, "/probe", "write", "/release-"+key).CombinedOutput()
+		ex, err := d.dc.ExecCreate(ctx, id, client.ExecCreateOptions{Cmd: []string{"/probe", "write", "/release-" + key}})
+		if err == nil {
+			_, err = d.dc.ExecStart(ctx, ex.ID, client.ExecStartOptions{Detach: true})
+		}
 		if err != nil {
-			return fmt.Errorf("docker exec %.12s: %w: %s", id, err, out)
+			return fmt.Errorf("exec in container %.12s: %w", id, err)
 		}
 		return nil
 	}
@@ -189,16 +193,22 @@ func (d *dockerInstance) neighbours(t *testing.T) []neighbour {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	out, err := exec.CommandContext(ctx, "docker", "run", "-d", "--network", "none", d.img, "sleep", "600").CombinedOutput()
+	res, err := d.dc.ContainerCreate(ctx, client.ContainerCreateOptions{
+		Config:     &dockercontainer.Config{Image: d.img, Cmd: []string{"sleep", "600"}},
+		HostConfig: &dockercontainer.HostConfig{NetworkMode: "none"},
+	})
 	if err != nil {
-		t.Fatalf("docker run: %v: %s", err, out)
+		t.Fatalf("create a container: %v", err)
 	}
-	id := strings.TrimSpace(string(out))
+	id := res.ID
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
 		d.dc.ContainerRemove(ctx, id, client.ContainerRemoveOptions{Force: true})
 	})
+	if _, err := d.dc.ContainerStart(ctx, id, client.ContainerStartOptions{}); err != nil {
+		t.Fatalf("start container %.12s: %v", id, err)
+	}
 	return []neighbour{{name: fmt.Sprintf("Docker container %.12s (not gpuiso's)", id), alive: func() bool {
 		res, err := d.dc.ContainerInspect(context.Background(), id, client.ContainerInspectOptions{})
 		return err == nil && res.Container.State != nil && res.Container.State.Running
