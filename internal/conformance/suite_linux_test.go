@@ -174,7 +174,8 @@ func envInt(name string, def int) int {
 // randomKills: runs of a short command (3 GPUs, 0.3 s), a batch at a time,
 // each SIGKILLed at a random delay up to 1.2 times as long as a run takes
 // (a batch of runs of 1 GPU not killed measures it): in start-up, launch, while the
-// container runs, in destroy, or after it ended. Then a start that only recovers, and a run of all the node's
+// container runs, in destroy, or after it ended. Two starts that only
+// recover are killed in their turn. Then a start that only recovers, and a run of all the node's
 // GPUs. No GPU was ever allowed to two live containers; nothing of any
 // run is left.
 func randomKills(t *testing.T, e env) {
@@ -227,6 +228,12 @@ func randomKills(t *testing.T, e env) {
 		ids = append(ids, inst.records()...)
 	}
 	t.Logf("%d runs killed, %d at a time, at delays up to %v: %v; %d containers seen running", kills, e.s.batch, window.Round(time.Millisecond), phases, smp.seenRunning())
+	// Starts that only recover, killed in their recovery.
+	for range 2 {
+		p := start(t, inst, inst.recovery(ctx))
+		time.Sleep(time.Duration(e.rng.Int64N(int64(window / 2))))
+		p.kill()
+	}
 	took := recoverInstance(t, ctx, inst)
 	t.Logf("the recovery after the kills took %v", took.Round(time.Millisecond))
 	checkLeft(t, "after the kills and the next start", inst, smp, ids, nil, nil)
