@@ -23,26 +23,38 @@
 // # Cases
 //
 //   - random kills: runs of a short command SIGKILLed at a delay drawn
-//     uniformly over the run's start-up, launch, run and destroy, a few at a
-//     time; then a start that only recovers and a run of all eight GPUs.
-//     The seed is logged; GPUISO_CONFORMANCE_SEED replays it and
-//     GPUISO_CONFORMANCE_KILLS sets the number of runs (default 10).
+//     uniformly over the run's start-up, launch, run and destroy (up to 1.2
+//     times as long as a batch of runs not killed takes on this host), a
+//     few at a time; two starts that only recover, killed in their
+//     recovery; then a start that only recovers and a run of all eight
+//     GPUs. The seed is logged: GPUISO_CONFORMANCE_SEED replays the delays
+//     (each subject draws from a source of its own; the window is measured
+//     again), GPUISO_CONFORMANCE_KILLS sets the number of runs (default 10).
 //   - side by side: two instances each run a container; one instance is
-//     killed and started again; the other's container keeps running and
-//     exits 0 when let go.
+//     killed, three more of its starts are killed at random points, and it
+//     is started again; the other's container keeps running and exits 0
+//     when let go. A runtime that adopts what a killed run left (the chain)
+//     still runs the first container; one that removes it (native, Docker)
+//     has done so, and the start names no other container.
 //   - neighbours: live processes in a cgroup of the shared default parent
-//     and in a nested parent inside the instance's own parents, another
-//     instance's running container (and, for Docker, a container that is
-//     not gpuiso's): the instance's recovery after a kill leaves them all
-//     running and returns within a bound.
+//     and in a nested parent inside each of the instance's own parents,
+//     another instance's running container (and, for Docker, a container
+//     that is not gpuiso's): the instance's recovery after two kills leaves
+//     them all running and returns within a bound.
+//
+// TestChainKilledInCgroupDelete makes directly the state that a kill of
+// the agent inside its cgroup removal leaves, which the random kills found.
 //
 // # Invariants
 //
 // Checked in every case: no GPU is allowed to two live containers of one
-// instance at once (sampled while runs go, from each container's device
-// cgroup); nothing of a dead run is left once the next start has run (no
-// record, allocation, volume user, cgroup, mount, process, temporary tree
-// or Docker container); no live neighbour is touched.
+// instance at once, and the allocator holds every GPU a live container is
+// allowed for that container (sampled while runs go, from each container's
+// device cgroup and the allocator's state file); nothing of a dead run is
+// left once the next start has run (no record, allocation, volume user,
+// cgroup, mount, process, temporary tree or Docker container); no live
+// neighbour is touched. Instances have allocators of their own: GPUs are
+// exclusive within one.
 //
 // The suite needs root, cgroup v1's devices controller, the NVIDIA
 // user-space libraries (simulated nodes) and, for the docker subject, the
