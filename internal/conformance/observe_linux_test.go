@@ -368,6 +368,21 @@ func mountsUnder(dirs ...string) []string {
 	return out
 }
 
+// mountPoints lists the mount points of this mount namespace under dir.
+func mountPoints(dir string) []string {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for l := range strings.Lines(string(b)) {
+		if f := strings.Fields(l); len(f) > 4 && strings.HasPrefix(f[4], dir+"/") {
+			out = append(out, f[4])
+		}
+	}
+	return out
+}
+
 // entries lists the names in dir, but those of skip.
 func entries(dir string, skip ...string) []string {
 	list, _ := os.ReadDir(dir)

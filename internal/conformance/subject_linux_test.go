@@ -17,6 +17,7 @@ import (
 
 	"github.com/gpuiso/gpuiso/containerizer/chain"
 	"github.com/gpuiso/gpuiso/containerizer/native"
+	"github.com/gpuiso/gpuiso/internal/linux"
 	"github.com/gpuiso/gpuiso/internal/testenv"
 	"github.com/gpuiso/gpuiso/volume"
 )
@@ -271,6 +272,34 @@ func (n *nativeInstance) teardown() {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	n.recovery(ctx).Run()
+	var cgs []string
+	for _, p := range n.parents() {
+		for _, e := range entries(p) {
+			cgs = append(cgs, filepath.Join(p, e))
+		}
+		cgs = append(cgs, p)
+	}
+	n.scrub(cgs)
+}
+
+// scrub removes, once a failed case's teardown has run the instance's own
+// recovery, what that left: mounts under the instance's directory (so
+// that it can be removed) and those of cgroups that are empty. It logs
+// each.
+func (b base) scrub(cgroups []string) {
+	points := mountPoints(b.dir)
+	slices.SortFunc(points, func(x, y string) int { return len(y) - len(x) }) // deepest first
+	for _, p := range points {
+		if err := linux.DetachUnmount(p); err == nil {
+			b.t.Logf("teardown: unmounted %s", p)
+		}
+	}
+	slices.SortFunc(cgroups, func(x, y string) int { return len(y) - len(x) })
+	for _, cg := range cgroups {
+		if fi, err := os.Stat(cg); err == nil && fi.IsDir() && os.Remove(cg) == nil {
+			b.t.Logf("teardown: removed cgroup %s", cg)
+		}
+	}
 }
 
 // killAll kills the runs that still go (their waiters reap them).
@@ -405,4 +434,12 @@ func (c *chainInstance) teardown() {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	c.recovery(ctx).Run()
+	var cgs []string
+	ps := c.parents()
+	for _, id := range c.records() {
+		for _, p := range ps {
+			cgs = append(cgs, filepath.Join(p, id))
+		}
+	}
+	c.scrub(append(cgs, ps[0]))
 }
