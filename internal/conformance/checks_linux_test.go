@@ -136,3 +136,39 @@ func TestLeftoversListed(t *testing.T) {
 		})
 	}
 }
+
+// TestParentLeft: a cgroup parent is left when it holds a cgroup that is
+// not a neighbour's, or when it is empty and no neighbour keeps it.
+func TestParentLeft(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		children []string // "": the parent itself, empty
+		skip     []string
+		want     []string
+	}{
+		{"gone", nil, nil, nil},
+		{"empty", []string{""}, nil, []string{"cgroup parent P without containers"}},
+		{"a container", []string{"gpurun-1"}, nil, []string{"cgroup P/gpurun-1"}},
+		{"a neighbour", []string{"nest"}, []string{"P/nest"}, nil},
+		{"a neighbour and a container", []string{"nest", "ct-1"}, []string{"P/nest"}, []string{"cgroup P/ct-1"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			parent := filepath.Join(t.TempDir(), "parent")
+			for _, c := range tc.children {
+				if err := os.MkdirAll(filepath.Join(parent, c), 0o755); err != nil {
+					t.Fatal(err)
+				}
+			}
+			var skip, want []string
+			for _, s := range tc.skip {
+				skip = append(skip, strings.Replace(s, "P", parent, 1))
+			}
+			for _, w := range tc.want {
+				want = append(want, strings.Replace(w, "P", parent, 1))
+			}
+			if got := parentLeft(parent, skip); !slices.Equal(got, want) {
+				t.Errorf("parentLeft = %q, want %q", got, want)
+			}
+		})
+	}
+}
