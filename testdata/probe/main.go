@@ -12,7 +12,8 @@
 //	probe status          its own /proc/self/status (uid, gid, capabilities)
 //	probe cwd             "cwd <dir>": its working directory
 //	probe exit CODE       exits with CODE
-//	probe sleep SECONDS   sleeps, then exits 0 (a container that keeps running)
+//	probe sleep SECONDS   sleeps (fractions allowed), then exits 0 (a container that keeps running)
+//	probe wait PATH       waits until PATH exists, then exits 0 (a container held until let go)
 //	probe do CMD ARGS... [-- CMD ARGS...]...   several of the above in turn
 //	probe escape KEY=VALUE...   tries the ways out of a container (see escape.go)
 package main
@@ -28,7 +29,7 @@ import (
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: probe open|write|ls|mknod|env|exit|sleep|do ARGS...")
+		fmt.Fprintln(os.Stderr, "usage: probe open|write|ls|mknod|env|exit|sleep|wait|do ARGS...")
 		os.Exit(2)
 	}
 	if os.Args[1] != "do" {
@@ -120,11 +121,22 @@ func run(cmd string, args []string) {
 	case "escape":
 		escape(args)
 	case "sleep":
-		secs := 0
+		secs := 0.0
 		if len(args) > 0 {
-			secs, _ = strconv.Atoi(args[0])
+			secs, _ = strconv.ParseFloat(args[0], 64)
 		}
-		time.Sleep(time.Duration(secs) * time.Second)
+		time.Sleep(time.Duration(secs * float64(time.Second)))
+	case "wait":
+		if len(args) != 1 {
+			fmt.Fprintln(os.Stderr, "usage: probe wait PATH")
+			os.Exit(2)
+		}
+		for {
+			if _, err := os.Stat(args[0]); err == nil {
+				return
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
 	default:
 		fmt.Fprintf(os.Stderr, "probe: unknown command %q\n", cmd)
 		os.Exit(2)
