@@ -526,12 +526,17 @@ func (cg *cpuMemory) kill(ctx context.Context) error {
 				pids = append(pids, int(p))
 			}
 		} else {
-			procs, err := cg.v1.Processes(cgroup1.Cpu, true)
-			if err != nil {
-				return err
-			}
-			for _, p := range procs {
-				pids = append(pids, p.Pid)
+			// Every hierarchy still there: a destroy killed between the
+			// removal of the cpu and the memory cgroup leaves only the
+			// memory one, which cgroup1.Load then holds alone.
+			for _, sub := range cg.v1.Subsystems() {
+				procs, err := cg.v1.Processes(sub.Name(), true)
+				if err != nil {
+					return err
+				}
+				for _, p := range procs {
+					pids = append(pids, p.Pid)
+				}
 			}
 		}
 		if len(pids) == 0 {
