@@ -257,11 +257,16 @@ func (l *Lifecycle) Update(ctx context.Context, id string, gpus int) (Container,
 
 // Destroy stops and removes the container and gives back its GPUs and its
 // use of the volume. A launching container is waited for (see Table); an
-// unknown one is not an error. On error the container is as it was, to be
-// destroyed again.
+// unknown one is not an error, but an id no container can have is
+// ErrInvalidSpec. On error the container is as it was, to be destroyed
+// again.
 func (l *Lifecycle) Destroy(ctx context.Context, id string) error {
 	if !l.made() {
 		return fmt.Errorf("destroy %s: %w", id, ErrNotMade)
+	}
+	if err := node.ValidateOwner(id); err != nil {
+		// No container can have it: bad input, not a container gone.
+		return fmt.Errorf("destroy %q: %w: %w", id, ErrInvalidSpec, err)
 	}
 	e, _, ok, err := l.table.Destroying(ctx, id)
 	if err != nil {

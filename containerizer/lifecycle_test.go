@@ -198,6 +198,9 @@ func TestLifecycle(t *testing.T) {
 	if err := l.Destroy(ctx, "a"); err != nil {
 		t.Fatalf("destroy of a destroyed container: %v", err)
 	}
+	if err := l.Destroy(ctx, "../a"); !errors.Is(err, containerizer.ErrInvalidSpec) {
+		t.Fatalf("destroy of an id no container can have: %v", err)
+	}
 
 	refused := []struct {
 		name string
