@@ -37,9 +37,7 @@ func (a *Allocator) allocate(ctx context.Context, owner string, r Request) (Allo
 	if err != nil {
 		return Allocation{}, err
 	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	unlock, err := a.lockState(ctx)
+	unlock, err := a.lock(ctx)
 	if err != nil {
 		return Allocation{}, err
 	}
@@ -293,9 +291,7 @@ func (a *Allocator) release(ctx context.Context, owner string) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	unlock, err := a.lockState(ctx)
+	unlock, err := a.lock(ctx)
 	if err != nil {
 		return err
 	}
@@ -336,9 +332,7 @@ func (a *Allocator) resize(ctx context.Context, owner string, count int) (Alloca
 	if count <= 0 || count > a.n {
 		return Allocation{}, fmt.Errorf("count %d on a node of %d: %w", count, a.n, ErrInvalidRequest)
 	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	unlock, err := a.lockState(ctx)
+	unlock, err := a.lock(ctx)
 	if err != nil {
 		return Allocation{}, err
 	}

@@ -50,9 +50,7 @@ func (a *Allocator) claim(ctx context.Context, owner string, devices []node.Devi
 	if err := node.ValidateOwner(owner); err != nil {
 		return Allocation{}, err
 	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	unlock, err := a.lockState(ctx)
+	unlock, err := a.lock(ctx)
 	if err != nil {
 		return Allocation{}, err
 	}
@@ -190,9 +188,7 @@ func (a *Allocator) setHolder(ctx context.Context, owner string, h *Holder) erro
 		hh := *h
 		holder = &hh
 	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	unlock, err := a.lockState(ctx)
+	unlock, err := a.lock(ctx)
 	if err != nil {
 		return err
 	}

@@ -51,9 +51,7 @@ func (a *Allocator) setHealth(ctx context.Context, device string, h node.Health)
 	if err != nil {
 		return nil, err
 	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	unlock, err := a.lockState(ctx)
+	unlock, err := a.lock(ctx)
 	if err != nil {
 		return nil, err
 	}

@@ -85,9 +85,7 @@ func (a *Allocator) ReleaseDead(ctx context.Context) ([]string, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("release dead owners: %w", err)
 	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	unlock, err := a.lockState(ctx)
+	unlock, err := a.lock(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("release dead owners: %w", err)
 	}

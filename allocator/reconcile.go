@@ -35,9 +35,7 @@ func (a *Allocator) Reconcile(ctx context.Context, live []string) (ReconcileResu
 	for _, o := range live {
 		alive[o] = true
 	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	unlock, err := a.lockState(ctx)
+	unlock, err := a.lock(ctx)
 	if err != nil {
 		return res, fmt.Errorf("reconcile: %w", err)
 	}

@@ -32,9 +32,7 @@ func (a *Allocator) retain(ctx context.Context, owner string, keep []string) (Al
 	if len(keep) == 0 {
 		return Allocation{}, fmt.Errorf("nothing to keep (use Release): %w", ErrInvalidRequest)
 	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	unlock, err := a.lockState(ctx)
+	unlock, err := a.lock(ctx)
 	if err != nil {
 		return Allocation{}, err
 	}

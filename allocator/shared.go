@@ -18,6 +18,21 @@ import (
 // Elsewhere than on Linux the lock is not available: the directory then
 // serves one allocator at a time.
 
+// lock takes the allocator's mutex, then the state directory's lock with
+// the state reloaded (lockState); unlock gives both back.
+func (a *Allocator) lock(ctx context.Context) (unlock func(), err error) {
+	a.mu.Lock()
+	unlockState, err := a.lockState(ctx)
+	if err != nil {
+		a.mu.Unlock()
+		return nil, err
+	}
+	return func() {
+		unlockState()
+		a.mu.Unlock()
+	}, nil
+}
+
 // lockState takes the state directory's lock and brings memory up to date
 // with the state file. The caller holds a.mu and calls the returned unlock
 // when its change is on disk.
