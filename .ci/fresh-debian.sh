@@ -50,9 +50,16 @@ status=0
 log "the main job: bash .ci/demo.sh"
 in_chroot 'bash .ci/demo.sh' >"$dir.demo.log" 2>&1 || status=1
 log "demo: $([ $status -eq 0 ] && echo passed || echo FAILED), log $dir.demo.log"
-# Packages the test command installs need the network; install them first
-# so that the test command itself can run where its dockerd is alone.
-in_chroot 'DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends docker.io podman git >/dev/null && /usr/local/go/bin/go mod download' >"$dir.prepare.log" 2>&1
+# What the test command downloads (Debian packages, Go modules, the sources
+# of the pinned Docker and Kubernetes builds) needs the network: fetch and
+# build it first, here, so that the test command itself can run where its
+# dockerd is alone. The test command then finds it all in place, as on a
+# host where it ran before.
+log "prepare: packages, modules, the pinned builds (log $dir.prepare.log)"
+in_chroot 'set -e; export PATH=$PATH:/usr/local/go/bin
+DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends docker.io podman git libseccomp-dev make gcc libc6-dev >/dev/null
+go mod download && (cd kubernetes && go mod download)
+bash .ci/current-docker.sh && bash .ci/k8s-build.sh' >"$dir.prepare.log" 2>&1 || { log "prepare: FAILED"; status=1; }
 log "the tests: bash .ci/test.sh"
 if unshare -n sh -c "ip link set lo up && exec chroot '$dir' /usr/bin/env -i HOME=/root TERM=dumb PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin /bin/bash -c 'cd /root/gpuiso && bash .ci/test.sh'" >"$dir.test.log" 2>&1; then
   log "tests: passed, log $dir.test.log"
