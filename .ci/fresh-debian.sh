@@ -57,7 +57,7 @@ log "demo: $([ $status -eq 0 ] && echo passed || echo FAILED), log $dir.demo.log
 # host where it ran before.
 log "prepare: packages, modules, the pinned builds (log $dir.prepare.log)"
 in_chroot 'set -e; export PATH=$PATH:/usr/local/go/bin
-DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends docker.io podman git libseccomp-dev make gcc libc6-dev >/dev/null
+DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends docker.io podman git libseccomp-dev pkg-config make gcc libc6-dev >/dev/null
 go mod download && (cd kubernetes && go mod download)
 bash .ci/current-docker.sh && bash .ci/k8s-build.sh' >"$dir.prepare.log" 2>&1 || { log "prepare: FAILED"; status=1; }
 log "the tests: bash .ci/test.sh"

@@ -53,8 +53,9 @@ pkgs=(libnvidia-ml1 libcuda1 nvidia-smi gcc libc6-dev ca-certificates make)
 # git: make check lists the sources with git ls-files.
 [ "$driver_only" -eq 1 ] || pkgs+=(git)
 [ "$driver_only" -eq 1 ] || pkgs+=(docker.io podman)
-# libseccomp-dev: runc 1.3, built by current-docker.sh (step 4), links it.
-[ "$driver_only" -eq 1 ] || pkgs+=(libseccomp-dev)
+# libseccomp-dev: runc 1.3, built by current-docker.sh (step 4), links it,
+# and finds it with pkg-config (not installed with it on a minimal Debian).
+[ "$driver_only" -eq 1 ] || pkgs+=(libseccomp-dev pkg-config)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
