@@ -56,10 +56,12 @@ log "demo: $([ $status -eq 0 ] && echo passed || echo FAILED), log $dir.demo.log
 # dockerd is alone. The test command then finds it all in place, as on a
 # host where it ran before.
 log "prepare: packages, modules, the pinned builds (log $dir.prepare.log)"
+# Provisioning's own package list is used, so that a package it forgets
+# shows here.
 in_chroot 'set -e; export PATH=$PATH:/usr/local/go/bin
-DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends docker.io podman git libseccomp-dev pkg-config make gcc libc6-dev >/dev/null
+bash .ci/provision.sh --no-start
 go mod download && (cd kubernetes && go mod download)
-bash .ci/current-docker.sh && bash .ci/k8s-build.sh' >"$dir.prepare.log" 2>&1 || { log "prepare: FAILED"; status=1; }
+bash .ci/k8s-build.sh' >"$dir.prepare.log" 2>&1 || { log "prepare: FAILED"; status=1; }
 log "the tests: bash .ci/test.sh"
 if unshare -n sh -c "ip link set lo up && exec chroot '$dir' /usr/bin/env -i HOME=/root TERM=dumb PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin /bin/bash -c 'cd /root/gpuiso && bash .ci/test.sh'" >"$dir.test.log" 2>&1; then
   log "tests: passed, log $dir.test.log"

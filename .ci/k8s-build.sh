@@ -37,7 +37,8 @@ cd "$CACHE/src/k8s"
 if [ ! -f .ready ]; then
 	rm -f go.mod go.sum
 	go mod init gpuiso.local/k8s
-	gomod=$(go mod download -json "k8s.io/kubernetes@$K8S" | jq -r .GoMod)
+	gomod=$(go mod download -json "k8s.io/kubernetes@$K8S" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",*$/\1/p')
+	[ -f "$gomod" ] || { echo "k8s-build: no go.mod for k8s.io/kubernetes@$K8S" >&2; exit 1; }
 	for m in $(sed -n 's#^[[:space:]]*\(k8s.io/[a-z0-9-]*\) => \./staging/.*#\1#p' "$gomod"); do
 		go mod edit -replace="$m=$m@$STAGING"
 	done

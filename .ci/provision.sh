@@ -6,13 +6,17 @@
 #   provision.sh --driver-only  only what the README's first command (the
 #                               demo) needs: the NVIDIA user-space driver and
 #                               a C compiler for cgo; no Docker
+#   provision.sh --no-start     everything, but start no daemon (to fetch
+#                               and build while the network is there, for a
+#                               run that has none)
 set -euo pipefail
 
-driver_only=0
+driver_only=0 start=1
 case "${1:-}" in
   "") ;;
   --driver-only) driver_only=1 ;;
-  *) printf 'provision: unknown argument %s (want --driver-only or nothing)\n' "$1" >&2; exit 2 ;;
+  --no-start) start=0 ;;
+  *) printf 'provision: unknown argument %s (want --driver-only, --no-start or nothing)\n' "$1" >&2; exit 2 ;;
 esac
 
 log() { printf 'provision: %s\n' "$*" >&2; }
@@ -52,7 +56,8 @@ fi
 pkgs=(libnvidia-ml1 libcuda1 nvidia-smi gcc libc6-dev ca-certificates make)
 # git: make check lists the sources with git ls-files.
 [ "$driver_only" -eq 1 ] || pkgs+=(git)
-[ "$driver_only" -eq 1 ] || pkgs+=(docker.io podman)
+# iproute2: the tests give a second dockerd a bridge of its own with ip(8).
+[ "$driver_only" -eq 1 ] || pkgs+=(docker.io podman iproute2)
 # libseccomp-dev: runc 1.3, built by current-docker.sh (step 4), links it,
 # and finds it with pkg-config (not installed with it on a minimal Debian).
 [ "$driver_only" -eq 1 ] || pkgs+=(libseccomp-dev pkg-config)
@@ -73,7 +78,7 @@ fi
 
 # 3. A Docker daemon that answers.
 docker_cli=/usr/bin/docker
-if ! timeout 10 "$docker_cli" version >/dev/null 2>&1; then
+if [ "$start" -eq 1 ] && ! timeout 10 "$docker_cli" version >/dev/null 2>&1; then
   log "starting dockerd"
   mkdir -p /var/log
   setsid nohup /usr/sbin/dockerd >/var/log/gpuiso-dockerd.log 2>&1 </dev/null &
@@ -93,4 +98,8 @@ fi
 #    started beside the host's daemon by the tests that need it, never
 #    instead of it.
 bash "$(dirname "$0")/current-docker.sh" >/dev/null
+if [ "$start" -eq 0 ]; then
+  log "host ready, no daemon started: NVIDIA user-space driver $(dpkg-query -W -f='${Version}' libnvidia-ml1), a current dockerd in /var/cache/gpuiso/bin"
+  exit 0
+fi
 log "host ready: NVIDIA user-space driver $(dpkg-query -W -f='${Version}' libnvidia-ml1), docker $("$docker_cli" version --format '{{.Server.Version}}'), a current dockerd in /var/cache/gpuiso/bin"
