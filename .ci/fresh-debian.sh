@@ -32,9 +32,14 @@ fi
 # No service starts from a package's scripts inside the chroot.
 printf '#!/bin/sh\nexit 101\n' >"$dir/usr/sbin/policy-rc.d"; chmod +x "$dir/usr/sbin/policy-rc.d"
 
+# The test step's mount namespace, once it has one (see below).
+mntns=
 cleanup() {
   for p in /proc/[0-9]*; do
-    [ "$(readlink "$p/root" 2>/dev/null)" = "$dir" ] && kill -TERM "${p#/proc/}" 2>/dev/null || true
+    if [ "$(readlink "$p/root" 2>/dev/null)" = "$dir" ] ||
+      { [ -n "$mntns" ] && [ "$(readlink "$p/ns/mnt" 2>/dev/null)" = "$mntns" ]; }; then
+      kill -TERM "${p#/proc/}" 2>/dev/null || true
+    fi
   done
   sleep 5
   umount -R "$dir" 2>/dev/null || true
@@ -63,7 +68,23 @@ bash .ci/provision.sh --no-start
 go mod download && (cd kubernetes && go mod download)
 bash .ci/k8s-build.sh' >"$dir.prepare.log" 2>&1 || { log "prepare: FAILED"; status=1; }
 log "the tests: bash .ci/test.sh"
-if unshare -n sh -c "ip link set lo up && exec chroot '$dir' /usr/bin/env -i HOME=/root TERM=dumb PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin /bin/bash -c 'cd /root/gpuiso && bash .ci/test.sh'" >"$dir.test.log" 2>&1; then
+# The test step gets a network and a mount namespace of its own, with the
+# chroot made the namespace's real root (pivot_root, not chroot): the
+# dockerd it starts then runs containers as on a real host (runc's exec
+# joins a container's mount namespace and finds the container's root there,
+# which a chrooted daemon's containers do not have).
+rm -f "$dir.mntns"
+unshare -n -m sh -c "set -e
+  ip link set lo up
+  mount --make-rprivate /
+  readlink /proc/self/ns/mnt >'$dir.mntns'
+  cd '$dir' && mkdir -p .host-root && pivot_root . .host-root
+  cd / && umount -l /.host-root && rmdir /.host-root
+  exec /usr/bin/env -i HOME=/root TERM=dumb PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin /bin/bash -c 'cd /root/gpuiso && bash .ci/test.sh'" >"$dir.test.log" 2>&1 &
+test_pid=$!
+for _ in 1 2 3 4 5 6 7 8 9 10; do [ -s "$dir.mntns" ] && break; sleep 0.2; done
+mntns=$(cat "$dir.mntns" 2>/dev/null || true)
+if wait "$test_pid"; then
   log "tests: passed, log $dir.test.log"
 else
   log "tests: FAILED, log $dir.test.log"; status=1
