@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs the README's two commands, as printed, on a fresh Debian 12 that has
 # nothing but Go: a minbase debootstrap chroot with this host's /usr/local/go
-# copied in and the committed tree (git archive HEAD) at /root/gpuiso. The
+# copied in and a clone of the committed tree (HEAD) at /root/gpuiso, as a
+# user gets it (make check lists the sources with git ls-files). The
 # test command runs in a network namespace of its own, so that the dockerd it
 # starts there never meets this host's. Root only; it leaves the chroot in
 # DIR (default /var/tmp/gpuiso-deb12) for inspection and removes nothing of
@@ -19,8 +20,9 @@ if [ ! -x "$dir/bin/bash" ]; then
   debootstrap --variant=minbase bookworm "$dir" http://deb.debian.org/debian >"$dir.debootstrap.log" 2>&1
 fi
 [ -x "$dir/usr/local/go/bin/go" ] || cp -a /usr/local/go "$dir/usr/local/go"
-rm -rf "$dir/root/gpuiso" && mkdir -p "$dir/root/gpuiso"
-git archive HEAD | tar -x -C "$dir/root/gpuiso"
+rm -rf "$dir/root/gpuiso"
+git clone -q --no-hardlinks "$PWD" "$dir/root/gpuiso"
+git -C "$dir/root/gpuiso" checkout -q --detach "$(git rev-parse HEAD)"
 cp /etc/resolv.conf "$dir/etc/resolv.conf"
 # This host's extra certificate authorities (a proxy's, which a real network
 # does not need); Debian's ca-certificates takes them in when provisioning
