@@ -54,6 +54,9 @@ fi
 #    go needs to build cgo and fetch modules, Docker, and Podman (a CDI runtime for
 #    the CDI suite).
 pkgs=(libnvidia-ml1 libcuda1 nvidia-smi gcc libc6-dev ca-certificates make)
+# nvidia-cuda-mps: the MPS control daemon that enforces GPU shares (same source as
+# the driver libraries; it runs without a GPU, its server starts with a client).
+pkgs+=(nvidia-cuda-mps)
 # git: make check lists the sources with git ls-files.
 [ "$driver_only" -eq 1 ] || pkgs+=(git)
 # iproute2: the tests give a second dockerd a bridge of its own with ip(8).
