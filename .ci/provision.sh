@@ -64,6 +64,9 @@ pkgs+=(nvidia-cuda-mps)
 # libseccomp-dev: runc 1.3, built by current-docker.sh (step 4), links it,
 # and finds it with pkg-config (not installed with it on a minimal Debian).
 [ "$driver_only" -eq 1 ] || pkgs+=(libseccomp-dev pkg-config)
+# qemu-system-x86: the cgroup2-only VM suite (internal/vmtest) boots Debian's
+# own kernel under it (step 5).
+[ "$driver_only" -eq 1 ] || pkgs+=(qemu-system-x86)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
@@ -101,6 +104,9 @@ fi
 #    started beside the host's daemon by the tests that need it, never
 #    instead of it.
 bash "$(dirname "$0")/current-docker.sh" >/dev/null
+# 5. Debian's kernel and a static busybox for the cgroup2-only VM suite,
+#    fetched once into /var/cache/gpuiso/vm (nothing installed).
+bash "$(dirname "$0")/vm-kernel.sh"
 if [ "$start" -eq 0 ]; then
   log "host ready, no daemon started: NVIDIA user-space driver $(dpkg-query -W -f='${Version}' libnvidia-ml1), a current dockerd in /var/cache/gpuiso/bin"
   exit 0
