@@ -47,6 +47,10 @@ type Image struct {
 	// back end can read it ("" for a Docker image): CUDA forward
 	// compatibility is decided from its /usr/local/cuda/compat.
 	RootFS string
+	// Compat, when set, is CUDA forward compatibility as the caller
+	// decided it beforehand (volume.CompatFor, outside any lock): RootFS is
+	// then not read.
+	Compat *volume.Compat
 }
 
 // WantsVolume reports whether a container of img, with env set over the
@@ -148,8 +152,10 @@ func (pr *Preparer) Prepare(ctx context.Context, spec Spec, img Image) (p *Prepa
 			return p, fmt.Errorf("driver volume: %w", err)
 		}
 		p.undo = append(p.undo, func(ctx context.Context) error { return pr.Volumes.Release(ctx, vol.Version, spec.ID) })
-		compat, err := volume.CompatFor(img.RootFS, vol.Version)
-		if err != nil {
+		var compat volume.Compat
+		if img.Compat != nil {
+			compat = *img.Compat
+		} else if compat, err = volume.CompatFor(ctx, img.RootFS, vol.Version, nil); err != nil {
 			return p, fmt.Errorf("cuda compatibility: %w", err)
 		}
 		inj := vol.InjectionCompat(req.Env, compat)

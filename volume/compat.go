@@ -2,6 +2,7 @@ package volume
 
 import (
 	"bytes"
+	"context"
 	"debug/elf"
 	"encoding/binary"
 	"encoding/json"
@@ -9,12 +10,13 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
-	"os"
-	"path/filepath"
+	"log/slog"
+	"path"
 	"slices"
 	"strconv"
 	"strings"
 
+	"github.com/gpuiso/gpuiso/internal/linux"
 	"github.com/gpuiso/gpuiso/node"
 )
 
@@ -90,22 +92,82 @@ func DecideCompat(compat fs.FS, driver string) (Compat, error) {
 	return d, nil
 }
 
+// maxCompatEntries bounds the entries of an image's compat directory read.
+const maxCompatEntries = 4096
+
 // CompatFor decides for a container whose root file system is at rootfs
 // on this host. Without one (rootfs is ""; a Docker image's files are not
 // reachable), the answer is no: compat is never put first unchecked.
-func CompatFor(rootfs, driver string) (Compat, error) {
+//
+// The image's files are read as the container would find them, never on
+// the host: every symbolic link is resolved inside rootfs (a compat
+// directory that links to a host folder leads to that path in the image),
+// the library itself must be a regular file (a FIFO, a device or a link by
+// its name is ignored, never opened, and logged on log), reads are
+// bounded (at most 4096 directory entries; the ELF headers and a note of at
+// most 64 KiB) and abandoned when ctx ends, which is then the error. log
+// may be nil.
+func CompatFor(ctx context.Context, rootfs, driver string, log *slog.Logger) (Compat, error) {
 	if err := ValidateVersion(driver); err != nil {
 		return Compat{}, err
 	}
 	if rootfs == "" {
 		return Compat{Reason: "no root file system to read the compat libraries from"}, nil
 	}
-	r, err := os.OpenRoot(filepath.Join(rootfs, filepath.FromSlash(CUDACompat)))
-	if err != nil {
-		return Compat{Reason: fmt.Sprintf("no compat directory: %v", err)}, nil
+	if err := context.Cause(ctx); err != nil {
+		return Compat{}, fmt.Errorf("read the image's %s: %w", CUDACompat, err)
 	}
-	defer r.Close()
-	return DecideCompat(r.FS(), driver)
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	type result struct {
+		c   Compat
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		c, err := DecideCompat(inRootFS{root: rootfs, dir: CUDACompat, log: log}, driver)
+		done <- result{c, err}
+	}()
+	select {
+	case r := <-done:
+		return r.c, r.err
+	case <-ctx.Done():
+		return Compat{}, fmt.Errorf("read the image's %s: %w", CUDACompat, context.Cause(ctx))
+	}
+}
+
+// inRootFS is a directory of an image's root file system, read as
+// linux.OpenFileInRoot reads it: links resolved inside the root, regular
+// files only.
+type inRootFS struct {
+	root, dir string
+	log       *slog.Logger
+}
+
+// Open opens a regular file of the directory; anything else is an error,
+// logged.
+func (f inRootFS) Open(name string) (fs.File, error) {
+	if !fs.ValidPath(name) {
+		return nil, &fs.PathError{Op: "open", Path: name, Err: fs.ErrInvalid}
+	}
+	p := path.Join(f.dir, name)
+	file, err := linux.OpenFileInRoot(f.root, p)
+	if errors.Is(err, linux.ErrNotRegular) {
+		f.log.Warn("image file ignored", "file", p, "err", err)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return file, nil
+}
+
+// ReadDir lists a directory, at most maxCompatEntries entries.
+func (f inRootFS) ReadDir(name string) ([]fs.DirEntry, error) {
+	if !fs.ValidPath(name) {
+		return nil, &fs.PathError{Op: "readdir", Path: name, Err: fs.ErrInvalid}
+	}
+	return linux.ReadDirInRoot(f.root, path.Join(f.dir, name), maxCompatEntries)
 }
 
 // readCompatNote returns the driver branches named by the file's compat

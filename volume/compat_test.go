@@ -1,14 +1,18 @@
 package volume
 
 import (
+	"bytes"
+	"context"
 	"debug/elf"
 	"encoding/binary"
 	"errors"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"testing/fstest"
+	"time"
 )
 
 // makeNoteELF returns a minimal 64-bit ELF file with one SHT_NOTE section,
@@ -104,30 +108,91 @@ func TestDecideCompatInvalidDriver(t *testing.T) {
 	if _, err := DecideCompat(fstest.MapFS{}, "../5"); !errors.Is(err, ErrInvalidVersion) {
 		t.Fatalf("DecideCompat = %v, want ErrInvalidVersion", err)
 	}
-	if _, err := CompatFor("", "5 35"); !errors.Is(err, ErrInvalidVersion) {
+	if _, err := CompatFor(context.Background(), "", "5 35", nil); !errors.Is(err, ErrInvalidVersion) {
 		t.Fatalf("CompatFor = %v, want ErrInvalidVersion", err)
 	}
 }
 
 func TestCompatFor(t *testing.T) {
+	note := makeNoteELF("NVIDIA Corporation", `{"Driver":[535,580]}`)
 	rootfs := t.TempDir()
 	dir := filepath.Join(rootfs, "usr/local/cuda/compat")
 	must(t, os.MkdirAll(dir, 0o755))
-	must(t, os.WriteFile(filepath.Join(dir, "libcuda.so.580.95.05"), makeNoteELF("NVIDIA Corporation", `{"Driver":[535,580]}`), 0o644))
+	must(t, os.WriteFile(filepath.Join(dir, "libcuda.so.580.95.05"), note, 0o644))
+	// CUDA images: /usr/local/cuda is an absolute link, resolved in the image.
+	linked := t.TempDir()
+	must(t, os.MkdirAll(filepath.Join(linked, "usr/local/cuda-12.2/compat"), 0o755))
+	must(t, os.WriteFile(filepath.Join(linked, "usr/local/cuda-12.2/compat/libcuda.so.580.95.05"), note, 0o644))
+	must(t, os.Symlink("/usr/local/cuda-12.2", filepath.Join(linked, "usr/local/cuda")))
+	// An image whose compat directory links to a host folder holding a
+	// compat library: the host folder is not read.
+	host := t.TempDir()
+	must(t, os.WriteFile(filepath.Join(host, "libcuda.so.580.95.05"), note, 0o644))
+	escape := t.TempDir()
+	must(t, os.MkdirAll(filepath.Join(escape, "usr/local/cuda"), 0o755))
+	must(t, os.Symlink(host, filepath.Join(escape, "usr/local/cuda/compat")))
+	// The library by a link's name: refused, not followed.
+	symlinked := t.TempDir()
+	must(t, os.MkdirAll(filepath.Join(symlinked, "usr/local/cuda/compat"), 0o755))
+	must(t, os.Symlink(filepath.Join(host, "libcuda.so.580.95.05"), filepath.Join(symlinked, "usr/local/cuda/compat/libcuda.so.580.95.05")))
 	tests := []struct {
 		name, rootfs, driver string
 		use                  bool
+		reason               string
 	}{
-		{"docker image: no root file system", "", "535.309.01", false},
-		{"image without compat", t.TempDir(), "535.309.01", false},
-		{"newer compat of the branch", rootfs, "535.309.01", true},
-		{"older than the driver", rootfs, "580.159.04", false},
+		{"docker image: no root file system", "", "535.309.01", false, "no root file system"},
+		{"image without compat", t.TempDir(), "535.309.01", false, "no compat directory"},
+		{"newer compat of the branch", rootfs, "535.309.01", true, "made for branch 535"},
+		{"older than the driver", rootfs, "580.159.04", false, "not newer"},
+		{"through an absolute link in the image", linked, "535.309.01", true, "made for branch 535"},
+		{"compat links to a host folder", escape, "535.309.01", false, "no compat directory"},
+		{"library is a link", symlinked, "535.309.01", false, "not a regular file"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			c, err := CompatFor(tt.rootfs, tt.driver)
-			if err != nil || c.Use != tt.use {
-				t.Fatalf("CompatFor = %+v, %v; want use %v", c, err, tt.use)
+			c, err := CompatFor(context.Background(), tt.rootfs, tt.driver, nil)
+			if err != nil || c.Use != tt.use || !strings.Contains(c.Reason, tt.reason) {
+				t.Fatalf("CompatFor = %+v, %v; want use %v, reason with %q", c, err, tt.use, tt.reason)
+			}
+		})
+	}
+	t.Run("context ended", func(t *testing.T) {
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		if c, err := CompatFor(ctx, rootfs, "535.309.01", nil); !errors.Is(err, context.Canceled) || c.Use {
+			t.Fatalf("CompatFor = %+v, %v; want context.Canceled", c, err)
+		}
+	})
+}
+
+// TestCompatForSpecialFiles: a FIFO or a character device by the compat
+// library's name is ignored with a log line, never opened: the decision
+// comes back at once (a FIFO opened for reading would block).
+func TestCompatForSpecialFiles(t *testing.T) {
+	for _, kind := range []string{"fifo", "char device"} {
+		t.Run(kind, func(t *testing.T) {
+			rootfs := t.TempDir()
+			dir := filepath.Join(rootfs, "usr/local/cuda/compat")
+			must(t, os.MkdirAll(dir, 0o755))
+			lib := filepath.Join(dir, "libcuda.so.580.95.05")
+			switch kind {
+			case "fifo":
+				must(t, mkfifo(lib))
+			default:
+				if os.Geteuid() != 0 {
+					t.Skip("mknod needs root")
+				}
+				must(t, mknodNull(lib))
+			}
+			var log bytes.Buffer
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			c, err := CompatFor(ctx, rootfs, "535.309.01", slog.New(slog.NewTextHandler(&log, nil)))
+			if err != nil || c.Use || !strings.Contains(c.Reason, "not a regular file") {
+				t.Fatalf("CompatFor = %+v, %v; want no compat, the library not a regular file", c, err)
+			}
+			if !strings.Contains(log.String(), "image file ignored") || !strings.Contains(log.String(), "libcuda.so.580.95.05") {
+				t.Errorf("log %q: want the ignored file", log.String())
 			}
 		})
 	}

@@ -17,3 +17,8 @@ var ErrNotDirectory = node.Sentinel(node.ErrInvalid, "not a directory of the roo
 // ErrInvalidProcess is returned for a process name that is not
 // "<pid>.<start>".
 var ErrInvalidProcess = node.Sentinel(node.ErrInvalid, "invalid process name")
+
+// ErrNotRegular is returned for a file of a root file system that is not a
+// regular file where one is read (a FIFO, a device, a socket, a directory,
+// a symbolic link in the last component). Such a file is never opened.
+var ErrNotRegular = node.Sentinel(node.ErrInvalid, "not a regular file")
