@@ -6,7 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/gpuiso/gpuiso/internal/linux"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -75,7 +75,7 @@ func OpenNodeIn(ctx context.Context, simulate, dir string, opts ...simnode.Optio
 	host, err := sim.MakeHost(filepath.Join(tree, "host"))
 	if err != nil {
 		os.RemoveAll(tree)
-		return nil, fmt.Errorf("simulated node (needs root): %w", err)
+		return nil, simulatedErr(simulate, err)
 	}
 	inv, err := nvmlnode.Discover(ctx, sim.DiscoverOptions(host)...)
 	if err != nil {
@@ -86,10 +86,12 @@ func OpenNodeIn(ctx context.Context, simulate, dir string, opts ...simnode.Optio
 }
 
 // OpenSharedNode is OpenNode with a simulated node kept at root for every
-// later call to find: its host tree (device nodes, /proc and /sys files)
-// is made once, under a lock so that concurrent calls make it once, marked
-// complete last, so that what a killed call left half-made is made again;
-// then reused. Close leaves it.
+// later call to find (simnode's Node.OpenHost): its host tree (device
+// nodes, /proc and /sys files) is made once, even by concurrent calls, and
+// made again where a killed call left it half made; then reused. Close
+// leaves it. root must be new, empty or such a tree: a directory holding
+// anything else, or the host's own /, /dev, /proc or /sys, is refused
+// before anything is written, and nothing gpuiso did not make is removed.
 func OpenSharedNode(ctx context.Context, simulate, root string) (*Node, error) {
 	if simulate == "" {
 		return OpenNode(ctx, "")
@@ -98,14 +100,9 @@ func OpenSharedNode(ctx context.Context, simulate, root string) (*Node, error) {
 	if err != nil {
 		return nil, err
 	}
-	if root, err = filepath.Abs(root); err != nil {
-		return nil, err
-	}
-	host := &simnode.Host{Root: root, DevRoot: filepath.Join(root, "dev"), ProcRoot: filepath.Join(root, "proc"), SysRoot: filepath.Join(root, "sys")}
-	if _, err := os.Stat(filepath.Join(root, sharedComplete)); err != nil {
-		if err := makeShared(ctx, sim, host); err != nil {
-			return nil, fmt.Errorf("simulated node (needs root): %w", err)
-		}
+	host, err := sim.OpenHost(ctx, root)
+	if err != nil {
+		return nil, simulatedErr(simulate, err)
 	}
 	inv, err := nvmlnode.Discover(ctx, sim.DiscoverOptions(host)...)
 	if err != nil {
@@ -114,34 +111,13 @@ func OpenSharedNode(ctx context.Context, simulate, root string) (*Node, error) {
 	return &Node{Inventory: inv, DevRoot: host.DevRoot, Where: " of simulated " + simulate}, nil
 }
 
-// sharedComplete marks a shared simulated node's tree as made whole.
-const sharedComplete = ".complete"
-
-// makeShared makes sim's host tree at host.Root unless another process
-// did while this one waited for the lock.
-func makeShared(ctx context.Context, sim *simnode.Node, host *simnode.Host) error {
-	if err := os.MkdirAll(host.Root, 0o755); err != nil {
-		return err
+// simulatedErr says which simulated node's host tree could not be made,
+// and that root is needed where the cause is a permission.
+func simulatedErr(name string, err error) error {
+	if errors.Is(err, fs.ErrPermission) {
+		return fmt.Errorf("simulated node %s (needs root): %w", name, err)
 	}
-	lock, err := os.OpenFile(filepath.Join(host.Root, ".lock"), os.O_RDONLY|os.O_CREATE, 0o600)
-	if err != nil {
-		return err
-	}
-	defer lock.Close()
-	if err := linux.Lock(ctx, lock); err != nil {
-		return err
-	}
-	defer linux.Unlock(lock)
-	if _, err := os.Stat(filepath.Join(host.Root, sharedComplete)); err == nil {
-		return nil
-	}
-	if err := host.Remove(); err != nil { // what a killed call left
-		return err
-	}
-	if _, err := sim.MakeHost(host.Root); err != nil {
-		return err
-	}
-	return os.WriteFile(filepath.Join(host.Root, sharedComplete), nil, 0o644)
+	return fmt.Errorf("simulated node %s: %w", name, err)
 }
 
 const nodeTempPrefix = "gpuiso-node"

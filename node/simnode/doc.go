@@ -20,7 +20,23 @@
 // majors, the driver's /proc files and sysfs NUMA attributes. Opening a GPU
 // node gives EPERM where the device cgroup denies it and something else
 // (ENXIO: no driver answers) where it allows it, also on a host whose real
-// NVIDIA driver owns major 195. It never writes into the real /dev.
+// NVIDIA driver owns major 195. The majors come from the ranges Linux
+// reserves for local use, 60-63 and 120-127 (never handed out dynamically)
+// first, then 240-254, skipping every character major the host's
+// /proc/devices lists.
+//
+// A host tree is gpuiso's by its marks: a marker file written into the
+// directory before anything else and removed last, and a completion mark
+// written once the tree is whole. MakeHost takes only a new or empty
+// directory (or one holding a marked tree whose dev, proc and sys are
+// gone); [Node.OpenHost] makes the tree on first use and finds it
+// afterwards, making once under a lock on the directory, and making again a
+// marked tree a killed call left without its completion mark. Both refuse,
+// before writing anything, a directory holding files gpuiso did not make
+// ([ErrNotOwned]) and the host's own root directory, /dev, /proc and /sys
+// or anything in them, symlinks resolved ([ErrHostPath]; [ErrRealDev] too
+// where the nodes would be the host's). [Host.Remove] removes only what
+// MakeHost made, and only in a marked tree: a file of anyone else's stays.
 //
 // # MIG
 //

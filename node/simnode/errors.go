@@ -1,7 +1,9 @@
 package simnode
 
 import (
+	"errors"
 	"fmt"
+	"path/filepath"
 	"strings"
 
 	"github.com/gpuiso/gpuiso/node"
@@ -19,6 +21,12 @@ var (
 	// ErrRealDev: the simulated host's device nodes would land in the
 	// host's real /dev, which the simulation never writes to.
 	ErrRealDev = node.Sentinel(node.ErrInvalid, "refusing to create simulated device nodes in the real /dev")
+	// ErrHostPath: a simulated host tree would be made (or removed) in the
+	// host's own root directory or in its /dev, /proc or /sys.
+	ErrHostPath = node.Sentinel(node.ErrInvalid, "refusing a simulated host tree in the host's own directories")
+	// ErrNotOwned: a directory given for a simulated host tree holds files
+	// gpuiso did not make (it is neither empty nor marked as gpuiso's).
+	ErrNotOwned = node.Sentinel(node.ErrExists, "directory holds files gpuiso did not make")
 	// ErrInvalidVersion: a driver version is not digits and dots.
 	ErrInvalidVersion = node.Sentinel(node.ErrInvalid, "invalid driver version")
 )
@@ -35,3 +43,54 @@ func (e *UnknownTopologyError) Error() string {
 
 // Is makes errors.Is(err, ErrUnknownTopology) hold.
 func (e *UnknownTopologyError) Is(target error) bool { return target == ErrUnknownTopology }
+
+// HostPathError names a directory that is, or resolves to, the host's own
+// root directory or a place in its /dev, /proc or /sys, where a simulated
+// host tree is never made or removed.
+type HostPathError struct {
+	Dir      string // as given
+	Resolved string // absolute, symlinks resolved
+}
+
+func (e *HostPathError) Error() string {
+	at := e.Dir
+	if filepath.Clean(e.Dir) != e.Resolved {
+		at = fmt.Sprintf("%s (%s)", e.Dir, e.Resolved)
+	}
+	place := "is the host's root directory"
+	for _, d := range []string{"/dev", "/proc", "/sys"} {
+		if e.Resolved == d || strings.HasPrefix(e.Resolved, d+"/") {
+			place = "is in the host's own " + d
+		}
+	}
+	return fmt.Sprintf("%s %s: refusing to make or remove a simulated host tree there", at, place)
+}
+
+// Is makes errors.Is(err, ErrHostPath) hold, and errors.Is(err,
+// ErrRealDev) where the tree's device nodes would be the host's (its root
+// directory or /dev).
+func (e *HostPathError) Is(target error) bool {
+	dev := e.Resolved == "/" || e.Resolved == "/dev" || strings.HasPrefix(e.Resolved, "/dev/")
+	return errors.Is(ErrHostPath, target) || (dev && errors.Is(ErrRealDev, target))
+}
+
+// NotOwnedError names a directory, given for a simulated host tree, that
+// is neither new, nor empty, nor a tree gpuiso made: nothing is made or
+// removed in it.
+type NotOwnedError struct {
+	Dir     string
+	Entries []string // what it holds, sorted
+}
+
+func (e *NotOwnedError) Error() string {
+	held := e.Entries
+	more := ""
+	if len(held) > 3 {
+		held, more = held[:3], fmt.Sprintf(" and %d more", len(e.Entries)-3)
+	}
+	return fmt.Sprintf("%s holds %s%s, not made by gpuiso: refusing to make or remove a simulated host tree there (give a new or empty directory)",
+		e.Dir, strings.Join(held, ", "), more)
+}
+
+// Is makes errors.Is(err, ErrNotOwned) hold.
+func (e *NotOwnedError) Is(target error) bool { return errors.Is(ErrNotOwned, target) }

@@ -1,11 +1,13 @@
 package simnode
 
 import (
+	"bufio"
 	"errors"
 	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 
 	"github.com/gpuiso/gpuiso/internal/linux"
@@ -39,33 +41,111 @@ type Host struct {
 }
 
 // MakeHost creates the node's host tree under dir (created if missing),
-// which needs root for the device nodes. It refuses any dir whose dev root
-// would be the real /dev or inside it. On error nothing it created is left.
+// which needs root for the device nodes. dir must be new, empty, or a tree
+// MakeHost made whose dev, proc and sys are gone: a directory holding files
+// gpuiso did not make is refused (a [*NotOwnedError], matching
+// [ErrNotOwned]), and so is any dir that resolves to the host's own /, or
+// lies in its /dev, /proc or /sys (a [*HostPathError]). The tree is marked
+// as gpuiso's before anything is made in it and marked whole last. On error
+// nothing it created is left.
 func (n *Node) MakeHost(dir string) (*Host, error) {
-	root, err := resolveDir(dir)
+	root, made, err := hostDir(dir)
 	if err != nil {
 		return nil, fmt.Errorf("make simulated host in %s: %w", dir, err)
 	}
-	h := &Host{Root: root, DevRoot: filepath.Join(root, "dev"), ProcRoot: filepath.Join(root, "proc"), SysRoot: filepath.Join(root, "sys")}
-	for _, p := range []string{h.DevRoot, h.ProcRoot, h.SysRoot} {
-		if _, err := os.Lstat(p); err == nil {
-			return nil, fmt.Errorf("make simulated host in %s: %w", dir, &fs.PathError{Op: "create", Path: p, Err: fs.ErrExist})
-		}
-	}
-	majors, err := freeMajors(node.DefaultProcRoot, 3)
+	h, err := n.makeHost(root, made)
 	if err != nil {
-		return nil, fmt.Errorf("make simulated host in %s: %w", dir, err)
-	}
-	h.NVIDIAMajor, h.UVMMajor, h.CapsMajor = majors[0], majors[1], majors[2]
-	if err := n.populate(h); err != nil {
-		h.Remove()
 		return nil, fmt.Errorf("make simulated host in %s: %w", dir, err)
 	}
 	return h, nil
 }
 
-// Remove deletes the host tree (not Root itself).
+// makeHost makes the tree in root, which hostDir checked; made is the
+// first directory hostDir found missing on the way to root ("" when root
+// existed), removed again on error.
+func (n *Node) makeHost(root, made string) (h *Host, err error) {
+	if err := claimable(root); err != nil {
+		return nil, err
+	}
+	h = hostAt(root)
+	for _, p := range []string{h.DevRoot, h.ProcRoot, h.SysRoot} {
+		if _, err := os.Lstat(p); err == nil {
+			return nil, &fs.PathError{Op: "create", Path: p, Err: fs.ErrExist}
+		}
+	}
+	majors, err := freeMajors(node.DefaultProcRoot, 3)
+	if err != nil {
+		return nil, err
+	}
+	h.NVIDIAMajor, h.UVMMajor, h.CapsMajor = majors[0], majors[1], majors[2]
+	if err := os.MkdirAll(root, 0o755); err != nil {
+		return nil, err
+	}
+	wrote, err := mark(root)
+	defer func() {
+		if err == nil {
+			return
+		}
+		for _, p := range []string{h.DevRoot, h.ProcRoot, h.SysRoot} {
+			os.RemoveAll(p) // absent before, so made here
+		}
+		if wrote {
+			os.Remove(filepath.Join(root, markerName))
+		}
+		removeEmpty(root, made)
+	}()
+	if err != nil {
+		return nil, err
+	}
+	if err := os.Remove(filepath.Join(root, completeName)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return nil, err
+	}
+	if err := n.populate(h); err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(filepath.Join(root, completeName), nil, 0o644); err != nil {
+		return nil, err
+	}
+	return h, nil
+}
+
+// hostAt is the host tree at root, its numbers not yet known.
+func hostAt(root string) *Host {
+	return &Host{Root: root, DevRoot: filepath.Join(root, "dev"), ProcRoot: filepath.Join(root, "proc"), SysRoot: filepath.Join(root, "sys")}
+}
+
+// Remove deletes what MakeHost made in Root: its dev, proc and sys and its
+// marks (Root itself stays). A Root that is not a simulated host tree
+// gpuiso made is refused and left as it is (a [*NotOwnedError], or a
+// [*HostPathError] for the host's own directories).
 func (h *Host) Remove() error {
+	root, err := checkHostPath(h.Root)
+	if err != nil {
+		return fmt.Errorf("remove simulated host %s: %w", h.Root, err)
+	}
+	if !marked(root) {
+		if names, err := entries(root); errors.Is(err, fs.ErrNotExist) || (err == nil && len(names) == 0) {
+			return nil // nothing there
+		}
+		return fmt.Errorf("remove simulated host %s: %w", h.Root, owned(root))
+	}
+	// Unmarked whole first, unmarked as gpuiso's last: a removal cut
+	// short leaves a tree that is still known to be gpuiso's.
+	if err := os.Remove(filepath.Join(root, completeName)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("remove simulated host %s: %w", h.Root, err)
+	}
+	if err := removeTree(root); err != nil {
+		return fmt.Errorf("remove simulated host %s: %w", h.Root, err)
+	}
+	if err := os.Remove(filepath.Join(root, markerName)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("remove simulated host %s: %w", h.Root, err)
+	}
+	return nil
+}
+
+// removeTree removes the dev, proc and sys of a tree known to be gpuiso's.
+func removeTree(root string) error {
+	h := hostAt(root)
 	return errors.Join(os.RemoveAll(h.DevRoot), os.RemoveAll(h.ProcRoot), os.RemoveAll(h.SysRoot))
 }
 
@@ -125,61 +205,72 @@ func (n *Node) populate(h *Host) error {
 	return nil
 }
 
-// resolveDir makes dir absolute and resolves the symlinks of its longest
-// existing prefix, so that the /dev check sees where files would really land,
-// and only then creates what is missing.
-func resolveDir(dir string) (string, error) {
-	abs, err := filepath.Abs(dir)
-	if err != nil {
-		return "", err
-	}
-	existing, rest := abs, ""
-	for {
-		if _, err := os.Lstat(existing); err == nil {
-			break
-		}
-		parent := filepath.Dir(existing)
-		if parent == existing {
-			break
-		}
-		rest = filepath.Join(filepath.Base(existing), rest)
-		existing = parent
-	}
-	real, err := filepath.EvalSymlinks(existing)
-	if err != nil {
-		return "", err
-	}
-	root := filepath.Join(real, rest)
-	if inRealDev(root) || inRealDev(filepath.Join(root, "dev")) {
-		return "", ErrRealDev
-	}
-	if err := os.MkdirAll(root, 0o755); err != nil {
-		return "", err
-	}
-	return root, nil
-}
-
-func inRealDev(p string) bool { return p == "/dev" || strings.HasPrefix(p, "/dev/") }
-
-// freeMajors picks n character majors in the range Linux reserves for local
-// use (240-254) that the host's /proc/devices does not list.
+// freeMajors picks n character majors that the host's /proc/devices does
+// not list, from the ranges Linux reserves for local and experimental use
+// (Documentation/admin-guide/devices.txt): 60-63 and 120-127 first, which
+// the kernel never hands out to a driver that asks for a dynamic major,
+// then 240-254, where dynamic majors are taken from the top down (a node
+// with NVIDIA's, InfiniBand's and NVSwitch's drivers can fill all of it).
 func freeMajors(procRoot string, n int) ([]uint32, error) {
-	majors, err := node.ReadProcDevices(procRoot)
+	used, err := charMajors(filepath.Join(procRoot, "devices"))
 	if err != nil {
 		return nil, fmt.Errorf("find free device majors: %w", err)
 	}
-	used := map[uint32]bool{}
-	for _, m := range majors {
-		used[m] = true
-	}
 	var out []uint32
-	for m := uint32(240); m <= 254 && len(out) < n; m++ {
-		if !used[m] {
-			out = append(out, m)
+	for _, r := range localMajors {
+		for m := r[0]; m <= r[1] && len(out) < n; m++ {
+			if !used[m] {
+				out = append(out, m)
+			}
 		}
 	}
 	if len(out) < n {
-		return nil, fmt.Errorf("find %d free device majors: 240-254 has %d", n, len(out))
+		return nil, fmt.Errorf("find %d free character device majors: %s has %d: %w", n, describeRanges(localMajors), len(out), node.ErrInsufficient)
 	}
 	return out, nil
+}
+
+// localMajors are the character major ranges reserved for local use, in
+// the order freeMajors takes them.
+var localMajors = [][2]uint32{{60, 63}, {120, 127}, {240, 254}}
+
+func describeRanges(rs [][2]uint32) string {
+	var parts []string
+	for _, r := range rs {
+		parts = append(parts, fmt.Sprintf("%d-%d", r[0], r[1]))
+	}
+	return strings.Join(parts, ", ")
+}
+
+// charMajors reads every character-device major that a /proc/devices file
+// lists, whatever the name: one driver may register several majors under
+// one name (infiniband_mad), and several names may share one major.
+func charMajors(path string) (map[uint32]bool, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	used := map[uint32]bool{}
+	sc := bufio.NewScanner(f)
+	inChar := false
+	for n := 1; sc.Scan(); n++ {
+		line := strings.TrimSpace(sc.Text())
+		switch {
+		case line == "":
+			continue
+		case strings.HasSuffix(line, "devices:"):
+			inChar = line == "Character devices:"
+			continue
+		case !inChar:
+			continue
+		}
+		major, _, _ := strings.Cut(line, " ")
+		m, err := strconv.ParseUint(major, 10, 32)
+		if err != nil {
+			return nil, fmt.Errorf("%s line %d %q: want \"<major> <name>\"", path, n, line)
+		}
+		used[uint32(m)] = true
+	}
+	return used, sc.Err()
 }
