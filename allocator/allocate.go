@@ -46,12 +46,12 @@ func (a *Allocator) allocate(ctx context.Context, owner string, r Request) (Allo
 		return Allocation{}, ErrOwnerExists
 	}
 	h := &holding{group: c.group, shared: -1, holder: c.holder}
-	if c.memory > 0 {
-		p, err := a.placeShared(c)
+	if c.share != nil {
+		p, err := a.placeShare(c, *c.share)
 		if err != nil {
 			return Allocation{}, err
 		}
-		h.shared, h.memory = p, c.memory
+		h.shared, h.memory, h.mode, h.compute = p, c.share.MemoryBytes, c.share.Mode, c.share.ComputePercent
 	} else {
 		set, err := a.placeExclusive(c, 0)
 		if err != nil {
@@ -67,7 +67,7 @@ func (a *Allocator) allocate(ctx context.Context, owner string, r Request) (Allo
 		return Allocation{}, err
 	}
 	if a.cfg.logger.Enabled(ctx, slog.LevelDebug) {
-		a.cfg.logger.Debug("allocated", "owner", owner, "devices", a.positions(h.devices), "shared", h.shared, "memory", h.memory)
+		a.cfg.logger.Debug("allocated", "owner", owner, "devices", a.positions(h.devices), "shared", h.shared, "mode", h.mode, "memory", h.memory)
 	}
 	return a.allocation(owner, h), nil
 }
@@ -132,43 +132,6 @@ func (a *Allocator) why(p int, c compiled) string {
 		return "does not match the request's model or constraints"
 	}
 	return "not free"
-}
-
-// placeShared chooses the shareable GPU for a memory request: the one with
-// the least free memory that fits (best fit), then the lowest position.
-func (a *Allocator) placeShared(c compiled) (int, error) {
-	best, bestFree := -1, uint64(0)
-	mostFree := uint64(0)
-	for p := range a.n {
-		if a.shares[p] == nil || a.exclusive[p] != "" || !a.health[p].Healthy || c.match&(1<<p) == 0 {
-			if c.must&(1<<p) != 0 {
-				if a.shares[p] == nil {
-					return 0, fmt.Errorf("%s: not shareable: %w", a.name(p), ErrDeviceUnavailable)
-				}
-				return 0, fmt.Errorf("%s: %s: %w", a.name(p), a.why(p, c), ErrDeviceUnavailable)
-			}
-			continue
-		}
-		if c.must != 0 && c.must&(1<<p) == 0 {
-			continue
-		}
-		free := a.freeMemory(p)
-		mostFree = max(mostFree, free)
-		if free >= c.memory && (best < 0 || free < bestFree) {
-			best, bestFree = p, free
-		}
-	}
-	if best < 0 {
-		return 0, &InsufficientError{Requested: clampInt(c.memory), Free: clampInt(mostFree)}
-	}
-	return best, nil
-}
-
-func clampInt(v uint64) int {
-	if v > uint64(int(^uint(0)>>1)) {
-		return int(^uint(0) >> 1)
-	}
-	return int(v)
 }
 
 func (a *Allocator) freeMemory(p int) uint64 {

@@ -40,14 +40,17 @@ type Allocator struct {
 	shareCfg  uint64 // GPUs configured shareable (WithShared)
 }
 
-// holding is what one owner holds: whole GPUs, or memory on one GPU.
+// holding is what one owner holds: whole GPUs, a share of one GPU, or MIG
+// devices.
 type holding struct {
 	group   string
-	holder  *Holder // what proves the owner alive, or nil
-	devices uint64  // exclusive GPUs by position
-	shared  int     // position of the shared GPU, or -1
-	memory  uint64  // bytes on the shared GPU
-	mig     []int   // MIG devices by unit number, ascending
+	holder  *Holder   // what proves the owner alive, or nil
+	devices uint64    // exclusive GPUs by position
+	shared  int       // position of the shared GPU, or -1
+	memory  uint64    // bytes on the shared GPU (a memory share)
+	mode    ShareMode // the share's mode, when shared >= 0
+	compute int       // a memory share's compute percentage, or 0
+	mig     []int     // MIG devices by unit number, ascending
 }
 
 // Option configures New.
@@ -58,7 +61,9 @@ type settings struct {
 	policy    Policy
 	quotas    map[string]int
 	shareable []string
-	logger    *slog.Logger
+	// timeSlices is the most time slices on one GPU (0: the default).
+	timeSlices int
+	logger     *slog.Logger
 	// migManager creates MIG devices on demand (WithMIGManager), or nil.
 	migManager MIGManager
 	procRoot   string
@@ -100,11 +105,13 @@ func WithQuota(group string, gpus int) Option {
 	}
 }
 
-// WithShared makes the named GPUs (index, UUID or bus id) shareable by
-// memory: requests with MemoryBytes get a slice of one of them. A shareable
-// GPU is held either by shares or by one exclusive owner, never both;
+// WithShared makes the named GPUs (index, UUID or bus id) shareable:
+// requests with a Share (or MemoryBytes) get part of one of them, a memory
+// share or a time slice. A shareable GPU is held by one exclusive owner, by
+// memory shares or by time slices, never by two of these at once;
 // whole-GPU requests take shareable GPUs only when the others do not
-// suffice.
+// suffice, and shares pack onto GPUs already shared before they open one.
+// A GPU with MIG enabled cannot be made shareable.
 func WithShared(devices ...string) Option {
 	return func(s *settings) error {
 		s.shareable = append(s.shareable, devices...)

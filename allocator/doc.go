@@ -16,8 +16,7 @@
 // ("nvidia/gpu/<model>"), Nomad-style [Constraint]s and weighted
 // [Affinity]s on device attributes ("memory >= 16 GiB", units compared in
 // base units); a quota group ([WithQuota]); or, on GPUs made shareable with
-// [WithShared], an amount of memory, with the MPS limit the container should
-// get in the allocation's environment. [Allocator.Release],
+// [WithShared], a [Share] of one GPU (see Shares below). [Allocator.Release],
 // [Allocator.Resize] (a live update), [Allocator.Owners] and
 // [Allocator.Allocations] (copies) complete it. Every change is all or
 // nothing: no GPU is held twice, an unhealthy GPU is never handed out, a
@@ -46,6 +45,26 @@
 // simnode provides one for simulated nodes) a profile the layout cannot serve
 // gets MIG devices created on GPUs with MIG enabled and room, destroyed again
 // on release; a request that fails part way destroys what it created.
+//
+// # Shares
+//
+// A [Share] is part of one GPU, in one of two modes. A memory share
+// ([ShareMemory]: bytes, optionally a compute percentage) is counted
+// against the GPU's memory and enforced by an MPS control daemon (package
+// isolator/mps; the allocation's environment carries the MPS client limits
+// too, which a client can only lower). A time slice ([ShareTime]) is the
+// whole GPU beside the GPU's other time slices, isolated from none of them;
+// at most [WithTimeSlices] of them (default [DefaultTimeSlices]) share one
+// GPU. A GPU is held by one exclusive owner, by memory shares or by time
+// slices, never two of these at once. Placement packs: a share goes to the
+// fullest GPU of its mode with room, and opens a GPU no one holds (chosen
+// by the policy, as for a 1-GPU request) only when none has; whole-GPU
+// requests take shareable GPUs last. A share that fits nowhere is a
+// [*ShareError] naming each GPU's free memory or why it cannot take it. A
+// GPU with MIG enabled is never shared (a share naming a MIG device is
+// [ErrShareNotSupported]); quotas count a shared GPU once per group.
+// Shares are in the state file with their mode and compute; after a crash
+// [Allocator.ClaimShare] re-holds the share a container's record names.
 //
 // # Placement
 //

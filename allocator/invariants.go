@@ -28,6 +28,9 @@ func (a *Allocator) checkInvariants() error {
 			if a.shares[h.shared][o] != h.memory {
 				return fmt.Errorf("owner %s share mismatch", o)
 			}
+			if err := (Share{Mode: h.mode, MemoryBytes: h.memory, ComputePercent: h.compute}).Validate(); err != nil || h.mode == "" {
+				return fmt.Errorf("owner %s holds a share of mode %q: %v", o, h.mode, err)
+			}
 		} else if h.devices == 0 && len(h.mig) == 0 {
 			return fmt.Errorf("owner %s holds nothing", o)
 		}
@@ -42,10 +45,16 @@ func (a *Allocator) checkInvariants() error {
 			}
 		}
 		var used uint64
+		var mode ShareMode
 		for o, m := range a.shares[p] {
-			if h := a.owners[o]; h == nil || h.shared != p {
+			h := a.owners[o]
+			if h == nil || h.shared != p {
 				return fmt.Errorf("%s shared by unknown %s", a.name(p), o)
 			}
+			if mode != "" && h.mode != mode {
+				return fmt.Errorf("%s held by both %s and %s shares", a.name(p), mode, h.mode)
+			}
+			mode = h.mode
 			used += m
 		}
 		if used > a.inv.Devices[p].MemoryBytes {

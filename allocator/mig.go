@@ -140,8 +140,12 @@ func (a *Allocator) compileMIG(r Request) (migMatch, error) {
 	switch {
 	case r.Count < 0:
 		return m, fmt.Errorf("count %d: %w", r.Count, ErrInvalidRequest)
-	case r.MemoryBytes > 0:
-		return m, fmt.Errorf("a MIG request cannot also ask for shared memory: %w", ErrInvalidRequest)
+	case (r.MemoryBytes > 0 || r.Share != nil) && r.MIG == "" && r.MIGMemoryBytes == 0:
+		// A share naming MIG devices: MPS could share one, but the
+		// allocator hands MIG devices out whole.
+		return m, fmt.Errorf("a share of a MIG device (ask for the MIG device whole, or share a GPU without MIG): %w", ErrShareNotSupported)
+	case r.MemoryBytes > 0 || r.Share != nil:
+		return m, fmt.Errorf("a MIG request cannot also ask for a share: %w", ErrInvalidRequest)
 	case m.profile != "" && m.memory > 0:
 		return m, fmt.Errorf("a MIG request names a profile or a memory, not both: %w", ErrInvalidRequest)
 	case len(r.Affinities) > 0:

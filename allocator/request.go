@@ -26,8 +26,14 @@ type Request struct {
 	// Affinities steer the choice among the GPUs that satisfy Constraints.
 	Affinities []Affinity `json:"affinities,omitempty"`
 	// MemoryBytes, when set, asks for that much memory on one shareable GPU
-	// (see WithShared) instead of whole GPUs. Count must then be 0 or 1.
+	// (see WithShared) instead of whole GPUs: the memory share
+	// Share{Mode: ShareMemory, MemoryBytes: MemoryBytes}. Count must then
+	// be 0 or 1.
 	MemoryBytes uint64 `json:"memoryBytes,omitempty"`
+	// Share, when set, asks for part of one shareable GPU instead of whole
+	// GPUs: a memory share or a time slice (see Share). Count must then be
+	// 0 or 1; Devices may name the one GPU.
+	Share *Share `json:"share,omitempty"`
 	// MIG, when set, asks for MIG devices of that GPU-instance profile
 	// ("1g.10gb") instead of whole GPUs: Count of them (default 1). GPUs
 	// with MIG enabled are handed out only this way, never whole.
@@ -48,15 +54,22 @@ type Allocation struct {
 	// its parent's identity with the device's "MIG-" UUID and a MIG part
 	// (instance ids and capability nodes).
 	Devices []node.DeviceRef `json:"devices"`
-	// Shared tells whether this is a slice of one GPU's memory.
+	// Shared tells whether this is a slice of one GPU's memory (a memory
+	// share).
 	Shared bool `json:"shared,omitempty"`
 	// MemoryBytes is the memory of a shared allocation.
 	MemoryBytes uint64 `json:"memoryBytes,omitempty"`
+	// Share is the share held, a memory share or a time slice, or nil for
+	// whole GPUs and MIG devices.
+	Share *Share `json:"share,omitempty"`
 	// Holder is the request's Holder, if it had one.
 	Holder *Holder `json:"holder,omitempty"`
 	// Env is what the container's environment should carry:
-	// NVIDIA_VISIBLE_DEVICES and, for a shared GPU, the MPS memory limit
-	// CUDA_MPS_PINNED_DEVICE_MEM_LIMIT.
+	// NVIDIA_VISIBLE_DEVICES and, for a memory share, the MPS client limits
+	// CUDA_MPS_PINNED_DEVICE_MEM_LIMIT (and
+	// CUDA_MPS_ACTIVE_THREAD_PERCENTAGE with a compute percentage). A
+	// client can only lower these below its MPS control daemon's; the
+	// daemon's are what holds (see package isolator/mps).
 	Env map[string]string `json:"env,omitempty"`
 }
 
@@ -94,12 +107,17 @@ type compiled struct {
 	affinity []int64
 	hasAff   bool
 	group    string
-	memory   uint64
+	share    *Share
 	holder   *Holder
 }
 
 func (a *Allocator) compile(r Request) (compiled, error) {
-	c := compiled{group: r.Group, memory: r.MemoryBytes}
+	c := compiled{group: r.Group}
+	share, err := r.share()
+	if err != nil {
+		return c, err
+	}
+	c.share = share
 	if r.Holder != nil {
 		if err := r.Holder.validate(); err != nil {
 			return c, err
@@ -125,9 +143,9 @@ func (a *Allocator) compile(r Request) (compiled, error) {
 		c.count = len(r.Devices)
 	}
 	switch {
-	case r.MemoryBytes > 0 && c.count > 1:
+	case share != nil && c.count > 1:
 		return c, fmt.Errorf("shared request for %d GPUs, want one: %w", c.count, ErrInvalidRequest)
-	case r.MemoryBytes > 0:
+	case share != nil:
 		c.count = 1
 	case c.count == 0:
 		return c, fmt.Errorf("zero GPUs: %w", ErrInvalidRequest)
@@ -203,8 +221,14 @@ func describe(r Request) string {
 		}
 		return fmt.Sprintf("%d mig devices of %s", n, what)
 	}
-	if r.MemoryBytes > 0 {
-		return fmt.Sprintf("%d bytes of gpu memory", r.MemoryBytes)
+	if s, err := r.share(); err == nil && s != nil {
+		if s.Mode == ShareTime {
+			return "a time slice of a gpu"
+		}
+		return "a share of " + s.String() + " of a gpu"
+	}
+	if r.MemoryBytes > 0 || r.Share != nil {
+		return "a share of a gpu"
 	}
 	n := r.Count
 	if n == 0 {

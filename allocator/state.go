@@ -59,6 +59,10 @@ type savedOwner struct {
 	Devices     []savedDevice `json:"devices,omitempty"`
 	Shared      *savedDevice  `json:"shared,omitempty"`
 	MemoryBytes uint64        `json:"memoryBytes,omitempty"`
+	// ShareMode and ComputePercent describe a share (optional: files
+	// written before time slices hold memory shares without them).
+	ShareMode      ShareMode `json:"shareMode,omitempty"`
+	ComputePercent int       `json:"computePercent,omitempty"`
 	// MIG are the MIG devices held (optional, see savedMIG).
 	MIG    []savedMIG `json:"mig,omitempty"`
 	Holder *Holder    `json:"holder,omitempty"`
@@ -134,8 +138,12 @@ func decodeState(b []byte) (*savedState, error) {
 		if kinds != 1 {
 			return nil, corrupt("owner %s must hold either whole GPUs, one share or MIG devices", o.Owner)
 		}
-		if o.Shared != nil && o.MemoryBytes == 0 {
-			return nil, corrupt("owner %s holds a share of no memory", o.Owner)
+		if o.Shared != nil {
+			if err := (Share{Mode: o.ShareMode, MemoryBytes: o.MemoryBytes, ComputePercent: o.ComputePercent}).Validate(); err != nil {
+				return nil, corrupt("owner %s: %v", o.Owner, err)
+			}
+		} else if o.ShareMode != "" || o.MemoryBytes != 0 || o.ComputePercent != 0 {
+			return nil, corrupt("owner %s describes a share it does not hold", o.Owner)
 		}
 	}
 	return &s, nil
@@ -151,7 +159,10 @@ func (a *Allocator) snapshot() *savedState {
 		}
 		if h.shared >= 0 {
 			d := a.saved(h.shared)
-			so.Shared, so.MemoryBytes = &d, h.memory
+			so.Shared, so.MemoryBytes, so.ComputePercent = &d, h.memory, h.compute
+			if h.mode != ShareMemory {
+				so.ShareMode = h.mode
+			}
 		}
 		so.MIG = a.savedMIGs(h.mig)
 		s.Owners = append(s.Owners, so)
@@ -222,11 +233,18 @@ func (a *Allocator) restore(s *savedState) error {
 					warn("owner %s: %s holds shares but is not configured shareable", so.Owner, a.name(p))
 					a.shares[p] = map[string]uint64{}
 				}
+				mode := so.ShareMode
+				if mode == "" {
+					mode = ShareMemory
+				}
+				if m := a.shareMode(p); m != "" && m != mode {
+					return fmt.Errorf("%s held by both %s and %s shares: %w", a.name(p), m, mode, ErrCorruptState)
+				}
 				a.shares[p][so.Owner] = so.MemoryBytes
 				if a.sharedSum(p) > a.inv.Devices[p].MemoryBytes {
 					return fmt.Errorf("%s shares more memory than it has: %w", a.name(p), ErrCorruptState)
 				}
-				h.shared, h.memory = p, so.MemoryBytes
+				h.shared, h.memory, h.mode, h.compute = p, so.MemoryBytes, mode, so.ComputePercent
 			}
 		}
 		if err := a.restoreMIG(so, h, warn); err != nil {

@@ -1,0 +1,403 @@
+package allocator
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"math/bits"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/gpuiso/gpuiso/node"
+)
+
+// ShareMode is how a share holds part of one GPU.
+type ShareMode string
+
+// Share modes.
+const (
+	// ShareMemory is a slice of one GPU's memory, and optionally a
+	// percentage of its compute: the allocator counts the memory, and an
+	// MPS control daemon (package isolator/mps) holds the container to it.
+	ShareMemory ShareMode = "memory"
+	// ShareTime is a time slice: the GPU whole, beside the other time
+	// slices of it, isolated from none of them (as NVIDIA's time-slicing
+	// replicas). At most the allocator's time-slice count (WithTimeSlices)
+	// share one GPU.
+	ShareTime ShareMode = "time"
+)
+
+// DefaultTimeSlices is how many time slices share one GPU at most, unless
+// WithTimeSlices says otherwise.
+const DefaultTimeSlices = 4
+
+// Share asks for part of one GPU, on a GPU made shareable with WithShared:
+// a memory share or a time slice. A GPU is held by one exclusive owner, by
+// memory shares or by time slices, never by two of these at once.
+type Share struct {
+	// Mode is ShareMemory or ShareTime; empty means ShareMemory.
+	Mode ShareMode `json:"mode,omitempty"`
+	// MemoryBytes is a memory share's memory (required for one, at most
+	// the GPU's memory); a time slice has none of its own.
+	MemoryBytes uint64 `json:"memoryBytes,omitempty"`
+	// ComputePercent, for a memory share, is the part of the GPU's
+	// compute (MPS's active thread percentage, 1 to 100) its container
+	// may use; 0 means no limit.
+	ComputePercent int `json:"computePercent,omitempty"`
+}
+
+// Validate checks s on its own: a mode it knows, a memory share with
+// memory and a compute percentage from 0 to 100, a time slice with
+// neither.
+func (s Share) Validate() error {
+	switch s.mode() {
+	case ShareMemory:
+		if s.MemoryBytes == 0 {
+			return fmt.Errorf("memory share of no memory: %w", ErrInvalidRequest)
+		}
+		if s.ComputePercent < 0 || s.ComputePercent > 100 {
+			return fmt.Errorf("compute percentage %d, want 1 to 100 (0: no limit): %w", s.ComputePercent, ErrInvalidRequest)
+		}
+	case ShareTime:
+		if s.MemoryBytes != 0 || s.ComputePercent != 0 {
+			return fmt.Errorf("a time slice has no memory or compute of its own: %w", ErrInvalidRequest)
+		}
+	default:
+		return fmt.Errorf("share mode %q, want %s or %s: %w", s.Mode, ShareMemory, ShareTime, ErrInvalidRequest)
+	}
+	return nil
+}
+
+func (s Share) mode() ShareMode {
+	if s.Mode == "" {
+		return ShareMemory
+	}
+	return s.Mode
+}
+
+// String describes the share: "4096 MiB", "4096 MiB, 50% compute", "time
+// slice".
+func (s Share) String() string {
+	if s.mode() == ShareTime {
+		return "time slice"
+	}
+	out := FormatBytes(s.MemoryBytes)
+	if s.ComputePercent > 0 {
+		out += ", " + strconv.Itoa(s.ComputePercent) + "% compute"
+	}
+	return out
+}
+
+// FormatBytes writes a memory size in the largest binary unit that keeps it
+// whole ("4 GiB", "1536 MiB", "100 B").
+func FormatBytes(b uint64) string {
+	for _, u := range []struct {
+		shift uint
+		name  string
+	}{{40, "TiB"}, {30, "GiB"}, {20, "MiB"}, {10, "KiB"}} {
+		if b >= 1<<u.shift && b%(1<<u.shift) == 0 {
+			return strconv.FormatUint(b>>u.shift, 10) + " " + u.name
+		}
+	}
+	return strconv.FormatUint(b, 10) + " B"
+}
+
+// WithTimeSlices sets how many time slices share one GPU at most (default
+// DefaultTimeSlices).
+func WithTimeSlices(n int) Option {
+	return func(s *settings) error {
+		if n < 1 {
+			return fmt.Errorf("time slices %d per gpu: want 1 or more: %w", n, ErrInvalidRequest)
+		}
+		s.timeSlices = n
+		return nil
+	}
+}
+
+// share is r's share, if it asks for one: Request.Share, or the older
+// Request.MemoryBytes, which is a memory share of that much.
+func (r Request) share() (*Share, error) {
+	switch {
+	case r.Share == nil && r.MemoryBytes == 0:
+		return nil, nil
+	case r.Share == nil:
+		return &Share{Mode: ShareMemory, MemoryBytes: r.MemoryBytes}, nil
+	case r.MemoryBytes != 0 && (r.Share.mode() != ShareMemory || r.Share.MemoryBytes != r.MemoryBytes):
+		return nil, fmt.Errorf("MemoryBytes %d beside a share of %s: %w", r.MemoryBytes, r.Share, ErrInvalidRequest)
+	}
+	s := *r.Share
+	s.Mode = s.mode()
+	if err := s.Validate(); err != nil {
+		return nil, err
+	}
+	return &s, nil
+}
+
+// shareMode is the mode of the shares GPU p holds, or "" for none. The
+// caller holds a.mu.
+func (a *Allocator) shareMode(p int) ShareMode {
+	for o := range a.shares[p] {
+		if h := a.owners[o]; h != nil {
+			return h.mode
+		}
+	}
+	return ""
+}
+
+// timeSlicesOn is the number of time slices GPU p holds.
+func (a *Allocator) timeSlicesOn(p int) int {
+	if a.shareMode(p) != ShareTime {
+		return 0
+	}
+	return len(a.shares[p])
+}
+
+func (a *Allocator) timeSliceLimit() int {
+	if a.cfg.timeSlices > 0 {
+		return a.cfg.timeSlices
+	}
+	return DefaultTimeSlices
+}
+
+// fitsShare says why GPU p cannot take share s of a request matching
+// match, or "" when it can.
+func (a *Allocator) fitsShare(p int, s Share, match uint64) string {
+	switch {
+	case a.mig.parents&(1<<p) != 0:
+		return "MIG enabled: handed out by MIG device, never shared"
+	case a.shares[p] == nil:
+		return "not shareable"
+	case a.exclusive[p] != "":
+		return "owned by " + a.exclusive[p]
+	case !a.health[p].Healthy:
+		return a.health[p].String()
+	case match&(1<<p) == 0:
+		return "does not match the request's model or constraints"
+	}
+	mode := a.shareMode(p)
+	if mode != "" && mode != s.mode() {
+		return "held by " + string(mode) + " shares"
+	}
+	if s.mode() == ShareTime {
+		if n := a.timeSlicesOn(p); n >= a.timeSliceLimit() {
+			return fmt.Sprintf("%d of %d time slices taken", n, a.timeSliceLimit())
+		}
+		return ""
+	}
+	if free := a.freeMemory(p); free < s.MemoryBytes {
+		return FormatBytes(free) + " free"
+	}
+	return ""
+}
+
+// placeShare chooses the GPU for share s. It packs: among the GPUs already
+// holding shares of s's mode, the fullest one that has room (the least
+// free memory that fits; the most time slices); only when none has room
+// does it open a GPU no one holds, chosen by the placement policy as for a
+// 1-GPU request, so that whole GPUs stay free for exclusive requests. When
+// no GPU fits, a *ShareError says why for each.
+func (a *Allocator) placeShare(c compiled, s Share) (int, error) {
+	best := -1
+	var bestKey uint64
+	var open uint64
+	for p := range a.n {
+		if c.must != 0 && c.must&(1<<p) == 0 {
+			continue
+		}
+		if why := a.fitsShare(p, s, c.match); why != "" {
+			if c.must != 0 {
+				return 0, fmt.Errorf("%s: %s: %w", a.name(p), why, ErrDeviceUnavailable)
+			}
+			continue
+		}
+		if len(a.shares[p]) == 0 {
+			open |= 1 << p
+			continue
+		}
+		// Fuller first: less free memory, or more time slices.
+		key := a.freeMemory(p)
+		if s.mode() == ShareTime {
+			key = uint64(a.timeSliceLimit() - a.timeSlicesOn(p))
+		}
+		if best < 0 || key < bestKey {
+			best, bestKey = p, key
+		}
+	}
+	if best >= 0 {
+		return best, nil
+	}
+	if open != 0 {
+		return bits.TrailingZeros64(a.choose(a.cfg.policy, open, 0, 1, c.affinity, c.hasAff)), nil
+	}
+	e := &ShareError{Share: s}
+	for p := range a.n {
+		d := a.inv.Devices[p]
+		f := ShareFit{Index: d.Index, UUID: d.UUID, Reason: a.fitsShare(p, s, c.match)}
+		if a.shares[p] != nil && a.exclusive[p] == "" && a.shareMode(p) != ShareTime {
+			f.FreeBytes = a.freeMemory(p)
+		}
+		e.GPUs = append(e.GPUs, f)
+	}
+	return 0, e
+}
+
+// ShareError is a share that fits on no GPU of the node: for each GPU, why.
+type ShareError struct {
+	// Share is what was asked for.
+	Share Share
+	// GPUs are the node's GPUs, in inventory order, each with its free
+	// memory (of a shareable GPU not held whole or by time slices) and
+	// the reason it cannot take the share.
+	GPUs []ShareFit
+}
+
+// ShareFit is one GPU as a ShareError sees it.
+type ShareFit struct {
+	Index     int    `json:"index"`
+	UUID      string `json:"uuid,omitempty"`
+	FreeBytes uint64 `json:"freeBytes"`
+	Reason    string `json:"reason"`
+}
+
+func (e *ShareError) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "no gpu has room for a share of %s", e.Share)
+	if len(e.GPUs) > 0 {
+		b.WriteString(" (")
+		for i, g := range e.GPUs {
+			if i > 0 {
+				b.WriteString("; ")
+			}
+			fmt.Fprintf(&b, "gpu %d: %s", g.Index, g.Reason)
+		}
+		b.WriteString(")")
+	}
+	b.WriteString(": ")
+	b.WriteString(ErrInsufficient.Error())
+	return b.String()
+}
+
+// Is makes errors.Is(err, ErrInsufficient) hold.
+func (e *ShareError) Is(target error) bool {
+	return target == ErrInsufficient || target == node.ErrInsufficient
+}
+
+// ErrShareNotSupported: a share was asked of something that cannot be
+// shared, such as a MIG device.
+var ErrShareNotSupported = node.Sentinel(node.ErrNotSupported, "cannot be shared")
+
+// ClaimShare makes owner hold share s of device, the GPU a container was
+// started with and the share its record names: how a recovery re-holds a
+// share the allocator's memory lost. Like Claim, it is idempotent:
+//
+//   - owner already holds exactly s on device: nothing changes;
+//   - owner holds nothing, and device can take s (shareable, or holding
+//     shares already, not held whole or by shares of the other mode, with
+//     room): owner takes it, in one change on disk;
+//   - owner holds something else: a *ClaimError matching ErrClaimMismatch;
+//   - device cannot take s: ErrDeviceUnavailable; a device the node lacks:
+//     ErrUnknownDevice; s itself is malformed: ErrInvalidRequest.
+//
+// A GPU not configured shareable in this allocator takes the share all the
+// same (as New does for the shares it loads): the container uses it so.
+func (a *Allocator) ClaimShare(ctx context.Context, owner string, device node.DeviceRef, s Share) (Allocation, error) {
+	if a.inv == nil {
+		return Allocation{}, ErrNotMade
+	}
+	al, err := a.claimShare(ctx, owner, device, s)
+	if err != nil {
+		return Allocation{}, fmt.Errorf("claim a share of %s for %s: %w", s, owner, err)
+	}
+	return al, nil
+}
+
+func (a *Allocator) claimShare(ctx context.Context, owner string, device node.DeviceRef, s Share) (Allocation, error) {
+	if err := ctx.Err(); err != nil {
+		return Allocation{}, err
+	}
+	if err := node.ValidateOwner(owner); err != nil {
+		return Allocation{}, err
+	}
+	s.Mode = s.mode()
+	if err := s.Validate(); err != nil {
+		return Allocation{}, err
+	}
+	id := strings.TrimSpace(device.UUID)
+	if node.IsMIGUUID(id) {
+		return Allocation{}, fmt.Errorf("MIG device %s: %w", id, ErrShareNotSupported)
+	}
+	if id == "" {
+		id = strconv.Itoa(device.Index)
+	}
+	p, err := a.resolve(id)
+	if err != nil {
+		return Allocation{}, err
+	}
+	unlock, err := a.lock(ctx)
+	if err != nil {
+		return Allocation{}, err
+	}
+	defer unlock()
+	if h, ok := a.owners[owner]; ok {
+		if h.shared != p || h.mode != s.Mode || h.memory != s.MemoryBytes || h.compute != s.ComputePercent {
+			return Allocation{}, &ClaimError{Owner: owner, Held: refNames(a.allocation(owner, h).Devices), Claimed: refNames([]node.DeviceRef{a.inv.Devices[p].Ref()})}
+		}
+		return a.allocation(owner, h), nil
+	}
+	restore := a.shares[p] == nil && a.mig.parents&(1<<p) == 0
+	if restore {
+		a.shares[p] = map[string]uint64{}
+	}
+	if why := a.fitsShare(p, s, ^uint64(0)); why != "" {
+		if restore {
+			a.shares[p] = nil
+		}
+		return Allocation{}, fmt.Errorf("%s: %s: %w", a.name(p), why, ErrDeviceUnavailable)
+	}
+	h := &holding{shared: p, memory: s.MemoryBytes, mode: s.Mode, compute: s.ComputePercent}
+	if err := a.checkQuota(owner, h); err != nil {
+		if restore {
+			a.shares[p] = nil
+		}
+		return Allocation{}, err
+	}
+	a.apply(owner, h)
+	if err := a.persist(ctx, func() {
+		a.apply(owner, nil)
+		if restore {
+			a.shares[p] = nil
+		}
+	}); err != nil {
+		return Allocation{}, err
+	}
+	if a.cfg.logger.Enabled(ctx, slog.LevelDebug) {
+		a.cfg.logger.Debug("claimed a share", "owner", owner, "gpu", p, "share", s.String())
+	}
+	return a.allocation(owner, h), nil
+}
+
+// Shares returns the shares GPU device (index, UUID or bus id) holds, by
+// owner: their allocations, sorted by owner.
+func (a *Allocator) Shares(device string) ([]Allocation, error) {
+	if a.inv == nil {
+		return nil, ErrNotMade
+	}
+	p, err := a.resolve(device)
+	if err != nil {
+		return nil, fmt.Errorf("shares: %w", err)
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.refresh()
+	owners := make([]string, 0, len(a.shares[p]))
+	for o := range a.shares[p] {
+		owners = append(owners, o)
+	}
+	slices.Sort(owners)
+	out := make([]Allocation, 0, len(owners))
+	for _, o := range owners {
+		out = append(out, a.allocation(o, a.owners[o]))
+	}
+	return out, nil
+}
