@@ -115,6 +115,13 @@
 // on the load of the host's other users; the lock serialises the fsyncs).
 // Processes sharing a directory must share a pid namespace.
 //
+// No wait for the lock outlasts the caller's context: a change whose context
+// ends first fails with a [LockError] (matching [ErrLocked] and the
+// context's error) naming the holder, the process that wrote its pid and
+// start time into the lock file on taking the lock, with its command name.
+// New never waits: with the lock held elsewhere it reads the last complete
+// state file and leaves the removal of dead writers' files to a later New.
+//
 // An owner may name a [Holder] in its [Request]: the process (pid and start
 // time, field 22 of /proc/<pid>/stat) whose life the allocation lasts.
 // [Allocator.ReleaseDead] releases the owners whose holder provably died

@@ -118,3 +118,42 @@ func (e *ClaimError) Error() string {
 func (e *ClaimError) Is(target error) bool {
 	return target == ErrClaimMismatch || target == node.ErrExists
 }
+
+// ErrLocked: another process held the state directory's lock until the
+// context of a wait for it ended. See LockError.
+var ErrLocked = node.Sentinel(node.ErrUnavailable, "state directory locked")
+
+// LockError is a wait for the state directory's lock that the caller's
+// context ended (its deadline, or a cancellation) while another process
+// held the lock.
+type LockError struct {
+	// Dir is the state directory.
+	Dir string
+	// Holder is the process holding the lock, as it named itself on
+	// taking it; nil when unknown (it wrote no name, or no longer runs).
+	Holder *Holder
+	// Command is the holder's command name (/proc/<pid>/comm), "" when
+	// unknown.
+	Command string
+	// Err is why the wait ended: the context's error or cause.
+	Err error
+}
+
+func (e *LockError) Error() string {
+	who := "another process (unknown)"
+	if e.Holder != nil {
+		who = fmt.Sprintf("pid %d started at %d", e.Holder.Pid, e.Holder.Start)
+		if e.Command != "" {
+			who = fmt.Sprintf("pid %d (%s) started at %d", e.Holder.Pid, e.Command, e.Holder.Start)
+		}
+	}
+	return fmt.Sprintf("state directory %s held by %s: %v: %s", e.Dir, who, e.Err, ErrLocked)
+}
+
+// Unwrap returns why the wait ended (context.DeadlineExceeded, say).
+func (e *LockError) Unwrap() error { return e.Err }
+
+// Is makes errors.Is(err, ErrLocked) hold.
+func (e *LockError) Is(target error) bool {
+	return target == ErrLocked || target == node.ErrUnavailable
+}

@@ -2,7 +2,6 @@ package allocator
 
 import (
 	"context"
-	"errors"
 	"fmt"
 
 	"github.com/gpuiso/gpuiso/internal/linux"
@@ -19,7 +18,8 @@ import (
 // serves one allocator at a time.
 
 // lock takes the allocator's mutex, then the state directory's lock with
-// the state reloaded (lockState); unlock gives both back.
+// the state reloaded (lockState); unlock gives both back. The wait for the
+// directory's lock ends with ctx, in a *LockError naming the holder.
 func (a *Allocator) lock(ctx context.Context) (unlock func(), err error) {
 	a.mu.Lock()
 	unlockState, err := a.lockState(ctx)
@@ -40,12 +40,9 @@ func (a *Allocator) lockState(ctx context.Context) (unlock func(), err error) {
 	if a.store == nil || a.store.held > 0 {
 		return func() {}, nil // no directory, or Exclusive holds it
 	}
-	locked := true
-	if err := linux.Lock(ctx, a.store.lockFile); err != nil {
-		if !errors.Is(err, linux.ErrNotSupported) {
-			return nil, fmt.Errorf("lock state directory: %w", err)
-		}
-		locked = false
+	locked, err := a.store.lockStore(ctx)
+	if err != nil {
+		return nil, err
 	}
 	unlock = func() {
 		if locked {
@@ -152,19 +149,14 @@ func (a *Allocator) Close() error {
 	return err
 }
 
-// open loads the state directory for New: under the lock, it removes what
-// dead writers left and reads the state file.
+// open loads the state directory for New without waiting for its lock:
+// when the lock is free it removes what dead writers left and reads the
+// state file under it; when another process holds it, it reads the last
+// complete state file, as reads do, and leaves the clean-up to a later New.
 func (a *Allocator) open() error {
-	locked := true
-	if err := linux.Lock(context.Background(), a.store.lockFile); err != nil {
-		if !errors.Is(err, linux.ErrNotSupported) {
-			return fmt.Errorf("lock state directory: %w", err)
-		}
-		locked = false
-	}
-	if locked {
+	if a.store.tryLockStore() {
 		defer linux.Unlock(a.store.lockFile)
+		a.store.removeStale()
 	}
-	a.store.removeStale()
 	return a.reload(true)
 }
