@@ -21,9 +21,15 @@
 //     NVIDIA_VISIBLE_DEVICES and CUDA_VISIBLE_DEVICES naming every device of
 //     the allocation (void for none), then what the caller adds. PATH-like
 //     variables ([IsPathList]) hold the image's list with the plan's
-//     directories added, never a list that drops the image's.
+//     directories added, never a list that drops the image's;
+//   - with [WithCPUAffinity], the CPUs and memory nodes local to the GPUs
+//     (Plan.CPUs and Plan.Mems): those of the NUMA nodes the GPUs hang
+//     off, the union for GPUs on several, read from the host's
+//     /sys/devices/system/node (the sys root is injectable). A GPU whose
+//     NUMA node discovery could not tell pins nothing.
 //
-// A plan touches nothing; it is tested without root.
+// A plan reads nothing but that NUMA list and touches nothing; it is
+// tested without root.
 //
 // # Renderers
 //

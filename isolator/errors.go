@@ -16,4 +16,7 @@ var (
 	// ErrNoMIGCaps: a MIG device's capability nodes are unknown (discovery
 	// found no nvidia-caps minors), so it cannot be isolated.
 	ErrNoMIGCaps = node.Sentinel(node.ErrUnavailable, "MIG capability nodes unknown")
+	// ErrUnknownNUMANode: a plan pinned to its GPUs' NUMA nodes names one
+	// the host does not list (or one without CPUs), so it cannot be pinned.
+	ErrUnknownNUMANode = node.Sentinel(node.ErrNotFound, "NUMA node not on this host")
 )

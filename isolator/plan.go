@@ -30,6 +30,12 @@ type Plan struct {
 	Mounts []specs.Mount `json:"mounts,omitempty"`
 	// Env are "KEY=value" settings the container's environment must have.
 	Env []string `json:"env"`
+	// CPUs and Mems, when set, pin the container to these CPUs and memory
+	// nodes (the kernel's list format, "0-3,8"): those local to its GPUs
+	// (see WithCPUAffinity). Empty means no pinning: the container has
+	// what its cgroup parent has.
+	CPUs string `json:"cpus,omitempty"`
+	Mems string `json:"mems,omitempty"`
 }
 
 // DeviceNode is a device node a container gets: Path inside the container,
@@ -53,13 +59,20 @@ const (
 // given mounts and environment (for instance the driver volume's). Each
 // device node is bound from the path the node model holds, so the plan
 // needs no dev root; the device rules are derived from the nodes. The
-// GPUs must be devices of inv with known nodes.
-func NewPlan(owner string, inv *node.Inventory, gpus []node.DeviceRef, mounts []specs.Mount, env []string) (*Plan, error) {
+// GPUs must be devices of inv with known nodes. Options add to the plan:
+// WithCPUAffinity pins it to the CPUs and memory local to its GPUs.
+func NewPlan(owner string, inv *node.Inventory, gpus []node.DeviceRef, mounts []specs.Mount, env []string, opts ...PlanOption) (*Plan, error) {
 	if err := node.ValidateOwner(owner); err != nil {
 		return nil, err
 	}
 	if inv == nil {
 		return nil, fmt.Errorf("plan for %s: no inventory: %w", owner, ErrUnknownGPU)
+	}
+	var cfg planConfig
+	for _, o := range opts {
+		if err := o(&cfg); err != nil {
+			return nil, fmt.Errorf("plan for %s: %w", owner, err)
+		}
 	}
 	p := &Plan{Owner: owner}
 	for _, c := range inv.ControlDevices {
@@ -91,6 +104,12 @@ func NewPlan(owner string, inv *node.Inventory, gpus []node.DeviceRef, mounts []
 		visible = "void"
 	}
 	p.Env = append([]string{EnvVisibleDevices + "=" + visible, EnvCUDAVisibleDevices + "=" + strings.Join(uuids, ",")}, env...)
+	if cfg.numa {
+		var err error
+		if p.CPUs, p.Mems, err = NUMAAffinity(cfg.sysRoot, numaNodes(inv, p.GPUs)); err != nil {
+			return nil, fmt.Errorf("plan for %s: CPU affinity: %w", owner, err)
+		}
+	}
 	return p, nil
 }
 
