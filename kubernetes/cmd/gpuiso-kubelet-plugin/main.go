@@ -7,6 +7,8 @@
 //	        [--device-plugin-dir DIR] [--driver-name NAME] [--resource-name NAME]
 //	        [--device-plugin=false] [--dra=false] [--device-specs]
 //	        [--simulate NAME --dev-root DIR]
+//	        [--in-cluster] [--simulate-label KEY] [--driver-root DIR]
+//	        [--daemonset NAMESPACE/NAME] [--metrics-address ADDR]
 //
 // It discovers the node's GPUs through NVML (or simulates a node: --simulate
 // with a host tree under --dev-root), writes the node's CDI spec, registers
@@ -15,6 +17,13 @@
 // publishes the node's ResourceSlice) and labels the Node. It watches the
 // GPUs' health: a GPU found lost turns Unhealthy in ListAndWatch and leaves
 // the slice. It runs until SIGINT or SIGTERM.
+//
+// Run as a DaemonSet (the chart in kubernetes/deploy), it uses its service
+// account (--in-cluster), loads NVML from the driver root mounted in the
+// pod (--driver-root), serves nothing on a node without a GPU, and, told
+// its DaemonSet (--daemonset), removes what it left on the node when it
+// stops because the DaemonSet is gone (an uninstall), not when it is
+// rolled or restarted.
 package main
 
 import (
@@ -28,12 +37,12 @@ import (
 	"os/signal"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/dynamic-resource-allocation/deviceattribute"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 
@@ -61,6 +70,7 @@ type flags struct {
 	driverName, resourceName, simulate, devRoot string
 	devicePlugin, dra, deviceSpecs              bool
 	refresh                                     time.Duration
+	deploy                                      deployFlags
 }
 
 func parse(args []string, stderr io.Writer) (*flags, int, bool) {
@@ -86,6 +96,7 @@ func parse(args []string, stderr io.Writer) (*flags, int, bool) {
 	fs.BoolVar(&f.dra, "dra", true, "serve the DRA driver (needs --kubeconfig)")
 	fs.BoolVar(&f.deviceSpecs, "device-specs", false, "device plugin: answer Allocate with device nodes too, for runtimes without CDI")
 	fs.DurationVar(&f.refresh, "health-refresh", 30*time.Second, "how often to read health from the allocator's state again (GPUs marked healthy or unhealthy by others)")
+	f.deploy.register(fs)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			fs.SetOutput(stderr)
@@ -111,6 +122,10 @@ func parse(args []string, stderr io.Writer) (*flags, int, bool) {
 		fmt.Fprintln(stderr, "gpuiso-kubelet-plugin: --device-plugin=false and --dra=false leave nothing to serve")
 		return nil, 2, true
 	}
+	if why := f.deploy.check(f); why != "" {
+		fmt.Fprintln(stderr, "gpuiso-kubelet-plugin: "+why)
+		return nil, 2, true
+	}
 	return f, 0, false
 }
 
@@ -124,6 +139,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 		log.Error("exiting", "err", err)
 		return 1
 	}
+	afterExit(f, log)
 	return 0
 }
 
@@ -131,12 +147,16 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 // library the health monitor watches and the sys root for PCIe roots.
 func openNode(ctx context.Context, f *flags) (*node.Inventory, nvml.Interface, string, error) {
 	if f.simulate == "" {
-		var opts []nvmlnode.Option
+		lib, err := f.nvmlLibrary()
+		if err != nil {
+			return nil, nil, "", err
+		}
+		opts := []nvmlnode.Option{nvmlnode.WithNVML(lib)}
 		if f.devRoot != "" {
 			opts = append(opts, nvmlnode.WithDevRoot(f.devRoot))
 		}
 		inv, err := nvmlnode.Discover(ctx, opts...)
-		return inv, nvml.New(), node.DefaultSysRoot, err
+		return inv, lib, node.DefaultSysRoot, err
 	}
 	sim, err := simnode.New(f.simulate)
 	if err != nil {
@@ -161,7 +181,25 @@ func openNode(ctx context.Context, f *flags) (*node.Inventory, nvml.Interface, s
 func serve(ctx context.Context, f *flags, log *slog.Logger) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	client, err := f.client()
+	if err != nil {
+		return err
+	}
+	if client != nil {
+		if err := f.resolveSimulate(ctx, client); err != nil {
+			return err
+		}
+	}
 	inv, lib, sysRoot, err := openNode(ctx, f)
+	if err == nil && len(inv.Devices) == 0 {
+		err = errors.New("no GPU")
+	}
+	if err != nil && f.simulate == "" && f.deploy.daemonSet != "" {
+		// A DaemonSet lands on every node it selects, GPU or not.
+		log.Error("no GPU to serve on this node: serving nothing", "err", err)
+		<-ctx.Done()
+		return ctx.Err()
+	}
 	if err != nil {
 		return fmt.Errorf("discover the node's GPUs: %w", err)
 	}
@@ -222,15 +260,8 @@ func serve(ctx context.Context, f *flags, log *slog.Logger) error {
 			}
 		})
 	}
-	if f.kubeconfig != "" {
-		cfg, err := clientcmd.BuildConfigFromFlags("", f.kubeconfig)
-		if err != nil {
-			return fmt.Errorf("kubeconfig: %w", err)
-		}
-		client, err := kubernetes.NewForConfig(cfg)
-		if err != nil {
-			return fmt.Errorf("kubeconfig: %w", err)
-		}
+	var prepared func() int
+	if client != nil {
 		if want, err := labels.Labels(inv); err != nil {
 			log.Warn("node labels", "err", err)
 		} else if changed, err := labels.Apply(ctx, client, f.nodeName, want); err != nil {
@@ -239,14 +270,21 @@ func serve(ctx context.Context, f *flags, log *slog.Logger) error {
 			log.Info("node labels", "changed", changed)
 		}
 		if f.dra {
-			publish, err := startDRA(ctx, f, inv, alloc, client, sysRoot, log)
+			publish, count, stop, err := startDRA(ctx, f, inv, alloc, client, sysRoot, log)
 			if err != nil {
 				return err
 			}
+			defer stop()
 			refreshers = append(refreshers, publish)
+			prepared = count
 		}
 	} else if f.dra {
 		log.Info("no --kubeconfig: the DRA driver and node labels are off")
+	}
+	if f.deploy.metricsAddr != "" {
+		if err := serveMetrics(ctx, f.deploy.metricsAddr, alloc, prepared, log); err != nil {
+			return err
+		}
 	}
 
 	refresh := func() {
@@ -279,8 +317,9 @@ func serve(ctx context.Context, f *flags, log *slog.Logger) error {
 }
 
 // startDRA starts the DRA kubelet plugin and publishes the node's slice; it
-// returns the function that publishes it again.
-func startDRA(ctx context.Context, f *flags, inv *node.Inventory, alloc *allocator.Allocator, client kubernetes.Interface, sysRoot string, log *slog.Logger) (func(), error) {
+// returns the function that publishes it again, one that counts the
+// prepared claims, and one that stops the plugin (its sockets go).
+func startDRA(ctx context.Context, f *flags, inv *node.Inventory, alloc *allocator.Allocator, client kubernetes.Interface, sysRoot string, log *slog.Logger) (func(), func() int, func(), error) {
 	pcieRoot := func(busID string) (string, bool) {
 		a, err := deviceattribute.GetPCIeRootAttributeByPCIBusID(busID, deviceattribute.WithFSFromRoot(sysRoot))
 		if err != nil || a.Value.StringValue == nil {
@@ -293,11 +332,11 @@ func startDRA(ctx context.Context, f *flags, inv *node.Inventory, alloc *allocat
 		Slice: dra.SliceOptions{PCIeRoot: pcieRoot}, Logger: log,
 	})
 	if err != nil {
-		return nil, err
+		return nil, nil, nil, err
 	}
 	dataDir := filepath.Join(f.pluginsDir, f.driverName)
 	if err := os.MkdirAll(dataDir, 0o750); err != nil {
-		return nil, err
+		return nil, nil, nil, err
 	}
 	helper, err := kubeletplugin.Start(ctx, d,
 		kubeletplugin.DriverName(f.driverName),
@@ -307,11 +346,13 @@ func startDRA(ctx context.Context, f *flags, inv *node.Inventory, alloc *allocat
 		kubeletplugin.RegistrarDirectoryPath(f.registryDir),
 	)
 	if err != nil {
-		return nil, fmt.Errorf("start the DRA kubelet plugin: %w", err)
+		return nil, nil, nil, fmt.Errorf("start the DRA kubelet plugin: %w", err)
 	}
+	var stopOnce sync.Once
+	stop := func() { stopOnce.Do(helper.Stop) }
 	go func() {
 		<-ctx.Done()
-		helper.Stop()
+		stop()
 	}()
 	publish := func() {
 		if err := helper.PublishResources(ctx, d.Resources(f.nodeName)); err != nil {
@@ -322,5 +363,9 @@ func startDRA(ctx context.Context, f *flags, inv *node.Inventory, alloc *allocat
 	if uids, err := d.Prepared(); err == nil && len(uids) > 0 {
 		log.Info("prepared claims kept from before", "claims", uids)
 	}
-	return publish, nil
+	count := func() int {
+		uids, _ := d.Prepared()
+		return len(uids)
+	}
+	return publish, count, stop, nil
 }

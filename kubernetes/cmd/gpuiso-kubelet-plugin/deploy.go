@@ -1,0 +1,299 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/gpuiso/gpuiso/allocator"
+	"github.com/gpuiso/gpuiso/internal/ldcache"
+	"github.com/gpuiso/gpuiso/isolator/cdi"
+	"github.com/gpuiso/gpuiso/node/simnode"
+)
+
+// deployFlags are the flags of the program run as a DaemonSet (the
+// chart's): credentials of its service account, the simulated node kind
+// read from the Node, NVML from a driver root, the DaemonSet whose removal
+// means "uninstall", and a metrics endpoint.
+type deployFlags struct {
+	inCluster     bool
+	simulateLabel string
+	driverRoot    string
+	daemonSet     string // namespace/name
+	metricsAddr   string
+}
+
+func (d *deployFlags) register(fs *flag.FlagSet) {
+	fs.BoolVar(&d.inCluster, "in-cluster", false, "use the pod's service account (a DaemonSet's credentials) instead of --kubeconfig")
+	fs.StringVar(&d.simulateLabel, "simulate-label", "", "with --dev-root: simulate the node kind the Node's label `KEY` names (a test cluster whose nodes are of several kinds)")
+	fs.StringVar(&d.driverRoot, "driver-root", "", "load NVML from the driver installed under `DIR` (the host's root as mounted in the pod; default: the program's own library path)")
+	fs.StringVar(&d.daemonSet, "daemonset", "", "`NAMESPACE/NAME` of the DaemonSet running the program: when it is gone at exit (uninstall), the program removes what it left on the node")
+	fs.StringVar(&d.metricsAddr, "metrics-address", "", "serve Prometheus metrics on `ADDR` (host:port) at /metrics, and /healthz")
+}
+
+// check validates the deploy flags against the others; it returns the
+// reason a command line is refused, or "".
+func (d *deployFlags) check(f *flags) string {
+	switch {
+	case d.inCluster && f.kubeconfig != "":
+		return "--in-cluster and --kubeconfig exclude each other"
+	case d.simulateLabel != "" && f.simulate != "":
+		return "--simulate-label and --simulate exclude each other"
+	case d.simulateLabel != "" && f.devRoot == "":
+		return "--simulate-label needs --dev-root DIR for the simulated host tree"
+	case d.simulateLabel != "" && !d.inCluster && f.kubeconfig == "":
+		return "--simulate-label needs credentials (--in-cluster or --kubeconfig) to read the Node"
+	case d.driverRoot != "" && (d.simulateLabel != "" || f.simulate != ""):
+		return "--driver-root has no use on a simulated node"
+	case d.driverRoot != "" && !filepath.IsAbs(d.driverRoot):
+		return "--driver-root must be an absolute path"
+	}
+	if d.daemonSet != "" {
+		ns, name, ok := strings.Cut(d.daemonSet, "/")
+		if !ok || ns == "" || name == "" || strings.Contains(name, "/") {
+			return "--daemonset wants NAMESPACE/NAME"
+		}
+	}
+	return ""
+}
+
+// hasCredentials reports whether the program talks to the API server.
+func (f *flags) hasCredentials() bool { return f.kubeconfig != "" || f.deploy.inCluster }
+
+// client returns a client of the API server: the service account's
+// (--in-cluster) or --kubeconfig's; nil without either.
+func (f *flags) client() (kubernetes.Interface, error) {
+	var cfg *rest.Config
+	var err error
+	switch {
+	case f.deploy.inCluster:
+		cfg, err = rest.InClusterConfig()
+	case f.kubeconfig != "":
+		cfg, err = clientcmd.BuildConfigFromFlags("", f.kubeconfig)
+	default:
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("credentials: %w", err)
+	}
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("credentials: %w", err)
+	}
+	return client, nil
+}
+
+// resolveSimulate sets f.simulate from the Node's label --simulate-label.
+func (f *flags) resolveSimulate(ctx context.Context, client kubernetes.Interface) error {
+	if f.deploy.simulateLabel == "" {
+		return nil
+	}
+	n, err := client.CoreV1().Nodes().Get(ctx, f.nodeName, metav1.GetOptions{})
+	if err != nil {
+		return fmt.Errorf("read node %s's simulated kind: %w", f.nodeName, err)
+	}
+	kind := n.Labels[f.deploy.simulateLabel]
+	if kind == "" {
+		return fmt.Errorf("node %s has no label %s naming its simulated kind (one of %s)", f.nodeName, f.deploy.simulateLabel,
+			strings.Join(simnode.Names(), ", "))
+	}
+	f.simulate = kind
+	return nil
+}
+
+// nvmlLibrary returns the NVML library to load: the default (dlopen of
+// libnvidia-ml.so.1 by the program's own library path), or the one the
+// driver root's ld.so cache names, as a path under the driver root.
+func (f *flags) nvmlLibrary() (nvml.Interface, error) {
+	if f.deploy.driverRoot == "" {
+		return nvml.New(), nil
+	}
+	p, err := findNVML(f.deploy.driverRoot)
+	if err != nil {
+		return nil, err
+	}
+	return nvml.New(nvml.WithLibraryPath(p)), nil
+}
+
+// libDirs are where a driver installs NVML when its root has no ld.so
+// cache that names it.
+var libDirs = []string{"usr/lib/x86_64-linux-gnu", "usr/lib64", "usr/lib/aarch64-linux-gnu", "lib/x86_64-linux-gnu", "lib64", "usr/lib"}
+
+// findNVML finds libnvidia-ml.so.1 of the driver installed under root:
+// through root's ld.so cache, else in the usual library directories.
+func findNVML(root string) (string, error) {
+	const lib = "libnvidia-ml.so.1"
+	if b, err := os.ReadFile(filepath.Join(root, "etc", "ld.so.cache")); err == nil {
+		if c, err := ldcache.Parse(b); err == nil {
+			for _, e := range c.Entries {
+				if e.Key == lib && e.IsELF() && e.Bits() == 64 {
+					p := filepath.Join(root, e.Value)
+					if _, err := os.Stat(p); err == nil {
+						return p, nil
+					}
+				}
+			}
+		}
+	}
+	for _, d := range libDirs {
+		p := filepath.Join(root, d, lib)
+		if _, err := os.Stat(p); err == nil {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("driver root %s: no %s in its ld.so cache or library directories: %w", root, lib, fs.ErrNotExist)
+}
+
+// uninstalled reports whether the program's DaemonSet is gone or being
+// deleted, which is how an uninstall looks from a pod of it; losing the
+// right to read it (its RBAC or service account deleted first) counts as
+// gone too. A rolling update or a deleted pod leaves the DaemonSet in
+// place: then the node keeps its state for the next pod.
+func (f *flags) uninstalled(ctx context.Context, client kubernetes.Interface) (bool, string) {
+	if f.deploy.daemonSet == "" || client == nil {
+		return false, ""
+	}
+	ns, name, _ := strings.Cut(f.deploy.daemonSet, "/")
+	ds, err := client.AppsV1().DaemonSets(ns).Get(ctx, name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		return true, "the DaemonSet is gone"
+	case apierrors.IsForbidden(err), apierrors.IsUnauthorized(err):
+		return true, "the DaemonSet can no longer be read (its RBAC or service account is gone)"
+	case err != nil:
+		return false, ""
+	case ds.DeletionTimestamp != nil:
+		return true, "the DaemonSet is being deleted"
+	}
+	return false, ""
+}
+
+// cleanNode removes what the program left on the node once its
+// installation is gone: the node's CDI spec, the DRA driver's socket
+// directory, the allocator's state and, for a simulated node, its host
+// tree. A claim still prepared (a pod still running with it) keeps its
+// checkpoint and CDI spec, and the state they need; that is reported.
+func (f *flags) cleanNode(ctx context.Context, log *slog.Logger) error {
+	var errs []error
+	if err := (cdi.Writer{Dir: f.cdiDir}).Remove(ctx, cdi.DefaultKind); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		errs = append(errs, err)
+	}
+	if f.dra {
+		errs = append(errs, removeEmpty(filepath.Join(f.pluginsDir, f.driverName)))
+	}
+	claims := filepath.Join(f.stateDir, "claims")
+	left, _ := os.ReadDir(claims)
+	if len(left) > 0 {
+		log.Warn("uninstalled with claims still prepared: their checkpoints, CDI specs and the allocator's state stay", "claims", len(left))
+		return errors.Join(errs...)
+	}
+	errs = append(errs, removeEmpty(claims), os.RemoveAll(filepath.Join(f.stateDir, "allocator")))
+	if f.simulate != "" && f.devRoot != "" {
+		root, _ := filepath.Abs(f.devRoot)
+		if err := (&simnode.Host{Root: root}).Remove(); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			errs = append(errs, err)
+		}
+		errs = append(errs, removeEmpty(root))
+	}
+	return errors.Join(errs...)
+}
+
+// removeEmpty removes dir when it exists and is empty.
+func removeEmpty(dir string) error {
+	err := os.Remove(dir)
+	if err == nil || errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if entries, rerr := os.ReadDir(dir); rerr == nil && len(entries) > 0 {
+		return fmt.Errorf("%s is not empty: %d entries left", dir, len(entries))
+	}
+	return err
+}
+
+// afterExit runs once serve has returned because the program was told to
+// stop: when its installation is gone, it cleans the node.
+func afterExit(f *flags, log *slog.Logger) {
+	if f.deploy.daemonSet == "" {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	client, err := f.client()
+	if err != nil || client == nil {
+		return
+	}
+	gone, why := f.uninstalled(ctx, client)
+	if !gone {
+		log.Info("the installation stays: the node's state is kept for the next start")
+		return
+	}
+	log.Info("uninstalled: removing what the plugin left on the node", "why", why)
+	if err := f.cleanNode(ctx, log); err != nil {
+		log.Warn("clean the node", "err", err)
+	}
+}
+
+// serveMetrics serves /metrics (Prometheus text format) and /healthz on
+// addr until ctx ends.
+func serveMetrics(ctx context.Context, addr string, alloc *allocator.Allocator, prepared func() int, log *slog.Logger) error {
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("metrics: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	mux.HandleFunc("/metrics", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; version=0.0.4")
+		writeMetrics(w, alloc, prepared)
+	})
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		<-ctx.Done()
+		srv.Close()
+	}()
+	go func() {
+		if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Warn("metrics server stopped", "err", err)
+		}
+	}()
+	return nil
+}
+
+func writeMetrics(w interface{ Write([]byte) (int, error) }, alloc *allocator.Allocator, prepared func() int) {
+	healthy, unhealthy := 0, 0
+	for _, d := range alloc.Devices() {
+		if d.Health.Healthy {
+			healthy++
+		} else {
+			unhealthy++
+		}
+	}
+	held := 0
+	for _, a := range alloc.Allocations() {
+		held += len(a.Devices)
+	}
+	fmt.Fprintf(w, "# HELP gpuiso_gpus The node's GPUs by health.\n# TYPE gpuiso_gpus gauge\n")
+	fmt.Fprintf(w, "gpuiso_gpus{health=\"healthy\"} %d\ngpuiso_gpus{health=\"unhealthy\"} %d\n", healthy, unhealthy)
+	fmt.Fprintf(w, "# HELP gpuiso_devices_held Devices (GPUs, MIG devices) held by pods and claims.\n# TYPE gpuiso_devices_held gauge\n")
+	fmt.Fprintf(w, "gpuiso_devices_held %d\n", held)
+	if prepared != nil {
+		fmt.Fprintf(w, "# HELP gpuiso_claims_prepared DRA claims prepared on the node.\n# TYPE gpuiso_claims_prepared gauge\n")
+		fmt.Fprintf(w, "gpuiso_claims_prepared %d\n", prepared())
+	}
+}

@@ -1,0 +1,159 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+)
+
+// TestDeployFlags: the DaemonSet's flags are checked against each other.
+func TestDeployFlags(t *testing.T) {
+	tests := []struct {
+		name string
+		args []string
+		want string // "" when accepted
+	}{
+		{"in-cluster", []string{"--in-cluster"}, ""},
+		{"in-cluster and kubeconfig", []string{"--in-cluster", "--kubeconfig", "k"}, "exclude"},
+		{"label without dev root", []string{"--in-cluster", "--simulate-label", "k"}, "--dev-root"},
+		{"label without credentials", []string{"--simulate-label", "k", "--dev-root", "/d"}, "credentials"},
+		{"label and simulate", []string{"--in-cluster", "--simulate-label", "k", "--simulate", "dgx2", "--dev-root", "/d"}, "exclude"},
+		{"label", []string{"--in-cluster", "--simulate-label", "k", "--dev-root", "/d"}, ""},
+		{"driver root on a simulated node", []string{"--simulate", "dgx2", "--dev-root", "/d", "--driver-root", "/x"}, "no use"},
+		{"relative driver root", []string{"--driver-root", "x"}, "absolute"},
+		{"daemonset without namespace", []string{"--daemonset", "ds"}, "NAMESPACE/NAME"},
+		{"daemonset with too many parts", []string{"--daemonset", "a/b/c"}, "NAMESPACE/NAME"},
+		{"daemonset", []string{"--daemonset", "gpuiso-system/plugin"}, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var out bytes.Buffer
+			_, code, done := parse(tt.args, &out)
+			if tt.want == "" {
+				if done {
+					t.Fatalf("refused: %s", out.String())
+				}
+				return
+			}
+			if !done || code != 2 || !strings.Contains(out.String(), tt.want) {
+				t.Errorf("parse = %d, %v, %q; want 2 and %q", code, done, out.String(), tt.want)
+			}
+		})
+	}
+}
+
+// TestFindNVML: NVML is found through the driver root's ld.so cache's
+// library directories, and a root without it is an error.
+func TestFindNVML(t *testing.T) {
+	root := t.TempDir()
+	if _, err := findNVML(root); err == nil {
+		t.Fatal("found NVML in an empty root")
+	}
+	lib := filepath.Join(root, "usr/lib64/libnvidia-ml.so.1")
+	os.MkdirAll(filepath.Dir(lib), 0o755)
+	os.WriteFile(lib, nil, 0o644)
+	if got, err := findNVML(root); err != nil || got != lib {
+		t.Fatalf("findNVML = %q, %v; want %s", got, err, lib)
+	}
+}
+
+// TestUninstalled: a DaemonSet that is gone, being deleted or no longer
+// readable means an uninstall; one in place (a rolling update) does not.
+func TestUninstalled(t *testing.T) {
+	ds := &appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "plugin"}}
+	deleting := ds.DeepCopy()
+	deleting.DeletionTimestamp = &metav1.Time{}
+	deleting.Finalizers = []string{"x"}
+	forbidden := fake.NewClientset()
+	forbidden.PrependReactor("get", "daemonsets", func(k8stesting.Action) (bool, runtime.Object, error) {
+		return true, nil, apierrors.NewForbidden(schema.GroupResource{Group: "apps", Resource: "daemonsets"}, "plugin", nil)
+	})
+	tests := []struct {
+		name   string
+		client *fake.Clientset
+		want   bool
+	}{
+		{"in place", fake.NewClientset(ds), false},
+		{"gone", fake.NewClientset(), true},
+		{"being deleted", fake.NewClientset(deleting), true},
+		{"no longer readable", forbidden, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := &flags{deploy: deployFlags{daemonSet: "ns/plugin"}}
+			if got, why := f.uninstalled(t.Context(), tt.client); got != tt.want {
+				t.Errorf("uninstalled = %v (%s), want %v", got, why, tt.want)
+			}
+		})
+	}
+	if got, _ := (&flags{}).uninstalled(t.Context(), fake.NewClientset()); got {
+		t.Error("without --daemonset, an exit is an uninstall")
+	}
+}
+
+// TestResolveSimulate: the simulated kind is the Node's label; a Node
+// without it is refused.
+func TestResolveSimulate(t *testing.T) {
+	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1", Labels: map[string]string{"sim": "dgx-a100"}}}
+	f := &flags{nodeName: "n1", deploy: deployFlags{simulateLabel: "sim"}}
+	if err := f.resolveSimulate(t.Context(), fake.NewClientset(n)); err != nil || f.simulate != "dgx-a100" {
+		t.Fatalf("resolveSimulate = %v, simulate %q", err, f.simulate)
+	}
+	f = &flags{nodeName: "n1", deploy: deployFlags{simulateLabel: "other"}}
+	if err := f.resolveSimulate(t.Context(), fake.NewClientset(n)); err == nil {
+		t.Fatal("a Node without the label was accepted")
+	}
+}
+
+// TestCleanNode: after an uninstall the node keeps nothing of the
+// plugin's, unless a claim is still prepared, whose files stay.
+func TestCleanNode(t *testing.T) {
+	for _, prepared := range []bool{false, true} {
+		dir := t.TempDir()
+		f := &flags{cdiDir: filepath.Join(dir, "cdi"), stateDir: filepath.Join(dir, "state"),
+			pluginsDir: filepath.Join(dir, "plugins"), driverName: "gpu.gpuiso.io", dra: true}
+		for _, d := range []string{f.cdiDir, filepath.Join(f.stateDir, "allocator"), filepath.Join(f.stateDir, "claims"),
+			filepath.Join(f.pluginsDir, f.driverName)} {
+			os.MkdirAll(d, 0o755)
+		}
+		os.WriteFile(filepath.Join(f.cdiDir, "nvidia.com-gpu.json"), []byte("{}"), 0o644)
+		os.WriteFile(filepath.Join(f.stateDir, "allocator", "state.json"), []byte("{}"), 0o644)
+		if prepared {
+			os.WriteFile(filepath.Join(f.stateDir, "claims", "uid.json"), []byte("{}"), 0o644)
+		}
+		if err := f.cleanNode(context.Background(), slog.New(slog.NewTextHandler(io.Discard, nil))); err != nil {
+			t.Fatal(err)
+		}
+		var left []string
+		filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
+			if err == nil && !d.IsDir() {
+				left = append(left, strings.TrimPrefix(p, dir))
+			}
+			return nil
+		})
+		want := 0
+		if prepared {
+			want = 2 // the claim's checkpoint and the allocator's state
+		}
+		if len(left) != want {
+			t.Errorf("prepared claim %v: left %v", prepared, left)
+		}
+		if _, err := os.Stat(filepath.Join(f.pluginsDir, f.driverName)); !os.IsNotExist(err) {
+			t.Errorf("the DRA socket directory is left: %v", err)
+		}
+	}
+}
