@@ -80,6 +80,8 @@ type Isolator struct {
 	version Version
 	parent  string
 	mount   string
+	// cpusetMount is v1's cpuset hierarchy (SetCPUs); "" is the default.
+	cpusetMount string
 }
 
 // New returns an isolator for this host.
@@ -156,11 +158,18 @@ func (i *Isolator) RemoveParent() error {
 	if i.mount == "" {
 		return ErrNotMade
 	}
-	err := os.Remove(filepath.Join(i.mount, i.parent))
-	if err == nil || errors.Is(err, fs.ErrNotExist) || linux.Busy(err) || linux.NotEmpty(err) {
-		return nil
+	dirs := []string{filepath.Join(i.mount, i.parent)}
+	if i.version == V1 {
+		dirs = append(dirs, filepath.Join(i.cpuset(), i.parent))
 	}
-	return fmt.Errorf("remove cgroup parent %s: %w", i.parent, err)
+	for _, dir := range dirs {
+		err := os.Remove(dir)
+		if err == nil || errors.Is(err, fs.ErrNotExist) || linux.Busy(err) || linux.NotEmpty(err) {
+			continue
+		}
+		return fmt.Errorf("remove cgroup parent %s: %w", i.parent, err)
+	}
+	return nil
 }
 
 // Path is the cgroup directory of owner's container.
@@ -231,6 +240,9 @@ func (i *Isolator) AddProcess(ctx context.Context, owner string, pid int) error 
 		}
 		return fmt.Errorf("add process %d to %s: %w", pid, owner, err)
 	}
+	if i.version == V1 {
+		return i.addToCpusetV1(owner, pid)
+	}
 	return nil
 }
 
@@ -274,6 +286,12 @@ func (i *Isolator) Destroy(ctx context.Context, owner string) error {
 	for {
 		pids, err := i.Processes(ctx, owner)
 		if errors.Is(err, isolator.ErrUnknownContainer) {
+			// A v1 cpuset cgroup left behind holds none of the
+			// container's processes: each joined the device cgroup
+			// first.
+			if err := i.removeCpusetV1(ctx, owner); err != nil {
+				return fmt.Errorf("destroy %s: %w", owner, err)
+			}
 			return nil
 		}
 		if err != nil {
@@ -294,20 +312,13 @@ func (i *Isolator) Destroy(ctx context.Context, owner string) error {
 		}
 	}
 	// An emptied cgroup can stay busy for a moment while exits finish.
-	for {
-		err := os.Remove(dir)
-		if err == nil || errors.Is(err, fs.ErrNotExist) {
-			return nil
-		}
-		if !linux.Busy(err) {
-			return fmt.Errorf("destroy %s: %w", owner, err)
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("destroy %s: %w", owner, ctx.Err())
-		case <-time.After(time.Millisecond):
-		}
+	if err := removeDir(ctx, dir); err != nil {
+		return fmt.Errorf("destroy %s: %w", owner, err)
 	}
+	if err := i.removeCpusetV1(ctx, owner); err != nil {
+		return fmt.Errorf("destroy %s: %w", owner, err)
+	}
+	return nil
 }
 
 // Owners lists the containers whose cgroups exist: what recovery after a

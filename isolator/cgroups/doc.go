@@ -24,6 +24,12 @@
 // the v1 rules are written here, because its v1 devices controller rewrites
 // the whole list on every update.
 //
+// [Isolator.SetCPUs] pins a container to CPUs and memory nodes (a plan's
+// CPUs and Mems): on cgroup2 the cpuset controller of the same cgroup,
+// enabled from the root down to the parent; on v1 a cgroup of the same name
+// in the cpuset hierarchy, which AddProcess, Destroy and RemoveParent then
+// handle with the device cgroup.
+//
 // [New] picks the version from the host (cgroups.Mode(): unified means v2,
 // hybrid and legacy mean v1, whose devices controller they have), or takes
 // one with [WithVersion].
