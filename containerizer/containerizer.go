@@ -68,6 +68,12 @@ type Spec struct {
 	// "none") or NetworkHost (the host's, an explicit opt-in: the container
 	// then reaches every listener and abstract socket of the host).
 	Network Network `json:"network,omitempty"`
+	// CPUAffinity pins the container to the CPUs and memory nodes local to
+	// its GPUs (CPUAffinityNUMA) or not (CPUAffinityNone, the default):
+	// see isolator.WithCPUAffinity. Native containers and the chain's
+	// apply it with the cpuset controller, Docker ones through their
+	// cpuset settings.
+	CPUAffinity CPUAffinity `json:"cpuAffinity,omitempty"`
 	// ExtraFiles are handed to a native container's command as descriptors
 	// 3, 4, ...; nothing else the caller holds open crosses into it.
 	ExtraFiles []*os.File `json:"-"`
@@ -102,6 +108,33 @@ func ParseNetwork(s string) (Network, error) {
 		return n, nil
 	}
 	return "", fmt.Errorf("%w: network %q: want none or host", ErrInvalidSpec, s)
+}
+
+// CPUAffinity is where a container's CPUs and memory come from.
+type CPUAffinity string
+
+// CPU affinities.
+const (
+	// CPUAffinityNone leaves the container the CPUs and memory nodes of
+	// its cgroup parent (all of the host's, by default).
+	CPUAffinityNone CPUAffinity = ""
+	// CPUAffinityNUMA pins the container to the CPUs and memory nodes of
+	// its GPUs' NUMA nodes (the union, for GPUs on several); a container
+	// without GPUs, or with a GPU whose NUMA node is unknown, is not
+	// pinned.
+	CPUAffinityNUMA CPUAffinity = "numa"
+)
+
+// ParseCPUAffinity reads a CPU affinity by name: "numa", or "none" (or "")
+// for none.
+func ParseCPUAffinity(s string) (CPUAffinity, error) {
+	switch s {
+	case "", "none":
+		return CPUAffinityNone, nil
+	case string(CPUAffinityNUMA):
+		return CPUAffinityNUMA, nil
+	}
+	return "", fmt.Errorf("%w: CPU affinity %q: want numa or none", ErrInvalidSpec, s)
 }
 
 // Kind is a containerizer back end.

@@ -30,6 +30,9 @@ type Preparer struct {
 	// inventory holds (discovery's dev root). It remains for back ends that
 	// still set it.
 	DevRoot string
+	// SysRoot is the host's sysfs, where a spec asking for CPUAffinityNUMA
+	// finds its NUMA nodes' CPUs (default /sys).
+	SysRoot string
 }
 
 // Image is what the back end knows of a container's image: its labels and
@@ -101,13 +104,19 @@ var ErrNoVolume = node.Sentinel(node.ErrNotSupported, "the image needs the drive
 // MIG device is checked as its parent GPU: its architecture and brand); the
 // driver volume, only for a container with its own root file system whose
 // image asks for it; and the plan, with the allocation's environment (such
-// as a shared GPU's memory limit). On error nothing is held.
+// as a shared GPU's memory limit) and, for a spec that asks for it
+// (CPUAffinityNUMA), the CPUs and memory nodes local to its GPUs. On error
+// nothing is held.
 func (pr *Preparer) Prepare(ctx context.Context, spec Spec, img Image) (p *Prepared, err error) {
 	if pr == nil || pr.Allocator == nil || pr.Inventory == nil {
 		return nil, fmt.Errorf("prepare: no allocator or inventory: %w", node.ErrInvalid)
 	}
 	if err := node.ValidateOwner(spec.ID); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidSpec, err)
+	}
+	opts, err := PlanOptions(spec.CPUAffinity, pr.SysRoot)
+	if err != nil {
+		return nil, err
 	}
 	p = &Prepared{Allocation: allocator.Allocation{Owner: spec.ID}}
 	defer func() {
@@ -168,12 +177,26 @@ func (pr *Preparer) Prepare(ctx context.Context, spec Spec, img Image) (p *Prepa
 			env = append(env, k+"="+p.Allocation.Env[k])
 		}
 	}
-	plan, err := isolator.NewPlan(spec.ID, pr.Inventory, p.Allocation.Devices, mounts, env)
+	plan, err := isolator.NewPlan(spec.ID, pr.Inventory, p.Allocation.Devices, mounts, env, opts...)
 	if err != nil {
 		return p, err
 	}
 	p.Plan = plan
 	return p, nil
+}
+
+// PlanOptions are the plan options a spec's CPU affinity asks for, the
+// NUMA nodes' CPUs read under sysRoot ("" means /sys): what Prepare gives
+// NewPlan, and what a back end that makes a container's plan again (after
+// a restart, for other GPUs) must give it too.
+func PlanOptions(a CPUAffinity, sysRoot string) ([]isolator.PlanOption, error) {
+	switch a {
+	case CPUAffinityNone:
+		return nil, nil
+	case CPUAffinityNUMA:
+		return []isolator.PlanOption{isolator.WithCPUAffinity(sysRoot)}, nil
+	}
+	return nil, fmt.Errorf("%w: CPU affinity %q", ErrInvalidSpec, a)
 }
 
 // NoGPUs reports whether r asks for nothing: such a container holds nothing

@@ -42,6 +42,10 @@ type Config struct {
 	// Labels record the owner and its GPUs (see ParseLabels) and how the
 	// GPUs are injected (LabelInjection).
 	Labels map[string]string `json:"labels"`
+	// CpusetCpus and CpusetMems pin the container as the plan says (its
+	// CPUs and Mems); empty leaves the host config's as they are.
+	CpusetCpus string `json:"cpusetCpus,omitempty"`
+	CpusetMems string `json:"cpusetMems,omitempty"`
 }
 
 // New computes the Docker configuration of plan. Every device must have a
@@ -51,7 +55,7 @@ func New(plan *isolator.Plan) (*Config, error) {
 	if plan == nil {
 		return nil, fmt.Errorf("docker config: %w: no plan", ErrInvalidPlan)
 	}
-	c := &Config{Env: slices.Clone(plan.Env)}
+	c := &Config{Env: slices.Clone(plan.Env), CpusetCpus: plan.CPUs, CpusetMems: plan.Mems}
 	for _, d := range plan.Devices {
 		if d.HostPath == "" || d.Path == "" {
 			return nil, fmt.Errorf("docker config of %s: %w: device %d:%d has no path", plan.Owner, ErrInvalidPlan, d.Major, d.Minor)
@@ -121,6 +125,12 @@ func (c *Config) Apply(cfg *container.Config, hc *container.HostConfig) error {
 		} else {
 			hc.Mounts = append(hc.Mounts, m)
 		}
+	}
+	if c.CpusetCpus != "" {
+		hc.CpusetCpus = c.CpusetCpus
+	}
+	if c.CpusetMems != "" {
+		hc.CpusetMems = c.CpusetMems
 	}
 	cfg.Env = isolator.MergeEnv(cfg.Env, c.Env)
 	if cfg.Labels == nil {

@@ -15,8 +15,9 @@ import (
 var ErrNoLinux = node.Sentinel(node.ErrInvalid, "spec has no linux section")
 
 // Apply edits spec in place so that the container gets what plan says: its
-// device nodes, a deny-all followed by the plan's device rules, its mounts
-// and its environment set over the spec's. It is idempotent: applying a plan twice gives the spec of applying it once.
+// device nodes, a deny-all followed by the plan's device rules, its mounts,
+// its CPUs and memory nodes when the plan pins them, and its environment
+// set over the spec's. It is idempotent: applying a plan twice gives the spec of applying it once.
 // On error spec is left as it was.
 func Apply(spec *specs.Spec, plan *isolator.Plan) error {
 	if spec == nil || spec.Linux == nil {
@@ -60,6 +61,12 @@ func Apply(spec *specs.Spec, plan *isolator.Plan) error {
 		} else {
 			spec.Mounts = append(spec.Mounts, m)
 		}
+	}
+	if plan.CPUs != "" || plan.Mems != "" {
+		if spec.Linux.Resources.CPU == nil {
+			spec.Linux.Resources.CPU = &specs.LinuxCPU{}
+		}
+		spec.Linux.Resources.CPU.Cpus, spec.Linux.Resources.CPU.Mems = plan.CPUs, plan.Mems
 	}
 	spec.Process.Env = isolator.MergeEnv(spec.Process.Env, plan.Env)
 	return nil
