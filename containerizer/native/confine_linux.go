@@ -168,6 +168,9 @@ func setupFS(cfg initConfig) error {
 	if err := linux.MountProc(at("/proc")); err != nil {
 		return err
 	}
+	if err := keepDeviceNodes(at("/proc"), filepath.Join(filepath.Dir(cfg.DevDir), driverParamsCopy)); err != nil {
+		return err
+	}
 	if err := linux.MountSysfs(at("/sys")); err != nil {
 		return err
 	}

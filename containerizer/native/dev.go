@@ -1,6 +1,7 @@
 package native
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -133,4 +134,61 @@ func removeDev(dir string) error {
 		return err
 	}
 	return os.RemoveAll(dir)
+}
+
+// driverParams is the NVIDIA driver's module parameters below a /proc.
+const driverParams = "driver/nvidia/params"
+
+// driverParamsCopy is the name, in a container's directory, of the copy of
+// the driver's parameters its /proc shows.
+const driverParamsCopy = "nvidia-params"
+
+// keepDeviceNodes keeps the NVIDIA driver's libraries from making device
+// nodes in a container's /dev. Run as root, libcuda, libnvidia-ml and
+// nvidia-modprobe create the node of every GPU the driver knows (and of
+// nvidiactl and nvidia-uvm) that is missing from /dev, unless the driver's
+// parameters in /proc say ModifyDeviceFiles: 0; the container's own device
+// cgroup denies opening such a node, but its /dev would then hold GPUs it
+// was not given. So over procDir's driver parameters (procDir: where the
+// container's /proc is mounted) goes a read-only copy, written to scratch,
+// that says ModifyDeviceFiles: 0. Without a loaded NVIDIA driver there is
+// nothing to cover.
+func keepDeviceNodes(procDir, scratch string) error {
+	target := filepath.Join(procDir, driverParams)
+	b, err := os.ReadFile(target)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("driver parameters: %w", err)
+	}
+	out, changed := noDeviceFileChanges(b)
+	if !changed {
+		return nil
+	}
+	if err := os.WriteFile(scratch, out, 0o444); err != nil {
+		return fmt.Errorf("driver parameters: %w", err)
+	}
+	if err := linux.BindMount(scratch, target, true); err != nil {
+		return fmt.Errorf("driver parameters: %w", err)
+	}
+	return nil
+}
+
+// noDeviceFileChanges is the driver's parameters (/proc/driver/nvidia/params:
+// "Name: value" lines) with ModifyDeviceFiles set to 0, and whether that
+// changed them.
+func noDeviceFileChanges(params []byte) ([]byte, bool) {
+	lines := bytes.Split(params, []byte("\n"))
+	changed := false
+	for i, l := range lines {
+		name, value, ok := bytes.Cut(l, []byte(":"))
+		name = bytes.TrimPrefix(bytes.TrimSpace(name), []byte("NVreg_"))
+		if !ok || string(name) != "ModifyDeviceFiles" || string(bytes.TrimSpace(value)) == "0" {
+			continue
+		}
+		lines[i] = append(bytes.Clone(l[:len(l)-len(value)]), " 0"...)
+		changed = true
+	}
+	return bytes.Join(lines, []byte("\n")), changed
 }

@@ -41,7 +41,11 @@
 //     the machine's own ABI: 32-bit and x32 calls are refused outright;
 //   - /proc of the container's own pid namespace, with Docker's masked paths
 //     (/proc/kcore, /proc/keys, /proc/timer_list, /sys/firmware, ...) and
-//     read-only paths (/proc/sys, /proc/sysrq-trigger, ...);
+//     read-only paths (/proc/sys, /proc/sysrq-trigger, ...), and the NVIDIA
+//     driver's parameters (/proc/driver/nvidia/params) covered by a read-only
+//     copy that says ModifyDeviceFiles: 0: run as root, the driver's
+//     libraries would otherwise make the node of every GPU missing from the
+//     container's /dev (denied by its cgroup, but there);
 //   - /sys read-only, and under it the cgroup file systems of the container's
 //     cgroup namespace, read-only: the container sees its own cgroup as the
 //     root and can write neither its cgroup.procs nor its devices.allow.

@@ -13,9 +13,11 @@
 //   - in a native container given one GPU, CUDA works (testdata/cudacheck:
 //     cuInit, a context, an allocation, a memset and a copy back, verified)
 //     and nvidia-smi -L lists exactly that GPU;
-//   - in a native container given none, CUDA finds no device, and a device
-//     node the container makes itself (mknod) for a GPU cannot be opened:
-//     EPERM from the device cgroup.
+//   - in a native container given none, CUDA finds no device, no GPU node is
+//     in its /dev before or after CUDA ran (its /proc shows the driver's
+//     parameters with ModifyDeviceFiles: 0, so the driver's libraries make
+//     none), and a device node the container makes itself (mknod) for a GPU
+//     cannot be opened: EPERM from the device cgroup.
 //
 // It never changes a GPU's settings: no MIG mode, clocks, persistence or
 // compute mode. A GPU in MIG mode is not chosen for the CUDA container.

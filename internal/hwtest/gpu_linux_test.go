@@ -175,22 +175,35 @@ func TestCUDAOneGPU(t *testing.T) {
 }
 
 // TestCUDANoGPU gives a native container no GPU: CUDA finds no device, the
-// GPUs' nodes are not in its /dev, and a node it makes itself for a GPU
-// cannot be opened.
+// GPUs' nodes are not in its /dev, before CUDA ran or after (the driver's
+// libraries, run as root, make the nodes they miss unless the driver's
+// parameters say ModifyDeviceFiles: 0, as the container's /proc does), and
+// a node it makes itself for a GPU cannot be opened.
 func TestCUDANoGPU(t *testing.T) {
 	n := newRealNode(t)
 	gpu := n.inv.Devices[0]
 	script := fmt.Sprintf(`
+		$PROBE open %[1]s
+		grep -h ModifyDeviceFiles /proc/driver/nvidia/params | sed 's/^/params: /'
 		$CUDACHECK; echo "cudacheck exit $?"
-		$PROBE open %s
-		$PROBE mknod /dev/hwtest-gpu %d %d
+		$PROBE ls /dev | grep '^nvidia' | sed 's/^/after cuda: /'
+		$PROBE open %[1]s
+		$PROBE mknod /dev/hwtest-gpu %[2]d %[3]d
 		$PROBE open /dev/hwtest-gpu`, gpu.Node.Path, gpu.Node.Major, gpu.Node.Minor)
 	out := n.run(t, "hwtest-none", allocator.Request{}, script)
 	if !strings.Contains(out, fmt.Sprintf("cudacheck exit %d\n", cudaNoDevice)) {
 		t.Errorf("CUDA in a container without GPUs does not report \"no device\":\n%s", out)
 	}
-	if !strings.Contains(out, gpu.Node.Path+" ENOENT\n") {
-		t.Errorf("%s is in the /dev of a container without GPUs:\n%s", gpu.Node.Path, out)
+	if got := strings.Count(out, gpu.Node.Path+" ENOENT\n"); got != 2 {
+		t.Errorf("%s is in the /dev of a container without GPUs (%d of 2 opens gave ENOENT, before and after CUDA ran):\n%s", gpu.Node.Path, got, out)
+	}
+	if !strings.Contains(out, "params: ModifyDeviceFiles: 0\n") {
+		t.Errorf("the driver's parameters in the container's /proc do not say ModifyDeviceFiles: 0:\n%s", out)
+	}
+	for _, l := range strings.Split(out, "\n") {
+		if name, ok := strings.CutPrefix(l, "after cuda: "); ok && strings.Trim(strings.TrimPrefix(name, "nvidia"), "0123456789") == "" {
+			t.Errorf("after CUDA ran, the /dev of a container without GPUs holds %s", name)
+		}
 	}
 	if !strings.Contains(out, "/dev/hwtest-gpu EPERM\n") {
 		t.Errorf("a self-made node of GPU %d (%d:%d) is not EPERM in a container without GPUs:\n%s", gpu.Index, gpu.Node.Major, gpu.Node.Minor, out)
