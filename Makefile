@@ -25,6 +25,7 @@ gocheck:
 test: gocheck provision check
 	GPUISO_REQUIRE=all $(GO) test $(GOTESTFLAGS) ./...
 	bash .ci/k8s-build.sh
+	bash .ci/helm-build.sh
 	cd kubernetes && GPUISO_REQUIRE=all $(GO) test $(GOTESTFLAGS) ./...
 
 ## build: the example programs into bin/

@@ -68,7 +68,8 @@ log "prepare: packages, modules, the pinned builds (log $dir.prepare.log)"
 in_chroot 'set -e; export PATH=$PATH:/usr/local/go/bin
 bash .ci/provision.sh --no-start
 go mod download && (cd kubernetes && go mod download)
-bash .ci/k8s-build.sh' >"$dir.prepare.log" 2>&1 || { log "prepare: FAILED"; status=1; }
+bash .ci/k8s-build.sh
+bash .ci/helm-build.sh' >"$dir.prepare.log" 2>&1 || { log "prepare: FAILED"; status=1; }
 log "the tests: bash .ci/test.sh"
 # The test step gets a network and a mount namespace of its own, with the
 # chroot made the namespace's real root (pivot_root, not chroot): the
