@@ -28,9 +28,20 @@
 //
 // With --state-dir the GPUs a container names are claimed for it in the
 // allocator's state there (shared with gpurun and any other gpuiso-runtime
-// naming it): a GPU held by a live container is refused. The claim is held
-// by the container's init process and given back on "delete", or once that
-// process is found dead. Without --state-dir gpuiso-runtime only isolates.
+// naming it): a GPU held by a live container is refused. The owner is the
+// container in its runc root: the id, a dot and 12 hex digits of the root's
+// SHA-256. A record of the container, written in DIR/gpuiso-runtime before
+// anything is claimed, stands for the claim while runc create (or a
+// foreground runc run) works, locked by gpuiso-runtime and the runc it runs;
+// as soon as runc reports the container, its init process holds the claim
+// ("create" and "run -d" alike). The claim and the container's use of the
+// driver volume are given back by a "delete" in the container's own root,
+// with or without the runtime's flags (one without finds the state
+// directory through /run/gpuiso-runtime), or once the init is found dead. A
+// record left by a gpuiso-runtime that was killed is settled by the next
+// create or delete on the directory, which asks runc for the container: one
+// that lives keeps its GPUs, one that does not gives them back. Without
+// --state-dir gpuiso-runtime only isolates.
 //
 // Every other command, and every runc flag, goes to runc unchanged (runc's
 // own --log and --log-format included). --simulate NAME --dev-root DIR runs
@@ -82,6 +93,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 			return refuse(err)
 		}
 		rt := &Runtime{Settings: s, Log: log.Logger}
+		defer rt.abandon(ctx)
 		res, err := rt.Prepare(ctx, c)
 		if err != nil {
 			return refuse(err)
@@ -109,8 +121,9 @@ func handOver(argv []string) error {
 }
 
 // runRunc runs runc with argv as a child sharing this process's standard
-// files and the preserveFDs files after them, and returns its exit status.
-func runRunc(ctx context.Context, argv []string, preserveFDs int) (int, error) {
+// files and the preserveFDs files after them, then the inherit files, and
+// returns its exit status.
+func runRunc(ctx context.Context, argv []string, preserveFDs int, inherit ...*os.File) (int, error) {
 	path, err := lookRunc(argv[0])
 	if err != nil {
 		return 0, err
@@ -121,6 +134,7 @@ func runRunc(ctx context.Context, argv []string, preserveFDs int) (int, error) {
 	for fd := 3; fd < 3+preserveFDs; fd++ {
 		cmd.ExtraFiles = append(cmd.ExtraFiles, os.NewFile(uintptr(fd), fmt.Sprintf("fd%d", fd)))
 	}
+	cmd.ExtraFiles = append(cmd.ExtraFiles, inherit...)
 	if err := cmd.Start(); err != nil {
 		return 0, fmt.Errorf("runc: %w", err)
 	}

@@ -23,6 +23,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv(asMainEnv) == "1" {
 		main()
 	}
+	if ctl := os.Getenv(stopRuncEnv); ctl != "" {
+		os.Exit(stoppingRunc(ctl))
+	}
 	testenv.Main(m)
 }
 
@@ -97,6 +100,14 @@ func TestPassThrough(t *testing.T) {
 		{name: "create empty", env: []string{"NVIDIA_VISIBLE_DEVICES="},
 			args: []string{"create", "--bundle=BUNDLE", "c3"},
 			want: []string{"create", "--bundle=BUNDLE", "c3"}},
+		// No engine's record tells the caller's setting from the image's:
+		// by default neither asks.
+		{name: "create all, no record", env: []string{"NVIDIA_VISIBLE_DEVICES=all", "DOCKER_RESOURCE_GPU=0,1"},
+			args: []string{"--state-dir", "STATE", "create", "--bundle", "BUNDLE", "c4"},
+			want: []string{"create", "--bundle", "BUNDLE", "c4"}},
+		{name: "create never", env: []string{"NVIDIA_VISIBLE_DEVICES=1"},
+			args: []string{"--accept-env-request=never", "--timeout", "5s", "create", "--bundle", "BUNDLE", "c5"},
+			want: []string{"create", "--bundle", "BUNDLE", "c5"}},
 		{name: "state", args: []string{"--log", "/dev/null", "--log-format", "json", "state", "c1"},
 			want: []string{"--log", "/dev/null", "--log-format", "json", "state", "c1"}},
 		{name: "kill", args: []string{"--debug", "kill", "c1", "9"}, want: []string{"--debug", "kill", "c1", "9"}},
@@ -158,12 +169,15 @@ func TestRefused(t *testing.T) {
 		{name: "simulate alone", args: []string{"--simulate", "pcie8", "create", "c1"}, want: "--dev-root"},
 		{name: "flag without value", args: []string{"--state-dir"}, want: "needs a value"},
 		{name: "unknown simulated node", env: []string{"NVIDIA_VISIBLE_DEVICES=1"}, args: []string{"--simulate", "nosuch", "--dev-root", "BUNDLE/sim", "create", "--bundle", "BUNDLE", "c1"}, want: "nosuch"},
+		{name: "bad policy", args: []string{"--accept-env-request", "sometimes", "create", "--bundle", "BUNDLE", "c1"}, want: "--accept-env-request"},
+		{name: "bad timeout", args: []string{"--timeout=0s", "create", "--bundle", "BUNDLE", "c1"}, want: "--timeout"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			runc, calls := fakeRunc(t)
 			dir, before := bundle(t, tc.env...)
 			logFile := filepath.Join(t.TempDir(), "log.json")
-			args := []string{"--runc", runc, "--log", logFile, "--log-format", "json"}
+			// The bundle is the caller's own: its environment asks.
+			args := []string{"--runc", runc, "--log", logFile, "--log-format", "json", "--accept-env-request", "always"}
 			for _, a := range tc.args {
 				args = append(args, strings.ReplaceAll(a, "BUNDLE", dir))
 			}

@@ -16,6 +16,18 @@ import (
 	"github.com/gpuiso/gpuiso/internal/testenv"
 )
 
+// heldBy is what the owners of container id hold, in any runc root (an
+// owner is the id, a dot and 12 hex digits naming the root).
+func heldBy(got map[string][]int, id string) []int {
+	var out []int
+	for o, gpus := range got {
+		if rest, ok := strings.CutPrefix(o, id+"."); ok && len(rest) == 12 && !strings.Contains(rest, ".") {
+			out = append(out, gpus...)
+		}
+	}
+	return out
+}
+
 // owners reads the allocator's state in dir: each owner's GPU indexes.
 func owners(t *testing.T, dir string) map[string][]int {
 	t.Helper()
@@ -82,8 +94,22 @@ func TestOwnershipAcrossClients(t *testing.T) {
 		t.Fatal(err)
 	}
 	dockerID := strings.TrimSpace(out)
-	if got := owners(t, state); !slices.Equal(got[dockerID], []int{2}) || len(got) != 1 {
+	if got := owners(t, state); !slices.Equal(heldBy(got, dockerID), []int{2}) || len(got) != 1 {
 		t.Fatalf("after docker run: owners %v, want %s holding GPU 2", got, dockerID)
+	}
+
+	// A delete of that id in another runc root, or without flags (runc's
+	// default root), gives nothing back.
+	for _, args := range [][]string{
+		{"--simulate", "dgx1-volta", "--dev-root", sim, "--state-dir", state, "--root", t.TempDir(), "delete", "--force", dockerID},
+		{"delete", "--force", dockerID},
+	} {
+		if out, err := runtimeOut(t, bin, args...); err != nil {
+			t.Errorf("delete in another root: %v\n%s", err, out)
+		}
+		if got := owners(t, state); !slices.Equal(heldBy(got, dockerID), []int{2}) || len(got) != 1 {
+			t.Fatalf("after %q: owners %v, want %s holding GPU 2", args, got, dockerID)
+		}
 	}
 
 	// Podman asking for GPUs 1 and 2 is refused; nothing is created.
@@ -111,7 +137,7 @@ func TestOwnershipAcrossClients(t *testing.T) {
 			t.Errorf("runc has the refused container %s: %s", name, out)
 		}
 	}
-	if got := owners(t, state); len(got) != 1 || !slices.Equal(got[dockerID], []int{2}) {
+	if got := owners(t, state); len(got) != 1 || !slices.Equal(heldBy(got, dockerID), []int{2}) {
 		t.Errorf("after the refusal: owners %v, want only %s holding GPU 2", got, dockerID)
 	}
 
@@ -134,7 +160,7 @@ func TestOwnershipAcrossClients(t *testing.T) {
 	if _, err := d.Docker(ctx, "rm", "-f", dockerID); err != nil {
 		t.Fatal(err)
 	}
-	if got := owners(t, state); len(got[dockerID]) != 0 {
+	if got := owners(t, state); len(heldBy(got, dockerID)) != 0 {
 		t.Errorf("after docker rm: owners %v still list %s", got, dockerID)
 	}
 	if out, err := podmanRun(fmt.Sprintf("gpuiso-own-%d", time.Now().UnixNano()), []string{"--rm", "-e", "NVIDIA_VISIBLE_DEVICES=2"}, "env", "NVIDIA_VISIBLE_DEVICES"); err != nil {
@@ -164,15 +190,12 @@ func TestOwnershipDeadContainer(t *testing.T) {
 	}
 	mkBundle := func(env string) string { return sleepBundle(t, probe, env) }
 	id := fmt.Sprintf("gpuiso-dead-%d", time.Now().UnixNano())
-	t.Cleanup(func() {
-		for _, c := range []string{id, id + "-b"} {
-			exec.Command("runc", "--root", root, "delete", "--force", c).Run()
-		}
-	})
+	forgetContainer(t, id, root)
+	forgetContainer(t, id+"-b", root)
 	if out, err := rt("create", "--bundle", mkBundle("3"), id); err != nil {
 		t.Fatalf("create %s: %v\n%s", id, err, out)
 	}
-	if got := owners(t, state); !slices.Equal(got[id], []int{3}) {
+	if got := owners(t, state); !slices.Equal(heldBy(got, id), []int{3}) {
 		t.Fatalf("owners %v, want %s holding GPU 3", got, id)
 	}
 	second := mkBundle("3")
@@ -199,7 +222,7 @@ func TestOwnershipDeadContainer(t *testing.T) {
 	if out, err := rt("create", "--bundle", second, id+"-b"); err != nil {
 		t.Fatalf("create of GPU 3 after %s died: %v\n%s", id, err, out)
 	}
-	if got := owners(t, state); len(got[id]) != 0 || !slices.Equal(got[id+"-b"], []int{3}) {
+	if got := owners(t, state); len(heldBy(got, id)) != 0 || !slices.Equal(heldBy(got, id+"-b"), []int{3}) {
 		t.Errorf("owners %v, want only %s-b holding GPU 3", got, id)
 	}
 	if out, err := rt("delete", "--force", id+"-b"); err != nil {
@@ -291,11 +314,9 @@ func TestOwnershipConcurrent(t *testing.T) {
 		ids[i] = fmt.Sprintf("gpuiso-race-%d-%d", i, time.Now().UnixNano())
 		bundles[i] = sleepBundle(t, probe, "3")
 	}
-	t.Cleanup(func() {
-		for _, id := range ids {
-			exec.Command("runc", "--root", root, "delete", "--force", id).Run()
-		}
-	})
+	for _, id := range ids {
+		forgetContainer(t, id, root)
+	}
 	outs := make([]string, n)
 	errs := make([]error, n)
 	var wg sync.WaitGroup
@@ -325,7 +346,7 @@ func TestOwnershipConcurrent(t *testing.T) {
 	if len(winners) != 1 {
 		t.Fatalf("%d containers got GPU 3: %v", len(winners), winners)
 	}
-	if got := owners(t, state); len(got) != 1 || !slices.Equal(got[winners[0]], []int{3}) {
+	if got := owners(t, state); len(got) != 1 || !slices.Equal(heldBy(got, winners[0]), []int{3}) {
 		t.Errorf("owners %v, want only %s holding GPU 3", got, winners[0])
 	}
 }

@@ -1,15 +1,14 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 
@@ -27,6 +26,13 @@ import (
 type Runtime struct {
 	Settings
 	Log *slog.Logger
+	// IndexDir is where a delete that names no state directory finds a
+	// container's ("" means /run/gpuiso-runtime).
+	IndexDir string
+
+	// claim is the container this process is creating, from Prepare until
+	// runc reported it (claim.go).
+	claim *claim
 }
 
 // prepared is a container whose spec gpuiso-runtime edited, with what it
@@ -97,12 +103,16 @@ func (rt *Runtime) Prepare(ctx context.Context, c CreateArgs) (*prepared, error)
 		pr.Volumes = vols
 	}
 	gpus := req.allocation(inv)
-	if !req.None() && rt.StateDir != "" {
-		h, err := allocator.ProcessHolder("", os.Getpid())
-		if err != nil {
+	owner, err := ownerOf(c.ID, rt.runcRoot())
+	if err != nil {
+		return nil, err
+	}
+	if rt.StateDir != "" {
+		// No holder: the container's record stands for the claim until
+		// runc reports the container's init (claim.go).
+		if err := rt.beginClaim(ctx, alloc, c, owner, bundle); err != nil {
 			return nil, err
 		}
-		gpus.Holder = &h // until the container's init holds it
 	}
 	rootfs := ""
 	if spec.Root != nil {
@@ -120,13 +130,13 @@ func (rt *Runtime) Prepare(ctx context.Context, c CreateArgs) (*prepared, error)
 			rt.Log.Info("released the GPUs of dead containers", "owners", released)
 		}
 		var err error
-		p, err = pr.Prepare(ctx, containerizer.Spec{ID: c.ID, GPUs: gpus, Env: requestEnv(req)}, img)
+		p, err = pr.Prepare(ctx, containerizer.Spec{ID: owner, GPUs: gpus, Env: requestEnv(req)}, img)
 		return err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("container %s (%s): %w", c.ID, req.Source, err)
 	}
-	res := &prepared{owner: c.ID, alloc: alloc, p: p}
+	res := &prepared{owner: owner, alloc: alloc, p: p}
 	if err := oci.Apply(&spec, p.Plan); err != nil {
 		return nil, errors.Join(err, res.undo(ctx))
 	}
@@ -160,64 +170,36 @@ func (p *prepared) undo(ctx context.Context) error {
 }
 
 // Create runs runc's cmd (create or run) for a prepared container that
-// owns GPUs in the state directory. Once runc created it, the claim passes
-// to the container's init process, so that it ends when the container
-// dies; "run" keeps it with this process, which lives as long. A failed
-// runc gives everything back.
+// claims GPUs or the driver volume in the state directory. runc inherits
+// the lock of the container's record, so that the claim counts as being
+// created as long as runc create, or a foreground runc run, lives. Once
+// runc returns, the claim passes to the container's init if runc reports
+// the container alive ("create", "run -d"), and is given back otherwise
+// (a failed runc, a foreground "run" that ended); a SIGTERM meanwhile does
+// not cut this short.
 func (rt *Runtime) Create(ctx context.Context, res *prepared, cmd string, rest []string, c CreateArgs, stderr io.Writer) int {
-	code, err := runRunc(ctx, rt.runcArgv(cmd, rest), c.PreserveFDs)
-	if err != nil || code != 0 || cmd == "run" {
-		if uerr := res.undo(ctx); uerr != nil {
-			rt.Log.Error("give back after runc", "container", c.ID, "err", uerr)
-		}
-		if err != nil {
-			fmt.Fprintf(stderr, "gpuiso-runtime: %v\n", err)
-			rt.Log.Error(err.Error())
-			return exitRefused
-		}
-		return code
+	var inherit []*os.File
+	if rt.claim != nil {
+		inherit = append(inherit, rt.claim.lock)
 	}
-	if len(res.p.Allocation.Devices) == 0 {
-		return 0
-	}
-	pid, err := rt.initPid(ctx, c.ID)
-	var h allocator.Holder
-	if err == nil {
-		h, err = allocator.ProcessHolder("", pid)
-	}
-	if err == nil {
-		err = res.alloc.SetHolder(ctx, c.ID, &h)
-	}
+	code, err := runRunc(ctx, rt.runcArgv(cmd, rest), c.PreserveFDs, inherit...)
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
+	defer cancel()
 	if err != nil {
-		// The claim stays with this process and ends with it: the GPUs are
-		// free again for the next container after this one.
-		rt.Log.Error("hand the claim to the container's init", "container", c.ID, "err", err)
+		rt.giveBack(sctx, res)
+		fmt.Fprintf(stderr, "gpuiso-runtime: %v\n", err)
+		rt.Log.Error(err.Error())
+		return exitRefused
 	}
-	return 0
+	rt.settleCreate(sctx, res, code)
+	return code
 }
 
-// initPid asks runc for the pid of container id's init process.
-func (rt *Runtime) initPid(ctx context.Context, id string) (int, error) {
-	argv := rt.runcArgv("state", []string{id})
-	path, err := lookRunc(argv[0])
-	if err != nil {
-		return 0, err
-	}
-	out, err := exec.CommandContext(ctx, path, argv[1:]...).Output()
-	if err != nil {
-		return 0, fmt.Errorf("runc state %s: %w", id, err)
-	}
-	var st struct {
-		Pid int `json:"pid"`
-	}
-	if err := json.Unmarshal(out, &st); err != nil || st.Pid <= 0 {
-		return 0, fmt.Errorf("runc state %s: no pid in %q", id, bytes.TrimSpace(out))
-	}
-	return st.Pid, nil
-}
-
-// Delete runs runc's delete and, once the container is gone, gives back its
-// GPUs and its use of the driver volume.
+// Delete runs runc's delete and then gives back what the container it
+// names, in the runc root it names, holds, once runc no longer reports it
+// alive: its GPUs, found through its record (in the state directory of
+// --state-dir or, without it, the one the index names), and its use of the
+// driver volume. A SIGTERM meanwhile does not cut this short.
 func (rt *Runtime) Delete(ctx context.Context, id string, rest []string, stderr io.Writer) int {
 	code, err := runRunc(ctx, rt.runcArgv("delete", rest), 0)
 	if err != nil {
@@ -225,53 +207,121 @@ func (rt *Runtime) Delete(ctx context.Context, id string, rest []string, stderr 
 		rt.Log.Error(err.Error())
 		return exitRefused
 	}
-	if code != 0 || id == "" {
+	if id == "" {
 		return code
 	}
-	if err := rt.release(ctx, id); err != nil {
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
+	defer cancel()
+	if err := rt.release(sctx, id); err != nil {
 		rt.Log.Error("give back", "container", id, "err", err)
 	}
-	return 0
+	return code
 }
 
-// release gives back what container id holds: its GPUs in the state
-// directory, if one is set, and its use of the driver volume.
+// release gives back what container id of this command's runc root holds,
+// if runc no longer reports it alive, and then settles the other records
+// of its state directory.
 func (rt *Runtime) release(ctx context.Context, id string) error {
-	var errs []error
-	if rt.StateDir != "" {
-		errs = append(errs, rt.releaseGPUs(ctx, id))
+	root := rt.runcRoot()
+	owner, err := ownerOf(id, root)
+	if err != nil {
+		return nil // no container of that id was ever given anything
 	}
-	if vols, err := volume.New(); err == nil {
-		if list, err := vols.List(ctx); err == nil {
-			for _, v := range list {
-				errs = append(errs, vols.Release(ctx, v.Version, id))
-			}
+	index := rt.IndexDir
+	if index == "" {
+		index = defaultIndexDir
+	}
+	dir := lookupIndex(index, owner)
+	if dir == "" {
+		dir = rt.StateDir
+	}
+	var rs records
+	if dir != "" {
+		if rs, err = rt.recordsOf(dir); err != nil {
+			return err
 		}
 	}
-	return errors.Join(errs...)
+	if dir == "" || !exists(rs.path(owner)) {
+		// No claim: only, perhaps, a use of the driver volume.
+		var errs []error
+		if usesVolume(ctx, owner) {
+			errs = append(errs, rt.releaseVolumeIfGone(ctx, id, root, owner))
+		}
+		if rt.StateDir != "" {
+			errs = append(errs, rt.recoverDir(ctx, rt.StateDir, rt.Simulate, rt.DevRoot))
+		}
+		return errors.Join(errs...)
+	}
+	lock, err := rs.lock(ctx, owner, deleteLockWait)
+	if err != nil {
+		return err // its process, or the next create or delete, settles it
+	}
+	rec, err := rs.read(owner)
+	if errors.Is(err, fs.ErrNotExist) {
+		rs.remove(owner, lock) // settled meanwhile
+		return nil
+	}
+	if err != nil {
+		lock.Close()
+		return err
+	}
+	alloc, err := rt.openAllocator(ctx, rs.stateDir(), rec.Simulate, rec.DevRoot)
+	if err != nil {
+		lock.Close()
+		return err
+	}
+	// A created record is settled as a creating one: runc, not the init's
+	// pid alone, says whether the container is gone.
+	rec.Phase = phaseCreating
+	released, err := rt.settle(ctx, alloc, rs, rec, lock)
+	if err != nil {
+		return err
+	}
+	if released {
+		rt.Log.Info("gave back", "container", id, "root", root)
+	}
+	rt.recover(ctx, alloc, rs)
+	return nil
 }
 
-// releaseGPUs gives back the GPUs container id holds in the state directory.
-func (rt *Runtime) releaseGPUs(ctx context.Context, id string) error {
-	dir, err := filepath.Abs(rt.StateDir)
+// releaseVolumeIfGone forgets owner as a driver-volume user once runc no
+// longer has container id in root alive.
+func (rt *Runtime) releaseVolumeIfGone(ctx context.Context, id, root, owner string) error {
+	runc, err := lookRunc(rt.Runc)
 	if err != nil {
 		return err
 	}
-	if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
-		return nil // nothing was ever claimed
+	if runc, err = filepath.Abs(runc); err != nil {
+		return err
 	}
-	inv, _, err := openNode(ctx, rt.Settings)
+	init, err := record{ID: id, Root: root, Runc: runc}.liveInit(ctx, "")
+	if err != nil || init != nil {
+		return err
+	}
+	return releaseVolumeUse(ctx, owner)
+}
+
+// recoverDir settles the records of state directory dir that no process
+// holds, on the node simulate and devRoot name.
+func (rt *Runtime) recoverDir(ctx context.Context, dir, simulate, devRoot string) error {
+	rs, err := rt.recordsOf(dir)
 	if err != nil {
 		return err
 	}
-	alloc, err := allocator.New(inv, allocator.WithStateDir(dir))
+	if owners, err := rs.owners(); err != nil || len(owners) == 0 {
+		return err
+	}
+	alloc, err := rt.openAllocator(ctx, rs.stateDir(), simulate, devRoot)
 	if err != nil {
 		return err
 	}
-	if err := alloc.Release(ctx, id); err != nil && !errors.Is(err, allocator.ErrUnknownOwner) {
-		return err
-	}
+	rt.recover(ctx, alloc, rs)
 	return nil
+}
+
+func exists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
 }
 
 // writeAtomic replaces path by data: a temporary file in the same

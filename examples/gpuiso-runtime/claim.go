@@ -1,0 +1,666 @@
+package main
+
+// Ownership that follows the container.
+//
+// With a state directory, every container gpuiso-runtime prepares has a
+// record, DIR/gpuiso-runtime/OWNER.json, written (synced) before anything is
+// claimed for it and removed once its claims are given back. OWNER names the
+// container in one runc root: its id, a dot and 12 hex digits of the root's
+// SHA-256 (ownerOf); it is the container's owner in the allocator and its
+// user of the driver volume, so that two roots may hold containers of one
+// id, and a delete in one root never touches the other's.
+//
+// A record is "creating" from before the claim until runc has reported the
+// container: the allocator then holds the GPUs with no holder (so that no
+// ReleaseDead, of any program sharing the directory, frees them), and the
+// record's lock file, OWNER.lock, is held by gpuiso-runtime and by the
+// runc it runs, which inherits it: runc create until it returns, runc run
+// (in the foreground) for the container's life. Once runc has created the
+// container, the claim's holder becomes the container's init (pid and
+// start time, from "runc state") and the record "created". A record whose
+// lock nobody holds is settled by asking runc, in the record's root, for
+// the container's state: a container that exists with a live init keeps
+// its GPUs, held by that init; one that does not exist, or whose init is
+// dead, gives back its GPUs and its use of the driver volume, and its
+// record goes. Every create and delete on the state directory settles the
+// records nobody holds, so that a runtime killed at any point leaves the
+// claim with the container, never with a dead process.
+//
+// A delete that names no state directory (Podman's cleanup runs the
+// runtime without its flags) finds the container's in the index,
+// /run/gpuiso-runtime/OWNER.json, written beside the record.
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/gpuiso/gpuiso/allocator"
+	"github.com/gpuiso/gpuiso/internal/linux"
+	"github.com/gpuiso/gpuiso/node"
+	"github.com/gpuiso/gpuiso/volume"
+)
+
+// Errors of the container records.
+var (
+	// ErrCorruptRecord: a container's record does not read back as written.
+	ErrCorruptRecord = node.Sentinel(node.ErrCorrupt, "corrupt container record")
+	// ErrContainerBusy: another process is creating, running or deleting
+	// a container of that id in that root.
+	ErrContainerBusy = node.Sentinel(node.ErrUnavailable, "container is being created, run or deleted by another process")
+	// ErrContainerExists: a container of that id in that root holds a
+	// claim already.
+	ErrContainerExists = node.Sentinel(node.ErrExists, "container exists")
+)
+
+const (
+	// recordsDir is the directory of the records inside the state
+	// directory.
+	recordsDir = "gpuiso-runtime"
+	// defaultIndexDir maps owners to their state directories for a delete
+	// run without flags.
+	defaultIndexDir = "/run/gpuiso-runtime"
+	// defaultRuncRoot is runc's root when --root is not given (runc run as
+	// root).
+	defaultRuncRoot = "/run/runc"
+
+	recordVersion = 1
+	phaseCreating = "creating"
+	phaseCreated  = "created"
+
+	// deleteLockWait bounds how long a delete waits for a record another
+	// process holds (a foreground run's runc, which the delete ends).
+	deleteLockWait = 5 * time.Second
+	// claimLockWait bounds how long a create waits for its record's lock,
+	// which another process's recovery may hold for a moment.
+	claimLockWait = 2 * time.Second
+	// settleTimeout bounds the settling after runc returns, which a SIGTERM
+	// to gpuiso-runtime does not cut short.
+	settleTimeout = 30 * time.Second
+	// stateTimeout bounds one "runc state".
+	stateTimeout = 10 * time.Second
+)
+
+// ownerOf is the owner of container id in runc root (a resolved path): the
+// id, a dot and 12 hex digits of the root's SHA-256.
+func ownerOf(id, root string) (string, error) {
+	sum := sha256.Sum256([]byte(root))
+	owner := id + "." + hex.EncodeToString(sum[:6])
+	if err := node.ValidateOwner(owner); err != nil {
+		return "", fmt.Errorf("container id %q: %w", id, err)
+	}
+	return owner, nil
+}
+
+// runcRoot is the runc root s names (--root), else runc's default, as
+// resolvePath gives it.
+func (s Settings) runcRoot() string {
+	root := defaultRuncRoot
+	for i := 0; i < len(s.RuncArgs); i++ {
+		name, value, hasValue := strings.Cut(strings.TrimLeft(s.RuncArgs[i], "-"), "=")
+		if !slices.Contains(runcValueFlags, name) || hasValue {
+			if name == "root" && hasValue {
+				root = value
+			}
+			continue
+		}
+		if i+1 < len(s.RuncArgs) {
+			i++
+			if name == "root" {
+				root = s.RuncArgs[i]
+			}
+		}
+	}
+	return resolvePath(root)
+}
+
+// resolvePath makes p absolute and resolves the symlinks of its longest
+// existing part, so that every spelling of one directory (/var/run/x and
+// /run/x), made yet or not, gives one path.
+func resolvePath(p string) string {
+	abs, err := filepath.Abs(p)
+	if err != nil {
+		return filepath.Clean(p)
+	}
+	rest := ""
+	for dir := abs; ; {
+		if r, err := filepath.EvalSymlinks(dir); err == nil {
+			return filepath.Join(r, rest)
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return abs
+		}
+		rest = filepath.Join(filepath.Base(dir), rest)
+		dir = parent
+	}
+}
+
+// record is what a state directory keeps of one container.
+type record struct {
+	Version int    `json:"version"`
+	Owner   string `json:"owner"`
+	// ID and Root are the container's id and runc root; Runc is the runc
+	// asked for its state.
+	ID   string `json:"id"`
+	Root string `json:"root"`
+	Runc string `json:"runc"`
+	// Bundle is the bundle it was created from (resolved).
+	Bundle string `json:"bundle"`
+	// Simulate and DevRoot name the node the claim was made on.
+	Simulate string `json:"simulate,omitempty"`
+	DevRoot  string `json:"devRoot,omitempty"`
+	Phase    string `json:"phase"`
+	// Init is the container's init, once created.
+	Init *allocator.Holder `json:"init,omitempty"`
+	// Sum is the SHA-256 of the record with Sum empty.
+	Sum string `json:"sum"`
+}
+
+func (r record) sum() string {
+	r.Sum = ""
+	b, _ := json.Marshal(r)
+	s := sha256.Sum256(b)
+	return hex.EncodeToString(s[:])
+}
+
+// parseRecord reads the record of owner from b.
+func parseRecord(owner string, b []byte) (record, error) {
+	var r record
+	if err := json.Unmarshal(b, &r); err != nil {
+		return record{}, fmt.Errorf("record of %s: %w: %w", owner, ErrCorruptRecord, err)
+	}
+	switch {
+	case r.Version != recordVersion:
+		return record{}, fmt.Errorf("record of %s: %w: version %d", owner, ErrCorruptRecord, r.Version)
+	case r.Sum != r.sum():
+		return record{}, fmt.Errorf("record of %s: %w: checksum mismatch", owner, ErrCorruptRecord)
+	case r.Owner != owner || r.ID == "" || !filepath.IsAbs(r.Root) || !filepath.IsAbs(r.Runc):
+		return record{}, fmt.Errorf("record of %s: %w: owner %q, id %q, root %q, runc %q", owner, ErrCorruptRecord, r.Owner, r.ID, r.Root, r.Runc)
+	case r.Phase != phaseCreating && (r.Phase != phaseCreated || r.Init == nil):
+		return record{}, fmt.Errorf("record of %s: %w: phase %q, init %v", owner, ErrCorruptRecord, r.Phase, r.Init)
+	}
+	return r, nil
+}
+
+// records are the container records of one state directory, with the index
+// that finds them.
+type records struct {
+	dir   string // STATE/gpuiso-runtime
+	index string // the index directory
+}
+
+// recordsOf returns the records of state directory stateDir.
+func (rt *Runtime) recordsOf(stateDir string) (records, error) {
+	dir, err := filepath.Abs(stateDir)
+	if err != nil {
+		return records{}, err
+	}
+	index := rt.IndexDir
+	if index == "" {
+		index = defaultIndexDir
+	}
+	return records{dir: filepath.Join(dir, recordsDir), index: index}, nil
+}
+
+func (rs records) path(owner string) string { return filepath.Join(rs.dir, owner+".json") }
+
+// stateDir is the state directory the records belong to.
+func (rs records) stateDir() string { return filepath.Dir(rs.dir) }
+
+func (rs records) read(owner string) (record, error) {
+	b, err := os.ReadFile(rs.path(owner))
+	if err != nil {
+		return record{}, err
+	}
+	return parseRecord(owner, b)
+}
+
+// write replaces r's record atomically (temp file, fsync, rename, fsync of
+// the directory).
+func (rs records) write(r record) error {
+	r.Version = recordVersion
+	r.Sum = r.sum()
+	b, err := json.Marshal(r)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(rs.dir, 0o700); err != nil {
+		return fmt.Errorf("record of %s: %w", r.Owner, err)
+	}
+	if err := linux.WriteFileAtomic(rs.path(r.Owner), "", b, 0o600, nil); err != nil {
+		return fmt.Errorf("record of %s: %w", r.Owner, err)
+	}
+	return nil
+}
+
+// indexEntry is what the index keeps of an owner.
+type indexEntry struct {
+	StateDir string `json:"stateDir"`
+}
+
+// writeIndex points owner's index entry at this state directory. The index
+// lives as long as the containers (a tmpfs): no sync.
+func (rs records) writeIndex(owner string) error {
+	b, err := json.Marshal(indexEntry{StateDir: rs.stateDir()})
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(rs.index, 0o700); err != nil {
+		return fmt.Errorf("index of %s: %w", owner, err)
+	}
+	if err := linux.ReplaceFile(filepath.Join(rs.index, owner+".json"), b, 0o600); err != nil {
+		return fmt.Errorf("index of %s: %w", owner, err)
+	}
+	return nil
+}
+
+// lookupIndex returns the state directory index names for owner, or "".
+func lookupIndex(index, owner string) string {
+	b, err := os.ReadFile(filepath.Join(index, owner+".json"))
+	if err != nil {
+		return ""
+	}
+	var e indexEntry
+	if json.Unmarshal(b, &e) != nil || !filepath.IsAbs(e.StateDir) {
+		return ""
+	}
+	return e.StateDir
+}
+
+// remove deletes owner's record, its index entry (when it points here) and
+// its lock file, whose lock the caller holds in lock and which is closed.
+func (rs records) remove(owner string, lock *os.File) error {
+	defer lock.Close()
+	err := os.Remove(rs.path(owner))
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("record of %s: %w", owner, err)
+	}
+	idx := filepath.Join(rs.index, owner+".json")
+	if lookupIndex(rs.index, owner) == rs.stateDir() {
+		os.Remove(idx)
+	}
+	// Unlinked while locked: a process waiting for it finds it gone and
+	// opens the path again (lock).
+	os.Remove(rs.lockPath(owner))
+	return linux.SyncDir(rs.dir)
+}
+
+func (rs records) lockPath(owner string) string { return filepath.Join(rs.dir, owner+".lock") }
+
+// lock takes owner's lock file: at once, or waiting up to wait (and ctx);
+// ErrContainerBusy when another process keeps it.
+func (rs records) lock(ctx context.Context, owner string, wait time.Duration) (*os.File, error) {
+	if err := os.MkdirAll(rs.dir, 0o700); err != nil {
+		return nil, err
+	}
+	path := rs.lockPath(owner)
+	for {
+		f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+		if err != nil {
+			return nil, err
+		}
+		err = syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		if errors.Is(err, syscall.EWOULDBLOCK) && wait > 0 {
+			wctx, cancel := context.WithTimeout(ctx, wait)
+			err = linux.Lock(wctx, f)
+			cancel()
+			if err != nil && wctx.Err() != nil {
+				err = syscall.EWOULDBLOCK
+			}
+		}
+		if err != nil {
+			f.Close()
+			if errors.Is(err, syscall.EWOULDBLOCK) {
+				return nil, ErrContainerBusy
+			}
+			return nil, fmt.Errorf("lock %s: %w", path, err)
+		}
+		held, err1 := f.Stat()
+		now, err2 := os.Stat(path)
+		if err1 == nil && err2 == nil && os.SameFile(held, now) {
+			return f, nil
+		}
+		f.Close() // removed by its last holder: take the new one
+	}
+}
+
+// owners lists the owners that have a record. (A lock file without one,
+// left by a crash as its record went, stays: it holds nothing.)
+func (rs records) owners() ([]string, error) {
+	entries, err := os.ReadDir(rs.dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, e := range entries {
+		name := e.Name()
+		if owner, ok := strings.CutSuffix(name, ".json"); ok && !strings.HasPrefix(name, ".") {
+			out = append(out, owner)
+		}
+	}
+	return out, nil
+}
+
+// containerState is what runc says of a container.
+type containerState struct {
+	Pid    int    `json:"pid"`
+	Status string `json:"status"`
+	Bundle string `json:"bundle"`
+}
+
+// errNoContainer: runc knows no such container.
+var errNoContainer = node.Sentinel(node.ErrNotFound, "container does not exist")
+
+// runcState asks runc (the binary runc, in root) for container id's state.
+func runcState(ctx context.Context, runc, root, id string) (containerState, error) {
+	ctx, cancel := context.WithTimeout(ctx, stateTimeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, runc, "--root", root, "state", id)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	var exit *exec.ExitError
+	if errors.As(err, &exit) && strings.Contains(stderr.String(), "does not exist") {
+		return containerState{}, fmt.Errorf("runc state %s in %s: %w", id, root, errNoContainer)
+	}
+	if err != nil {
+		return containerState{}, fmt.Errorf("runc state %s in %s: %w: %s", id, root, err, bytes.TrimSpace(stderr.Bytes()))
+	}
+	var st containerState
+	if err := json.Unmarshal(out, &st); err != nil {
+		return containerState{}, fmt.Errorf("runc state %s in %s: %w", id, root, err)
+	}
+	return st, nil
+}
+
+// liveInit returns the holder of r's container's init when runc reports
+// the container with a live init; nil, nil when the container does not
+// exist or its init is dead. With bundle set, a container created from
+// another bundle counts as not existing (another's container of that id).
+func (r record) liveInit(ctx context.Context, bundle string) (*allocator.Holder, error) {
+	st, err := runcState(ctx, r.Runc, r.Root, r.ID)
+	if errors.Is(err, errNoContainer) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	if st.Status == "stopped" || st.Pid <= 0 || (bundle != "" && resolvePath(st.Bundle) != bundle) {
+		return nil, nil
+	}
+	h, err := allocator.ProcessHolder("", st.Pid)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &h, nil
+}
+
+// claim is the container this process is creating: its record, whose lock
+// it holds, and the allocator the claim is in.
+type claim struct {
+	rs    records
+	rec   record
+	lock  *os.File
+	alloc *allocator.Allocator
+}
+
+// beginClaim settles the state directory's records, then takes the record
+// of container c (owner) for this process and writes it "creating", before
+// anything is claimed: from then on, the claim is the record's. It refuses a
+// container of that id and root that another process is creating, or that
+// holds a claim already.
+func (rt *Runtime) beginClaim(ctx context.Context, alloc *allocator.Allocator, c CreateArgs, owner, bundle string) error {
+	rs, err := rt.recordsOf(rt.StateDir)
+	if err != nil {
+		return err
+	}
+	runc, err := lookRunc(rt.Runc)
+	if err != nil {
+		return err
+	}
+	if runc, err = filepath.Abs(runc); err != nil {
+		return err
+	}
+	rt.recover(ctx, alloc, rs)
+	lock, err := rs.lock(ctx, owner, claimLockWait)
+	if err != nil {
+		return fmt.Errorf("container %s in %s: %w", c.ID, rt.runcRoot(), err)
+	}
+	if _, err := os.Stat(rs.path(owner)); err == nil || !errors.Is(err, fs.ErrNotExist) {
+		lock.Close()
+		return fmt.Errorf("container %s in %s: %w", c.ID, rt.runcRoot(), ErrContainerExists)
+	}
+	rec := record{
+		Owner: owner, ID: c.ID, Root: rt.runcRoot(), Runc: runc, Bundle: resolvePath(bundle),
+		Simulate: rt.Simulate, Phase: phaseCreating,
+	}
+	if rt.DevRoot != "" {
+		rec.DevRoot = resolvePath(rt.DevRoot)
+	}
+	err = rs.writeIndex(owner)
+	if err == nil {
+		err = rs.write(rec)
+	}
+	if err != nil {
+		rs.remove(owner, lock)
+		return err
+	}
+	rt.claim = &claim{rs: rs, rec: rec, lock: lock, alloc: alloc}
+	return nil
+}
+
+// settleCreate decides, once runc's create or run returned code, who holds
+// the claim of res: the container's init when runc reports it alive (after
+// a failed runc, only a container from this bundle: another of that id is
+// not this one), else nobody, and everything is given back. A claim whose
+// container runc cannot be asked about stays the record's, for the next
+// create or delete to settle.
+func (rt *Runtime) settleCreate(ctx context.Context, res *prepared, code int) {
+	cl := rt.claim
+	if cl == nil {
+		return
+	}
+	bundle := ""
+	if code != 0 {
+		bundle = cl.rec.Bundle
+	}
+	init, err := cl.rec.liveInit(ctx, bundle)
+	if err != nil {
+		rt.Log.Error("ask runc for the container: its claim stays recorded", "container", cl.rec.ID, "err", err)
+		rt.claim = nil
+		cl.lock.Close()
+		return
+	}
+	if init == nil {
+		rt.giveBack(ctx, res)
+		return
+	}
+	if err := rt.hold(ctx, cl.alloc, cl.rs, cl.rec, init); err != nil {
+		rt.Log.Error("hand the claim to the container's init: it stays recorded", "container", cl.rec.ID, "err", err)
+	} else {
+		rt.Log.Info("claim held by the container's init", "container", cl.rec.ID, "owner", cl.rec.Owner, "pid", init.Pid)
+	}
+	rt.claim = nil
+	cl.lock.Close()
+}
+
+// giveBack gives back what this process claimed (res, when Prepare
+// returned it, else whatever the allocator and the driver volume hold for
+// the owner) and removes the record.
+func (rt *Runtime) giveBack(ctx context.Context, res *prepared) {
+	cl := rt.claim
+	if cl == nil {
+		return
+	}
+	rt.claim = nil
+	var errs []error
+	if res != nil {
+		errs = append(errs, res.undo(ctx))
+	}
+	errs = append(errs, releaseOwner(ctx, cl.alloc, cl.rec.Owner))
+	errs = append(errs, cl.rs.remove(cl.rec.Owner, cl.lock))
+	if err := errors.Join(errs...); err != nil {
+		rt.Log.Error("give back", "container", cl.rec.ID, "err", err)
+	}
+}
+
+// abandon gives back a claim that Prepare began and Create never settled
+// (Prepare failed), whatever the state of ctx.
+func (rt *Runtime) abandon(ctx context.Context) {
+	if rt.claim == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
+	defer cancel()
+	rt.giveBack(ctx, nil)
+}
+
+// hold makes init the holder of rec's claim and the record "created".
+func (rt *Runtime) hold(ctx context.Context, alloc *allocator.Allocator, rs records, rec record, init *allocator.Holder) error {
+	if err := alloc.SetHolder(ctx, rec.Owner, init); err != nil && !errors.Is(err, allocator.ErrUnknownOwner) {
+		return err
+	}
+	rec.Phase, rec.Init = phaseCreated, init
+	return rs.write(rec)
+}
+
+// releaseOwner gives back owner's GPUs in alloc (nil: none) and its use of
+// the driver volume.
+func releaseOwner(ctx context.Context, alloc *allocator.Allocator, owner string) error {
+	var errs []error
+	if alloc != nil {
+		if err := alloc.Release(ctx, owner); err != nil && !errors.Is(err, allocator.ErrUnknownOwner) {
+			errs = append(errs, err)
+		}
+	}
+	errs = append(errs, releaseVolumeUse(ctx, owner))
+	return errors.Join(errs...)
+}
+
+// releaseVolumeUse forgets owner as a user of every driver volume.
+func releaseVolumeUse(ctx context.Context, owner string) error {
+	vols, err := volume.New()
+	if err != nil {
+		return err
+	}
+	list, err := vols.List(ctx)
+	var errs []error
+	errs = append(errs, err)
+	for _, v := range list {
+		if slices.Contains(v.Users, owner) {
+			errs = append(errs, vols.Release(ctx, v.Version, owner))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// usesVolume reports whether owner uses a driver volume.
+func usesVolume(ctx context.Context, owner string) bool {
+	vols, err := volume.New()
+	if err != nil {
+		return false
+	}
+	list, _ := vols.List(ctx)
+	for _, v := range list {
+		if slices.Contains(v.Users, owner) {
+			return true
+		}
+	}
+	return false
+}
+
+// settle decides rec's fate for a caller that holds its lock, which it
+// closes: a creating record's container, asked of runc, keeps its claim
+// (held by its init) if it lives, else gives everything back; a created
+// record's does when its init is dead. It returns whether the claim was
+// given back.
+func (rt *Runtime) settle(ctx context.Context, alloc *allocator.Allocator, rs records, rec record, lock *os.File) (bool, error) {
+	var init *allocator.Holder
+	switch {
+	case rec.Phase == phaseCreated && rec.Init != nil && !rec.Init.Dead(""):
+		lock.Close()
+		return false, nil
+	case rec.Phase == phaseCreating:
+		var err error
+		if init, err = rec.liveInit(ctx, ""); err != nil {
+			lock.Close()
+			return false, err
+		}
+	}
+	if init != nil {
+		err := rt.hold(ctx, alloc, rs, rec, init)
+		lock.Close()
+		if err == nil {
+			rt.Log.Info("claim of a container created by a process that ended: held by its init", "container", rec.ID, "root", rec.Root, "pid", init.Pid)
+		}
+		return false, err
+	}
+	err := errors.Join(releaseOwner(ctx, alloc, rec.Owner), rs.remove(rec.Owner, lock))
+	if err == nil {
+		rt.Log.Info("gave back the claim of a container that is gone", "container", rec.ID, "root", rec.Root)
+	}
+	return err == nil, err
+}
+
+// recover settles every record of rs that no process holds: the claims of
+// containers whose creator was killed, and of containers that died.
+func (rt *Runtime) recover(ctx context.Context, alloc *allocator.Allocator, rs records) {
+	owners, err := rs.owners()
+	if err != nil {
+		rt.Log.Error("list container records", "dir", rs.dir, "err", err)
+		return
+	}
+	for _, owner := range owners {
+		if rt.claim != nil && owner == rt.claim.rec.Owner {
+			continue
+		}
+		lock, err := rs.lock(ctx, owner, 0)
+		if err != nil {
+			continue // being created, run or deleted: its process settles it
+		}
+		rec, err := rs.read(owner)
+		if errors.Is(err, fs.ErrNotExist) {
+			lock.Close() // settled meanwhile
+			continue
+		}
+		if err != nil {
+			lock.Close()
+			rt.Log.Error("container record", "err", err)
+			continue
+		}
+		if _, err := rt.settle(ctx, alloc, rs, rec, lock); err != nil {
+			rt.Log.Error("settle the claim of a container", "container", rec.ID, "root", rec.Root, "err", err)
+		}
+	}
+}
+
+// openAllocator opens the allocator of state directory dir on the node
+// named by simulate and devRoot.
+func (rt *Runtime) openAllocator(ctx context.Context, dir, simulate, devRoot string) (*allocator.Allocator, error) {
+	s := rt.Settings
+	s.Simulate, s.DevRoot = simulate, devRoot
+	inv, _, err := openNode(ctx, s)
+	if err != nil {
+		return nil, err
+	}
+	return allocator.New(inv, allocator.WithStateDir(dir))
+}

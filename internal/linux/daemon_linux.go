@@ -1,0 +1,148 @@
+package linux
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"os/exec"
+	"runtime"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// NamespaceMount is a mount made in the mount namespace of a process that
+// StartDaemon starts, before it starts: Source (a host directory) bound at
+// Target, or, with Source empty, a tmpfs of mode Mode at Target. Target
+// is made when missing (in a tmpfs mounted before it, say).
+type NamespaceMount struct {
+	Source string
+	Target string
+	Mode   os.FileMode
+}
+
+// StartDaemon starts cmd as a daemon: in a session of its own (so that
+// the signals of its starter's terminal do not reach it) and, with mounts,
+// in a mount namespace of its own in which those mounts are made, seen by
+// it and its children alone (the host's mounts still reach it). The
+// namespace is made on a thread of its own, locked and then ended, which
+// forks the process: the rest of the caller keeps its own.
+func StartDaemon(cmd *exec.Cmd, mounts []NamespaceMount) error {
+	if cmd.SysProcAttr == nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{}
+	}
+	cmd.SysProcAttr.Setsid = true
+	if len(mounts) == 0 {
+		return cmd.Start()
+	}
+	return onSpareThread(func() (bool, error) {
+		if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
+			return false, &fs.PathError{Op: "unshare mount namespace", Path: "/", Err: err}
+		}
+		return true, startIn(cmd, mounts)
+	})
+}
+
+// onSpareThread runs fn on a locked thread other than the process's main
+// thread, whose namespaces /proc/self shows for the whole process. When fn
+// reports that it changed the thread (taint), the thread is never
+// unlocked: it ends with its goroutine.
+func onSpareThread(fn func() (taint bool, err error)) error {
+	ch := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		if unix.Gettid() == unix.Getpid() {
+			// Hold the main thread meanwhile, so that the work lands on
+			// another one.
+			ch <- onSpareThread(fn)
+			runtime.UnlockOSThread()
+			return
+		}
+		taint, err := fn()
+		if !taint {
+			runtime.UnlockOSThread()
+		}
+		ch <- err
+	}()
+	return <-ch
+}
+
+func startIn(cmd *exec.Cmd, mounts []NamespaceMount) error {
+	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_SLAVE, ""); err != nil {
+		return &fs.PathError{Op: "make rslave", Path: "/", Err: err}
+	}
+	// Every source is opened first: a tmpfs mounted on the way may cover
+	// the path of a later mount's source.
+	srcs := make([]*os.File, len(mounts))
+	defer func() {
+		for _, f := range srcs {
+			if f != nil {
+				f.Close()
+			}
+		}
+	}()
+	for i, m := range mounts {
+		if m.Source == "" {
+			continue
+		}
+		f, err := os.OpenFile(m.Source, unix.O_PATH|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return err
+		}
+		srcs[i] = f
+	}
+	for i, m := range mounts {
+		if err := os.MkdirAll(m.Target, 0o755); err != nil {
+			return err
+		}
+		if m.Source == "" {
+			if err := MountTmpfs(m.Target, m.Mode); err != nil {
+				return err
+			}
+			continue
+		}
+		if err := unix.Mount(fdPath(srcs[i]), m.Target, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+			return &fs.PathError{Op: "bind " + m.Source, Path: m.Target, Err: err}
+		}
+	}
+	return cmd.Start()
+}
+
+// LockHolder returns the pid of the process that holds a POSIX (fcntl)
+// lock on the file path, as F_GETLK reports it in the caller's pid
+// namespace: 0 when none does. A lock held by the caller itself is not
+// seen.
+func LockHolder(path string) (int, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	lk := unix.Flock_t{Type: unix.F_WRLCK, Whence: 0, Start: 0, Len: 0}
+	if err := unix.FcntlFlock(f.Fd(), unix.F_GETLK, &lk); err != nil {
+		return 0, &fs.PathError{Op: "fcntl F_GETLK", Path: path, Err: err}
+	}
+	if lk.Type == unix.F_UNLCK {
+		return 0, nil
+	}
+	return int(lk.Pid), nil
+}
+
+// Signal sends sig (a signal number) to pid. A process that is gone is
+// fs.ErrNotExist.
+func Signal(pid, sig int) error {
+	if pid <= 0 {
+		return fmt.Errorf("signal pid %d: %w", pid, fs.ErrNotExist)
+	}
+	err := unix.Kill(pid, unix.Signal(sig))
+	if errors.Is(err, unix.ESRCH) {
+		return fmt.Errorf("signal pid %d: %w", pid, fs.ErrNotExist)
+	}
+	return err
+}
+
+// Signals Signal sends.
+const (
+	SignalTerm = int(unix.SIGTERM)
+)

@@ -1,0 +1,112 @@
+package linux
+
+import (
+	"bytes"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// TestStartDaemon: the daemon sees its mounts, in a session of its own; the
+// caller's mount namespace keeps none of them.
+func TestStartDaemon(t *testing.T) {
+	if !IsRoot() {
+		t.Skip("needs root: mount namespaces")
+	}
+	dir := t.TempDir()
+	src := filepath.Join(dir, "src")
+	if err := os.Mkdir(src, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(src, "mark"), []byte("here"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	scratch := filepath.Join(dir, "scratch")
+	// A source the tmpfs at scratch covers once mounted.
+	hidden := filepath.Join(scratch, "hidden")
+	if err := os.MkdirAll(hidden, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(hidden, "mark"), []byte("under"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	cmd := exec.Command("sh", "-c", "cat "+scratch+"/in/mark; echo; ps -o sid= -p $$; stat -c %a "+scratch+"; cat "+scratch+"/in2/mark; echo; ls "+scratch)
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err := StartDaemon(cmd, []NamespaceMount{{Target: scratch, Mode: 0o777 | os.ModeSticky}, {Source: src, Target: filepath.Join(scratch, "in")}, {Source: hidden, Target: filepath.Join(scratch, "in2")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("%v: %s", err, out.String())
+	}
+	lines := strings.Fields(out.String())
+	if len(lines) != 6 || lines[0] != "here" || lines[2] != "1777" || lines[3] != "under" || lines[4] != "in" || lines[5] != "in2" {
+		t.Fatalf("daemon saw %q", out.String())
+	}
+	if own, _ := exec.Command("ps", "-o", "sid=", "-p", strconv.Itoa(os.Getpid())).Output(); lines[1] == strings.TrimSpace(string(own)) {
+		t.Fatalf("daemon in the caller's session %s", lines[1])
+	}
+	if _, err := os.Stat(filepath.Join(scratch, "in", "mark")); err == nil {
+		t.Fatal("the daemon's mount is in the caller's namespace")
+	}
+}
+
+// TestLockHolder: the holder of a POSIX lock is found; no lock, no holder.
+func TestLockHolder(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "lock")
+	if err := os.WriteFile(path, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if pid, err := LockHolder(path); err != nil || pid != 0 {
+		t.Fatalf("unlocked: %d, %v", pid, err)
+	}
+	if _, err := exec.LookPath("flock"); err != nil {
+		t.Skip("no flock(1) to hold a lock")
+	}
+	// A child holds an fcntl lock: python is not everywhere, perl is.
+	if _, err := exec.LookPath("perl"); err != nil {
+		t.Skip("no perl to hold an fcntl lock")
+	}
+	cmd := exec.Command("perl", "-e", `use Fcntl; open(my $f, "+<", $ARGV[0]) or die; my $l = pack("s s l l l", F_WRLCK, 0, 0, 0, 0); fcntl($f, F_SETLKW, $l) or die "$!"; print "locked\n"; $| = 1; sleep 30;`, path)
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { cmd.Process.Kill(); cmd.Wait() }()
+	buf := make([]byte, 7)
+	if _, err := stdout.Read(buf); err != nil || string(buf) != "locked\n" {
+		t.Fatalf("perl: %q %v", buf, err)
+	}
+	if pid, err := LockHolder(path); err != nil || pid != cmd.Process.Pid {
+		t.Fatalf("LockHolder = %d, %v, want %d", pid, err, cmd.Process.Pid)
+	}
+}
+
+// TestStartDaemonKeepsMainThread: the mount namespace is never taken on
+// the main thread, whose namespaces /proc/self shows for the process.
+func TestStartDaemonKeepsMainThread(t *testing.T) {
+	if !IsRoot() {
+		t.Skip("needs root: mount namespaces")
+	}
+	before, err := os.Readlink("/proc/self/ns/mnt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 20 {
+		cmd := exec.Command("true")
+		if err := StartDaemon(cmd, []NamespaceMount{{Target: t.TempDir(), Mode: 0o755}}); err != nil {
+			t.Fatal(err)
+		}
+		cmd.Wait()
+		if after, _ := os.Readlink("/proc/self/ns/mnt"); after != before {
+			t.Fatalf("the process's mount namespace became %s (was %s)", after, before)
+		}
+	}
+}
