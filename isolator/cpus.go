@@ -17,6 +17,7 @@ type PlanOption func(*planConfig) error
 type planConfig struct {
 	numa    bool
 	sysRoot string
+	mps     *MPS // WithMPS
 }
 
 // WithCPUAffinity makes NewPlan pin the container to the CPUs and memory

@@ -19,4 +19,7 @@ var (
 	// ErrUnknownNUMANode: a plan pinned to its GPUs' NUMA nodes names one
 	// the host does not list (or one without CPUs), so it cannot be pinned.
 	ErrUnknownNUMANode = node.Sentinel(node.ErrNotFound, "NUMA node not on this host")
+	// ErrInvalidMPS: a plan's MPS daemon is malformed (relative
+	// directories) or given to something other than one whole GPU.
+	ErrInvalidMPS = node.Sentinel(node.ErrInvalid, "invalid MPS share")
 )

@@ -36,6 +36,8 @@ type Plan struct {
 	// what its cgroup parent has.
 	CPUs string `json:"cpus,omitempty"`
 	Mems string `json:"mems,omitempty"`
+	// MPS is the MPS control daemon of a memory share (WithMPS), or nil.
+	MPS *MPS `json:"mps,omitempty"`
 }
 
 // DeviceNode is a device node a container gets: Path inside the container,
@@ -104,6 +106,11 @@ func NewPlan(owner string, inv *node.Inventory, gpus []node.DeviceRef, mounts []
 		visible = "void"
 	}
 	p.Env = append([]string{EnvVisibleDevices + "=" + visible, EnvCUDAVisibleDevices + "=" + strings.Join(uuids, ",")}, env...)
+	if cfg.mps != nil {
+		if err := addMPS(p, *cfg.mps); err != nil {
+			return nil, fmt.Errorf("plan for %s: %w", owner, err)
+		}
+	}
 	if cfg.numa {
 		var err error
 		if p.CPUs, p.Mems, err = NUMAAffinity(cfg.sysRoot, numaNodes(inv, p.GPUs)); err != nil {
