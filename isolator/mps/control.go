@@ -1,0 +1,99 @@
+package mps
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// ControlBinary is the MPS control daemon's program, which gpuiso runs
+// both as each share's daemon and as the client that talks to it.
+const ControlBinary = "nvidia-cuda-mps-control"
+
+// controlTimeout bounds one command to a daemon.
+const controlTimeout = 10 * time.Second
+
+// Lookup finds the MPS control daemon's binary: in PATH, then in the
+// driver's directories under driverRoot ("" means /): usr/bin, bin,
+// usr/local/nvidia/bin (where a containerised driver keeps it). None is
+// ErrNoControl.
+func Lookup(driverRoot string) (string, error) {
+	if p, err := exec.LookPath(ControlBinary); err == nil {
+		return filepath.Abs(p)
+	}
+	if driverRoot == "" {
+		driverRoot = "/"
+	}
+	for _, d := range []string{"usr/bin", "bin", "usr/local/nvidia/bin", "usr/sbin"} {
+		p := filepath.Join(driverRoot, d, ControlBinary)
+		if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0 {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("%s in PATH or under %s: %w", ControlBinary, driverRoot, ErrNoControl)
+}
+
+// control sends one command to the daemon of pipeDir (a host path) through
+// the control binary as a client, and returns what it printed. A daemon
+// that does not answer is ErrDaemon.
+func (m *Manager) control(ctx context.Context, pipeDir, command string) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, controlTimeout)
+	defer cancel()
+	return run(ctx, m.bin, pipeDir, command)
+}
+
+// run is control's body, kept apart for its error wrapping.
+func run(ctx context.Context, bin, pipeDir, command string) (string, error) {
+	var out, errb bytes.Buffer
+	cmd := exec.CommandContext(ctx, bin)
+	cmd.Env = []string{"CUDA_MPS_PIPE_DIRECTORY=" + pipeDir, "PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
+	cmd.Stdin = strings.NewReader(command + "\n")
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	if err := cmd.Run(); err != nil {
+		msg := strings.TrimSpace(errb.String() + " " + out.String())
+		return "", fmt.Errorf("%q to the daemon of %s: %v: %s: %w", command, pipeDir, err, msg, ErrDaemon)
+	}
+	return strings.TrimSpace(out.String()), nil
+}
+
+// parseMemLimit reads a pinned memory limit as the daemon prints it: "<n>M"
+// or "<n>G" (the daemon shows a limit of a whole number of GiB or more in
+// G, rounded down), as MiB: the least and the most the limit may be.
+func parseMemLimit(s string) (lo, hi uint64, err error) {
+	s = strings.TrimSpace(s)
+	if len(s) < 2 {
+		return 0, 0, fmt.Errorf("memory limit %q: %w", s, ErrDaemon)
+	}
+	n, err := strconv.ParseUint(s[:len(s)-1], 10, 64)
+	if err != nil {
+		return 0, 0, fmt.Errorf("memory limit %q: %w", s, ErrDaemon)
+	}
+	switch s[len(s)-1] {
+	case 'M':
+		return n, n, nil
+	case 'G':
+		return n << 10, n<<10 + 1023, nil
+	}
+	return 0, 0, fmt.Errorf("memory limit %q: %w", s, ErrDaemon)
+}
+
+// parsePercent reads an active thread percentage as the daemon prints it
+// ("30.0").
+func parsePercent(s string) (float64, error) {
+	v, err := strconv.ParseFloat(strings.TrimSpace(s), 64)
+	if err != nil {
+		return 0, fmt.Errorf("thread percentage %q: %w", s, ErrDaemon)
+	}
+	return v, nil
+}
+
+// isNotExist tells a missing file from other errors.
+func isNotExist(err error) bool { return errors.Is(err, fs.ErrNotExist) }

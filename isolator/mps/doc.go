@@ -1,0 +1,115 @@
+// Package mps enforces memory shares of a GPU with NVIDIA's Multi-Process
+// Service: it starts, stops and recovers one MPS control daemon per share
+// (nvidia-cuda-mps-control, from the node's driver), whose state lives in
+// one directory that any number of processes may share.
+//
+// # The model
+//
+// A memory share (allocator.Share, mode allocator.ShareMemory) is part of
+// one GPU's memory, and optionally of its compute, handed to one container.
+// [Manager.Start] gives the share a control daemon of its own:
+//
+//   - started with CUDA_VISIBLE_DEVICES naming the share's GPU alone, so
+//     that its server (nvidia-cuda-mps-server, which the daemon starts when
+//     the first CUDA client connects) reaches no other GPU;
+//   - in a mount namespace of its own, in which a tmpfs covers /tmp, its
+//     pipe directory is /tmp/nvidia-mps, its log directory
+//     /tmp/nvidia-mps-log and its /dev/shm a directory of its own: the paths
+//     its container sees (isolator.WithMPS binds the same pipe and shm
+//     directories there), so daemon, server and clients agree on every path,
+//     and neither the host's /dev/shm nor its /tmp reaches a container;
+//   - given its limits before anyone can connect, and read back:
+//     set_default_device_pinned_mem_limit 0 <MiB>M (device 0 is the one GPU
+//     it sees) and, with a compute percentage,
+//     set_default_active_thread_percentage;
+//   - recorded (daemon.json in its directory: owner, GPU, limits, the
+//     process by pid and start time, its mount namespace) before and after
+//     its process starts, so that a crash at any point leaves it findable.
+//
+// Its directory holds pipe/, log/ and shm/, world-writable with the sticky
+// bit as /tmp is (the server runs as its client's user); the manager's own
+// directory is root's, so only the daemon's namespace and its container
+// reach them.
+//
+// # Life
+//
+// The first (and only) share of an owner starts its daemon; Start is
+// idempotent for the same GPU and limits. [Manager.Stop] sends quit,
+// kills a daemon that has not ended within seconds, kills what MPS
+// processes are left in its mount namespace (a server whose daemon was
+// killed), and removes the directory. [Manager.Sweep] is the recovery of a
+// process that crashed: it stops every daemon whose owner it does not keep,
+// a daemon whose starter died before recording its pid included (found as
+// the holder of its pipe directory's control lock). [Manager.List] reads
+// the records; [Manager.Held] asks a daemon which limits it holds. The
+// containerizers (package containerizer's Preparer and Lifecycle,
+// containerizer/chain) start a share's daemon in the prepare step, stop it
+// when the share is released, and sweep and restart them in their
+// recoveries.
+//
+// # What is enforced, and what is not
+//
+// What MPS lets a client decide for itself, and what only its control
+// daemon sets (NVIDIA's MPS documentation, and what this package's tests
+// show of the 535 driver's daemon):
+//
+//   - CUDA_MPS_PINNED_DEVICE_MEM_LIMIT and CUDA_MPS_ACTIVE_THREAD_PERCENTAGE
+//     in a client's environment can only lower the daemon's limits, never
+//     raise them. The allocation's environment sets both (package
+//     allocator); a container that drops them keeps the daemon's.
+//   - The daemon's defaults (set_default_device_pinned_mem_limit,
+//     set_default_active_thread_percentage) apply to each client process of
+//     the next server it starts; per-server limits (set_device_pinned_mem_limit
+//     <pid>) to the later clients of a running server; servers are per user
+//     (a client of another user waits until the server of the first has no
+//     client left).
+//   - Any process that can connect to a daemon's control socket, which
+//     every MPS client must, may send it those set_* commands: only quit
+//     and servers for other users are refused to non-root users
+//     (TestClientCanChangeLimits).
+//
+// So gpuiso gives each share a daemon of its own and builds on what a
+// container cannot change: the GPU its daemon serves, the daemons it can
+// reach (its own alone: no other share's pipe directory is in its mount
+// namespace), and its memory as the allocator counts it. Concretely:
+//
+//   - enforced: a CUDA process of the container that uses MPS cannot
+//     allocate more device memory than its share (an allocation past it
+//     fails with an out-of-memory error), nor run on more than its compute
+//     percentage of the GPU's threads, nor reach another GPU; no other
+//     share's daemon, server or limits are within its reach; the shares of
+//     a GPU never add up to more than its memory.
+//   - per process, not per container: the memory limit is MPS's per client
+//     process; a container that runs N CUDA processes can hold N times its
+//     share.
+//   - not enforced against a container that sets out to break it: it can
+//     send its own daemon set_* commands and raise its own limits (up to
+//     the GPU's free memory, taken from its neighbours), or run CUDA
+//     without MPS (CUDA_MPS_PIPE_DIRECTORY pointing elsewhere), with the
+//     whole GPU's memory; the GPU's compute mode (EXCLUSIVE_PROCESS would
+//     refuse CUDA without MPS) is the node administrator's, and gpuiso
+//     never changes a GPU's settings. [Manager.Held] tells whether a
+//     daemon's limits were changed. Memory shares are a guard against
+//     frameworks that take every byte they see (the Docker Swarm case),
+//     not a security boundary between tenants: give distrusting tenants
+//     whole GPUs or MIG devices.
+//   - time slices (allocator.ShareTime) isolate nothing: the containers of
+//     a GPU each see all of its memory and compute, and only the
+//     allocator's count of them (allocator.WithTimeSlices) is enforced.
+//
+// Each share's server has a CUDA context of its own on the GPU (some
+// hundreds of MiB, outside the shares' accounting), and the servers of one
+// GPU's shares time-slice among themselves rather than run their kernels
+// concurrently as the clients of one server do: the price of keeping
+// shares out of each other's reach.
+//
+// # Processes sharing a directory
+//
+// Every change takes the directory's lock (flock on .lock) and an
+// in-process mutex; List reads records written atomically and takes no
+// lock. A daemon started by one process is stopped by any other: the
+// records name processes by pid and start time, checked in the proc file
+// system (WithProcRoot), so processes sharing a directory must share a pid
+// namespace. A daemon runs in the session of its own and outlives the
+// process that started it; Stop or Sweep, from any process, ends it.
+package mps

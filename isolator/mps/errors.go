@@ -1,0 +1,24 @@
+package mps
+
+import "github.com/gpuiso/gpuiso/node"
+
+var (
+	// ErrNoControl: the node has no MPS control daemon binary
+	// (nvidia-cuda-mps-control) in PATH or its driver root, so memory
+	// shares cannot be enforced on it.
+	ErrNoControl = node.Sentinel(node.ErrNotSupported, "no MPS control daemon (nvidia-cuda-mps-control)")
+	// ErrInvalid: a request to the manager is malformed (an owner id no
+	// container can have, a GPU without a UUID or a MIG device, a share
+	// of no memory, a compute percentage over 100).
+	ErrInvalid = node.Sentinel(node.ErrInvalid, "invalid MPS request")
+	// ErrExists: the owner has a running daemon of another GPU or other
+	// limits.
+	ErrExists = node.Sentinel(node.ErrExists, "owner has another MPS daemon")
+	// ErrUnknownOwner: the owner has no daemon.
+	ErrUnknownOwner = node.Sentinel(node.ErrNotFound, "no MPS daemon for the owner")
+	// ErrDaemon: a daemon did not start, did not take its limits, or
+	// does not answer.
+	ErrDaemon = node.Sentinel(node.ErrUnavailable, "MPS control daemon failed")
+	// ErrNotMade: a Manager not made with New (its zero value).
+	ErrNotMade = node.Sentinel(node.ErrInvalid, "MPS manager not made with New")
+)

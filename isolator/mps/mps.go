@@ -1,0 +1,794 @@
+package mps
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/gpuiso/gpuiso/internal/linux"
+	"github.com/gpuiso/gpuiso/node"
+)
+
+// Limits are what a daemon holds its share's container to.
+type Limits struct {
+	// MemoryBytes is the device memory each client process may pin
+	// (set_default_device_pinned_mem_limit), rounded down to whole MiB.
+	MemoryBytes uint64 `json:"memoryBytes"`
+	// ComputePercent is the active thread percentage of each client
+	// (set_default_active_thread_percentage); 0 means no limit.
+	ComputePercent int `json:"computePercent,omitempty"`
+}
+
+func (l Limits) validate() error {
+	if l.MemoryBytes < 1<<20 {
+		return fmt.Errorf("memory limit %d bytes, want at least 1 MiB: %w", l.MemoryBytes, ErrInvalid)
+	}
+	if l.ComputePercent < 0 || l.ComputePercent > 100 {
+		return fmt.Errorf("compute percentage %d, want 1 to 100 (0: no limit): %w", l.ComputePercent, ErrInvalid)
+	}
+	return nil
+}
+
+func (l Limits) mib() uint64 { return l.MemoryBytes >> 20 }
+
+// Daemon is a share's MPS control daemon, as its record holds it.
+type Daemon struct {
+	// Owner is the share's owner (its container's id).
+	Owner string `json:"owner"`
+	// GPU is the UUID of the one GPU the daemon serves (its
+	// CUDA_VISIBLE_DEVICES), Index its index on the node.
+	GPU   string `json:"gpu"`
+	Index int    `json:"index"`
+	// Limits are the limits the daemon was given.
+	Limits Limits `json:"limits"`
+	// Pid and Start name the daemon's process (its start time, clock ticks
+	// since boot, tells it from a later process of the same pid); 0 while
+	// it starts.
+	Pid   int    `json:"pid,omitempty"`
+	Start uint64 `json:"start,omitempty"`
+	// MountNS is the inode of the daemon's own mount namespace, which its
+	// servers share: how a recovery finds the servers of a daemon that was
+	// killed.
+	MountNS uint64 `json:"mountNs,omitempty"`
+	// Dir is the daemon's directory in the manager's; PipeDir, LogDir and
+	// ShmDir are in it: the pipe directory a container gets (bound at
+	// isolator.MPSPipeDir), the daemon's logs, and the directory the daemon
+	// and its container have as /dev/shm.
+	Dir     string `json:"dir"`
+	PipeDir string `json:"pipeDir"`
+	LogDir  string `json:"logDir"`
+	ShmDir  string `json:"shmDir"`
+	// Started is when it was started.
+	Started time.Time `json:"started"`
+	// Alive tells (List, Start) whether the daemon's process runs.
+	Alive bool `json:"-"`
+}
+
+// Where a daemon finds its directories in its own mount namespace: the
+// same paths its container's clients use (isolator.MPSPipeDir and
+// isolator.MPSShmDir), on a tmpfs of its own at /tmp.
+const (
+	daemonTmp     = "/tmp"
+	daemonPipeDir = "/tmp/nvidia-mps"
+	daemonLogDir  = "/tmp/nvidia-mps-log"
+	daemonShmDir  = "/dev/shm"
+)
+
+// record is a daemon's record file in its directory.
+const (
+	recordFile    = "daemon.json"
+	recordVersion = 1
+	lockFile      = ".lock"
+)
+
+type record struct {
+	Version int `json:"version"`
+	Daemon
+}
+
+// Option configures New.
+type Option func(*config) error
+
+type config struct {
+	bin        string
+	driverRoot string
+	procRoot   string
+	timeout    time.Duration
+	logger     *slog.Logger
+}
+
+// WithControl names the MPS control daemon's binary (default: Lookup of
+// the driver root).
+func WithControl(path string) Option {
+	return func(c *config) error {
+		if !filepath.IsAbs(path) {
+			return fmt.Errorf("control binary %q is not absolute: %w", path, ErrInvalid)
+		}
+		c.bin = path
+		return nil
+	}
+}
+
+// WithDriverRoot is where Lookup looks for the control binary when it is
+// not in PATH (default /).
+func WithDriverRoot(root string) Option {
+	return func(c *config) error { c.driverRoot = root; return nil }
+}
+
+// WithProcRoot sets the proc file system processes are checked in
+// (default /proc).
+func WithProcRoot(dir string) Option {
+	return func(c *config) error {
+		if dir == "" {
+			return fmt.Errorf("empty proc root: %w", ErrInvalid)
+		}
+		c.procRoot = dir
+		return nil
+	}
+}
+
+// WithStartTimeout bounds how long Start waits for a daemon to answer
+// (default 10 s).
+func WithStartTimeout(d time.Duration) Option {
+	return func(c *config) error {
+		if d <= 0 {
+			return fmt.Errorf("start timeout %v: %w", d, ErrInvalid)
+		}
+		c.timeout = d
+		return nil
+	}
+}
+
+// WithLogger sets where the manager reports what it does (default:
+// nowhere).
+func WithLogger(l *slog.Logger) Option {
+	return func(c *config) error {
+		if l == nil {
+			return fmt.Errorf("nil logger: %w", ErrInvalid)
+		}
+		c.logger = l
+		return nil
+	}
+}
+
+// Manager starts, stops and recovers the MPS control daemons of the shares
+// whose state lives in one directory. Any number of managers, in one
+// process or many, may work on one directory: each change takes the
+// directory's lock. It is safe for concurrent use.
+type Manager struct {
+	dir      string
+	bin      string
+	procRoot string
+	timeout  time.Duration
+	log      *slog.Logger
+
+	mu   sync.Mutex // with the lock file, one change at a time
+	lock *os.File
+}
+
+// New returns a manager of the daemons under dir (made if missing). It
+// fails with ErrNoControl when the node has no control binary.
+func New(dir string, opts ...Option) (*Manager, error) {
+	c := config{procRoot: node.DefaultProcRoot, timeout: 10 * time.Second, logger: slog.New(slog.DiscardHandler)}
+	for _, o := range opts {
+		if err := o(&c); err != nil {
+			return nil, fmt.Errorf("mps manager: %w", err)
+		}
+	}
+	if c.bin == "" {
+		bin, err := Lookup(c.driverRoot)
+		if err != nil {
+			return nil, fmt.Errorf("mps manager: %w", err)
+		}
+		c.bin = bin
+	}
+	abs, err := filepath.Abs(dir)
+	if err != nil || dir == "" {
+		return nil, fmt.Errorf("mps manager: directory %q: %w", dir, ErrInvalid)
+	}
+	if err := os.MkdirAll(abs, 0o700); err != nil {
+		return nil, fmt.Errorf("mps manager: %w", err)
+	}
+	f, err := os.OpenFile(filepath.Join(abs, lockFile), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("mps manager: %w", err)
+	}
+	return &Manager{dir: abs, bin: c.bin, procRoot: c.procRoot, timeout: c.timeout, log: c.logger, lock: f}, nil
+}
+
+// Dir is the manager's directory.
+func (m *Manager) Dir() string {
+	if m == nil {
+		return ""
+	}
+	return m.dir
+}
+
+// Control is the control binary the manager runs.
+func (m *Manager) Control() string {
+	if m == nil {
+		return ""
+	}
+	return m.bin
+}
+
+// Close lets go of the directory's lock file; the daemons run on.
+func (m *Manager) Close() error {
+	if m == nil || m.lock == nil {
+		return nil
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	err := m.lock.Close()
+	m.lock = nil
+	return err
+}
+
+func (m *Manager) made() error {
+	if m == nil || m.dir == "" {
+		return ErrNotMade
+	}
+	return nil
+}
+
+// locked runs fn holding the manager's mutex and the directory's lock.
+func (m *Manager) locked(ctx context.Context, fn func() error) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.lock == nil {
+		return fmt.Errorf("manager closed: %w", ErrNotMade)
+	}
+	if err := linux.Lock(ctx, m.lock); err != nil && !errors.Is(err, linux.ErrNotSupported) {
+		return err
+	}
+	defer linux.Unlock(m.lock)
+	return fn()
+}
+
+func (m *Manager) daemonDir(owner string) string { return filepath.Join(m.dir, owner) }
+
+// Start gives owner's share of gpu its daemon, with limits, and returns it:
+// a control daemon of its own, serving that GPU alone, in a mount
+// namespace of its own, its limits set and read back before Start returns.
+// A running daemon of owner with the same GPU and limits is returned as it
+// is (Start is idempotent); one with others is ErrExists; what a dead one
+// left is removed first. On error nothing is left.
+func (m *Manager) Start(ctx context.Context, owner string, gpu node.DeviceRef, lim Limits) (Daemon, error) {
+	if err := m.made(); err != nil {
+		return Daemon{}, err
+	}
+	var d Daemon
+	err := m.locked(ctx, func() error {
+		var err error
+		d, err = m.start(ctx, owner, gpu, lim)
+		return err
+	})
+	if err != nil {
+		return Daemon{}, fmt.Errorf("start the MPS daemon of %s: %w", owner, err)
+	}
+	return d, nil
+}
+
+func (m *Manager) start(ctx context.Context, owner string, gpu node.DeviceRef, lim Limits) (d Daemon, err error) {
+	if err := node.ValidateOwner(owner); err != nil {
+		return d, fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
+	if gpu.UUID == "" || node.IsMIGUUID(gpu.UUID) || gpu.MIG != nil {
+		return d, fmt.Errorf("gpu %d (%q): a whole GPU with a UUID: %w", gpu.Index, gpu.UUID, ErrInvalid)
+	}
+	if err := lim.validate(); err != nil {
+		return d, err
+	}
+	lim.MemoryBytes = lim.mib() << 20
+	if old, err := m.read(owner); err == nil {
+		if old.Alive && old.GPU == gpu.UUID && old.Limits == lim {
+			return old, nil
+		}
+		if old.Alive {
+			return d, fmt.Errorf("daemon %d serves gpu %s with %+v: %w", old.Pid, old.GPU, old.Limits, ErrExists)
+		}
+		if err := m.stop(ctx, old); err != nil {
+			return d, err
+		}
+	} else if !isNotExist(err) {
+		// An unreadable record: whatever it started goes.
+		if err := m.stop(ctx, m.blank(owner)); err != nil {
+			return d, err
+		}
+	}
+	d = m.blank(owner)
+	d.GPU, d.Index, d.Limits, d.Started = gpu.UUID, gpu.Index, lim, time.Now().UTC()
+	defer func() {
+		if err != nil {
+			m.stop(context.WithoutCancel(ctx), d)
+		}
+	}()
+	if err := os.Mkdir(d.Dir, 0o700); err != nil {
+		return d, err
+	}
+	// The daemon's server runs as its client's user: the directories are
+	// every user's, as /tmp and /dev/shm are; the host reaches them only
+	// through the manager's directory, which is root's.
+	for _, sub := range []string{d.PipeDir, d.LogDir, d.ShmDir} {
+		if err := os.Mkdir(sub, 0o755); err != nil {
+			return d, err
+		}
+		if err := os.Chmod(sub, 0o777|os.ModeSticky); err != nil {
+			return d, err
+		}
+	}
+	if err := m.write(d); err != nil { // a record before the process: a crash leaves it found
+		return d, err
+	}
+	log, err := os.OpenFile(filepath.Join(d.LogDir, "control.log"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+	if err != nil {
+		return d, err
+	}
+	defer log.Close()
+	cmd := exec.Command(m.bin, "-f")
+	cmd.Env = m.env(gpu.UUID)
+	cmd.Stdout, cmd.Stderr = log, log
+	mounts := []linux.NamespaceMount{
+		{Target: daemonTmp, Mode: 0o777 | os.ModeSticky},
+		{Source: d.PipeDir, Target: daemonPipeDir},
+		{Source: d.LogDir, Target: daemonLogDir},
+		{Source: d.ShmDir, Target: daemonShmDir},
+	}
+	began := time.Now()
+	if err := linux.StartDaemon(cmd, mounts); err != nil {
+		return d, fmt.Errorf("start %s: %w", m.bin, err)
+	}
+	go cmd.Wait() // reaped whenever it ends
+	d.Pid = cmd.Process.Pid
+	st, err := linux.ReadProcStat(m.procRoot, d.Pid)
+	if err != nil {
+		linux.Kill(d.Pid)
+		return d, fmt.Errorf("daemon %d: %w", d.Pid, err)
+	}
+	d.Start = st.Start
+	if fi, err := os.Stat(filepath.Join(m.procRoot, strconv.Itoa(d.Pid), "ns", "mnt")); err == nil {
+		_, d.MountNS, _ = linux.Inode(fi)
+	}
+	if err := m.write(d); err != nil {
+		return d, err
+	}
+	if err := m.ready(ctx, d); err != nil {
+		return d, err
+	}
+	if err := m.setLimits(ctx, d); err != nil {
+		return d, err
+	}
+	d.Alive = true
+	m.log.InfoContext(ctx, "mps daemon started", "owner", owner, "gpu", gpu.UUID, "pid", d.Pid, "memory MiB", lim.mib(), "compute %", lim.ComputePercent, "took", time.Since(began))
+	return d, nil
+}
+
+// env is the daemon's environment: its GPU, its directories as its own
+// namespace shows them, the search path of the driver's programs (the
+// control daemon starts nvidia-cuda-mps-server) and the caller's library
+// path (a driver outside the loader's default directories).
+func (m *Manager) env(uuid string) []string {
+	path := filepath.Dir(m.bin) + ":/usr/local/nvidia/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+	env := []string{
+		"CUDA_VISIBLE_DEVICES=" + uuid,
+		"CUDA_MPS_PIPE_DIRECTORY=" + daemonPipeDir,
+		"CUDA_MPS_LOG_DIRECTORY=" + daemonLogDir,
+		"PATH=" + path,
+	}
+	if v, ok := os.LookupEnv("LD_LIBRARY_PATH"); ok {
+		env = append(env, "LD_LIBRARY_PATH="+v)
+	}
+	return env
+}
+
+// blank is owner's daemon before it runs: its directories.
+func (m *Manager) blank(owner string) Daemon {
+	dir := m.daemonDir(owner)
+	return Daemon{Owner: owner, Dir: dir, PipeDir: filepath.Join(dir, "pipe"), LogDir: filepath.Join(dir, "log"), ShmDir: filepath.Join(dir, "shm")}
+}
+
+// ready waits until d's daemon answers on its control socket: the socket
+// is there and d's process holds the control lock. A daemon that ends
+// first is ErrDaemon, with the end of its log.
+func (m *Manager) ready(ctx context.Context, d Daemon) error {
+	ctx, cancel := context.WithTimeout(ctx, m.timeout)
+	defer cancel()
+	wait := 500 * time.Microsecond
+	proc := linux.Process{Pid: d.Pid, Start: d.Start}
+	for {
+		if _, err := os.Stat(filepath.Join(d.PipeDir, "control")); err == nil {
+			if pid, err := linux.LockHolder(filepath.Join(d.PipeDir, "control_lock")); err == nil && pid == d.Pid {
+				return nil
+			}
+		}
+		if !proc.Alive(m.procRoot) {
+			return fmt.Errorf("daemon %d ended at its start: %s: %w", d.Pid, logTail(d.LogDir), ErrDaemon)
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("daemon %d did not answer within %v: %w", d.Pid, m.timeout, ErrDaemon)
+		case <-t.C:
+		}
+		wait = min(2*wait, 20*time.Millisecond)
+	}
+}
+
+// setLimits gives d's daemon its limits and reads them back.
+func (m *Manager) setLimits(ctx context.Context, d Daemon) error {
+	mib := strconv.FormatUint(d.Limits.mib(), 10)
+	if _, err := m.control(ctx, d.PipeDir, "set_default_device_pinned_mem_limit 0 "+mib+"M"); err != nil {
+		return err
+	}
+	if d.Limits.ComputePercent > 0 {
+		if _, err := m.control(ctx, d.PipeDir, "set_default_active_thread_percentage "+strconv.Itoa(d.Limits.ComputePercent)); err != nil {
+			return err
+		}
+	}
+	got, err := m.query(ctx, d)
+	if err != nil {
+		return err
+	}
+	if !got.holds(d.Limits) {
+		return fmt.Errorf("daemon %d holds %+v after being given %+v: %w", d.Pid, got, d.Limits, ErrDaemon)
+	}
+	return nil
+}
+
+// Held is what a daemon says it holds: its default pinned memory limit
+// (as a range of MiB: it prints whole GiB rounded down) and its default
+// active thread percentage.
+type Held struct {
+	MemoryMinMiB, MemoryMaxMiB uint64
+	ComputePercent             float64
+	// MemorySet is false when the daemon has no memory limit at all.
+	MemorySet bool
+}
+
+// holds tells whether h is what l asks for.
+func (h Held) holds(l Limits) bool {
+	want := float64(l.ComputePercent)
+	if l.ComputePercent == 0 {
+		want = 100
+	}
+	return h.MemorySet && h.MemoryMinMiB <= l.mib() && l.mib() <= h.MemoryMaxMiB && h.ComputePercent == want
+}
+
+// query asks d's daemon for its limits.
+func (m *Manager) query(ctx context.Context, d Daemon) (Held, error) {
+	var h Held
+	mem, err := m.control(ctx, d.PipeDir, "get_default_device_pinned_mem_limit 0")
+	if err != nil {
+		return h, err
+	}
+	if mem != "" {
+		if h.MemoryMinMiB, h.MemoryMaxMiB, err = parseMemLimit(mem); err != nil {
+			return h, err
+		}
+		h.MemorySet = true
+	}
+	pct, err := m.control(ctx, d.PipeDir, "get_default_active_thread_percentage")
+	if err != nil {
+		return h, err
+	}
+	if h.ComputePercent, err = parsePercent(pct); err != nil {
+		return h, err
+	}
+	return h, nil
+}
+
+// Held asks owner's running daemon what it holds: the limits it applies
+// to the next server it starts. A container that reaches the daemon's
+// control socket can change them (see the package documentation); Held is
+// how to tell.
+func (m *Manager) Held(ctx context.Context, owner string) (Held, error) {
+	if err := m.made(); err != nil {
+		return Held{}, err
+	}
+	d, err := m.read(owner)
+	if isNotExist(err) {
+		return Held{}, fmt.Errorf("limits of %s: %w", owner, ErrUnknownOwner)
+	}
+	if err != nil {
+		return Held{}, fmt.Errorf("limits of %s: %w", owner, err)
+	}
+	if !d.Alive {
+		return Held{}, fmt.Errorf("limits of %s: daemon %d is not running: %w", owner, d.Pid, ErrDaemon)
+	}
+	h, err := m.query(ctx, d)
+	if err != nil {
+		return Held{}, fmt.Errorf("limits of %s: %w", owner, err)
+	}
+	return h, nil
+}
+
+// Stop stops owner's daemon (quit, then SIGKILL for one that does not end
+// within seconds, and the servers it left) and removes its directory. An
+// owner without one is not an error.
+func (m *Manager) Stop(ctx context.Context, owner string) error {
+	if err := m.made(); err != nil {
+		return err
+	}
+	if err := node.ValidateOwner(owner); err != nil {
+		return fmt.Errorf("stop the MPS daemon of %q: %w: %w", owner, ErrInvalid, err)
+	}
+	err := m.locked(ctx, func() error {
+		d, err := m.read(owner)
+		if isNotExist(err) {
+			if _, serr := os.Stat(m.daemonDir(owner)); serr != nil {
+				return nil
+			}
+			d = m.blank(owner)
+		} else if err != nil {
+			d = m.blank(owner)
+		}
+		return m.stop(ctx, d)
+	})
+	if err != nil {
+		return fmt.Errorf("stop the MPS daemon of %s: %w", owner, err)
+	}
+	return nil
+}
+
+// stopBound bounds the wait for a daemon to end after quit.
+const stopBound = 5 * time.Second
+
+// stop ends d's daemon and its servers and removes its directory. The
+// caller holds the lock.
+func (m *Manager) stop(ctx context.Context, d Daemon) error {
+	proc := linux.Process{Pid: d.Pid, Start: d.Start}
+	if d.Pid == 0 {
+		// Killed while it started: the holder of its control lock, if
+		// any, is its process.
+		if pid, err := linux.LockHolder(filepath.Join(d.PipeDir, "control_lock")); err == nil && pid > 0 {
+			if st, err := linux.ReadProcStat(m.procRoot, pid); err == nil {
+				proc = linux.Process{Pid: pid, Start: st.Start}
+				if d.MountNS == 0 {
+					d.MountNS = m.mountNS(pid)
+				}
+			}
+		}
+	}
+	if proc.Pid > 0 && proc.Alive(m.procRoot) {
+		if _, err := m.control(ctx, d.PipeDir, "quit"); err != nil {
+			m.log.WarnContext(ctx, "mps daemon did not take quit", "owner", d.Owner, "pid", proc.Pid, "err", err)
+		}
+		if !m.waitGone(ctx, proc, stopBound) {
+			linux.Kill(proc.Pid)
+			m.waitGone(ctx, proc, stopBound)
+		}
+	}
+	var errs []error
+	for _, p := range m.strays(d) {
+		m.log.InfoContext(ctx, "killing what an mps daemon left", "owner", d.Owner, "pid", p.Pid)
+		if err := linux.Kill(p.Pid); err != nil {
+			errs = append(errs, err)
+		}
+		m.waitGone(ctx, p, stopBound)
+	}
+	if proc.Pid > 0 && proc.Alive(m.procRoot) {
+		errs = append(errs, fmt.Errorf("daemon %d still runs: %w", proc.Pid, ErrDaemon))
+	}
+	if len(errs) > 0 {
+		return errors.Join(errs...)
+	}
+	if err := os.RemoveAll(d.Dir); err != nil {
+		return err
+	}
+	m.log.InfoContext(ctx, "mps daemon stopped", "owner", d.Owner, "pid", proc.Pid)
+	return nil
+}
+
+// waitGone polls until p has ended, at most bound; it reports whether it
+// did.
+func (m *Manager) waitGone(ctx context.Context, p linux.Process, bound time.Duration) bool {
+	deadline := time.Now().Add(bound)
+	wait := 200 * time.Microsecond
+	for p.Alive(m.procRoot) {
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return false
+		}
+		time.Sleep(wait)
+		wait = min(2*wait, 20*time.Millisecond)
+	}
+	return true
+}
+
+// mountNS is the inode of pid's mount namespace, or 0.
+func (m *Manager) mountNS(pid int) uint64 {
+	fi, err := os.Stat(filepath.Join(m.procRoot, strconv.Itoa(pid), "ns", "mnt"))
+	if err != nil {
+		return 0
+	}
+	_, ino, _ := linux.Inode(fi)
+	return ino
+}
+
+// strays are the live processes of d's mount namespace that are MPS's own
+// (a control daemon or server): what a daemon killed without quit leaves.
+func (m *Manager) strays(d Daemon) []linux.Process {
+	if d.MountNS == 0 {
+		return nil
+	}
+	return Strays(m.procRoot, d.MountNS)
+}
+
+// Strays lists the processes under procRoot that are in the mount
+// namespace of inode ns and whose command is MPS's own
+// (nvidia-cuda-mps-control or nvidia-cuda-mps-server).
+func Strays(procRoot string, ns uint64) []linux.Process {
+	entries, err := os.ReadDir(procRoot)
+	if err != nil {
+		return nil
+	}
+	var out []linux.Process
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid <= 0 {
+			continue
+		}
+		fi, err := os.Stat(filepath.Join(procRoot, e.Name(), "ns", "mnt"))
+		if err != nil {
+			continue
+		}
+		if _, ino, ok := linux.Inode(fi); !ok || ino != ns {
+			continue
+		}
+		comm, err := os.ReadFile(filepath.Join(procRoot, e.Name(), "comm"))
+		if err != nil || !strings.HasPrefix(strings.TrimSpace(string(comm)), "nvidia-cuda-mps") {
+			continue
+		}
+		st, err := linux.ReadProcStat(procRoot, pid)
+		if err != nil || st.Exited() {
+			continue
+		}
+		out = append(out, linux.Process{Pid: pid, Start: st.Start})
+	}
+	return out
+}
+
+// List returns the daemons of the manager's directory, by owner, each
+// with Alive set. A directory whose record does not read comes as a
+// daemon with only Owner and Dir.
+func (m *Manager) List(ctx context.Context) ([]Daemon, error) {
+	if err := m.made(); err != nil {
+		return nil, err
+	}
+	owners, err := m.owners()
+	if err != nil {
+		return nil, fmt.Errorf("list MPS daemons: %w", err)
+	}
+	var out []Daemon
+	for _, o := range owners {
+		d, err := m.read(o)
+		if isNotExist(err) {
+			if _, serr := os.Stat(m.daemonDir(o)); serr != nil {
+				continue // stopped since
+			}
+		}
+		if err != nil {
+			d = m.blank(o)
+		}
+		out = append(out, d)
+	}
+	return out, nil
+}
+
+// Sweep stops every daemon whose owner keep does not keep, and removes
+// what dead daemons of kept owners left (their servers): the recovery of
+// a process that lost track of its shares. It returns the owners whose
+// daemons it stopped, sorted. A kept owner's dead daemon is not restarted
+// here: Start does that.
+func (m *Manager) Sweep(ctx context.Context, keep func(owner string) bool) ([]string, error) {
+	if err := m.made(); err != nil {
+		return nil, err
+	}
+	var stopped []string
+	var errs []error
+	err := m.locked(ctx, func() error {
+		owners, err := m.owners()
+		if err != nil {
+			return err
+		}
+		for _, o := range owners {
+			d, err := m.read(o)
+			if err != nil {
+				d = m.blank(o)
+			}
+			if keep != nil && keep(o) {
+				if !d.Alive && d.Pid > 0 {
+					for _, p := range m.strays(d) {
+						linux.Kill(p.Pid)
+					}
+				}
+				continue
+			}
+			if err := m.stop(ctx, d); err != nil {
+				errs = append(errs, fmt.Errorf("%s: %w", o, err))
+				continue
+			}
+			stopped = append(stopped, o)
+		}
+		return nil
+	})
+	errs = append(errs, err)
+	if err := errors.Join(errs...); err != nil {
+		return stopped, fmt.Errorf("sweep MPS daemons: %w", err)
+	}
+	return stopped, nil
+}
+
+// owners lists the owners with a directory, sorted.
+func (m *Manager) owners() ([]string, error) {
+	entries, err := os.ReadDir(m.dir)
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, e := range entries {
+		if e.IsDir() && node.ValidateOwner(e.Name()) == nil {
+			out = append(out, e.Name())
+		}
+	}
+	slices.Sort(out)
+	return out, nil
+}
+
+// read reads owner's record, with Alive set.
+func (m *Manager) read(owner string) (Daemon, error) {
+	b, err := os.ReadFile(filepath.Join(m.daemonDir(owner), recordFile))
+	if err != nil {
+		return Daemon{}, err
+	}
+	var r record
+	if err := json.Unmarshal(b, &r); err != nil {
+		return Daemon{}, fmt.Errorf("record of %s: %w: %v", owner, ErrDaemon, err)
+	}
+	if r.Version != recordVersion || r.Owner != owner {
+		return Daemon{}, fmt.Errorf("record of %s: version %d, owner %q: %w", owner, r.Version, r.Owner, ErrDaemon)
+	}
+	d := r.Daemon
+	want := m.blank(owner)
+	d.Dir, d.PipeDir, d.LogDir, d.ShmDir = want.Dir, want.PipeDir, want.LogDir, want.ShmDir
+	d.Alive = d.Pid > 0 && linux.Process{Pid: d.Pid, Start: d.Start}.Alive(m.procRoot)
+	return d, nil
+}
+
+// write replaces d's record atomically.
+func (m *Manager) write(d Daemon) error {
+	b, err := json.Marshal(record{Version: recordVersion, Daemon: d})
+	if err != nil {
+		return err
+	}
+	return linux.ReplaceFile(filepath.Join(d.Dir, recordFile), b, 0o600)
+}
+
+// logTail is the end of a daemon's log, for an error.
+func logTail(dir string) string {
+	f, err := os.Open(filepath.Join(dir, "control.log"))
+	if err != nil {
+		return "no log"
+	}
+	defer f.Close()
+	b, _ := io.ReadAll(io.LimitReader(f, 1<<16))
+	s := strings.TrimSpace(string(b))
+	if len(s) > 300 {
+		s = s[len(s)-300:]
+	}
+	if s == "" {
+		return "empty log"
+	}
+	return strings.ReplaceAll(s, "\n", " | ")
+}

@@ -1,0 +1,354 @@
+package mps_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/gpuiso/gpuiso/internal/linux"
+	"github.com/gpuiso/gpuiso/internal/testenv"
+	"github.com/gpuiso/gpuiso/isolator/mps"
+	"github.com/gpuiso/gpuiso/node"
+)
+
+const gib = 1 << 30
+
+// gpu is a GPU reference for daemons: the daemon runs without a GPU here,
+// its server never starts.
+func gpu(i int) node.DeviceRef {
+	return node.DeviceRef{Index: i, UUID: fmt.Sprintf("GPU-0000000%d-1111-2222-3333-444444444444", i)}
+}
+
+func newManager(t *testing.T) (*mps.Manager, string) {
+	t.Helper()
+	testenv.RequireMPS(t)
+	dir := filepath.Join(t.TempDir(), "mps")
+	m, err := mps.New(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ds, _ := m.List(context.Background())
+		for _, d := range ds {
+			m.Stop(context.Background(), d.Owner)
+		}
+		m.Close()
+	})
+	return m, dir
+}
+
+func environ(t *testing.T, pid int) []string {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
+}
+
+// TestDaemonLife: a share's daemon runs the real control binary for its
+// GPU alone, in a mount namespace where its pipe and shm directories are
+// the paths its container uses, holds the limits it was given, is started
+// once per owner, and is gone with its directory after Stop.
+func TestDaemonLife(t *testing.T) {
+	ctx := context.Background()
+	m, dir := newManager(t)
+	d, err := m.Start(ctx, "share-a", gpu(3), mps.Limits{MemoryBytes: gib, ComputePercent: 30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !d.Alive || d.Pid <= 0 || d.Start == 0 || d.MountNS == 0 || d.GPU != gpu(3).UUID || d.Index != 3 || d.Dir != filepath.Join(dir, "share-a") {
+		t.Fatalf("daemon = %+v", d)
+	}
+	comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", d.Pid))
+	if strings.TrimSpace(string(comm)) != "nvidia-cuda-mps" && !strings.HasPrefix(strings.TrimSpace(string(comm)), "nvidia-cuda-mps") {
+		t.Fatalf("daemon process is %q", comm)
+	}
+	env := environ(t, d.Pid)
+	for _, want := range []string{"CUDA_VISIBLE_DEVICES=" + gpu(3).UUID, "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps"} {
+		if !contains(env, want) {
+			t.Errorf("daemon environment lacks %s: %v", want, env)
+		}
+	}
+	// Its own mount namespace: the pipe directory at the container's path,
+	// the shm directory as its /dev/shm; ours is untouched.
+	if ours, theirs := mustReadlink(t, "/proc/self/ns/mnt"), mustReadlink(t, fmt.Sprintf("/proc/%d/ns/mnt", d.Pid)); ours == theirs {
+		t.Fatalf("daemon in the caller's mount namespace %s", ours)
+	}
+	if err := os.WriteFile(filepath.Join(d.ShmDir, "probe"), []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	root := fmt.Sprintf("/proc/%d/root", d.Pid)
+	for _, p := range []string{"/dev/shm/probe", "/tmp/nvidia-mps/control", "/tmp/nvidia-mps/control_privileged"} {
+		if _, err := os.Stat(root + p); err != nil {
+			t.Errorf("the daemon does not see %s: %v", p, err)
+		}
+	}
+	for _, p := range []string{"control", "control_lock"} {
+		if _, err := os.Stat(filepath.Join(d.PipeDir, p)); err != nil {
+			t.Errorf("pipe directory: %v", err)
+		}
+	}
+	held, err := m.Held(ctx, "share-a")
+	if err != nil || !held.MemorySet || held.MemoryMinMiB != 1024 || held.ComputePercent != 30 {
+		t.Fatalf("Held = %+v, %v", held, err)
+	}
+	// Idempotent for the same share; another share of the owner is refused.
+	again, err := m.Start(ctx, "share-a", gpu(3), mps.Limits{MemoryBytes: gib, ComputePercent: 30})
+	if err != nil || again.Pid != d.Pid {
+		t.Fatalf("Start again = %+v, %v", again, err)
+	}
+	if _, err := m.Start(ctx, "share-a", gpu(3), mps.Limits{MemoryBytes: 2 * gib}); !errors.Is(err, mps.ErrExists) || !errors.Is(err, node.ErrExists) {
+		t.Fatalf("Start of other limits = %v", err)
+	}
+	// A second share: a daemon of its own, its own limits.
+	b, err := m.Start(ctx, "share-b", gpu(3), mps.Limits{MemoryBytes: 1536 << 20})
+	if err != nil || b.Pid == d.Pid || b.PipeDir == d.PipeDir {
+		t.Fatalf("second share = %+v, %v", b, err)
+	}
+	if h, err := m.Held(ctx, "share-b"); err != nil || h.MemoryMinMiB > 1536 || h.MemoryMaxMiB < 1536 || h.ComputePercent != 100 {
+		t.Fatalf("Held(share-b) = %+v, %v", h, err)
+	}
+	if err := m.Stop(ctx, "share-a"); err != nil {
+		t.Fatal(err)
+	}
+	if (linux.Process{Pid: d.Pid, Start: d.Start}).Alive("") {
+		t.Fatal("daemon runs after Stop")
+	}
+	if _, err := os.Stat(d.Dir); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("directory after Stop: %v", err)
+	}
+	if err := m.Stop(ctx, "share-a"); err != nil {
+		t.Fatalf("Stop again: %v", err)
+	}
+	ds, err := m.List(ctx)
+	if err != nil || len(ds) != 1 || ds[0].Owner != "share-b" || !ds[0].Alive {
+		t.Fatalf("List = %+v, %v", ds, err)
+	}
+	if _, err := m.Held(ctx, "share-a"); !errors.Is(err, mps.ErrUnknownOwner) {
+		t.Fatalf("Held of a stopped daemon: %v", err)
+	}
+}
+
+// TestDaemonRecovery: a daemon killed with SIGKILL is found dead; Start
+// brings its owner a new one; Sweep stops the daemons of owners it does not
+// keep, a daemon whose starter was killed before it wrote the pid
+// included, and keeps the others.
+func TestDaemonRecovery(t *testing.T) {
+	ctx := context.Background()
+	m, dir := newManager(t)
+	a, err := m.Start(ctx, "keep", gpu(0), mps.Limits{MemoryBytes: gib})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := m.Start(ctx, "drop", gpu(1), mps.Limits{MemoryBytes: gib})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(a.Pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	waitDead(t, a.Pid, a.Start)
+	ds, _ := m.List(ctx)
+	if len(ds) != 2 || ds[0].Owner != "drop" || !ds[0].Alive || ds[1].Owner != "keep" || ds[1].Alive {
+		t.Fatalf("List after a kill = %+v", ds)
+	}
+	a2, err := m.Start(ctx, "keep", gpu(0), mps.Limits{MemoryBytes: gib})
+	if err != nil || a2.Pid == a.Pid || !a2.Alive {
+		t.Fatalf("restart = %+v, %v", a2, err)
+	}
+	// A daemon whose starter died before recording its pid: its record
+	// names none, its process holds the pipe directory's control lock.
+	orphan := filepath.Join(dir, "orphan")
+	for _, sub := range []string{"pipe", "log", "shm"} {
+		if err := os.MkdirAll(filepath.Join(orphan, sub), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rec := `{"version":1,"owner":"orphan","gpu":"` + gpu(2).UUID + `","index":2,"limits":{"memoryBytes":1073741824},"dir":"` + orphan + `"}`
+	if err := os.WriteFile(filepath.Join(orphan, "daemon.json"), []byte(rec), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(m.Control(), "-f")
+	cmd.Env = []string{"CUDA_MPS_PIPE_DIRECTORY=" + filepath.Join(orphan, "pipe"), "CUDA_MPS_LOG_DIRECTORY=" + filepath.Join(orphan, "log")}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go cmd.Wait()
+	waitFile(t, filepath.Join(orphan, "pipe", "control"))
+	stopped, err := m.Sweep(ctx, func(o string) bool { return o == "keep" })
+	if err != nil || strings.Join(stopped, ",") != "drop,orphan" {
+		t.Fatalf("Sweep = %v, %v", stopped, err)
+	}
+	for _, p := range []linux.Process{{Pid: b.Pid, Start: b.Start}, {Pid: cmd.Process.Pid}} {
+		if p.Start == 0 {
+			if _, err := os.Stat(fmt.Sprintf("/proc/%d/stat", p.Pid)); err == nil {
+				if st, _ := linux.ReadProcStat("", p.Pid); !st.Exited() {
+					t.Errorf("process %d runs after Sweep", p.Pid)
+				}
+			}
+			continue
+		}
+		if p.Alive("") {
+			t.Errorf("daemon %d runs after Sweep", p.Pid)
+		}
+	}
+	ds, _ = m.List(ctx)
+	if len(ds) != 1 || ds[0].Owner != "keep" || !ds[0].Alive || ds[0].Pid != a2.Pid {
+		t.Fatalf("List after Sweep = %+v", ds)
+	}
+}
+
+// TestClientCanChangeLimits records what MPS itself enforces about its
+// limits, which the package's documentation builds on: a client of any
+// user that reaches a daemon's control socket can raise its default memory
+// limit (set_default_device_pinned_mem_limit is not privileged), while
+// quit and servers of other users are refused to it.
+func TestClientCanChangeLimits(t *testing.T) {
+	ctx := context.Background()
+	m, _ := newManager(t)
+	d, err := m.Start(ctx, "tamper", gpu(0), mps.Limits{MemoryBytes: gib})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := exec.LookPath("nsenter"); err != nil {
+		t.Skip("no nsenter to enter the daemon's mount namespace")
+	}
+	// A client as the share's container sees the daemon: in its mount
+	// namespace (the pipe directory at /tmp/nvidia-mps), as a user other
+	// than root.
+	nobody := func(command string) string {
+		cmd := exec.Command("nsenter", "--mount=/proc/"+strconv.Itoa(d.Pid)+"/ns/mnt", "--setuid", "65534", "--setgid", "65534", "--", m.Control())
+		cmd.Env = []string{"CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps"}
+		cmd.Stdin = strings.NewReader(command + "\n")
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("%s as nobody: %v: %s", command, err, out)
+		}
+		return strings.TrimSpace(string(out))
+	}
+	if out := nobody("quit"); !strings.Contains(out, "privilege") {
+		t.Fatalf("quit as nobody: %q", out)
+	}
+	nobody("set_default_device_pinned_mem_limit 0 8G")
+	h, err := m.Held(ctx, "tamper")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h.MemoryMinMiB != 8<<10 {
+		t.Fatalf("after a client's set_default_device_pinned_mem_limit 0 8G the daemon holds %+v: update the package documentation", h)
+	}
+}
+
+// TestStrays finds the MPS processes of one mount namespace in a proc
+// tree, and nothing else.
+func TestStrays(t *testing.T) {
+	proc := t.TempDir()
+	mk := func(pid int, comm string, ns string, state string) {
+		d := filepath.Join(proc, strconv.Itoa(pid))
+		os.MkdirAll(filepath.Join(d, "ns"), 0o755)
+		os.WriteFile(filepath.Join(d, "comm"), []byte(comm+"\n"), 0o644)
+		os.WriteFile(filepath.Join(d, "stat"), []byte(fmt.Sprintf("%d (%s) %s 1 1 1 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 %d 0 0", pid, comm, state, 100+pid)), 0o644)
+		os.WriteFile(filepath.Join(proc, "ns-"+ns), nil, 0o644)
+		os.Link(filepath.Join(proc, "ns-"+ns), filepath.Join(d, "ns", "mnt"))
+	}
+	mk(10, "nvidia-cuda-mps", "a", "S")
+	mk(11, "nvidia-cuda-mps-server", "a", "S")
+	mk(12, "sh", "a", "S")                     // not MPS's
+	mk(13, "nvidia-cuda-mps-server", "b", "S") // another namespace
+	mk(14, "nvidia-cuda-mps-server", "a", "Z") // ended
+	mk(os.Getpid(), "mps.test", "self", "R")   // the caller
+	fi, err := os.Stat(filepath.Join(proc, "ns-a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, ino, _ := linux.Inode(fi)
+	got := mps.Strays(proc, ino)
+	if len(got) != 2 || got[0].Pid != 10 || got[1].Pid != 11 || got[1].Start != 111 {
+		t.Fatalf("Strays = %+v", got)
+	}
+}
+
+// TestInvalid: malformed requests change nothing.
+func TestInvalid(t *testing.T) {
+	ctx := context.Background()
+	m, dir := newManager(t)
+	for name, tc := range map[string]struct {
+		owner string
+		gpu   node.DeviceRef
+		lim   mps.Limits
+	}{
+		"bad owner":   {"../x", gpu(0), mps.Limits{MemoryBytes: gib}},
+		"no uuid":     {"o", node.DeviceRef{Index: 1}, mps.Limits{MemoryBytes: gib}},
+		"MIG":         {"o", node.DeviceRef{UUID: "MIG-1234"}, mps.Limits{MemoryBytes: gib}},
+		"no memory":   {"o", gpu(0), mps.Limits{}},
+		"compute 101": {"o", gpu(0), mps.Limits{MemoryBytes: gib, ComputePercent: 101}},
+	} {
+		if _, err := m.Start(ctx, tc.owner, tc.gpu, tc.lim); !errors.Is(err, mps.ErrInvalid) || !errors.Is(err, node.ErrInvalid) {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) != 1 { // the lock file
+		t.Fatalf("left in %s: %v", dir, entries)
+	}
+	var zero mps.Manager
+	if _, err := zero.Start(ctx, "o", gpu(0), mps.Limits{MemoryBytes: gib}); !errors.Is(err, mps.ErrNotMade) {
+		t.Fatalf("zero Manager: %v", err)
+	}
+	if _, err := mps.New(t.TempDir(), mps.WithControl("relative/path")); !errors.Is(err, mps.ErrInvalid) {
+		t.Fatalf("relative control: %v", err)
+	}
+	if _, err := mps.New(t.TempDir(), mps.WithControl("/nonexistent/nvidia-cuda-mps-control")); err != nil {
+		t.Fatalf("an explicit control is taken as it is: %v", err)
+	}
+}
+
+func contains(list []string, s string) bool {
+	for _, e := range list {
+		if e == s {
+			return true
+		}
+	}
+	return false
+}
+
+func mustReadlink(t *testing.T, p string) string {
+	t.Helper()
+	s, err := os.Readlink(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func waitDead(t *testing.T, pid int, start uint64) {
+	t.Helper()
+	for i := 0; (linux.Process{Pid: pid, Start: start}).Alive(""); i++ {
+		if i > 2000 {
+			t.Fatalf("process %d does not end", pid)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func waitFile(t *testing.T, p string) {
+	t.Helper()
+	for i := 0; ; i++ {
+		if _, err := os.Stat(p); err == nil {
+			return
+		}
+		if i > 5000 {
+			t.Fatalf("%s never appeared", p)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
