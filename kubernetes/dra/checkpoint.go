@@ -63,6 +63,9 @@ func (c Checkpoint) sum() (string, error) {
 	return hex.EncodeToString(h[:]), nil
 }
 
+// ownerOf is claim uid's owner id in the allocator and its CDI spec.
+func ownerOf(uid string) string { return "claim-" + uid }
+
 // checkpoints is a directory of one file per claim, "<uid>.json".
 type checkpoints struct{ dir string }
 
@@ -114,6 +117,11 @@ func (s checkpoints) read(uid string) (Checkpoint, bool, error) {
 	}
 	if c.UID != uid {
 		return Checkpoint{}, false, &CheckpointError{Path: p, Err: fmt.Errorf("records claim %q", c.UID)}
+	}
+	// The owner names what a rollback releases and which CDI spec it
+	// removes: a claim's is always its own.
+	if c.Owner != ownerOf(uid) {
+		return Checkpoint{}, false, &CheckpointError{Path: p, Err: fmt.Errorf("records owner %q, not %q", c.Owner, ownerOf(uid))}
 	}
 	return c, true, nil
 }

@@ -39,7 +39,24 @@
 // (allocator hold, CDI spec, checkpoint) before it is prepared again. A
 // failure rolls back what the call did. Unprepare rolls back a claim and
 // is no error for a claim it does not know. A corrupt checkpoint is
-// reported (ErrCorruptCheckpoint) and left as it is.
+// reported (ErrCorruptCheckpoint) and left as it is; so is one that names
+// an owner other than "claim-<uid>", whose rollback would release another
+// owner's GPUs.
+//
+// # Reboots
+//
+// The checkpoints and the allocator's state live on disk that survives a
+// reboot (under /var/lib); the claims' CDI specs live in /var/run/cdi,
+// which the node empties at boot. After a reboot the kubelet starts the
+// containers of a prepared claim again, and may do so before it asks to
+// prepare the claim, or without asking. So the spec is never taken on
+// trust: Restore, called when the plugin starts and before it registers
+// with the kubelet, writes the spec of every completed claim again, and
+// Prepare does the same for a completed claim it is asked about. Each
+// renders the spec from the checkpoint's devices as the allocator holds
+// them (allocator.Claim: a hold it lost is taken again, or refused when
+// another owner has the device now) and writes it when the file is
+// missing or its content differs; an intact file is left untouched.
 //
 // The driver does not report health through the kubelet's health service;
 // it withdraws an unhealthy device from the slice. It never logs unless

@@ -123,6 +123,12 @@ func (d *Driver) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim) 
 		return nil, fmt.Errorf("prepare claim %s: %w", uid, err)
 	}
 	if ok && cp.State == StatePrepareCompleted {
+		// The spec lives in a directory emptied at boot (and anyone with
+		// root may have changed it): it is written again when it is
+		// missing or differs from what the claim's devices give now.
+		if _, err := d.restore(ctx, cp); err != nil {
+			return nil, fmt.Errorf("prepare claim %s/%s: %w", claim.Namespace, claim.Name, err)
+		}
 		return cp.result(), nil
 	}
 	if ok {
@@ -133,7 +139,7 @@ func (d *Driver) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim) 
 	if claim.Status.Allocation == nil {
 		return nil, fmt.Errorf("prepare claim %s/%s: %w", claim.Namespace, claim.Name, ErrNotAllocated)
 	}
-	cp = Checkpoint{UID: uid, Namespace: claim.Namespace, Name: claim.Name, State: StatePrepareStarted, Owner: "claim-" + uid}
+	cp = Checkpoint{UID: uid, Namespace: claim.Namespace, Name: claim.Name, State: StatePrepareStarted, Owner: ownerOf(uid)}
 	byName := d.byName()
 	for _, r := range claim.Status.Allocation.Devices.Results {
 		if r.Driver != d.cfg.DriverName {
@@ -171,15 +177,7 @@ func (d *Driver) prepare(ctx context.Context, cp *Checkpoint) error {
 	if err != nil {
 		return err
 	}
-	plan, err := isolator.NewPlan(cp.Owner, d.inv, al.Devices, nil, nil)
-	if err != nil {
-		return err
-	}
-	spec, err := cdi.Render(d.kind, plan)
-	if err != nil {
-		return err
-	}
-	if _, err := d.cdiw.WriteAllocation(ctx, cp.Owner, spec); err != nil {
+	if _, err := d.writeSpec(ctx, cp.Owner, al.Devices); err != nil {
 		return err
 	}
 	// The claim's one CDI device carries every node and the environment
@@ -188,6 +186,92 @@ func (d *Driver) prepare(ctx context.Context, cp *Checkpoint) error {
 	cp.Devices[0].CDIDeviceIDs = []string{d.kind + "=" + cdi.AllocationDevice(cp.Owner)}
 	cp.State = StatePrepareCompleted
 	return d.cps.write(*cp)
+}
+
+// writeSpec writes owner's CDI spec for devs: their isolator.Plan rendered
+// by cdi.Render. The writer leaves a file that already holds these bytes
+// untouched; Changed says whether it wrote.
+func (d *Driver) writeSpec(ctx context.Context, owner string, devs []node.DeviceRef) (cdi.Result, error) {
+	plan, err := isolator.NewPlan(owner, d.inv, devs, nil, nil)
+	if err != nil {
+		return cdi.Result{}, err
+	}
+	spec, err := cdi.Render(d.kind, plan)
+	if err != nil {
+		return cdi.Result{}, err
+	}
+	return d.cdiw.WriteAllocation(ctx, owner, spec)
+}
+
+// restore makes a completed claim's CDI spec what its checkpoint gives:
+// the allocator holds exactly the recorded devices under the claim's owner
+// (allocator.Claim: nothing changes when it does; a hold the allocator
+// lost is taken again, or refused when another owner has a device now),
+// and their spec is written when the file is missing or differs. It
+// reports whether it wrote the file. The caller holds d.mu.
+func (d *Driver) restore(ctx context.Context, cp Checkpoint) (bool, error) {
+	refs := make([]node.DeviceRef, len(cp.Devices))
+	for i, pd := range cp.Devices {
+		refs[i] = node.DeviceRef{UUID: pd.UUID}
+	}
+	al, err := d.alloc.Claim(ctx, cp.Owner, refs)
+	if err != nil {
+		return false, fmt.Errorf("hold the prepared devices again: %w", err)
+	}
+	res, err := d.writeSpec(ctx, cp.Owner, al.Devices)
+	if err != nil {
+		return false, fmt.Errorf("write the CDI spec again: %w", err)
+	}
+	return res.Changed, nil
+}
+
+// Restore writes the CDI spec of every prepared claim again where it is
+// missing or differs from what the claim's devices give now, and returns
+// the uids of the claims whose spec it wrote, sorted. The specs live in a
+// directory the node empties at boot (/var/run/cdi) while the checkpoints
+// survive, and after a reboot the kubelet may start a prepared claim's
+// containers again before it asks to prepare the claim, or without asking:
+// call Restore when the plugin starts, before it registers with the
+// kubelet. Prepare does the same for the one claim it is asked about.
+//
+// A claim cut short (PrepareStarted) is left for its next Prepare, which
+// rolls it back. A corrupt checkpoint (ErrCorruptCheckpoint) is reported
+// and left as it is, and a claim whose devices cannot be held or whose
+// spec cannot be written is reported; the errors are joined and every
+// other claim is still restored.
+func (d *Driver) Restore(ctx context.Context) ([]string, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	uids, err := d.cps.list()
+	if err != nil {
+		return nil, fmt.Errorf("restore prepared claims: %w", err)
+	}
+	var written []string
+	var errs []error
+	for _, uid := range uids {
+		if err := ctx.Err(); err != nil {
+			errs = append(errs, fmt.Errorf("restore prepared claims: %w", err))
+			break
+		}
+		cp, ok, err := d.cps.read(uid)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("restore claim %s: %w", uid, err))
+			continue
+		}
+		if !ok || cp.State != StatePrepareCompleted {
+			continue
+		}
+		changed, err := d.restore(ctx, cp)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("restore claim %s: %w", uid, err))
+			continue
+		}
+		if changed {
+			written = append(written, uid)
+			d.cfg.Logger.Info("wrote a prepared claim's CDI spec again", "claim", cp.Namespace+"/"+cp.Name, "uid", uid)
+		}
+	}
+	return written, errors.Join(errs...)
 }
 
 // rollback undoes whatever of cp's preparation happened: the allocator's
