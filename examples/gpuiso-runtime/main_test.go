@@ -26,9 +26,6 @@ func TestMain(m *testing.M) {
 	if ctl := os.Getenv(stopRuncEnv); ctl != "" {
 		os.Exit(stoppingRunc(ctl))
 	}
-	if ctl := os.Getenv(stopRuncEnv); ctl != "" {
-		os.Exit(stoppingRunc(ctl))
-	}
 	testenv.Main(m)
 }
 
