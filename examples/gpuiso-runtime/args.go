@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/gpuiso/gpuiso/node"
 )
@@ -30,12 +31,21 @@ type Settings struct {
 	// SwarmResources are the Swarm generic resource names read as GPUs
 	// (--swarm-resource, repeatable).
 	SwarmResources []string
+	// AcceptEnv says when NVIDIA_VISIBLE_DEVICES in the spec is a request
+	// (--accept-env-request, default "caller").
+	AcceptEnv AcceptEnv
+	// Timeout bounds create's own work before runc (reading the image,
+	// waiting for the state directory's lock) (--timeout, default 30s).
+	Timeout time.Duration
 	// RuncArgs are runc's global flags, in order, as given.
 	RuncArgs []string
 }
 
 // Flags of gpuiso-runtime itself (with a value each).
-var ownFlags = []string{"runc", "state-dir", "simulate", "dev-root", "cdi-kind", "swarm-resource"}
+var ownFlags = []string{"runc", "state-dir", "simulate", "dev-root", "cdi-kind", "swarm-resource", "accept-env-request", "timeout"}
+
+// defaultTimeout is create's deadline without --timeout.
+const defaultTimeout = 30 * time.Second
 
 // Global flags of runc that take a value; log and log-format are also read
 // by gpuiso-runtime.
@@ -47,7 +57,7 @@ var runcValueFlags = []string{"root", "log", "log-format", "criu", "rootless"}
 // the subcommand's arguments. Flags it does not know are runc's booleans
 // and are passed on.
 func splitArgs(args []string) (s Settings, cmd string, rest []string, err error) {
-	s = Settings{Runc: "runc", LogFormat: "text", CDIKind: "nvidia.com/gpu"}
+	s = Settings{Runc: "runc", LogFormat: "text", CDIKind: "nvidia.com/gpu", AcceptEnv: AcceptCaller, Timeout: defaultTimeout}
 	var swarm []string
 	for i := 0; i < len(args); i++ {
 		a := args[i]
@@ -89,6 +99,17 @@ func splitArgs(args []string) (s Settings, cmd string, rest []string, err error)
 			s.CDIKind = value
 		case "swarm-resource":
 			swarm = append(swarm, value)
+		case "accept-env-request":
+			s.AcceptEnv = AcceptEnv(value)
+			if !slices.Contains(acceptEnvValues, s.AcceptEnv) {
+				return Settings{}, "", nil, fmt.Errorf("--accept-env-request %q: want never, caller, privileged or always: %w", value, ErrUsage)
+			}
+		case "timeout":
+			d, err := time.ParseDuration(value)
+			if err != nil || d <= 0 {
+				return Settings{}, "", nil, fmt.Errorf("--timeout %q: want a positive duration such as 30s: %w", value, ErrUsage)
+			}
+			s.Timeout = d
 		case "log":
 			s.Log = value
 		case "log-format":

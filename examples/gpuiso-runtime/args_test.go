@@ -4,6 +4,7 @@ import (
 	"errors"
 	"slices"
 	"testing"
+	"time"
 )
 
 func TestSplitArgs(t *testing.T) {
@@ -41,10 +42,20 @@ func TestSplitArgs(t *testing.T) {
 			}},
 		{name: "defaults", args: []string{"list"}, cmd: "list", rest: []string{},
 			check: func(t *testing.T, s Settings) {
-				if s.Runc != "runc" || s.CDIKind != "nvidia.com/gpu" || s.LogFormat != "text" || !slices.Equal(s.SwarmResources, defaultSwarmResources) {
+				if s.Runc != "runc" || s.CDIKind != "nvidia.com/gpu" || s.LogFormat != "text" || !slices.Equal(s.SwarmResources, defaultSwarmResources) ||
+					s.AcceptEnv != AcceptCaller || s.Timeout != 30*time.Second {
 					t.Errorf("settings %+v", s)
 				}
 			}},
+		{name: "policy and timeout", args: []string{"--accept-env-request", "privileged", "--timeout=1m30s", "list"}, cmd: "list", rest: []string{},
+			check: func(t *testing.T, s Settings) {
+				if s.AcceptEnv != AcceptPrivileged || s.Timeout != 90*time.Second || len(s.RuncArgs) != 0 {
+					t.Errorf("settings %+v", s)
+				}
+			}},
+		{name: "unknown policy", args: []string{"--accept-env-request=yes", "list"}, err: true},
+		{name: "bad timeout", args: []string{"--timeout", "soon", "list"}, err: true},
+		{name: "negative timeout", args: []string{"--timeout", "-1s", "list"}, err: true},
 		{name: "missing value", args: []string{"--state-dir"}, err: true},
 		{name: "empty own value", args: []string{"--runc=", "list"}, err: true},
 		{name: "simulate without dev root", args: []string{"--simulate", "pcie8", "list"}, err: true},

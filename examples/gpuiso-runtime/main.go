@@ -94,7 +94,11 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 		}
 		rt := &Runtime{Settings: s, Log: log.Logger}
 		defer rt.abandon(ctx)
-		res, err := rt.Prepare(ctx, c)
+		// Everything before runc (reading the image, the state directory's
+		// lock) ends with --timeout.
+		pctx, cancel := context.WithTimeout(ctx, s.Timeout)
+		res, err := rt.Prepare(pctx, c)
+		cancel()
 		if err != nil {
 			return refuse(err)
 		}

@@ -1,7 +1,9 @@
 package main
 
 import (
+	"context"
 	"fmt"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -56,17 +58,29 @@ func ParseDevices(s string) (Devices, error) {
 		return Devices{All: true}, nil
 	}
 	var d Devices
-	for _, id := range strings.Split(s, ",") {
+	seen := map[string]struct{}{}
+	for id := range strings.SplitSeq(s, ",") {
 		id = strings.TrimSpace(id)
 		if err := validID(id); err != nil {
-			return Devices{}, fmt.Errorf("device list %q: %w", s, err)
+			return Devices{}, fmt.Errorf("device list %s: %w", quoteShort(s), err)
 		}
-		if slices.Contains(d.IDs, id) {
-			return Devices{}, fmt.Errorf("device list %q: %q named twice: %w", s, id, ErrInvalidDevices)
+		if _, dup := seen[id]; dup {
+			return Devices{}, fmt.Errorf("device list %s: %q named twice: %w", quoteShort(s), id, ErrInvalidDevices)
 		}
+		seen[id] = struct{}{}
 		d.IDs = append(d.IDs, id)
 	}
 	return d, nil
+}
+
+// quoteShort quotes a device list for an error, cut to its first 200
+// bytes: an error is one line, whatever the list's length.
+func quoteShort(s string) string {
+	const max = 200
+	if len(s) <= max {
+		return strconv.Quote(s)
+	}
+	return strconv.Quote(s[:max]) + fmt.Sprintf("... (%d bytes)", len(s))
 }
 
 // validID checks one entry of a device list.
@@ -104,54 +118,221 @@ type Request struct {
 	// Source names where the devices came from ("NVIDIA_VISIBLE_DEVICES",
 	// "DOCKER_RESOURCE_NVIDIA-GPU", "cdi.k8s.io/..."), "" for none.
 	Source string
+	// Volume says the caller asked for the driver volume without GPUs
+	// (NVIDIA_VISIBLE_DEVICES=none, or the com.nvidia.volumes.needed
+	// annotation).
+	Volume bool
+	// Ignored says what of the spec looked like a request and is not one,
+	// and why, for the log.
+	Ignored []string
+}
+
+// AcceptEnv says when the spec's NVIDIA_VISIBLE_DEVICES is a request
+// (--accept-env-request).
+type AcceptEnv string
+
+// The values of --accept-env-request, from the strictest.
+const (
+	// AcceptNever: the environment never asks for GPUs; only CDI
+	// annotations and Swarm's assignments do.
+	AcceptNever AcceptEnv = "never"
+	// AcceptCaller (the default): NVIDIA_VISIBLE_DEVICES asks only where
+	// the engine's record of the image shows that the caller set it: the
+	// image's own configuration does not hold that value.
+	AcceptCaller AcceptEnv = "caller"
+	// AcceptPrivileged: as AcceptCaller, and a privileged container's
+	// (CAP_SYS_ADMIN in its bounding set) environment always asks.
+	AcceptPrivileged AcceptEnv = "privileged"
+	// AcceptAlways: the whole environment is the caller's, the image's own
+	// settings and DOCKER_RESOURCE_* included: for engines whose images
+	// the operator controls.
+	AcceptAlways AcceptEnv = "always"
+)
+
+// acceptEnvValues are the values --accept-env-request takes.
+var acceptEnvValues = []AcceptEnv{AcceptNever, AcceptCaller, AcceptPrivileged, AcceptAlways}
+
+// trust decides which of a spec's settings its caller made.
+type trust struct {
+	// Policy is --accept-env-request.
+	Policy AcceptEnv
+	// Load finds the engine's record of the container's image; it is
+	// called at most once, and only when the spec has something to check.
+	Load func() (*engineRecord, error)
+
+	loaded bool
+	rec    *engineRecord
+	why    string
+}
+
+// record returns the engine's record of the image, nil when there is none
+// (t.why says why).
+func (t *trust) record() *engineRecord {
+	if !t.loaded {
+		t.loaded = true
+		if t.Load == nil {
+			t.why = "no engine record"
+			return nil
+		}
+		var err error
+		if t.rec, err = t.Load(); err != nil {
+			t.rec, t.why = nil, err.Error()
+		}
+	}
+	return t.rec
+}
+
+// podmanAnnotation is set by Podman on every spec it writes.
+const podmanAnnotation = "io.container.manager"
+
+// annotation reports whether annotation k=v of spec is the caller's: not
+// one Podman copied from the image's manifest. Without Podman's record of
+// the image, a Podman spec's annotations cannot be told apart and count as
+// the image's, unless the policy is "always"; Docker and containerd copy
+// no image annotations.
+func (t *trust) annotation(spec *specs.Spec, k, v string) (bool, string) {
+	if t.Policy == AcceptAlways {
+		return true, ""
+	}
+	if rec := t.record(); rec != nil {
+		if iv, ok := rec.ImageAnnotations[k]; ok && iv == v {
+			return false, "the image's own annotation"
+		}
+		return true, ""
+	}
+	if spec.Annotations[podmanAnnotation] == "libpod" {
+		return false, "Podman copies image annotations and its record of the image is not readable (" + t.why + ")"
+	}
+	return true, ""
+}
+
+// env reports whether NVIDIA_VISIBLE_DEVICES=v of spec asks, and why not.
+func (t *trust) env(spec *specs.Spec, v string) (bool, string) {
+	switch t.Policy {
+	case AcceptAlways:
+		return true, ""
+	case AcceptNever:
+		return false, "--accept-env-request=never"
+	case AcceptPrivileged:
+		if privileged(spec) {
+			return true, ""
+		}
+	}
+	rec := t.record()
+	switch {
+	case rec == nil:
+		return false, "no record of the image tells the caller's setting from the image's (" + t.why + ")"
+	case rec.fromImage(envVisibleDevices, v):
+		return false, "the image's own setting"
+	}
+	return true, ""
+}
+
+// swarm reports whether DOCKER_RESOURCE_<name>=v of spec is what Docker
+// Swarm assigned the task: the container is a Swarm task in Docker's
+// record, and the value is not the image's own.
+func (t *trust) swarm(key, v string) (bool, string) {
+	if t.Policy == AcceptAlways {
+		return true, ""
+	}
+	rec := t.record()
+	switch {
+	case rec == nil:
+		return false, "no Docker record shows a Swarm task (" + t.why + ")"
+	case !rec.swarmTask():
+		return false, "not a Docker Swarm task"
+	case rec.fromImage(key, v):
+		return false, "the image's own setting"
+	}
+	return true, ""
+}
+
+// privileged reports whether spec's process may do anything (CAP_SYS_ADMIN
+// in its bounding set): an image cannot make itself so.
+func privileged(spec *specs.Spec) bool {
+	return spec.Process != nil && spec.Process.Capabilities != nil && slices.Contains(spec.Process.Capabilities.Bounding, "CAP_SYS_ADMIN")
 }
 
 // requestOf reads what spec asks for, first found wins: the GPUs Docker
 // Swarm assigned (DOCKER_RESOURCE_<NAME> for each name of swarm), the CDI
 // annotations naming devices of kind, then NVIDIA_VISIBLE_DEVICES (its last
-// setting). Swarm comes first because CUDA images set
-// NVIDIA_VISIBLE_DEVICES=all in their environment.
-func requestOf(spec *specs.Spec, kind string, swarm []string) (Request, error) {
+// setting). Only what the caller set counts (see trust); the rest is listed
+// in Ignored.
+func requestOf(spec *specs.Spec, kind string, swarm []string, t *trust) (Request, error) {
 	var env []string
 	if spec.Process != nil {
 		env = spec.Process.Env
 	}
 	img := volume.Image{Env: env}
+	var ignored []string
 	var swarmIDs []string
 	var swarmSources []string
 	for _, name := range swarm {
-		v, ok := img.Getenv(envSwarmPrefix + name)
+		key := envSwarmPrefix + name
+		v, ok := img.Getenv(key)
 		if !ok {
+			continue
+		}
+		if ok, why := t.swarm(key, v); !ok {
+			ignored = append(ignored, fmt.Sprintf("%s: %s", key, why))
 			continue
 		}
 		d, err := ParseDevices(v)
 		if err != nil {
-			return Request{}, fmt.Errorf("%s%s: %w", envSwarmPrefix, name, err)
+			return Request{}, fmt.Errorf("%s: %w", key, err)
 		}
 		if d.All {
-			return Request{}, fmt.Errorf("%s%s: \"all\" is no Swarm assignment: %w", envSwarmPrefix, name, ErrInvalidDevices)
+			return Request{}, fmt.Errorf("%s: \"all\" is no Swarm assignment: %w", key, ErrInvalidDevices)
 		}
 		swarmIDs = append(swarmIDs, d.IDs...)
-		swarmSources = append(swarmSources, envSwarmPrefix+name)
+		swarmSources = append(swarmSources, key)
 	}
-	if len(swarmSources) > 0 {
-		d, err := ParseDevices(strings.Join(swarmIDs, ","))
-		if err != nil {
-			return Request{}, fmt.Errorf("%s: %w", strings.Join(swarmSources, ", "), err)
+	annotations := map[string]string{}
+	for k, v := range spec.Annotations {
+		if !strings.HasPrefix(k, annotationCDIPrefix) && k != volume.LabelVolumesNeeded {
+			continue
 		}
-		return Request{Devices: d, Source: strings.Join(swarmSources, ", ")}, nil
+		if ok, why := t.annotation(spec, k, v); !ok {
+			ignored = append(ignored, fmt.Sprintf("annotation %s: %s", k, why))
+			continue
+		}
+		annotations[k] = v
 	}
-	if r, err := cdiRequest(spec.Annotations, kind); err != nil || r.Source != "" {
-		return r, err
-	}
+	slices.Sort(ignored)
+	asked := volume.Image{Labels: annotations}
 	if v, ok := img.Getenv(envVisibleDevices); ok {
-		d, err := ParseDevices(v)
-		if err != nil {
-			return Request{}, fmt.Errorf("%s: %w", envVisibleDevices, err)
+		if ok, why := t.env(spec, v); ok {
+			asked.Env = []string{envVisibleDevices + "=" + v}
+		} else {
+			ignored = append(ignored, fmt.Sprintf("%s=%s: %s", envVisibleDevices, v, why))
 		}
-		return Request{Devices: d, Source: envVisibleDevices}, nil
 	}
-	return Request{}, nil
+	r, err := func() (Request, error) {
+		if len(swarmSources) > 0 {
+			d, err := ParseDevices(strings.Join(swarmIDs, ","))
+			if err != nil {
+				return Request{}, fmt.Errorf("%s: %w", strings.Join(swarmSources, ", "), err)
+			}
+			return Request{Devices: d, Source: strings.Join(swarmSources, ", ")}, nil
+		}
+		if r, err := cdiRequest(annotations, kind); err != nil || r.Source != "" {
+			return r, err
+		}
+		if v, ok := asked.Getenv(envVisibleDevices); ok {
+			d, err := ParseDevices(v)
+			if err != nil {
+				return Request{}, fmt.Errorf("%s: %w", envVisibleDevices, err)
+			}
+			return Request{Devices: d, Source: envVisibleDevices}, nil
+		}
+		return Request{}, nil
+	}()
+	if err != nil {
+		return Request{}, err
+	}
+	r.Volume = asked.NeedsVolume()
+	r.Ignored = ignored
+	return r, nil
 }
 
 // cdiRequest reads the CDI annotations of a spec: the devices of kind they
@@ -202,4 +383,93 @@ func (d Devices) allocation(inv *node.Inventory) allocator.Request {
 		r.Devices = append(r.Devices, g.UUID)
 	}
 	return r
+}
+
+// ErrDeviceHeld: the spec's device list (docker run --device, podman run
+// --device) holds the node of a GPU another container owns.
+var ErrDeviceHeld = node.Sentinel(node.ErrUnavailable, "device held by another container")
+
+// request reads what the spec of container id in bundle asks for, as
+// --accept-env-request and the engine's record of the image decide, logs
+// what it ignores, and, when the runtime owns GPUs, refuses a spec whose
+// device list holds a GPU another container owns.
+func (rt *Runtime) request(ctx context.Context, spec *specs.Spec, bundle, id string) (Request, error) {
+	t := &trust{Policy: rt.AcceptEnv, Load: func() (*engineRecord, error) { return findEngineRecord(bundle, id, spec) }}
+	req, err := requestOf(spec, rt.CDIKind, rt.SwarmResources, t)
+	if err != nil {
+		return Request{}, err
+	}
+	for _, why := range req.Ignored {
+		rt.Log.Info("not a request", "container", id, "setting", why, "policy", string(rt.AcceptEnv))
+	}
+	if rt.StateDir != "" {
+		if err := rt.checkDevices(ctx, spec); err != nil {
+			return Request{}, err
+		}
+	}
+	return req, nil
+}
+
+// checkDevices refuses a spec whose device list holds the node of a GPU (or
+// of a MIG device's capability) that a container owns in the state
+// directory.
+func (rt *Runtime) checkDevices(ctx context.Context, spec *specs.Spec) error {
+	if spec.Linux == nil || !slices.ContainsFunc(spec.Linux.Devices, func(d specs.LinuxDevice) bool { return d.Type == "c" }) {
+		return nil
+	}
+	inv, _, err := openNode(ctx, rt.Settings)
+	if err != nil {
+		return err
+	}
+	dir, err := filepath.Abs(rt.StateDir)
+	if err != nil {
+		return err
+	}
+	alloc, err := allocator.New(inv, allocator.WithStateDir(dir))
+	if err != nil {
+		return err
+	}
+	defer alloc.Close()
+	// A container being created holds nothing yet: every owner is another.
+	held := map[int][]string{} // inventory index -> owners
+	for _, al := range alloc.Allocations() {
+		for _, d := range al.Devices {
+			held[d.Index] = append(held[d.Index], al.Owner)
+		}
+	}
+	for _, d := range spec.Linux.Devices {
+		if d.Type != "c" {
+			continue
+		}
+		for _, g := range inv.Devices {
+			if owners := held[g.Index]; len(owners) > 0 && g.Node.Path != "" && int64(g.Node.Major) == d.Major && int64(g.Node.Minor) == d.Minor {
+				return fmt.Errorf("device %s is GPU %d (%s), owned by %s: %w", d.Path, g.Index, g.UUID, strings.Join(owners, ", "), ErrDeviceHeld)
+			}
+			for _, m := range g.MIGDevices {
+				for _, c := range []node.DeviceNode{m.GIAccess, m.CIAccess} {
+					if owners := held[g.Index]; len(owners) > 0 && c.Path != "" && int64(c.Major) == d.Major && int64(c.Minor) == d.Minor {
+						return fmt.Errorf("device %s is a capability of GPU %d (%s), owned by %s: %w", d.Path, g.Index, g.UUID, strings.Join(owners, ", "), ErrDeviceHeld)
+					}
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// freeView is how a request for "all" is served when the runtime owns GPUs:
+// it claims nothing, and shows the container the GPUs no container holds
+// now. It returns the request of those GPUs (none when every GPU is held)
+// and an allocator of the node's own, with no state directory, to place it
+// in: nothing is written to the shared state.
+func freeView(inv *node.Inventory, shared *allocator.Allocator) (allocator.Request, *allocator.Allocator, error) {
+	view, err := allocator.New(inv)
+	if err != nil {
+		return allocator.Request{}, nil, err
+	}
+	var r allocator.Request
+	for _, p := range shared.Free() {
+		r.Devices = append(r.Devices, inv.Devices[p].UUID)
+	}
+	return r, view, nil
 }

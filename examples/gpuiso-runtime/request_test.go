@@ -2,6 +2,7 @@ package main
 
 import (
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -101,6 +102,8 @@ func FuzzParseDevices(f *testing.F) {
 	})
 }
 
+// TestRequestOf: with every setting trusted (--accept-env-request=always),
+// the sources in their order.
 func TestRequestOf(t *testing.T) {
 	const kind = "nvidia.com/gpu"
 	swarm := defaultSwarmResources
@@ -133,7 +136,7 @@ func TestRequestOf(t *testing.T) {
 		{name: "bad list", spec: spec([]string{"NVIDIA_VISIBLE_DEVICES=1,,2"}, nil), err: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			r, err := requestOf(tc.spec, kind, swarm)
+			r, err := requestOf(tc.spec, kind, swarm, &trust{Policy: AcceptAlways})
 			if tc.err {
 				if !errors.Is(err, ErrInvalidDevices) {
 					t.Fatalf("requestOf = %+v, %v; want ErrInvalidDevices", r, err)
@@ -147,5 +150,140 @@ func TestRequestOf(t *testing.T) {
 				t.Errorf("requestOf = %+v, want ids %q all %v source %q", r, tc.want, tc.all, tc.source)
 			}
 		})
+	}
+}
+
+// TestRequestPolicy: only what the caller set is a request. The engine's
+// record of the image tells the image's own environment and annotations
+// from the caller's; DOCKER_RESOURCE_* counts only for a Docker Swarm task.
+func TestRequestPolicy(t *testing.T) {
+	const kind = "nvidia.com/gpu"
+	swarm := defaultSwarmResources
+	spec := func(env []string, ann map[string]string) *specs.Spec {
+		return &specs.Spec{Process: &specs.Process{Env: env}, Annotations: ann}
+	}
+	privileged := spec([]string{"NVIDIA_VISIBLE_DEVICES=2"}, nil)
+	privileged.Process.Capabilities = &specs.LinuxCapabilities{Bounding: []string{"CAP_CHOWN", "CAP_SYS_ADMIN"}}
+	cudaImage := &engineRecord{Engine: "docker", ImageEnv: []string{"PATH=/bin", "NVIDIA_VISIBLE_DEVICES=all"}}
+	imageResources := &engineRecord{Engine: "docker", ImageEnv: []string{"DOCKER_RESOURCE_GPU=0,1"}}
+	task := &engineRecord{Engine: "docker", ImageEnv: []string{"NVIDIA_VISIBLE_DEVICES=all"},
+		Labels: map[string]string{"com.docker.swarm.task.id": "t1"}}
+	taskImageResources := &engineRecord{Engine: "docker", ImageEnv: []string{"DOCKER_RESOURCE_NVIDIA-GPU=GPU-a"},
+		Labels: map[string]string{"com.docker.swarm.task.id": "t1"}}
+	spoofedTask := &engineRecord{Engine: "docker", ImageEnv: []string{"DOCKER_RESOURCE_GPU=GPU-a"},
+		ImageLabels: map[string]string{"com.docker.swarm.task.id": "t1"}, Labels: map[string]string{"com.docker.swarm.task.id": "t1"}}
+	podmanImage := &engineRecord{Engine: "podman", ImageEnv: []string{"NVIDIA_VISIBLE_DEVICES=none"},
+		ImageAnnotations: map[string]string{"cdi.k8s.io/img": "nvidia.com/gpu=all", "com.nvidia.volumes.needed": "nvidia_driver"}}
+	podman := map[string]string{"io.container.manager": "libpod"}
+	with := func(m map[string]string, k, v string) map[string]string {
+		out := map[string]string{k: v}
+		for k, v := range m {
+			out[k] = v
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		name    string
+		policy  AcceptEnv
+		spec    *specs.Spec
+		rec     *engineRecord // nil: no record
+		want    []string
+		all     bool
+		volume  bool // the driver volume asked for beside GPUs
+		source  string
+		ignored string // in Ignored
+	}{
+		{name: "image's own all", spec: spec([]string{"NVIDIA_VISIBLE_DEVICES=all"}, nil), rec: cudaImage, ignored: "NVIDIA_VISIBLE_DEVICES=all: the image's own"},
+		{name: "caller's over the image's", spec: spec([]string{"NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_VISIBLE_DEVICES=1"}, nil), rec: cudaImage, want: []string{"1"}, volume: true, source: "NVIDIA_VISIBLE_DEVICES"},
+		{name: "caller's all over an image without", spec: spec([]string{"NVIDIA_VISIBLE_DEVICES=all"}, nil), rec: &engineRecord{Engine: "podman"}, all: true, volume: true, source: "NVIDIA_VISIBLE_DEVICES"},
+		{name: "no record", spec: spec([]string{"NVIDIA_VISIBLE_DEVICES=1"}, nil), ignored: "no record of the image"},
+		{name: "no record, always", policy: AcceptAlways, spec: spec([]string{"NVIDIA_VISIBLE_DEVICES=1"}, nil), want: []string{"1"}, volume: true, source: "NVIDIA_VISIBLE_DEVICES"},
+		{name: "never", policy: AcceptNever, spec: spec([]string{"NVIDIA_VISIBLE_DEVICES=1"}, nil), rec: cudaImage, ignored: "--accept-env-request=never"},
+		{name: "never keeps CDI", policy: AcceptNever, spec: spec([]string{"NVIDIA_VISIBLE_DEVICES=1"}, map[string]string{"cdi.k8s.io/c": "nvidia.com/gpu=3"}), rec: cudaImage, want: []string{"3"}, source: "cdi.k8s.io/c", ignored: "never"},
+		{name: "privileged", policy: AcceptPrivileged, spec: privileged, want: []string{"2"}, volume: true, source: "NVIDIA_VISIBLE_DEVICES"},
+		{name: "privileged policy, unprivileged", policy: AcceptPrivileged, spec: spec([]string{"NVIDIA_VISIBLE_DEVICES=2"}, nil), ignored: "no record"},
+		{name: "caller policy, privileged", spec: privileged, ignored: "no record"},
+		{name: "image's DOCKER_RESOURCE under the caller's void", spec: spec([]string{"DOCKER_RESOURCE_GPU=0,1", "NVIDIA_VISIBLE_DEVICES=void"}, nil), rec: imageResources, source: "NVIDIA_VISIBLE_DEVICES", ignored: "DOCKER_RESOURCE_GPU: not a Docker Swarm task"},
+		{name: "image's DOCKER_RESOURCE alone", spec: spec([]string{"DOCKER_RESOURCE_GPU=0,1"}, nil), rec: imageResources, ignored: "DOCKER_RESOURCE_GPU: not a Docker Swarm task"},
+		{name: "DOCKER_RESOURCE without a record", spec: spec([]string{"DOCKER_RESOURCE_GPU=0,1"}, nil), ignored: "no Docker record shows a Swarm task"},
+		{name: "swarm task", spec: spec([]string{"NVIDIA_VISIBLE_DEVICES=all", "DOCKER_RESOURCE_NVIDIA-GPU=GPU-a,GPU-b"}, nil), rec: task, want: []string{"GPU-a", "GPU-b"}, source: "DOCKER_RESOURCE_NVIDIA-GPU", ignored: "NVIDIA_VISIBLE_DEVICES=all: the image's own"},
+		{name: "swarm task, image's resource value", spec: spec([]string{"DOCKER_RESOURCE_NVIDIA-GPU=GPU-a"}, nil), rec: taskImageResources, ignored: "DOCKER_RESOURCE_NVIDIA-GPU: the image's own"},
+		{name: "task label from the image", spec: spec([]string{"DOCKER_RESOURCE_GPU=GPU-b"}, nil), rec: spoofedTask, ignored: "not a Docker Swarm task"},
+		{name: "podman image annotation", spec: spec(nil, with(podman, "cdi.k8s.io/img", "nvidia.com/gpu=all")), rec: podmanImage, ignored: "annotation cdi.k8s.io/img: the image's own"},
+		{name: "podman caller annotation", spec: spec(nil, with(podman, "cdi.k8s.io/img", "nvidia.com/gpu=1")), rec: podmanImage, want: []string{"1"}, source: "cdi.k8s.io/img"},
+		{name: "podman without record", spec: spec(nil, with(podman, "cdi.k8s.io/x", "nvidia.com/gpu=1")), ignored: "Podman copies image annotations"},
+		{name: "annotation without record, not podman", spec: spec(nil, map[string]string{"cdi.k8s.io/x": "nvidia.com/gpu=1"}), want: []string{"1"}, source: "cdi.k8s.io/x"},
+		{name: "image's none", spec: spec([]string{"NVIDIA_VISIBLE_DEVICES=none"}, podman), rec: podmanImage, ignored: "the image's own"},
+		{name: "caller's none", spec: spec([]string{"NVIDIA_VISIBLE_DEVICES=none"}, nil), rec: cudaImage, volume: true, source: "NVIDIA_VISIBLE_DEVICES"},
+		{name: "image's volume annotation", spec: spec(nil, with(podman, "com.nvidia.volumes.needed", "nvidia_driver")), rec: podmanImage, ignored: "annotation com.nvidia.volumes.needed"},
+		{name: "caller's volume annotation", spec: spec(nil, map[string]string{"com.nvidia.volumes.needed": "nvidia_driver"}), volume: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			policy := tc.policy
+			if policy == "" {
+				policy = AcceptCaller
+			}
+			loads := 0
+			tr := &trust{Policy: policy, Load: func() (*engineRecord, error) {
+				loads++
+				if tc.rec == nil {
+					return nil, errors.New("no record here")
+				}
+				return tc.rec, nil
+			}}
+			r, err := requestOf(tc.spec, kind, swarm, tr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.All != tc.all || !slices.Equal(r.IDs, tc.want) || r.Source != tc.source || r.Volume != tc.volume {
+				t.Errorf("requestOf = %+v, want ids %q all %v source %q volume %v", r, tc.want, tc.all, tc.source, tc.volume)
+			}
+			if got := strings.Join(r.Ignored, "; "); tc.ignored == "" && got != "" || !strings.Contains(got, tc.ignored) {
+				t.Errorf("ignored %q, want %q", got, tc.ignored)
+			}
+			if loads > 1 {
+				t.Errorf("the record was loaded %d times", loads)
+			}
+		})
+	}
+	t.Run("no record needed", func(t *testing.T) {
+		tr := &trust{Policy: AcceptCaller, Load: func() (*engineRecord, error) { t.Error("record loaded"); return nil, nil }}
+		if _, err := requestOf(spec([]string{"PATH=/bin"}, map[string]string{"other": "x"}), kind, swarm, tr); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+// TestParseDevicesLinear: a list of 100,000 distinct entries parses in one
+// pass, and a duplicate at its end is found (BenchmarkParseDevices times
+// it).
+func TestParseDevicesLinear(t *testing.T) {
+	ids := longList(100_000)
+	d, err := ParseDevices(strings.Join(ids, ","))
+	if err != nil || len(d.IDs) != len(ids) {
+		t.Fatalf("%d ids, %v", len(d.IDs), err)
+	}
+	_, err = ParseDevices(strings.Join(append(ids, ids[0]), ","))
+	if !errors.Is(err, ErrInvalidDevices) || !strings.Contains(err.Error(), "named twice") || len(err.Error()) > 400 {
+		t.Fatalf("duplicate: %v", err)
+	}
+}
+
+// longList returns n distinct GPU- UUIDs.
+func longList(n int) []string {
+	ids := make([]string, n)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("GPU-%08x-0000-0000-0000-000000000000", i)
+	}
+	return ids
+}
+
+func BenchmarkParseDevices(b *testing.B) {
+	list := strings.Join(longList(100_000), ",")
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := ParseDevices(list); err != nil {
+			b.Fatal(err)
+		}
 	}
 }

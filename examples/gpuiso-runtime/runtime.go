@@ -62,7 +62,7 @@ func (rt *Runtime) Prepare(ctx context.Context, c CreateArgs) (*prepared, error)
 	if err := json.Unmarshal(raw, &spec); err != nil {
 		return nil, fmt.Errorf("container %s: %s: %w", c.ID, configPath, err)
 	}
-	req, err := requestOf(&spec, rt.CDIKind, rt.SwarmResources)
+	req, err := rt.request(ctx, &spec, bundle, c.ID)
 	if err != nil {
 		return nil, fmt.Errorf("container %s: %w", c.ID, err)
 	}
@@ -72,7 +72,7 @@ func (rt *Runtime) Prepare(ctx context.Context, c CreateArgs) (*prepared, error)
 	}
 	// A container given GPUs gets the driver to use them with, wherever
 	// the request came from.
-	wantsVolume := !req.None() || volume.Image{Labels: spec.Annotations, Env: env}.NeedsVolume()
+	wantsVolume := !req.None() || req.Volume
 	if req.None() && !wantsVolume {
 		rt.Log.Debug("no GPU asked for: passed through", "container", c.ID)
 		return nil, nil
@@ -103,6 +103,12 @@ func (rt *Runtime) Prepare(ctx context.Context, c CreateArgs) (*prepared, error)
 		pr.Volumes = vols
 	}
 	gpus := req.allocation(inv)
+	if req.All && rt.StateDir != "" {
+		// "all" claims nothing: it shows the GPUs no container holds.
+		if gpus, pr.Allocator, err = freeView(inv, alloc); err != nil {
+			return nil, fmt.Errorf("container %s: %w", c.ID, err)
+		}
+	}
 	owner, err := ownerOf(c.ID, rt.runcRoot())
 	if err != nil {
 		return nil, err
@@ -122,6 +128,20 @@ func (rt *Runtime) Prepare(ctx context.Context, c CreateArgs) (*prepared, error)
 		}
 	}
 	img := containerizer.Image{Labels: spec.Annotations, Env: env, OwnRoot: true, RootFS: rootfs}
+	if wantsVolume {
+		// The image's files are read here, before the state directory's
+		// lock: in-root, regular files only, within ctx.
+		version, err := pr.Volumes.DriverVersion(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("container %s: driver volume: %w", c.ID, err)
+		}
+		compat, err := volume.CompatFor(ctx, rootfs, version, rt.Log.With("container", c.ID))
+		if err != nil {
+			return nil, fmt.Errorf("container %s: cuda compatibility: %w", c.ID, err)
+		}
+		rt.Log.Debug("cuda compatibility", "container", c.ID, "use", compat.Use, "reason", compat.Reason)
+		img.Compat = &compat
+	}
 	var p *containerizer.Prepared
 	err = alloc.Exclusive(ctx, func() error {
 		if released, err := alloc.ReleaseDead(ctx); err != nil {
@@ -140,9 +160,9 @@ func (rt *Runtime) Prepare(ctx context.Context, c CreateArgs) (*prepared, error)
 	if err := oci.Apply(&spec, p.Plan); err != nil {
 		return nil, errors.Join(err, res.undo(ctx))
 	}
-	out, err := json.Marshal(&spec)
+	out, err := patchSpec(raw, &spec)
 	if err != nil {
-		return nil, errors.Join(err, res.undo(ctx))
+		return nil, errors.Join(fmt.Errorf("container %s: %s: %w", c.ID, configPath, err), res.undo(ctx))
 	}
 	if err := writeAtomic(configPath, out); err != nil {
 		return nil, errors.Join(fmt.Errorf("container %s: %w", c.ID, err), res.undo(ctx))
