@@ -33,6 +33,9 @@ type LifecycleConfig struct {
 	Volumes *volume.Manager
 	// DevRoot holds the host's device nodes (default /dev).
 	DevRoot string
+	// SysRoot is the host's sysfs, for the CPUs local to a spec's GPUs
+	// (Spec.CPUAffinity; default /sys).
+	SysRoot string
 	// Supervisor, when set, is the process that runs the containers and
 	// whose death ends them: runtimes record it, and the GPUs are held with
 	// it as holder (unless a spec's request names another). See Clean.
@@ -91,7 +94,7 @@ func NewLifecycle(cfg LifecycleConfig) (*Lifecycle, error) {
 	}
 	return &Lifecycle{
 		cfg:  cfg,
-		prep: &Preparer{Allocator: cfg.Allocator, Inventory: cfg.Inventory, Volumes: cfg.Volumes, DevRoot: cfg.DevRoot},
+		prep: &Preparer{Allocator: cfg.Allocator, Inventory: cfg.Inventory, Volumes: cfg.Volumes, DevRoot: cfg.DevRoot, SysRoot: cfg.SysRoot},
 		log:  log,
 	}, nil
 }

@@ -42,6 +42,9 @@ type Config struct {
 	DevRoot string
 	// ProcRoot is the proc file system (default /proc).
 	ProcRoot string
+	// SysRoot is the host's sysfs, where a container pinned to its GPUs'
+	// NUMA nodes (Spec.CPUAffinity) finds their CPUs (default /sys).
+	SysRoot string
 	// StateDir holds the containers' state (default DefaultStateDir).
 	StateDir string
 	// InitPath is the binary started as each container's init; it must call
@@ -143,7 +146,7 @@ func New(cfg Config) (*Containerizer, error) {
 		rt.parent = p
 	}
 	lc, err := containerizer.NewLifecycle(containerizer.LifecycleConfig{
-		Runtime: rt, Allocator: cfg.Allocator, Inventory: cfg.Inventory, Volumes: cfg.Volumes, DevRoot: cfg.DevRoot,
+		Runtime: rt, Allocator: cfg.Allocator, Inventory: cfg.Inventory, Volumes: cfg.Volumes, DevRoot: cfg.DevRoot, SysRoot: cfg.SysRoot,
 		Supervisor: rt.holder(), ReconcileAllocator: cfg.ReconcileAllocator, Logger: cfg.Logger,
 	})
 	if err != nil {

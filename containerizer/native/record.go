@@ -6,6 +6,7 @@ import (
 	"github.com/gpuiso/gpuiso/internal/linux"
 	"os"
 
+	"github.com/gpuiso/gpuiso/containerizer"
 	"github.com/gpuiso/gpuiso/node"
 	"github.com/opencontainers/runtime-spec/specs-go"
 )
@@ -20,6 +21,9 @@ type record struct {
 	// volume, the command's environment): what a plan is rebuilt from.
 	Mounts []specs.Mount `json:"mounts,omitempty"`
 	Env    []string      `json:"env,omitempty"`
+	// CPUAffinity is the spec's: a plan made again (after a restart, for
+	// other GPUs) pins the container as the first did.
+	CPUAffinity containerizer.CPUAffinity `json:"cpuAffinity,omitempty"`
 	// Volume and VolumeVersion name the driver volume the container uses.
 	Volume        string `json:"volume,omitempty"`
 	VolumeVersion string `json:"volumeVersion,omitempty"`

@@ -133,7 +133,7 @@ func (r *runner) Create(ctx context.Context, spec containerizer.Spec, p *contain
 	id := spec.ID
 	plan := p.Plan
 	pr := &proc{plan: plan, exited: make(chan struct{})}
-	pr.rec = record{Version: recordVersion, ID: id, GPUs: slices.Clone(p.Allocation.Devices), Mounts: plan.Mounts, Env: planExtra(plan.Env)}
+	pr.rec = record{Version: recordVersion, ID: id, GPUs: slices.Clone(p.Allocation.Devices), Mounts: plan.Mounts, Env: planExtra(plan.Env), CPUAffinity: spec.CPUAffinity}
 	if p.Volume != nil {
 		pr.rec.Volume, pr.rec.VolumeVersion = p.Volume.Path, p.Volume.Version
 	}
@@ -162,6 +162,9 @@ func (r *runner) Create(ctx context.Context, spec containerizer.Spec, p *contain
 		return rec, err
 	}
 	undo = append(undo, func() { r.destroyCgroup(bg, id) })
+	if err := r.pin(ctx, id, plan); err != nil {
+		return rec, err
+	}
 	env := isolator.MergeEnv(isolator.MergeEnv(defaultEnv(), spec.Env), plan.Env)
 	if err := r.startInit(ctx, spec, pr, env); err != nil {
 		return rec, err
@@ -191,6 +194,31 @@ func (r *runner) apply(ctx context.Context, id string, rules []isolator.Rule) er
 		}
 	}
 	return err
+}
+
+// cpuPinner is what an isolator needs to pin a container to CPUs and
+// memory nodes; *cgroups.Isolator has it.
+type cpuPinner interface {
+	SetCPUs(ctx context.Context, id, cpus, mems string) error
+}
+
+// pin gives the container's cgroup the plan's CPUs and memory nodes, when
+// the plan has any, before a process runs in it.
+func (r *runner) pin(ctx context.Context, id string, plan *isolator.Plan) error {
+	if plan.CPUs == "" && plan.Mems == "" {
+		return nil
+	}
+	p, ok := r.cfg.Isolator.(cpuPinner)
+	if !ok {
+		return fmt.Errorf("pin %s to CPUs %s: the isolator cannot: %w", id, plan.CPUs, containerizer.ErrNotSupported)
+	}
+	return p.SetCPUs(ctx, id, plan.CPUs, plan.Mems)
+}
+
+// planOptions are the options that make a container's plan again as
+// Prepare made it.
+func (r *runner) planOptions(a containerizer.CPUAffinity) ([]isolator.PlanOption, error) {
+	return containerizer.PlanOptions(a, r.cfg.SysRoot)
 }
 
 // destroyBound bounds each removal of a cgroup: the kernel empties a
@@ -365,7 +393,11 @@ func (r *runner) entry(id string) (*proc, error) {
 	if rec.Version != recordVersion || rec.ID != id {
 		return nil, fmt.Errorf("record %s: version %d, id %q: not a record this containerizer wrote", r.recPath(id), rec.Version, rec.ID)
 	}
-	plan, err := isolator.NewPlan(id, r.cfg.Inventory, rec.GPUs, rec.Mounts, rec.Env)
+	opts, err := r.planOptions(rec.CPUAffinity)
+	if err != nil {
+		return nil, err
+	}
+	plan, err := isolator.NewPlan(id, r.cfg.Inventory, rec.GPUs, rec.Mounts, rec.Env, opts...)
 	if err != nil {
 		return nil, err
 	}

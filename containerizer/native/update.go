@@ -91,7 +91,11 @@ func (r *runner) enforce(ctx context.Context, id string, pr *proc, gpus []node.D
 	r.mu.Lock()
 	rec, old := pr.rec, pr.plan
 	r.mu.Unlock()
-	plan, err := isolator.NewPlan(id, r.cfg.Inventory, gpus, rec.Mounts, rec.Env)
+	opts, err := r.planOptions(rec.CPUAffinity)
+	if err != nil {
+		return err
+	}
+	plan, err := isolator.NewPlan(id, r.cfg.Inventory, gpus, rec.Mounts, rec.Env, opts...)
 	if err != nil {
 		return err
 	}
@@ -103,6 +107,12 @@ func (r *runner) enforce(ctx context.Context, id string, pr *proc, gpus []node.D
 	}
 	if err := r.cfg.Isolator.Apply(ctx, id, plan.Rules); err != nil {
 		return err
+	}
+	if plan.CPUs != old.CPUs || plan.Mems != old.Mems {
+		// The CPUs local to the GPUs it has now.
+		if err := r.pin(ctx, id, plan); err != nil {
+			return err
+		}
 	}
 	for _, d := range old.Devices {
 		if !slices.Contains(plan.Devices, d) {

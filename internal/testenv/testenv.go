@@ -42,12 +42,21 @@ const (
 	Podman          Suite = "podman"          // rootful Podman, a CDI runtime
 	CurrentDocker   Suite = "current-docker"  // a current Docker daemon (API 1.44+) built by .ci/current-docker.sh
 	Kubernetes      Suite = "kubernetes"      // a one-node Kubernetes cluster from the pinned build of .ci/k8s-build.sh
+	CgroupV2VM      Suite = "cgroup2-vm"      // the cgroup2-only VM of internal/vmtest: qemu and the kernel .ci/vm-kernel.sh caches
 	GPU             Suite = "gpu"             // a real NVIDIA GPU with a loaded kernel driver
+	NUMA            Suite = "numa"            // a host with two NUMA nodes or more (the cgroup2-only VM has two)
 )
 
-// Suites lists every suite that "all" stands for.
+// Suites lists every suite that "all" stands for. On a cgroup2-only host
+// (no v1 hierarchy can exist there) it leaves out the cgroup v1 devices
+// suite; the cgroup2-only VM suite, which proves that host's case on a
+// hybrid one, then skips by itself.
 func Suites() []Suite {
-	return []Suite{Root, CgroupV1Devices, CgroupV2, Docker, NVIDIALibraries, Podman, CurrentDocker, Kubernetes}
+	all := []Suite{Root, CgroupV1Devices, CgroupV2, Docker, NVIDIALibraries, Podman, CurrentDocker, Kubernetes, CgroupV2VM}
+	if CgroupV2Only() {
+		all = slices.DeleteFunc(all, func(s Suite) bool { return s == CgroupV1Devices })
+	}
+	return all
 }
 
 // Required reports whether suite is listed in RequireEnv.
@@ -59,6 +68,13 @@ func Required(suite Suite) bool {
 		}
 	}
 	return false
+}
+
+// CgroupV2Only reports whether the host mounts the unified hierarchy alone
+// (cgroup2 at /sys/fs/cgroup), as systemd hosts in unified mode do.
+func CgroupV2Only() bool {
+	magic, err := linux.FilesystemType(cgroupRoot)
+	return err == nil && magic == linux.Cgroup2Magic
 }
 
 // skip skips tb, or fails it when the suite is required.
@@ -118,6 +134,52 @@ func RequireCgroupV2(tb testing.TB) string {
 	}
 	skip(tb, CgroupV2, "no cgroup2 hierarchy at %s or %s", cgroupRoot, cgroupUnified)
 	return ""
+}
+
+// RequireCgroupV2VM skips tb unless the cgroup2-only VM suite can run:
+// root, and nothing it needs missing (missing lists what is, each with its
+// reason: package vmtest finds qemu and the cached kernel). On a
+// cgroup2-only host it always skips, required or not: the suites the VM
+// would run there run natively.
+func RequireCgroupV2VM(tb testing.TB, missing ...string) {
+	tb.Helper()
+	if CgroupV2Only() {
+		tb.Skipf("suite %q skipped: this host is cgroup2-only, where the suites run natively", CgroupV2VM)
+	}
+	if !linux.IsRoot() {
+		skip(tb, CgroupV2VM, "the VM's suites run as root (effective uid %d)", os.Geteuid())
+	}
+	if len(missing) > 0 {
+		skip(tb, CgroupV2VM, "missing (bash .ci/provision.sh installs qemu and fetches the kernel): %s", strings.Join(missing, "; "))
+	}
+}
+
+// RequireNUMA skips tb unless the host has at least two NUMA nodes (node0
+// and node1 under sysRoot's devices/system/node; sysRoot "" is /sys). It
+// returns the NUMA nodes' CPU lists by node number.
+func RequireNUMA(tb testing.TB, sysRoot string) map[int]string {
+	tb.Helper()
+	if sysRoot == "" {
+		sysRoot = "/sys"
+	}
+	dir := filepath.Join(sysRoot, "devices", "system", "node")
+	entries, _ := os.ReadDir(dir)
+	cpus := map[int]string{}
+	for _, e := range entries {
+		var n int
+		if _, err := fmt.Sscanf(e.Name(), "node%d", &n); err != nil || e.Name() != fmt.Sprintf("node%d", n) {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(dir, e.Name(), "cpulist"))
+		if err != nil {
+			continue
+		}
+		cpus[n] = strings.TrimSpace(string(b))
+	}
+	if len(cpus) < 2 {
+		skip(tb, NUMA, "%d NUMA node(s) in %s; the pinning tests need two (the cgroup2-only VM has two)", len(cpus), dir)
+	}
+	return cpus
 }
 
 // RequireDocker skips tb unless a Docker daemon answers a ping through the
