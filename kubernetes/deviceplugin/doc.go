@@ -19,6 +19,9 @@
 // kubelet.sock again: the Manager sees that and serves and registers every
 // plugin again. When the Manager itself restarts, it removes its own stale
 // sockets and registers anew; the kubelet keeps the devices of running pods.
+// Each socket is 0600 whatever the process's umask (only root, the
+// kubelet, may connect): it is bound in a private directory, given its
+// mode there and renamed into place.
 //
 // # Health
 //

@@ -195,7 +195,7 @@ func (m *Manager) start(ctx context.Context, kubelet string) {
 	m.stopAll()
 	var errs []error
 	for _, p := range m.Plugins() {
-		if err := p.serve(); err != nil {
+		if err := p.serve(ctx); err != nil {
 			errs = append(errs, fmt.Errorf("serve %s: %w", p.resource, err))
 			continue
 		}

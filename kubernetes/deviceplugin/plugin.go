@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"slices"
 	"strings"
@@ -18,6 +17,7 @@ import (
 	"github.com/gpuiso/gpuiso/allocator"
 	"github.com/gpuiso/gpuiso/isolator"
 	"github.com/gpuiso/gpuiso/isolator/cdi"
+	"github.com/gpuiso/gpuiso/kubernetes/internal/unixsock"
 	"github.com/gpuiso/gpuiso/node"
 )
 
@@ -75,15 +75,13 @@ func (p *Plugin) update(devices []Device) bool {
 	return true
 }
 
-// serve listens on the plugin's socket (replacing a stale one) and serves
+// serve listens on the plugin's socket (replacing a stale one; mode 0600
+// whatever the umask: only root, the kubelet, may connect) and serves
 // until stop.
-func (p *Plugin) serve() error {
-	if err := os.Remove(p.socket); err != nil && !os.IsNotExist(err) {
-		return fmt.Errorf("remove stale socket: %w", err)
-	}
-	l, err := net.Listen("unix", p.socket)
+func (p *Plugin) serve(ctx context.Context) error {
+	l, err := unixsock.Listen(ctx, p.socket)
 	if err != nil {
-		return fmt.Errorf("listen on %s: %w", p.socket, err)
+		return err
 	}
 	s := grpc.NewServer()
 	pluginapi.RegisterDevicePluginServer(s, p)

@@ -3,12 +3,14 @@ package deviceplugin_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -617,5 +619,39 @@ func TestMIGHealth(t *testing.T) {
 		if d.Health != want {
 			t.Errorf("%s is %s, want %s", d.ID, d.Health, want)
 		}
+	}
+}
+
+// TestSocketMode: whatever the umask, every plugin's socket is 0600 (only
+// root, the kubelet, may connect), and the directory holds nothing else of
+// the plugins once they are registered.
+func TestSocketMode(t *testing.T) {
+	for _, umask := range []int{0, 0o022} {
+		t.Run(fmt.Sprintf("umask %04o", umask), func(t *testing.T) {
+			old := syscall.Umask(umask)
+			defer syscall.Umask(old)
+			s := start(t, "hgx-h100-mig", deviceplugin.Config{})
+			regs := s.kube.registrations(t, len(s.mgr.Plugins()))
+			want := map[string]bool{"kubelet.sock": true}
+			for res, r := range regs {
+				want[r.Endpoint] = true
+				fi, err := os.Stat(filepath.Join(s.dir, r.Endpoint))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if fi.Mode() != os.ModeSocket|0o600 {
+					t.Errorf("%s: socket %s mode %v, want %v", res, r.Endpoint, fi.Mode(), os.ModeSocket|0o600)
+				}
+			}
+			entries, err := os.ReadDir(s.dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, e := range entries {
+				if !want[e.Name()] {
+					t.Errorf("%s left in the device-plugin directory", e.Name())
+				}
+			}
+		})
 	}
 }
