@@ -12,7 +12,7 @@
 //	gpurun [--simulate NAME] [--gpus N | --devices LIST | --mig PROFILE] [--policy P]
 //	       [--state-dir DIR] [--cgroup v1|v2] [--rootfs DIR [--label K=V]... | --image ARCHIVE]
 //	       [--user UID[:GID]] [--network none|host] [--max-image-bytes N] [--max-image-entries N] [--max-image-ratio N]
-//	       [--cap-add CAP]... [--quiet] -- CMD [ARGS...]
+//	       [--cap-add CAP]... [--cpu-affinity numa|none] [--quiet] -- CMD [ARGS...]
 //
 // --mig takes one MIG device of that profile (e.g. 1g.10gb) instead of whole
 // GPUs; --rootfs runs the command in DIR as its root file system (--label
@@ -28,6 +28,13 @@
 // A container has its own network namespace (loopback only), IPC and UTS
 // namespaces, a private /tmp, and only descriptors 0-2 of gpurun's;
 // --network host shares the host's network instead.
+//
+// --cpu-affinity numa pins the command to the CPUs and memory nodes of its
+// GPUs' NUMA nodes (the union for GPUs on several; nothing on a node whose
+// GPUs' NUMA nodes are unknown, as NVML reports on many servers);
+// --cpu-affinity none, the default, leaves it every CPU of the host, as
+// docker run and Kubernetes' default topology policy do: pinning halves a
+// two-socket node's CPUs for the command, which the caller must ask for.
 //
 // --mig PROFILE asks for --gpus MIG devices of that profile ("1g.10gb")
 // instead of whole GPUs, on a node with MIG enabled on some GPUs
@@ -94,7 +101,7 @@ var exitInterrupted = cli.ExitSignal(syscall.SIGINT)
 const usage = `usage: gpurun [--simulate NAME] [--gpus N | --devices LIST | --mig PROFILE] [--policy P]
               [--state-dir DIR] [--cgroup v1|v2] [--rootfs DIR [--label KEY=VALUE]... | --image ARCHIVE]
               [--user UID[:GID]] [--network none|host] [--max-image-bytes N] [--max-image-entries N]
-              [--max-image-ratio N] [--cap-add CAP]... [--quiet] -- CMD [ARGS...]
+              [--max-image-ratio N] [--cap-add CAP]... [--cpu-affinity numa|none] [--quiet] -- CMD [ARGS...]
 
 Run a command as a GPU container: its own mount, pid, cgroup, network, IPC and
 UTS namespaces and device cgroup, a private /dev with only its GPUs and a
@@ -128,6 +135,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	maxBytes := fs.Int64("max-image-bytes", 0, "refuse an --image whose files hold more than `N` bytes (default 32 GiB)")
 	maxEntries := fs.Int64("max-image-entries", 0, "refuse an --image of more than `N` files (default 1048576)")
 	maxRatio := fs.Int64("max-image-ratio", 0, "refuse an --image whose compressed layers expand more than `N` times (default 100)")
+	cpuAffinity := fs.String("cpu-affinity", "none", "`numa`: pin the command to the CPUs and memory of its GPUs' NUMA nodes; none: every CPU")
 	network := fs.String("network", "none", "the container's network: `none` (its own, loopback only) or host (the host's: every listener and abstract socket of the host reachable)")
 	var capAdd []string
 	fs.Func("cap-add", "add the capability `CAP` to the default set (repeatable; ALL for every one, as docker run has it)", func(s string) error {
@@ -180,6 +188,10 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	netMode, err := containerizer.ParseNetwork(*network)
 	if err != nil {
 		return fail("--network: %v", err)
+	}
+	affinity, err := containerizer.ParseCPUAffinity(*cpuAffinity)
+	if err != nil {
+		return fail("--cpu-affinity: %v", err)
 	}
 	req := allocator.Request{Count: *gpus, MIG: *mig}
 	if *devices != "" {
@@ -253,7 +265,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 
 	id := fmt.Sprintf("gpurun-%d", os.Getpid())
 	spec := containerizer.Spec{ID: id, Command: fs.Args(), GPUs: req, Stdin: stdin, Stdout: stdout, Stderr: stderr,
-		RootFS: *rootDir, Labels: labels, User: usr, CapAdd: capAdd, Network: netMode}
+		RootFS: *rootDir, Labels: labels, User: usr, CapAdd: capAdd, Network: netMode, CPUAffinity: affinity}
 	if *image != "" {
 		// The image's labels and environment decide the driver volume, as
 		// for a Docker image; its entrypoint runs the arguments (or its CMD).
