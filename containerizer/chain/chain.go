@@ -50,6 +50,16 @@ type Config struct {
 	NVML nvml.Interface
 	// Logger receives what recovery did; nil means none.
 	Logger *slog.Logger
+	// CPUAffinity pins every container the isolator prepares to the CPUs
+	// and memory nodes local to its GPUs (containerizer.CPUAffinityNUMA;
+	// the cpuset controller, beside the device rules) or not (the
+	// default). On cgroup v1 a container isolated in the agent's own
+	// cgroup (IsolateCgroup) cannot be pinned: the agent's cpuset is its
+	// own.
+	CPUAffinity containerizer.CPUAffinity
+	// SysRoot is the host's sysfs, where the GPUs' NUMA nodes list their
+	// CPUs (default /sys).
+	SysRoot string
 }
 
 // Launch is what Prepare returns: what the agent's launch must add to its
@@ -79,6 +89,9 @@ type Isolator struct {
 	nvml   nvml.Interface
 	log    *slog.Logger
 	lock   *os.File
+	// affinity and opts are Config.CPUAffinity and its plan options.
+	affinity containerizer.CPUAffinity
+	opts     []isolator.PlanOption
 
 	mu     sync.Mutex
 	closed atomic.Bool
@@ -107,6 +120,9 @@ func New(cfg Config) (*Isolator, error) {
 	}
 	if cfg.StateDir == "" {
 		return nil, fmt.Errorf("gpu isolator: no state directory: %w", node.ErrInvalid)
+	}
+	if _, err := containerizer.PlanOptions(cfg.CPUAffinity, cfg.SysRoot); err != nil {
+		return nil, fmt.Errorf("gpu isolator: %w", err)
 	}
 	dir, err := filepath.Abs(cfg.StateDir)
 	if err != nil {
@@ -178,10 +194,12 @@ func newIsolator(cfg Config, dir, parent string, dev devices) *Isolator {
 	if log == nil {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
+	opts, _ := containerizer.PlanOptions(cfg.CPUAffinity, cfg.SysRoot) // checked by New
 	return &Isolator{
-		prep:  containerizer.Preparer{Allocator: cfg.Allocator, Inventory: cfg.Inventory, Volumes: cfg.Volumes},
+		prep:  containerizer.Preparer{Allocator: cfg.Allocator, Inventory: cfg.Inventory, Volumes: cfg.Volumes, SysRoot: cfg.SysRoot},
 		alloc: cfg.Allocator, inv: cfg.Inventory, vols: cfg.Volumes,
 		dir: dir, parent: parent, dev: dev, nvml: cfg.NVML, log: log,
+		affinity: cfg.CPUAffinity, opts: opts,
 	}
 }
 
@@ -237,7 +255,7 @@ func (i *Isolator) Prepare(ctx context.Context, id string, req allocator.Request
 			i.remove(id)
 		}
 	}()
-	p, err := i.prep.Prepare(ctx, containerizer.Spec{ID: id, GPUs: req}, img)
+	p, err := i.prep.Prepare(ctx, containerizer.Spec{ID: id, GPUs: req, CPUAffinity: i.affinity}, img)
 	if err != nil {
 		return nil, fmt.Errorf("prepare %s: %w", id, err)
 	}
@@ -271,12 +289,12 @@ func (i *Isolator) Isolate(ctx context.Context, id string, pid int) error {
 	if err != nil {
 		return fmt.Errorf("isolate %s: %w", id, err)
 	}
-	rules, err := i.rules(id)
+	plan, err := i.plan(id)
 	if err != nil {
 		return fmt.Errorf("isolate %s: %w", id, err)
 	}
 	parent, name := i.target(rec)
-	if err := i.dev.Apply(ctx, parent, name, rules); err != nil {
+	if err := i.enforce(ctx, parent, name, plan, rec.Cgroup != ""); err != nil {
 		return fmt.Errorf("isolate %s: %w", id, err)
 	}
 	if err := i.dev.AddProcess(ctx, parent, name, pid); err != nil {
@@ -303,7 +321,7 @@ func (i *Isolator) IsolateCgroup(ctx context.Context, id, cgroup string) error {
 	if err != nil {
 		return fmt.Errorf("isolate %s: %w", id, err)
 	}
-	rules, err := i.rules(id)
+	plan, err := i.plan(id)
 	if err != nil {
 		return fmt.Errorf("isolate %s: %w", id, err)
 	}
@@ -314,10 +332,34 @@ func (i *Isolator) IsolateCgroup(ctx context.Context, id, cgroup string) error {
 		}
 	}
 	parent, name := i.target(rec)
-	if err := i.dev.Apply(ctx, parent, name, rules); err != nil {
+	if err := i.enforce(ctx, parent, name, plan, true); err != nil {
 		return fmt.Errorf("isolate %s in cgroup %s: %w", id, cgroup, err)
 	}
 	return nil
+}
+
+// cpuSetter is what the isolator needs to pin a cgroup to CPUs and memory
+// nodes; the cgroups back end has it.
+type cpuSetter interface {
+	SetCPUs(ctx context.Context, parent, name, cpus, mems string) error
+	Version() cgroups.Version
+}
+
+// enforce applies plan's device rules to the cgroup parent/name and, when
+// the plan pins its container, its CPUs and memory nodes. agents says the
+// cgroup is the agent's own (IsolateCgroup), which v1 cannot pin.
+func (i *Isolator) enforce(ctx context.Context, parent, name string, plan *isolator.Plan, agents bool) error {
+	if err := i.dev.Apply(ctx, parent, name, plan.Rules); err != nil {
+		return err
+	}
+	if plan.CPUs == "" && plan.Mems == "" {
+		return nil
+	}
+	cs, ok := i.dev.(cpuSetter)
+	if !ok || (agents && cs.Version() == cgroups.V1) {
+		return fmt.Errorf("pin cgroup %s/%s to CPUs %s: %w", parent, name, plan.CPUs, containerizer.ErrNotSupported)
+	}
+	return cs.SetCPUs(ctx, parent, name, plan.CPUs, plan.Mems)
 }
 
 func validCgroup(cgroup string) error {
@@ -364,17 +406,23 @@ func (i *Isolator) allocation(id string) (allocator.Allocation, error) {
 	return al, err
 }
 
-// rules is id's device allow list, derived from what it holds.
-func (i *Isolator) rules(id string) ([]isolator.Rule, error) {
+// plan is id's plan, derived from what it holds: its device rules and,
+// with Config.CPUAffinity, its CPUs.
+func (i *Isolator) plan(id string) (*isolator.Plan, error) {
 	al, err := i.allocation(id)
 	if err != nil {
 		return nil, err
 	}
-	return i.rulesFor(id, al.Devices)
+	return i.planFor(id, al.Devices)
 }
 
+func (i *Isolator) planFor(id string, gpus []node.DeviceRef) (*isolator.Plan, error) {
+	return isolator.NewPlan(id, i.inv, gpus, nil, nil, i.opts...)
+}
+
+// rulesFor is the device allow list of id holding gpus.
 func (i *Isolator) rulesFor(id string, gpus []node.DeviceRef) ([]isolator.Rule, error) {
-	plan, err := isolator.NewPlan(id, i.inv, gpus, nil, nil)
+	plan, err := i.planFor(id, gpus)
 	if err != nil {
 		return nil, err
 	}
@@ -412,11 +460,11 @@ func (i *Isolator) update(ctx context.Context, id string, gpus int) (allocator.A
 	}
 	parent, name := i.target(rec)
 	enforce := func(gpus []node.DeviceRef) error {
-		rules, err := i.rulesFor(id, gpus)
+		plan, err := i.planFor(id, gpus)
 		if err != nil {
 			return err
 		}
-		return i.dev.Apply(ctx, parent, name, rules)
+		return i.enforce(ctx, parent, name, plan, rec.Cgroup != "")
 	}
 	have := len(cur.Devices)
 	var next allocator.Allocation

@@ -77,3 +77,13 @@ func (d cgroupDevices) RemoveParent(parent string) error {
 	}
 	return c.RemoveParent()
 }
+
+func (d cgroupDevices) SetCPUs(ctx context.Context, parent, name, cpus, mems string) error {
+	c, err := d.at(parent)
+	if err != nil {
+		return err
+	}
+	return c.SetCPUs(ctx, name, cpus, mems)
+}
+
+func (d cgroupDevices) Version() cgroups.Version { return d.base.Version() }

@@ -134,12 +134,12 @@ func (i *Isolator) readopt(ctx context.Context, rec record) error {
 			return err
 		}
 	}
-	rules, err := i.rulesFor(rec.ID, al.Devices)
+	plan, err := i.planFor(rec.ID, al.Devices)
 	if err != nil {
 		return err
 	}
 	parent, name := i.target(rec)
-	return i.dev.Apply(ctx, parent, name, rules)
+	return i.enforce(ctx, parent, name, plan, rec.Cgroup != "")
 }
 
 // denyGPUs leaves id's own device cgroup only the rules of a container
