@@ -269,10 +269,38 @@ func TestAPIServer(t *testing.T) {
 		t.Errorf("claim's CDI spec: %v", err)
 	}
 
-	// The program restarts: the claim is still prepared.
+	// Only root, the kubelet, may connect to the plugin's sockets.
+	regs, _ := filepath.Glob(filepath.Join(dir, "reg", "*.sock"))
+	if len(regs) != 1 {
+		t.Errorf("registration sockets %v, want one", regs)
+	}
+	for _, p := range append(regs, sock) {
+		fi, err := os.Stat(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fi.Mode() != os.ModeSocket|0o600 {
+			t.Errorf("socket %s: mode %v, want %v", p, fi.Mode(), os.ModeSocket|0o600)
+		}
+	}
+
+	// The node reboots: the program stops, the CDI directory is emptied
+	// (it is /var/run/cdi), the checkpoints are kept. Started again, the
+	// program has written the claim's spec back, as it was, before the
+	// kubelet can reach it; the claim is still prepared.
+	written, err := os.ReadFile(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
 	stop()
+	if err := os.RemoveAll(filepath.Join(dir, "cdi")); err != nil {
+		t.Fatal(err)
+	}
 	stop = startPlugin()
 	defer func() { stop() }()
+	if got, err := os.ReadFile(spec); err != nil || !bytes.Equal(got, written) {
+		t.Errorf("the claim's CDI spec after the reboot: %v\n%s\nwant\n%s", err, got, written)
+	}
 	if got := prepare(); got != want {
 		t.Errorf("after the restart: CDI ids %q, want %q", got, want)
 	}

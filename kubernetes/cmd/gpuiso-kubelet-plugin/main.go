@@ -50,6 +50,7 @@ import (
 	"github.com/gpuiso/gpuiso/isolator/cdi"
 	"github.com/gpuiso/gpuiso/kubernetes/deviceplugin"
 	"github.com/gpuiso/gpuiso/kubernetes/dra"
+	"github.com/gpuiso/gpuiso/kubernetes/internal/unixsock"
 	"github.com/gpuiso/gpuiso/kubernetes/labels"
 	"github.com/gpuiso/gpuiso/node"
 	"github.com/gpuiso/gpuiso/node/nvmlnode"
@@ -338,12 +339,27 @@ func startDRA(ctx context.Context, f *flags, inv *node.Inventory, alloc *allocat
 	if err := os.MkdirAll(dataDir, 0o750); err != nil {
 		return nil, nil, nil, err
 	}
+	// After a reboot the claims' CDI specs are gone (the CDI directory is
+	// emptied at boot) while their checkpoints are kept: they are written
+	// again before the kubelet can reach the plugin. A claim that cannot
+	// be restored is reported; its next prepare tries again.
+	restored, err := d.Restore(ctx)
+	if err != nil {
+		log.Warn("restore the CDI specs of prepared claims", "err", err)
+	}
+	if len(restored) > 0 {
+		log.Info("wrote the CDI specs of prepared claims again", "claims", restored)
+	}
+	// Both sockets are 0600 whatever the umask: only root, the kubelet,
+	// may connect.
 	helper, err := kubeletplugin.Start(ctx, d,
 		kubeletplugin.DriverName(f.driverName),
 		kubeletplugin.NodeName(f.nodeName),
 		kubeletplugin.KubeClient(client),
 		kubeletplugin.PluginDataDirectoryPath(dataDir),
 		kubeletplugin.RegistrarDirectoryPath(f.registryDir),
+		kubeletplugin.PluginListener(unixsock.Listen),
+		kubeletplugin.RegistrarListener(unixsock.Listen),
 	)
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("start the DRA kubelet plugin: %w", err)
