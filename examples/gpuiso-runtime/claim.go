@@ -468,22 +468,45 @@ func (rt *Runtime) beginClaim(ctx context.Context, alloc *allocator.Allocator, c
 	return nil
 }
 
-// settleCreate decides, once runc's create or run returned code, who holds
-// the claim of res: the container's init when runc reports it alive (after
-// a failed runc, only a container from this bundle: another of that id is
-// not this one), else nobody, and everything is given back. A claim whose
-// container runc cannot be asked about stays the record's, for the next
-// create or delete to settle.
-func (rt *Runtime) settleCreate(ctx context.Context, res *prepared, code int) {
+// settleCreate decides, once runc's create or run of container c returned
+// code, who holds the claim of res: the container's init when runc reports
+// it alive (after a failed runc, only a container from this bundle: another
+// of that id is not this one), else nobody, and everything is given back.
+// A claim whose container runc cannot be asked about stays the record's,
+// for the next create or delete to settle. Without a claim (no state
+// directory) only the use of the driver volume is given back, the same
+// way.
+func (rt *Runtime) settleCreate(ctx context.Context, res *prepared, c CreateArgs, code int) {
 	cl := rt.claim
+	var rec record
+	var bundle string
+	if cl != nil {
+		rec, bundle = cl.rec, cl.rec.Bundle
+	} else {
+		runc, err := lookRunc(rt.Runc)
+		if err == nil {
+			runc, err = filepath.Abs(runc)
+		}
+		if err != nil {
+			rt.Log.Error("ask runc for the container", "container", c.ID, "err", err)
+			return
+		}
+		rec, bundle = record{ID: c.ID, Root: rt.runcRoot(), Runc: runc}, resolvePath(c.Bundle)
+	}
+	if code == 0 {
+		bundle = ""
+	}
+	init, err := rec.liveInit(ctx, bundle)
 	if cl == nil {
+		if err != nil {
+			rt.Log.Error("ask runc for the container: its use of the driver volume stays", "container", c.ID, "err", err)
+		} else if init == nil {
+			if err := res.undo(ctx); err != nil {
+				rt.Log.Error("give back", "container", c.ID, "err", err)
+			}
+		}
 		return
 	}
-	bundle := ""
-	if code != 0 {
-		bundle = cl.rec.Bundle
-	}
-	init, err := cl.rec.liveInit(ctx, bundle)
 	if err != nil {
 		rt.Log.Error("ask runc for the container: its claim stays recorded", "container", cl.rec.ID, "err", err)
 		rt.claim = nil
@@ -509,6 +532,11 @@ func (rt *Runtime) settleCreate(ctx context.Context, res *prepared, code int) {
 func (rt *Runtime) giveBack(ctx context.Context, res *prepared) {
 	cl := rt.claim
 	if cl == nil {
+		if res != nil {
+			if err := res.undo(ctx); err != nil {
+				rt.Log.Error("give back", "err", err)
+			}
+		}
 		return
 	}
 	rt.claim = nil

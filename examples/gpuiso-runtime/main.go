@@ -102,7 +102,9 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 		if err != nil {
 			return refuse(err)
 		}
-		if res == nil || s.StateDir == "" {
+		// Without a state directory nothing is claimed: only a use of the
+		// driver volume waits for runc's outcome.
+		if res == nil || (s.StateDir == "" && res.p.Volume == nil) {
 			return refuse(handOver(s.runcArgv(cmd, rest)))
 		}
 		return rt.Create(ctx, res, cmd, rest, c, stderr)

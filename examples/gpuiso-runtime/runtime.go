@@ -190,7 +190,8 @@ func (p *prepared) undo(ctx context.Context) error {
 }
 
 // Create runs runc's cmd (create or run) for a prepared container that
-// claims GPUs or the driver volume in the state directory. runc inherits
+// claims GPUs or the driver volume in the state directory, or uses the
+// driver volume without one. runc inherits
 // the lock of the container's record, so that the claim counts as being
 // created as long as runc create, or a foreground runc run, lives. Once
 // runc returns, the claim passes to the container's init if runc reports
@@ -211,7 +212,7 @@ func (rt *Runtime) Create(ctx context.Context, res *prepared, cmd string, rest [
 		rt.Log.Error(err.Error())
 		return exitRefused
 	}
-	rt.settleCreate(sctx, res, code)
+	rt.settleCreate(sctx, res, c, code)
 	return code
 }
 
