@@ -41,13 +41,16 @@ func Lookup(driverRoot string) (string, error) {
 	return "", fmt.Errorf("%s in PATH or under %s: %w", ControlBinary, driverRoot, ErrNoControl)
 }
 
-// control sends one command to the daemon of pipeDir (a host path) through
-// the control binary as a client, and returns what it printed. A daemon
-// that does not answer is ErrDaemon.
-func (m *Manager) control(ctx context.Context, pipeDir, command string) (string, error) {
+// control sends one command to the daemon of process pid through the
+// control binary as a client, and returns what it printed. The client
+// reaches the daemon's pipe directory as the daemon sees it, through
+// /proc/<pid>/root: a socket's path is limited to 107 bytes, which the
+// manager's directory may pass. A daemon that does not answer is
+// ErrDaemon.
+func (m *Manager) control(ctx context.Context, pid int, command string) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, controlTimeout)
 	defer cancel()
-	return run(ctx, m.bin, pipeDir, command)
+	return run(ctx, m.bin, filepath.Join(m.procRoot, strconv.Itoa(pid), "root", daemonPipeDir), command)
 }
 
 // run is control's body, kept apart for its error wrapping.

@@ -262,8 +262,10 @@ func (m *Manager) daemonDir(owner string) string { return filepath.Join(m.dir, o
 // a control daemon of its own, serving that GPU alone, in a mount
 // namespace of its own, its limits set and read back before Start returns.
 // A running daemon of owner with the same GPU and limits is returned as it
-// is (Start is idempotent); one with others is ErrExists; what a dead one
-// left is removed first. On error nothing is left.
+// is (Start is idempotent); one with others is ErrExists. A dead one of the
+// same share is started again in its directories, which its container may
+// still have mounted; what a dead one of another share left is removed
+// first. On error nothing is left.
 func (m *Manager) Start(ctx context.Context, owner string, gpu node.DeviceRef, lim Limits) (Daemon, error) {
 	if err := m.made(); err != nil {
 		return Daemon{}, err
@@ -291,15 +293,24 @@ func (m *Manager) start(ctx context.Context, owner string, gpu node.DeviceRef, l
 		return d, err
 	}
 	lim.MemoryBytes = lim.mib() << 20
+	again := false // a dead daemon of the same share, started again in place
 	if old, err := m.read(owner); err == nil {
-		if old.Alive && old.GPU == gpu.UUID && old.Limits == lim {
+		switch {
+		case old.Alive && old.GPU == gpu.UUID && old.Limits == lim:
 			return old, nil
-		}
-		if old.Alive {
+		case old.Alive:
 			return d, fmt.Errorf("daemon %d serves gpu %s with %+v: %w", old.Pid, old.GPU, old.Limits, ErrExists)
-		}
-		if err := m.stop(ctx, old); err != nil {
-			return d, err
+		case old.GPU == gpu.UUID && old.Limits == lim:
+			// Its container may run on, its mounts of the directories
+			// in place: the same directories serve the new daemon.
+			if err := m.clear(ctx, old); err != nil {
+				return d, err
+			}
+			again = true
+		default:
+			if err := m.stop(ctx, old); err != nil {
+				return d, err
+			}
 		}
 	} else if !isNotExist(err) {
 		// An unreadable record: whatever it started goes.
@@ -314,14 +325,14 @@ func (m *Manager) start(ctx context.Context, owner string, gpu node.DeviceRef, l
 			m.stop(context.WithoutCancel(ctx), d)
 		}
 	}()
-	if err := os.Mkdir(d.Dir, 0o700); err != nil {
+	if err := os.Mkdir(d.Dir, 0o700); err != nil && !(again && os.IsExist(err)) {
 		return d, err
 	}
 	// The daemon's server runs as its client's user: the directories are
 	// every user's, as /tmp and /dev/shm are; the host reaches them only
 	// through the manager's directory, which is root's.
 	for _, sub := range []string{d.PipeDir, d.LogDir, d.ShmDir} {
-		if err := os.Mkdir(sub, 0o755); err != nil {
+		if err := os.Mkdir(sub, 0o755); err != nil && !(again && os.IsExist(err)) {
 			return d, err
 		}
 		if err := os.Chmod(sub, 0o777|os.ModeSticky); err != nil {
@@ -429,11 +440,11 @@ func (m *Manager) ready(ctx context.Context, d Daemon) error {
 // setLimits gives d's daemon its limits and reads them back.
 func (m *Manager) setLimits(ctx context.Context, d Daemon) error {
 	mib := strconv.FormatUint(d.Limits.mib(), 10)
-	if _, err := m.control(ctx, d.PipeDir, "set_default_device_pinned_mem_limit 0 "+mib+"M"); err != nil {
+	if _, err := m.control(ctx, d.Pid, "set_default_device_pinned_mem_limit 0 "+mib+"M"); err != nil {
 		return err
 	}
 	if d.Limits.ComputePercent > 0 {
-		if _, err := m.control(ctx, d.PipeDir, "set_default_active_thread_percentage "+strconv.Itoa(d.Limits.ComputePercent)); err != nil {
+		if _, err := m.control(ctx, d.Pid, "set_default_active_thread_percentage "+strconv.Itoa(d.Limits.ComputePercent)); err != nil {
 			return err
 		}
 	}
@@ -469,7 +480,7 @@ func (h Held) holds(l Limits) bool {
 // query asks d's daemon for its limits.
 func (m *Manager) query(ctx context.Context, d Daemon) (Held, error) {
 	var h Held
-	mem, err := m.control(ctx, d.PipeDir, "get_default_device_pinned_mem_limit 0")
+	mem, err := m.control(ctx, d.Pid, "get_default_device_pinned_mem_limit 0")
 	if err != nil {
 		return h, err
 	}
@@ -479,7 +490,7 @@ func (m *Manager) query(ctx context.Context, d Daemon) (Held, error) {
 		}
 		h.MemorySet = true
 	}
-	pct, err := m.control(ctx, d.PipeDir, "get_default_active_thread_percentage")
+	pct, err := m.control(ctx, d.Pid, "get_default_active_thread_percentage")
 	if err != nil {
 		return h, err
 	}
@@ -562,10 +573,11 @@ func (m *Manager) stop(ctx context.Context, d Daemon) error {
 		}
 	}
 	if proc.Pid > 0 && proc.Alive(m.procRoot) {
-		if _, err := m.control(ctx, d.PipeDir, "quit"); err != nil {
+		_, err := m.control(ctx, proc.Pid, "quit")
+		if err != nil {
 			m.log.WarnContext(ctx, "mps daemon did not take quit", "owner", d.Owner, "pid", proc.Pid, "err", err)
 		}
-		if !m.waitGone(ctx, proc, stopBound) {
+		if err != nil || !m.waitGone(ctx, proc, stopBound) {
 			linux.Kill(proc.Pid)
 			m.waitGone(ctx, proc, stopBound)
 		}
@@ -588,6 +600,29 @@ func (m *Manager) stop(ctx context.Context, d Daemon) error {
 		return err
 	}
 	m.log.InfoContext(ctx, "mps daemon stopped", "owner", d.Owner, "pid", proc.Pid)
+	return nil
+}
+
+// clear readies the directories of d, a dead daemon, for another: it kills
+// what MPS processes it left and removes what they left in its pipe
+// directory (sockets, the lock), keeping the directories themselves, which
+// a running container has mounted. The caller holds the lock.
+func (m *Manager) clear(ctx context.Context, d Daemon) error {
+	for _, p := range m.strays(d) {
+		linux.Kill(p.Pid)
+		if !m.waitGone(ctx, p, stopBound) {
+			return fmt.Errorf("process %d of a dead daemon still runs: %w", p.Pid, ErrDaemon)
+		}
+	}
+	entries, err := os.ReadDir(d.PipeDir)
+	if err != nil && !isNotExist(err) {
+		return err
+	}
+	for _, e := range entries {
+		if err := os.RemoveAll(filepath.Join(d.PipeDir, e.Name())); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
