@@ -262,6 +262,12 @@ func (c *Composite) Recover(ctx context.Context) ([]Container, error) {
 		if err != nil {
 			errs = append(errs, fmt.Errorf("recover: %w", err))
 		}
+		// The daemons of the shares the reconciliation released.
+		for _, kind := range []Kind{KindNative, KindDocker} {
+			if s, ok := c.backends[kind].(daemonSweeper); ok {
+				errs = append(errs, s.sweepDaemons(ctx))
+			}
+		}
 		for _, owner := range res.Unknown {
 			for _, ctr := range all {
 				if ctr.ID == owner && len(ctr.GPUs) > 0 {
@@ -272,6 +278,12 @@ func (c *Composite) Recover(ctx context.Context) ([]Container, error) {
 	}
 	slices.SortFunc(all, func(a, b Container) int { return strings.Compare(a.ID, b.ID) })
 	return all, errors.Join(errs...)
+}
+
+// daemonSweeper is a back end that stops the MPS daemons of released
+// shares (a Lifecycle).
+type daemonSweeper interface {
+	sweepDaemons(ctx context.Context) error
 }
 
 // Containers lists the containers of both back ends, by id (copies).

@@ -20,6 +20,7 @@ import (
 	"github.com/gpuiso/gpuiso/internal/testenv"
 	"github.com/gpuiso/gpuiso/isolator/cgroups"
 	isodocker "github.com/gpuiso/gpuiso/isolator/docker"
+	"github.com/gpuiso/gpuiso/isolator/mps"
 	"github.com/gpuiso/gpuiso/node"
 	"github.com/gpuiso/gpuiso/node/simnode"
 	"github.com/gpuiso/gpuiso/volume"
@@ -40,6 +41,8 @@ type conformance struct {
 	// leftovers lists what the back end still holds of id outside the
 	// containerizer (Docker containers, cgroups).
 	leftovers func(id string) []string
+	// mps runs the daemons of memory shares.
+	mps *mps.Manager
 }
 
 // run launches a container that answers the probe's questions, waits for
@@ -81,6 +84,25 @@ func (b *conformance) nothingLeft(id string) {
 	if left := b.leftovers(id); len(left) > 0 {
 		b.t.Errorf("%s: %s left %v", b.kind, id, left)
 	}
+	if ds, err := b.mps.List(context.Background()); err != nil || slices.ContainsFunc(ds, func(d mps.Daemon) bool { return d.Owner == id }) {
+		b.t.Errorf("%s: %s left an MPS daemon: %+v, %v", b.kind, id, ds, err)
+	}
+}
+
+// conformanceMPS is a daemon manager for a back end under the cases.
+func conformanceMPS(t *testing.T) *mps.Manager {
+	t.Helper()
+	m, err := mps.New(filepath.Join(t.TempDir(), "mps"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if _, err := m.Sweep(context.Background(), nil); err != nil {
+			t.Error(err)
+		}
+		m.Close()
+	})
+	return m
 }
 
 // TestConformance runs the same container cases against the native and the
@@ -92,6 +114,7 @@ func TestConformance(t *testing.T) {
 	testenv.RequireCgroupV1Devices(t)
 	cli := testenv.RequireDocker(t)
 	testenv.LockDocker(t, false)
+	testenv.RequireMPS(t)
 	sim, host, inv := testenv.SimulatedNode(t, "dgx1-volta")
 	probe := testenv.BuildProbe(t)
 	img := testenv.BuildProbeImage(t, cli, testenv.ProbeImage{})
@@ -107,12 +130,13 @@ func TestConformance(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { os.Remove(filepath.Dir(iso.Path("x"))) })
-			c, err := native.New(native.Config{Allocator: alloc, Inventory: inv, Isolator: iso, DevRoot: host.DevRoot, StateDir: t.TempDir()})
+			m := conformanceMPS(t)
+			c, err := native.New(native.Config{Allocator: alloc, Inventory: inv, Isolator: iso, MPS: m, DevRoot: host.DevRoot, StateDir: t.TempDir()})
 			if err != nil {
 				t.Fatal(err)
 			}
 			return &conformance{
-				t: t, kind: containerizer.KindNative, sim: sim, host: host, inv: inv, alloc: alloc, c: c,
+				t: t, kind: containerizer.KindNative, sim: sim, host: host, inv: inv, alloc: alloc, c: c, mps: m,
 				spec: func(id string, req allocator.Request, args ...string) containerizer.Spec {
 					return containerizer.Spec{ID: id, Command: append([]string{probe}, args...), GPUs: req}
 				},
@@ -126,12 +150,13 @@ func TestConformance(t *testing.T) {
 		},
 		containerizer.KindDocker: func(t *testing.T, opts ...allocator.Option) *conformance {
 			alloc := newAllocator(t, inv, opts...)
-			c, err := docker.New(cli, alloc, inv, docker.WithDevRoot(host.DevRoot), docker.WithNamespace(ns), docker.WithStopTimeout(time.Second))
+			m := conformanceMPS(t)
+			c, err := docker.New(cli, alloc, inv, docker.WithDevRoot(host.DevRoot), docker.WithNamespace(ns), docker.WithStopTimeout(time.Second), docker.WithMPS(m))
 			if err != nil {
 				t.Fatal(err)
 			}
 			return &conformance{
-				t: t, kind: containerizer.KindDocker, sim: sim, host: host, inv: inv, alloc: alloc, c: c,
+				t: t, kind: containerizer.KindDocker, sim: sim, host: host, inv: inv, alloc: alloc, c: c, mps: m,
 				spec: func(id string, req allocator.Request, args ...string) containerizer.Spec {
 					return containerizer.Spec{ID: id, Image: img, Command: args, GPUs: req}
 				},
@@ -204,6 +229,53 @@ func TestConformance(t *testing.T) {
 				}
 			}
 			b.nothingLeft("slice")
+		}},
+		{"a memory share's container sees its MPS daemon and nothing more", []allocator.Option{allocator.WithShared("0", "1")}, func(t *testing.T, b *conformance) {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			var out testenv.Buffer
+			spec := b.spec("mps", allocator.Request{Share: &allocator.Share{MemoryBytes: 2 << 30, ComputePercent: 50}}, "do",
+				"env", "CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "CUDA_VISIBLE_DEVICES", "--",
+				"ls", "/tmp/nvidia-mps", "--", "write", "/dev/shm/from-container", "--", "wait", "/dev/shm/from-host", "--", "ls", "/dev/shm")
+			spec.Stdout, spec.Stderr = &out, &out
+			ct, err := b.c.Launch(ctx, spec)
+			if err != nil {
+				t.Fatalf("%s: %v", b.kind, err)
+			}
+			ds, err := b.mps.List(ctx)
+			if err != nil || len(ds) != 1 || ds[0].Owner != "mps" || !ds[0].Alive || ds[0].GPU != ct.GPUs[0].UUID {
+				t.Fatalf("%s: daemons %+v, %v", b.kind, ds, err)
+			}
+			// The container's /dev/shm is its daemon's, both ways.
+			for i := 0; ; i++ {
+				if _, err := os.Stat(filepath.Join(ds[0].ShmDir, "from-container")); err == nil {
+					break
+				}
+				if i > 10000 {
+					t.Fatalf("%s: the container's /dev/shm is not its daemon's:\n%s", b.kind, out.String())
+				}
+				time.Sleep(time.Millisecond)
+			}
+			if err := os.WriteFile(filepath.Join(ds[0].ShmDir, "from-host"), nil, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if st, err := b.c.Wait(ctx, "mps"); err != nil || st.Code != 0 {
+				t.Fatalf("%s: exit %+v, %v\n%s", b.kind, st, err, out.String())
+			}
+			if err := b.c.Destroy(ctx, "mps"); err != nil {
+				t.Fatal(err)
+			}
+			got := map[string]bool{}
+			for l := range strings.Lines(out.String()) {
+				got[strings.TrimSpace(l)] = true
+			}
+			for _, want := range []string{"CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=2048M", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50",
+				"CUDA_VISIBLE_DEVICES=" + ct.GPUs[0].UUID, "control", "control_privileged", "/dev/shm/from-container ok", "from-host"} {
+				if !got[want] {
+					t.Errorf("%s: the container lacks %q:\n%s", b.kind, want, out.String())
+				}
+			}
+			b.nothingLeft("mps")
 		}},
 		{"NVIDIA_REQUIRE_* refused before anything is held", nil, func(t *testing.T, b *conformance) {
 			spec := b.spec("too-new", allocator.Request{Count: 1}, "exit", "0")

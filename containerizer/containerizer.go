@@ -48,7 +48,9 @@ type Spec struct {
 	Env []string `json:"env,omitempty"`
 	// Dir is the working directory of a native container.
 	Dir string `json:"dir,omitempty"`
-	// GPUs is what the container asks of the allocator.
+	// GPUs is what the container asks of the allocator: whole GPUs, MIG
+	// devices, or a share of one GPU (GPUs.Share: a memory share, which
+	// the back end's MPS daemon manager enforces, or a time slice).
 	GPUs allocator.Request `json:"gpus"`
 	// RootFS is a directory holding a native container's own root file
 	// system, which the container pivots into; empty means the container
@@ -170,6 +172,9 @@ type Container struct {
 	Kind Kind   `json:"kind"`
 	// GPUs are the devices the container owns.
 	GPUs []node.DeviceRef `json:"gpus"`
+	// Share is the share of its one GPU it holds, or nil (whole GPUs, MIG
+	// devices).
+	Share *allocator.Share `json:"share,omitempty"`
 	// Volume is the host path of the driver volume mounted at
 	// /usr/local/nvidia, or "" when the container has none.
 	Volume string `json:"volume,omitempty"`

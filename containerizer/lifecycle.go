@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/gpuiso/gpuiso/allocator"
+	"github.com/gpuiso/gpuiso/isolator/mps"
 	"github.com/gpuiso/gpuiso/node"
 	"github.com/gpuiso/gpuiso/volume"
 )
@@ -31,6 +32,10 @@ type LifecycleConfig struct {
 	Inventory *node.Inventory
 	// Volumes provides the driver volume; nil means containers get none.
 	Volumes *volume.Manager
+	// MPS starts, stops and recovers the MPS control daemons of memory
+	// shares (package isolator/mps); nil means memory shares are refused
+	// (ErrNoMPS). Back ends over one allocator share one manager.
+	MPS *mps.Manager
 	// DevRoot holds the host's device nodes (default /dev).
 	DevRoot string
 	// SysRoot is the host's sysfs, for the CPUs local to a spec's GPUs
@@ -94,7 +99,7 @@ func NewLifecycle(cfg LifecycleConfig) (*Lifecycle, error) {
 	}
 	return &Lifecycle{
 		cfg:  cfg,
-		prep: &Preparer{Allocator: cfg.Allocator, Inventory: cfg.Inventory, Volumes: cfg.Volumes, DevRoot: cfg.DevRoot, SysRoot: cfg.SysRoot},
+		prep: &Preparer{Allocator: cfg.Allocator, Inventory: cfg.Inventory, Volumes: cfg.Volumes, MPS: cfg.MPS, DevRoot: cfg.DevRoot, SysRoot: cfg.SysRoot},
 		log:  log,
 	}, nil
 }
@@ -177,6 +182,10 @@ func (l *Lifecycle) Launch(ctx context.Context, spec Spec) (c Container, err err
 	}
 	created = true
 	rec.ID, rec.GPUs, rec.Supervisor = spec.ID, slices.Clone(p.Allocation.Devices), l.cfg.Supervisor
+	if s := p.Allocation.Share; s != nil {
+		sh := *s
+		rec.Share = &sh
+	}
 	if p.Volume != nil {
 		rec.Volume, rec.VolumeVersion = p.Volume.Path, p.Volume.Version
 	}
@@ -191,7 +200,12 @@ func (l *Lifecycle) Launch(ctx context.Context, spec Spec) (c Container, err err
 }
 
 func (l *Lifecycle) describe(rec Record, st State) Container {
-	return Container{ID: rec.ID, Kind: l.cfg.Runtime.Kind(), GPUs: slices.Clone(rec.GPUs), Volume: rec.Volume, Pid: rec.Pid, RuntimeID: rec.RuntimeID, State: st}
+	c := Container{ID: rec.ID, Kind: l.cfg.Runtime.Kind(), GPUs: slices.Clone(rec.GPUs), Volume: rec.Volume, Pid: rec.Pid, RuntimeID: rec.RuntimeID, State: st}
+	if rec.Share != nil {
+		s := *rec.Share
+		c.Share = &s
+	}
+	return c
 }
 
 // lookup returns a launched container's entry and a copy of its record.
@@ -315,8 +329,14 @@ func (l *Lifecycle) unreserve(ctx context.Context, id string) error {
 }
 
 // release gives back owner's GPUs and its use of the volume version; with
-// every, of every version it uses.
+// every, of every version it uses. A memory share's MPS daemon is stopped
+// first: while it cannot be, the share stays held.
 func (l *Lifecycle) release(ctx context.Context, owner, version string, every bool) error {
+	if l.cfg.MPS != nil {
+		if err := l.cfg.MPS.Stop(ctx, owner); err != nil {
+			return err
+		}
+	}
 	var errs []error
 	if err := l.cfg.Allocator.Release(ctx, owner); err != nil && !errors.Is(err, allocator.ErrUnknownOwner) {
 		errs = append(errs, err)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/gpuiso/gpuiso/allocator"
 	"github.com/gpuiso/gpuiso/isolator"
+	"github.com/gpuiso/gpuiso/isolator/mps"
 	"github.com/gpuiso/gpuiso/node"
 	"github.com/gpuiso/gpuiso/volume"
 )
@@ -33,6 +34,9 @@ type Preparer struct {
 	// SysRoot is the host's sysfs, where a spec asking for CPUAffinityNUMA
 	// finds its NUMA nodes' CPUs (default /sys).
 	SysRoot string
+	// MPS starts the MPS control daemon of each memory share (package
+	// isolator/mps); nil means memory shares are refused with ErrNoMPS.
+	MPS *mps.Manager
 }
 
 // Image is what the back end knows of a container's image: its labels and
@@ -77,12 +81,14 @@ type Prepared struct {
 	Plan *isolator.Plan
 	// Volume is the driver volume the container uses, or nil.
 	Volume *volume.Volume
+	// Daemon is the MPS control daemon of a memory share, or nil.
+	Daemon *mps.Daemon
 
 	undo []func(context.Context) error
 }
 
-// Undo gives back what Prepare took, newest first: the volume use, then the
-// allocation. It runs to the end and returns every failure.
+// Undo gives back what Prepare took, newest first: the volume use, then a
+// memory share's MPS daemon, then the allocation. It runs to the end and returns every failure.
 func (p *Prepared) Undo(ctx context.Context) error {
 	var errs []error
 	for _, u := range slices.Backward(p.undo) {
@@ -148,6 +154,12 @@ func (pr *Preparer) Prepare(ctx context.Context, spec Spec, img Image) (p *Prepa
 		if err := volume.Check(req, drv, pr.devices(al.Devices)); err != nil {
 			return p, err
 		}
+		if err := pr.startDaemon(ctx, p); err != nil {
+			return p, err
+		}
+		if p.Daemon != nil {
+			opts = append(opts, isolator.WithMPS(isolator.MPS{PipeDir: p.Daemon.PipeDir, ShmDir: p.Daemon.ShmDir}))
+		}
 	}
 
 	var mounts []specs.Mount
@@ -202,7 +214,37 @@ func PlanOptions(a CPUAffinity, sysRoot string) ([]isolator.PlanOption, error) {
 // NoGPUs reports whether r asks for nothing: such a container holds nothing
 // in the allocator and gets no GPU.
 func NoGPUs(r allocator.Request) bool {
-	return r.Count == 0 && len(r.Devices) == 0 && r.MemoryBytes == 0 && r.MIG == "" && r.MIGMemoryBytes == 0
+	return r.Count == 0 && len(r.Devices) == 0 && r.MemoryBytes == 0 && r.Share == nil && r.MIG == "" && r.MIGMemoryBytes == 0
+}
+
+// ErrNoMPS: a memory share was asked of a back end that has no MPS daemon
+// manager (Preparer.MPS, LifecycleConfig.MPS), so nothing would hold the
+// container to its share.
+var ErrNoMPS = node.Sentinel(node.ErrNotSupported, "a memory share needs an MPS daemon manager")
+
+// startDaemon gives p's memory share its MPS control daemon, with its
+// undo; a time slice and whole GPUs need none.
+func (pr *Preparer) startDaemon(ctx context.Context, p *Prepared) error {
+	s := p.Allocation.Share
+	if s == nil || s.Mode != allocator.ShareMemory {
+		return nil
+	}
+	if pr.MPS == nil {
+		return ErrNoMPS
+	}
+	owner := p.Allocation.Owner
+	d, err := pr.MPS.Start(ctx, owner, p.Allocation.Devices[0], ShareLimits(*s))
+	if err != nil {
+		return err
+	}
+	p.Daemon = &d
+	p.undo = append(p.undo, func(ctx context.Context) error { return pr.MPS.Stop(ctx, owner) })
+	return nil
+}
+
+// ShareLimits are the MPS limits of memory share s.
+func ShareLimits(s allocator.Share) mps.Limits {
+	return mps.Limits{MemoryBytes: s.MemoryBytes, ComputePercent: s.ComputePercent}
 }
 
 // devices returns the GPUs of refs, for requirement checks: a MIG device

@@ -55,12 +55,26 @@ func (l *Lifecycle) supervision(h *allocator.Holder) supervision {
 	return supLive
 }
 
-// claim makes the allocator hold rec's GPUs for its owner; holder, where
-// they had to be claimed again, holds them.
+// claim makes the allocator hold rec's GPUs (or its share) for its owner,
+// and a memory share's MPS daemon run; holder, where they had to be
+// claimed again, holds them.
 func (l *Lifecycle) claim(ctx context.Context, rec Record, holder *allocator.Holder) error {
-	al, err := l.cfg.Allocator.Claim(ctx, rec.ID, rec.GPUs)
+	var al allocator.Allocation
+	var err error
+	if rec.Share != nil && len(rec.GPUs) == 1 {
+		al, err = l.cfg.Allocator.ClaimShare(ctx, rec.ID, rec.GPUs[0], *rec.Share)
+	} else {
+		al, err = l.cfg.Allocator.Claim(ctx, rec.ID, rec.GPUs)
+	}
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrNotAdopted, err)
+	}
+	if rec.Share != nil && rec.Share.Mode == allocator.ShareMemory && len(rec.GPUs) == 1 && l.cfg.MPS != nil {
+		// Running already (idempotent), or started again in place: the
+		// container's mounts of its directories stay good.
+		if _, err := l.cfg.MPS.Start(ctx, rec.ID, rec.GPUs[0], ShareLimits(*rec.Share)); err != nil {
+			return err
+		}
 	}
 	if holder != nil && al.Holder == nil && len(al.Devices) > 0 {
 		return l.cfg.Allocator.SetHolder(ctx, rec.ID, holder)
@@ -222,7 +236,7 @@ func (l *Lifecycle) recoverHolding(ctx context.Context) ([]Container, []string, 
 			errs = append(errs, fmt.Errorf("recover: %w", err))
 		}
 	}
-	errs = append(errs, l.sweep(ctx, true, len(errs) > 0))
+	errs = append(errs, l.sweep(ctx, true, len(errs) > 0), l.sweepDaemons(ctx))
 	return l.Containers(), live, errors.Join(errs...)
 }
 
@@ -258,6 +272,43 @@ func (l *Lifecycle) unlaunch(ctx context.Context, rec Record) error {
 		return err
 	}
 	return l.unreserve(ctx, rec.ID)
+}
+
+// sweepDaemons stops the MPS daemons of owners that hold no memory share
+// in the allocator and have no container or launch: daemons whose share
+// was released past the Lifecycle (an allocator reconciliation, a holder's
+// death), or whose starter was killed. The runtime's containers are listed
+// under the daemons' lock, so a launch of another process whose daemon
+// runs is listed (its reservation came first).
+func (l *Lifecycle) sweepDaemons(ctx context.Context) error {
+	if l.cfg.MPS == nil {
+		return nil
+	}
+	var listed map[string]bool
+	keep := func(owner string) bool {
+		if al, err := l.cfg.Allocator.Allocation(owner); err == nil && al.Share != nil && al.Share.Mode == allocator.ShareMemory {
+			return true
+		}
+		if _, _, err := l.table.Get(owner); err == nil {
+			return true
+		}
+		if listed == nil {
+			recs, err := l.cfg.Runtime.List(ctx)
+			if err != nil {
+				return true // cannot tell: kept
+			}
+			listed = map[string]bool{}
+			for _, r := range recs {
+				listed[r.ID] = true
+			}
+		}
+		return listed[owner]
+	}
+	if stopped, err := l.cfg.MPS.Sweep(ctx, keep); err != nil || len(stopped) > 0 {
+		l.log.InfoContext(ctx, "stopped the MPS daemons of released shares", "owners", stopped, "err", err)
+		return err
+	}
+	return nil
 }
 
 // sweep has a Cleaner runtime remove its leftovers, after Recover
@@ -348,7 +399,7 @@ func (l *Lifecycle) Clean(ctx context.Context) ([]string, error) {
 		}
 		cleaned = append(cleaned, owner)
 	}
-	errs = append(errs, l.sweep(ctx, false, failed))
+	errs = append(errs, l.sweep(ctx, false, failed), l.sweepDaemons(ctx))
 	slices.Sort(cleaned)
 	return slices.Compact(cleaned), errors.Join(errs...)
 }

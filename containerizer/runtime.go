@@ -103,6 +103,10 @@ type Record struct {
 	RuntimeID string `json:"runtimeId,omitempty"`
 	// GPUs are the devices it was given.
 	GPUs []node.DeviceRef `json:"gpus"`
+	// Share is the share of its one GPU it holds (a memory share or a time
+	// slice), or nil for whole GPUs and MIG devices: what a recovery claims
+	// again (allocator.ClaimShare) and gives its MPS daemon.
+	Share *allocator.Share `json:"share,omitempty"`
 	// Volume is the host path of its driver volume, VolumeVersion the
 	// driver version; both empty for none.
 	Volume        string `json:"volume,omitempty"`

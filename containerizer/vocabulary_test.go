@@ -20,6 +20,7 @@ import (
 	"github.com/gpuiso/gpuiso/isolator/cdi"
 	"github.com/gpuiso/gpuiso/isolator/cgroups"
 	isodocker "github.com/gpuiso/gpuiso/isolator/docker"
+	"github.com/gpuiso/gpuiso/isolator/mps"
 	"github.com/gpuiso/gpuiso/isolator/oci"
 	"github.com/gpuiso/gpuiso/node"
 	"github.com/gpuiso/gpuiso/node/nvmlnode"
@@ -91,6 +92,15 @@ func TestVocabulary(t *testing.T) {
 		"isolator/docker.ErrInvalidPlan":            isodocker.ErrInvalidPlan,
 		"isolator/docker.ErrNilConfig":              isodocker.ErrNilConfig,
 		"isolator/oci.ErrNoLinux":                   oci.ErrNoLinux,
+		"isolator/mps.ErrNoControl":                 mps.ErrNoControl,
+		"isolator/mps.ErrInvalid":                   mps.ErrInvalid,
+		"isolator/mps.ErrExists":                    mps.ErrExists,
+		"isolator/mps.ErrUnknownOwner":              mps.ErrUnknownOwner,
+		"isolator/mps.ErrDaemon":                    mps.ErrDaemon,
+		"isolator/mps.ErrNotMade":                   mps.ErrNotMade,
+		"isolator.ErrInvalidMPS":                    isolator.ErrInvalidMPS,
+		"containerizer.ErrNoMPS":                    containerizer.ErrNoMPS,
+		"allocator.ErrShareNotSupported":            allocator.ErrShareNotSupported,
 		"node.ErrCorrupt":                           node.ErrCorrupt,
 		"node.ErrExists":                            node.ErrExists,
 		"node.ErrInsufficient":                      node.ErrInsufficient,

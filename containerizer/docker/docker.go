@@ -13,6 +13,7 @@ import (
 
 	"github.com/gpuiso/gpuiso/allocator"
 	"github.com/gpuiso/gpuiso/containerizer"
+	"github.com/gpuiso/gpuiso/isolator/mps"
 	"github.com/gpuiso/gpuiso/node"
 	"github.com/gpuiso/gpuiso/volume"
 )
@@ -26,6 +27,9 @@ const (
 	// LabelVolume holds the driver version of the volume the container
 	// mounts, when it mounts one.
 	LabelVolume = "io.gpuiso.volume"
+	// LabelShare holds the share of its one GPU the container holds
+	// (allocator.Share as JSON), when it holds one.
+	LabelShare = "io.gpuiso.share"
 )
 
 // DefaultNamespace is the namespace of a containerizer built without
@@ -61,6 +65,7 @@ type config struct {
 	cdiKind     string // WithCDI; "" for device mappings always
 	labels      map[string]string
 	supervisor  *allocator.Holder // WithSupervisor
+	mps         *mps.Manager      // WithMPS
 }
 
 // WithDevRoot sets the host directory holding the GPUs' device nodes
@@ -80,6 +85,17 @@ func WithDevRoot(dir string) Option {
 func WithVolumes(m *volume.Manager) Option {
 	return func(c *config) error {
 		c.volumes = m
+		return nil
+	}
+}
+
+// WithMPS gives the containerizer the MPS daemon manager that enforces
+// memory shares (package isolator/mps); without it, memory shares are
+// refused with containerizer.ErrNoMPS. A memory share's container gets its
+// daemon's pipe directory and /dev/shm as bind mounts.
+func WithMPS(m *mps.Manager) Option {
+	return func(c *config) error {
+		c.mps = m
 		return nil
 	}
 }
@@ -171,7 +187,7 @@ func New(cli Client, alloc *allocator.Allocator, inv *node.Inventory, opts ...Op
 		return nil, err
 	}
 	lc, err := containerizer.NewLifecycle(containerizer.LifecycleConfig{
-		Runtime: rt, Allocator: alloc, Inventory: inv.Clone(), Volumes: rt.cfg.volumes, DevRoot: rt.cfg.devRoot,
+		Runtime: rt, Allocator: alloc, Inventory: inv.Clone(), Volumes: rt.cfg.volumes, MPS: rt.cfg.mps, DevRoot: rt.cfg.devRoot,
 		Supervisor: rt.cfg.supervisor, ReconcileAllocator: rt.cfg.reconcile, Logger: rt.cfg.logger,
 	})
 	if err != nil {

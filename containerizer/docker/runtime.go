@@ -2,6 +2,7 @@ package docker
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -15,6 +16,7 @@ import (
 	"github.com/moby/moby/api/types/container"
 	"github.com/moby/moby/client"
 
+	"github.com/gpuiso/gpuiso/allocator"
 	"github.com/gpuiso/gpuiso/containerizer"
 	isodocker "github.com/gpuiso/gpuiso/isolator/docker"
 	"github.com/gpuiso/gpuiso/node"
@@ -112,6 +114,13 @@ func (r *Runtime) Create(ctx context.Context, spec containerizer.Spec, p *contai
 	}
 	if p.Volume != nil {
 		cfg.Labels[LabelVolume] = p.Volume.Version
+	}
+	if s := p.Allocation.Share; s != nil {
+		b, err := json.Marshal(s)
+		if err != nil {
+			return containerizer.Record{}, err
+		}
+		cfg.Labels[LabelShare] = string(b)
 	}
 	for k, v := range r.cfg.labels {
 		cfg.Labels[k] = v
@@ -260,6 +269,15 @@ func (r *Runtime) List(ctx context.Context) ([]containerizer.Record, error) {
 			continue
 		}
 		rec.ID, rec.GPUs = owner, gpus
+		if v := s.Labels[LabelShare]; v != "" {
+			var sh allocator.Share
+			if err := json.Unmarshal([]byte(v), &sh); err != nil || sh.Validate() != nil {
+				rec.Err = fmt.Errorf("%w: label %s=%q: not a share", ErrNotManaged, LabelShare, v)
+				out = append(out, rec)
+				continue
+			}
+			rec.Share = &sh
+		}
 		if v := s.Labels[LabelVolume]; v != "" && r.cfg.volumes != nil {
 			rec.VolumeVersion, rec.Volume = v, filepath.Join(r.cfg.volumes.Root(), volume.Prefix+v)
 		}

@@ -13,6 +13,7 @@ import (
 	"github.com/gpuiso/gpuiso/containerizer"
 	"github.com/gpuiso/gpuiso/isolator"
 	"github.com/gpuiso/gpuiso/isolator/cgroups"
+	"github.com/gpuiso/gpuiso/isolator/mps"
 	"github.com/gpuiso/gpuiso/node"
 	"github.com/gpuiso/gpuiso/volume"
 )
@@ -35,6 +36,10 @@ type Config struct {
 	Isolator Isolator
 	// Volumes provides the driver volume; nil means containers get none.
 	Volumes *volume.Manager
+	// MPS runs the MPS control daemons of memory shares (package
+	// isolator/mps); nil means memory shares are refused. Give every
+	// containerizer on the allocator the same one.
+	MPS *mps.Manager
 	// NVML reports the containers' GPU usage (see Usage); nil means usage
 	// is not supported.
 	NVML nvml.Interface
@@ -146,7 +151,7 @@ func New(cfg Config) (*Containerizer, error) {
 		rt.parent = p
 	}
 	lc, err := containerizer.NewLifecycle(containerizer.LifecycleConfig{
-		Runtime: rt, Allocator: cfg.Allocator, Inventory: cfg.Inventory, Volumes: cfg.Volumes, DevRoot: cfg.DevRoot, SysRoot: cfg.SysRoot,
+		Runtime: rt, Allocator: cfg.Allocator, Inventory: cfg.Inventory, Volumes: cfg.Volumes, MPS: cfg.MPS, DevRoot: cfg.DevRoot, SysRoot: cfg.SysRoot,
 		Supervisor: rt.holder(), ReconcileAllocator: cfg.ReconcileAllocator, Logger: cfg.Logger,
 	})
 	if err != nil {

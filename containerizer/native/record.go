@@ -6,6 +6,7 @@ import (
 	"github.com/gpuiso/gpuiso/internal/linux"
 	"os"
 
+	"github.com/gpuiso/gpuiso/allocator"
 	"github.com/gpuiso/gpuiso/containerizer"
 	"github.com/gpuiso/gpuiso/node"
 	"github.com/opencontainers/runtime-spec/specs-go"
@@ -24,6 +25,8 @@ type record struct {
 	// CPUAffinity is the spec's: a plan made again (after a restart, for
 	// other GPUs) pins the container as the first did.
 	CPUAffinity containerizer.CPUAffinity `json:"cpuAffinity,omitempty"`
+	// Share is the share of its one GPU the container holds, or nil.
+	Share *allocator.Share `json:"share,omitempty"`
 	// Volume and VolumeVersion name the driver volume the container uses.
 	Volume        string `json:"volume,omitempty"`
 	VolumeVersion string `json:"volumeVersion,omitempty"`

@@ -137,6 +137,10 @@ func (r *runner) Create(ctx context.Context, spec containerizer.Spec, p *contain
 	if p.Volume != nil {
 		pr.rec.Volume, pr.rec.VolumeVersion = p.Volume.Path, p.Volume.Version
 	}
+	if s := p.Allocation.Share; s != nil {
+		sh := *s
+		pr.rec.Share = &sh
+	}
 	var undo []func()
 	defer func() {
 		if err != nil {
@@ -180,7 +184,12 @@ func (r *runner) Create(ctx context.Context, spec containerizer.Spec, p *contain
 
 // public is a record as the Lifecycle sees it.
 func (r *runner) public(rec record) containerizer.Record {
-	return containerizer.Record{ID: rec.ID, RuntimeID: rec.ID, GPUs: slices.Clone(rec.GPUs), Volume: rec.Volume, VolumeVersion: rec.VolumeVersion, Pid: rec.Pid}
+	out := containerizer.Record{ID: rec.ID, RuntimeID: rec.ID, GPUs: slices.Clone(rec.GPUs), Volume: rec.Volume, VolumeVersion: rec.VolumeVersion, Pid: rec.Pid}
+	if rec.Share != nil {
+		s := *rec.Share
+		out.Share = &s
+	}
+	return out
 }
 
 // apply makes the container's cgroup. Another process on the same state
