@@ -203,7 +203,8 @@ func newRig(t *testing.T) *rig {
 // global are gpuiso-runtime's global flags for root ("" for runc's
 // default).
 func (r *rig) global(root string) []string {
-	g := []string{"--simulate", "dgx1-volta", "--dev-root", r.sim, "--state-dir", r.state}
+	// The bundles are the test's own: their environment asks.
+	g := []string{"--simulate", "dgx1-volta", "--dev-root", r.sim, "--state-dir", r.state, "--accept-env-request", "always"}
 	if root != "" {
 		g = append(g, "--root", root)
 	}

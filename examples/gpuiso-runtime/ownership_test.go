@@ -184,7 +184,7 @@ func TestOwnershipDeadContainer(t *testing.T) {
 	state := t.TempDir()
 	root := t.TempDir() // runc's state
 	probe := testenv.BuildProbe(t)
-	global := []string{"--simulate", "dgx1-volta", "--dev-root", sim, "--state-dir", state, "--root", root}
+	global := []string{"--simulate", "dgx1-volta", "--dev-root", sim, "--state-dir", state, "--root", root, "--accept-env-request", "always"}
 	rt := func(args ...string) (string, error) {
 		return runtimeOut(t, bin, append(slices.Clone(global), args...)...)
 	}
@@ -324,7 +324,7 @@ func TestOwnershipConcurrent(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			outs[i], errs[i] = runtimeOut(t, bin, "--simulate", "dgx1-volta", "--dev-root", sim, "--state-dir", state, "--root", root, "create", "--bundle", bundles[i], ids[i])
+			outs[i], errs[i] = runtimeOut(t, bin, "--simulate", "dgx1-volta", "--dev-root", sim, "--state-dir", state, "--root", root, "--accept-env-request", "always", "create", "--bundle", bundles[i], ids[i])
 		}()
 	}
 	wg.Wait()

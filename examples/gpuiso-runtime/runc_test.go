@@ -94,7 +94,7 @@ func TestRuncMIG(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	id := fmt.Sprintf("gpuiso-mig-%d", time.Now().UnixNano())
-	out, err := exec.CommandContext(ctx, bin, "--simulate", "hgx-h100-mig", "--dev-root", sim, "--root", t.TempDir(), "run", "--bundle", dir, id).CombinedOutput()
+	out, err := exec.CommandContext(ctx, bin, "--simulate", "hgx-h100-mig", "--dev-root", sim, "--root", t.TempDir(), "--accept-env-request", "always", "run", "--bundle", dir, id).CombinedOutput()
 	if err != nil {
 		t.Fatalf("run: %v\n%s", err, out)
 	}
