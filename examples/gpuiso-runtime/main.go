@@ -4,7 +4,8 @@
 //
 //	gpuiso-runtime [--runc PATH] [--state-dir DIR] [--simulate NAME --dev-root DIR]
 //	               [--log FILE] [--log-format text|json] [--cdi-kind KIND]
-//	               [--swarm-resource NAME]... [runc's global flags] COMMAND [ARGS...]
+//	               [--swarm-resource NAME]... [--accept-env-request POLICY]
+//	               [--timeout DURATION] [runc's global flags] COMMAND [ARGS...]
 //
 // On "create" (and "run") it reads the bundle's config.json and finds the
 // GPUs asked for, first found wins: DOCKER_RESOURCE_<NAME> (the GPUs Docker
@@ -16,11 +17,37 @@
 // driver, and writes into the spec the GPUs' and control devices' nodes,
 // their cgroup rules (every other device denied), NVIDIA_VISIBLE_DEVICES and
 // CUDA_VISIBLE_DEVICES, and the read-only driver volume at /usr/local/nvidia
-// for a container that is given GPUs or whose image asks for the volume
+// for a container that is given GPUs or whose caller asks for the volume
 // (NVIDIA_VISIBLE_DEVICES set and not void, as "none" does, or the
 // com.nvidia.volumes.needed annotation). Then runc creates
 // the container. A container asking for nothing, with no volume, is passed
-// through untouched.
+// through untouched, and runs its CPU work.
+//
+// A request is what the caller set, never the image. The engine's record of
+// the image (Docker's config.v2.json and image configuration, in either
+// image store; Podman's storage), read from the engine's files, tells the
+// image's own environment and annotations from the caller's; the policy
+// --accept-env-request decides when NVIDIA_VISIBLE_DEVICES asks: "never",
+// "caller" (the default: when the record shows the image does not set that
+// value; no record, no request), "privileged" (also in a container with
+// CAP_SYS_ADMIN) or "always" (the whole environment, for images the operator
+// controls). DOCKER_RESOURCE_* asks only in a Docker Swarm task whose record
+// says so, with a value not the image's; an annotation Podman copied from the
+// image asks for nothing. "all" claims no GPU: with --state-dir it shows the
+// GPUs no container holds and holds none. A device node of an owned GPU in
+// the spec's device list is refused.
+//
+// The image's root file system is read on the host as the container would
+// see it and no more: its CUDA compat libraries are found with every link
+// resolved inside the root (openat2 RESOLVE_IN_ROOT), only regular files are
+// opened (a FIFO or a device by that name is ignored, logged, never opened),
+// reads are bounded, all before the state directory's lock is taken and
+// within --timeout (default 30s), which also bounds the wait for that lock:
+// past it the create is refused naming the lock's holder. Nothing from the
+// image runs, nothing is written into it, and config.json is written back
+// with only the members the isolation sets changed. (runc itself, not
+// gpuiso-runtime, creates /dev's symlinks in the host folder an image's /dev
+// names when that /dev is an absolute link.)
 //
 // A refused container is one line on stderr (and an error in the --log
 // file, in runc's format, where Docker and containerd look for runc's) and
