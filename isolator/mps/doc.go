@@ -23,8 +23,9 @@
 //     it sees) and, with a compute percentage,
 //     set_default_active_thread_percentage;
 //   - recorded (daemon.json in its directory: owner, GPU, limits, the
-//     process by pid and start time, its mount namespace) before and after
-//     its process starts, so that a crash at any point leaves it findable.
+//     process by pid and start time, and a random mark that its environment
+//     and its servers' carry, GPUISO_MPS_DAEMON) before and after its
+//     process starts, so that a crash at any point leaves it findable.
 //
 // Its directory holds pipe/, log/ and shm/, world-writable with the sticky
 // bit as /tmp is (the server runs as its client's user); the manager's own
@@ -35,9 +36,9 @@
 //
 // The first (and only) share of an owner starts its daemon; Start is
 // idempotent for the same GPU and limits. [Manager.Stop] sends quit,
-// kills a daemon that has not ended within seconds, kills what MPS
-// processes are left in its mount namespace (a server whose daemon was
-// killed), and removes the directory. [Manager.Sweep] is the recovery of a
+// kills a daemon that has not ended within seconds, kills the MPS
+// processes that carry its mark (a server whose daemon was killed), and
+// removes the directory. [Manager.Sweep] is the recovery of a
 // process that crashed: it stops every daemon whose owner it does not keep,
 // a daemon whose starter died before recording its pid included (found as
 // the holder of its pipe directory's control lock). [Manager.List] reads

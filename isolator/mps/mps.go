@@ -1,7 +1,10 @@
 package mps
 
 import (
+	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -57,10 +60,10 @@ type Daemon struct {
 	// it starts.
 	Pid   int    `json:"pid,omitempty"`
 	Start uint64 `json:"start,omitempty"`
-	// MountNS is the inode of the daemon's own mount namespace, which its
-	// servers share: how a recovery finds the servers of a daemon that was
-	// killed.
-	MountNS uint64 `json:"mountNs,omitempty"`
+	// Mark is the daemon's own mark, in the environment of its process
+	// and of the servers it starts (MarkEnv): how a recovery finds the
+	// servers of a daemon that was killed, whatever their pids.
+	Mark string `json:"mark"`
 	// Dir is the daemon's directory in the manager's; PipeDir, LogDir and
 	// ShmDir are in it: the pipe directory a container gets (bound at
 	// isolator.MPSPipeDir), the daemon's logs, and the directory the daemon
@@ -320,6 +323,11 @@ func (m *Manager) start(ctx context.Context, owner string, gpu node.DeviceRef, l
 	}
 	d = m.blank(owner)
 	d.GPU, d.Index, d.Limits, d.Started = gpu.UUID, gpu.Index, lim, time.Now().UTC()
+	var mark [12]byte
+	if _, err := rand.Read(mark[:]); err != nil {
+		return d, err
+	}
+	d.Mark = hex.EncodeToString(mark[:])
 	defer func() {
 		if err != nil {
 			m.stop(context.WithoutCancel(ctx), d)
@@ -348,7 +356,7 @@ func (m *Manager) start(ctx context.Context, owner string, gpu node.DeviceRef, l
 	}
 	defer log.Close()
 	cmd := exec.Command(m.bin, "-f")
-	cmd.Env = m.env(gpu.UUID)
+	cmd.Env = m.env(gpu.UUID, d.Mark)
 	cmd.Stdout, cmd.Stderr = log, log
 	mounts := []linux.NamespaceMount{
 		{Target: daemonTmp, Mode: 0o777 | os.ModeSticky},
@@ -368,9 +376,6 @@ func (m *Manager) start(ctx context.Context, owner string, gpu node.DeviceRef, l
 		return d, fmt.Errorf("daemon %d: %w", d.Pid, err)
 	}
 	d.Start = st.Start
-	if fi, err := os.Stat(filepath.Join(m.procRoot, strconv.Itoa(d.Pid), "ns", "mnt")); err == nil {
-		_, d.MountNS, _ = linux.Inode(fi)
-	}
 	if err := m.write(d); err != nil {
 		return d, err
 	}
@@ -389,10 +394,11 @@ func (m *Manager) start(ctx context.Context, owner string, gpu node.DeviceRef, l
 // namespace shows them, the search path of the driver's programs (the
 // control daemon starts nvidia-cuda-mps-server) and the caller's library
 // path (a driver outside the loader's default directories).
-func (m *Manager) env(uuid string) []string {
+func (m *Manager) env(uuid, mark string) []string {
 	path := filepath.Dir(m.bin) + ":/usr/local/nvidia/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 	env := []string{
 		"CUDA_VISIBLE_DEVICES=" + uuid,
+		MarkEnv + "=" + mark,
 		"CUDA_MPS_PIPE_DIRECTORY=" + daemonPipeDir,
 		"CUDA_MPS_LOG_DIRECTORY=" + daemonLogDir,
 		"PATH=" + path,
@@ -566,9 +572,6 @@ func (m *Manager) stop(ctx context.Context, d Daemon) error {
 		if pid, err := linux.LockHolder(filepath.Join(d.PipeDir, "control_lock")); err == nil && pid > 0 {
 			if st, err := linux.ReadProcStat(m.procRoot, pid); err == nil {
 				proc = linux.Process{Pid: pid, Start: st.Start}
-				if d.MountNS == 0 {
-					d.MountNS = m.mountNS(pid)
-				}
 			}
 		}
 	}
@@ -641,48 +644,40 @@ func (m *Manager) waitGone(ctx context.Context, p linux.Process, bound time.Dura
 	return true
 }
 
-// mountNS is the inode of pid's mount namespace, or 0.
-func (m *Manager) mountNS(pid int) uint64 {
-	fi, err := os.Stat(filepath.Join(m.procRoot, strconv.Itoa(pid), "ns", "mnt"))
-	if err != nil {
-		return 0
-	}
-	_, ino, _ := linux.Inode(fi)
-	return ino
-}
+// MarkEnv names the variable that carries a daemon's mark (Daemon.Mark)
+// in the environment of its process and its servers.
+const MarkEnv = "GPUISO_MPS_DAEMON"
 
-// strays are the live processes of d's mount namespace that are MPS's own
-// (a control daemon or server): what a daemon killed without quit leaves.
+// strays are the live MPS processes (a control daemon or server) that
+// carry d's mark: what a daemon killed without quit leaves.
 func (m *Manager) strays(d Daemon) []linux.Process {
-	if d.MountNS == 0 {
+	if d.Mark == "" {
 		return nil
 	}
-	return Strays(m.procRoot, d.MountNS)
+	return Strays(m.procRoot, d.Mark)
 }
 
-// Strays lists the processes under procRoot that are in the mount
-// namespace of inode ns and whose command is MPS's own
-// (nvidia-cuda-mps-control or nvidia-cuda-mps-server).
-func Strays(procRoot string, ns uint64) []linux.Process {
+// Strays lists the live processes under procRoot whose command is MPS's
+// own (nvidia-cuda-mps-control or nvidia-cuda-mps-server) and whose
+// environment carries mark (MarkEnv=mark).
+func Strays(procRoot, mark string) []linux.Process {
 	entries, err := os.ReadDir(procRoot)
-	if err != nil {
+	if err != nil || mark == "" {
 		return nil
 	}
+	want := []byte(MarkEnv + "=" + mark)
 	var out []linux.Process
 	for _, e := range entries {
 		pid, err := strconv.Atoi(e.Name())
 		if err != nil || pid <= 0 {
 			continue
 		}
-		fi, err := os.Stat(filepath.Join(procRoot, e.Name(), "ns", "mnt"))
-		if err != nil {
-			continue
-		}
-		if _, ino, ok := linux.Inode(fi); !ok || ino != ns {
-			continue
-		}
 		comm, err := os.ReadFile(filepath.Join(procRoot, e.Name(), "comm"))
 		if err != nil || !strings.HasPrefix(strings.TrimSpace(string(comm)), "nvidia-cuda-mps") {
+			continue
+		}
+		env, err := os.ReadFile(filepath.Join(procRoot, e.Name(), "environ"))
+		if err != nil || !slices.ContainsFunc(bytes.Split(env, []byte{0}), func(kv []byte) bool { return bytes.Equal(kv, want) }) {
 			continue
 		}
 		st, err := linux.ReadProcStat(procRoot, pid)

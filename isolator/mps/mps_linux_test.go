@@ -65,7 +65,7 @@ func TestDaemonLife(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !d.Alive || d.Pid <= 0 || d.Start == 0 || d.MountNS == 0 || d.GPU != gpu(3).UUID || d.Index != 3 || d.Dir != filepath.Join(dir, "share-a") {
+	if !d.Alive || d.Pid <= 0 || d.Start == 0 || d.Mark == "" || d.GPU != gpu(3).UUID || d.Index != 3 || d.Dir != filepath.Join(dir, "share-a") {
 		t.Fatalf("daemon = %+v", d)
 	}
 	comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", d.Pid))
@@ -249,32 +249,30 @@ func TestClientCanChangeLimits(t *testing.T) {
 	}
 }
 
-// TestStrays finds the MPS processes of one mount namespace in a proc
-// tree, and nothing else.
+// TestStrays finds the MPS processes that carry one daemon's mark in a
+// proc tree, and nothing else.
 func TestStrays(t *testing.T) {
 	proc := t.TempDir()
-	mk := func(pid int, comm string, ns string, state string) {
+	mk := func(pid int, comm, env, state string) {
 		d := filepath.Join(proc, strconv.Itoa(pid))
-		os.MkdirAll(filepath.Join(d, "ns"), 0o755)
+		os.MkdirAll(d, 0o755)
 		os.WriteFile(filepath.Join(d, "comm"), []byte(comm+"\n"), 0o644)
+		os.WriteFile(filepath.Join(d, "environ"), []byte(strings.ReplaceAll(env, " ", "\x00")+"\x00"), 0o644)
 		os.WriteFile(filepath.Join(d, "stat"), []byte(fmt.Sprintf("%d (%s) %s 1 1 1 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 %d 0 0", pid, comm, state, 100+pid)), 0o644)
-		os.WriteFile(filepath.Join(proc, "ns-"+ns), nil, 0o644)
-		os.Link(filepath.Join(proc, "ns-"+ns), filepath.Join(d, "ns", "mnt"))
 	}
-	mk(10, "nvidia-cuda-mps", "a", "S")
-	mk(11, "nvidia-cuda-mps-server", "a", "S")
-	mk(12, "sh", "a", "S")                     // not MPS's
-	mk(13, "nvidia-cuda-mps-server", "b", "S") // another namespace
-	mk(14, "nvidia-cuda-mps-server", "a", "Z") // ended
-	mk(os.Getpid(), "mps.test", "self", "R")   // the caller
-	fi, err := os.Stat(filepath.Join(proc, "ns-a"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, ino, _ := linux.Inode(fi)
-	got := mps.Strays(proc, ino)
+	mk(10, "nvidia-cuda-mps", "PATH=/bin GPUISO_MPS_DAEMON=aaa", "S")
+	mk(11, "nvidia-cuda-mps-server", "GPUISO_MPS_DAEMON=aaa CUDA_VISIBLE_DEVICES=GPU-1", "S")
+	mk(12, "sh", "GPUISO_MPS_DAEMON=aaa", "S")                       // not MPS's
+	mk(13, "nvidia-cuda-mps-server", "GPUISO_MPS_DAEMON=bbb", "S")   // another daemon's
+	mk(14, "nvidia-cuda-mps-server", "GPUISO_MPS_DAEMON=aaa", "Z")   // ended
+	mk(15, "nvidia-cuda-mps-server", "GPUISO_MPS_DAEMON=aaab", "S")  // a longer mark
+	mk(16, "nvidia-cuda-mps-server", "X=GPUISO_MPS_DAEMON=aaa", "S") // not the variable
+	got := mps.Strays(proc, "aaa")
 	if len(got) != 2 || got[0].Pid != 10 || got[1].Pid != 11 || got[1].Start != 111 {
 		t.Fatalf("Strays = %+v", got)
+	}
+	if got := mps.Strays(proc, ""); got != nil {
+		t.Fatalf("Strays of no mark = %+v", got)
 	}
 }
 
@@ -350,5 +348,33 @@ func waitFile(t *testing.T, p string) {
 			t.Fatalf("%s never appeared", p)
 		}
 		time.Sleep(time.Millisecond)
+	}
+}
+
+// TestRestartSparesOthers: starting a killed daemon again kills what it
+// left and nothing of another daemon, even one whose namespace took the
+// dead one's inode number (the kernel reuses them at once).
+func TestRestartSparesOthers(t *testing.T) {
+	ctx := context.Background()
+	m, _ := newManager(t)
+	a, err := m.Start(ctx, "a", gpu(0), mps.Limits{MemoryBytes: gib})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !contains(environ(t, a.Pid), mps.MarkEnv+"="+a.Mark) {
+		t.Fatalf("the daemon's environment lacks its mark %s", a.Mark)
+	}
+	syscall.Kill(a.Pid, syscall.SIGKILL)
+	waitDead(t, a.Pid, a.Start)
+	b, err := m.Start(ctx, "b", gpu(1), mps.Limits{MemoryBytes: gib})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a2, err := m.Start(ctx, "a", gpu(0), mps.Limits{MemoryBytes: gib})
+	if err != nil || a2.Mark == a.Mark {
+		t.Fatalf("restart = %+v, %v", a2, err)
+	}
+	if !(linux.Process{Pid: b.Pid, Start: b.Start}).Alive("") {
+		t.Fatal("restarting a's daemon killed b's")
 	}
 }
