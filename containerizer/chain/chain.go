@@ -22,6 +22,7 @@ import (
 	"github.com/gpuiso/gpuiso/internal/linux"
 	"github.com/gpuiso/gpuiso/isolator"
 	"github.com/gpuiso/gpuiso/isolator/cgroups"
+	"github.com/gpuiso/gpuiso/isolator/mps"
 	"github.com/gpuiso/gpuiso/node"
 	"github.com/gpuiso/gpuiso/node/nvmlnode"
 	"github.com/gpuiso/gpuiso/volume"
@@ -48,6 +49,12 @@ type Config struct {
 	Cgroups *cgroups.Isolator
 	// NVML reports usage (see Usage); nil means Usage is not supported.
 	NVML nvml.Interface
+	// MPS runs the MPS control daemons of memory shares (package
+	// isolator/mps): Prepare starts a share's, Cleanup stops it, Recover
+	// restarts a dead one in place and stops those no container explains.
+	// Give the isolator a directory of its own (under StateDir, say). nil
+	// means memory shares are refused (containerizer.ErrNoMPS).
+	MPS *mps.Manager
 	// Logger receives what recovery did; nil means none.
 	Logger *slog.Logger
 	// CPUAffinity pins every container the isolator prepares to the CPUs
@@ -87,6 +94,7 @@ type Isolator struct {
 	parent string
 	dev    devices
 	nvml   nvml.Interface
+	mps    *mps.Manager
 	log    *slog.Logger
 	lock   *os.File
 	// affinity and opts are Config.CPUAffinity and its plan options.
@@ -196,7 +204,8 @@ func newIsolator(cfg Config, dir, parent string, dev devices) *Isolator {
 	}
 	opts, _ := containerizer.PlanOptions(cfg.CPUAffinity, cfg.SysRoot) // checked by New
 	return &Isolator{
-		prep:  containerizer.Preparer{Allocator: cfg.Allocator, Inventory: cfg.Inventory, Volumes: cfg.Volumes, SysRoot: cfg.SysRoot},
+		prep:  containerizer.Preparer{Allocator: cfg.Allocator, Inventory: cfg.Inventory, Volumes: cfg.Volumes, SysRoot: cfg.SysRoot, MPS: cfg.MPS},
+		mps:   cfg.MPS,
 		alloc: cfg.Allocator, inv: cfg.Inventory, vols: cfg.Volumes,
 		dir: dir, parent: parent, dev: dev, nvml: cfg.NVML, log: log,
 		affinity: cfg.CPUAffinity, opts: opts,
@@ -259,7 +268,7 @@ func (i *Isolator) Prepare(ctx context.Context, id string, req allocator.Request
 	if err != nil {
 		return nil, fmt.Errorf("prepare %s: %w", id, err)
 	}
-	rec := record{ID: id, Phase: phasePrepared, GPUs: uuids(p.Allocation.Devices)}
+	rec := record{ID: id, Phase: phasePrepared, GPUs: uuids(p.Allocation.Devices), Share: p.Allocation.Share}
 	if p.Volume != nil {
 		rec.Volume = p.Volume.Version
 	}
@@ -596,6 +605,13 @@ func (i *Isolator) cleanup(ctx context.Context, id string) error {
 	if !known && !corrupt {
 		i.dev.RemoveParent(i.parent)
 		return nil
+	}
+	// A memory share's daemon before its share: while it runs, the share
+	// stays held.
+	if i.mps != nil {
+		if err := i.mps.Stop(ctx, id); err != nil {
+			return err
+		}
 	}
 	var errs []error
 	if err := i.alloc.Release(ctx, id); err != nil && !errors.Is(err, allocator.ErrUnknownOwner) {

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/gpuiso/gpuiso/allocator"
 	"github.com/gpuiso/gpuiso/internal/linux"
 	"github.com/gpuiso/gpuiso/node"
 )
@@ -34,6 +35,8 @@ type record struct {
 	Phase   string `json:"phase"`
 	// GPUs are the UUIDs of the devices the container holds.
 	GPUs []string `json:"gpus,omitempty"`
+	// Share is the share of its one GPU the container holds, or nil.
+	Share *allocator.Share `json:"share,omitempty"`
 	// Volume is the driver volume version the container uses, or "".
 	Volume string `json:"volume,omitempty"`
 	// Cgroup is the agent's own cgroup the rules are enforced on

@@ -7,6 +7,7 @@ import (
 	"slices"
 
 	"github.com/gpuiso/gpuiso/allocator"
+	"github.com/gpuiso/gpuiso/containerizer"
 	"github.com/gpuiso/gpuiso/node"
 )
 
@@ -101,6 +102,20 @@ func (i *Isolator) Recover(ctx context.Context, known []string) (Recovered, erro
 		}
 		res.Cleaned = append(res.Cleaned, id)
 	}
+	if i.mps != nil {
+		// Daemons no record or memory share explains: a share released
+		// past the isolator, or a Prepare killed before its record.
+		keep := func(owner string) bool {
+			if _, err := i.read(owner); err == nil {
+				return true
+			}
+			al, err := i.alloc.Allocation(owner)
+			return err == nil && al.Share != nil && al.Share.Mode == allocator.ShareMemory
+		}
+		if _, err := i.mps.Sweep(ctx, keep); err != nil {
+			errs = append(errs, fmt.Errorf("recover: %w", err))
+		}
+	}
 	if len(res.Recovered)+len(res.Cleaned) > 0 {
 		i.log.Info("recovered gpu isolation", "recovered", res.Recovered, "cleaned", res.Cleaned, "unknown", res.Unknown)
 	}
@@ -113,8 +128,15 @@ func (i *Isolator) readopt(ctx context.Context, rec record) error {
 	for k, u := range rec.GPUs {
 		claim[k] = node.DeviceRef{UUID: u}
 	}
-	// Exactly the recorded GPUs, where the allocator's state lost them.
-	al, err := i.alloc.Claim(ctx, rec.ID, claim)
+	// Exactly the recorded GPUs (or share), where the allocator's state
+	// lost them.
+	var al allocator.Allocation
+	var err error
+	if rec.Share != nil && len(claim) == 1 {
+		al, err = i.alloc.ClaimShare(ctx, rec.ID, claim[0], *rec.Share)
+	} else {
+		al, err = i.alloc.Claim(ctx, rec.ID, claim)
+	}
 	if errors.Is(err, allocator.ErrClaimMismatch) {
 		// An update was cut short after the allocator changed: the
 		// allocator's state is the newer one.
@@ -131,6 +153,12 @@ func (i *Isolator) readopt(ctx context.Context, rec record) error {
 	}
 	if rec.Volume != "" && i.vols != nil {
 		if err := i.vols.Acquire(ctx, rec.Volume, rec.ID); err != nil {
+			return err
+		}
+	}
+	if s := al.Share; s != nil && s.Mode == allocator.ShareMemory && i.mps != nil {
+		// Running (Start is idempotent), or started again in place.
+		if _, err := i.mps.Start(ctx, rec.ID, al.Devices[0], containerizer.ShareLimits(*s)); err != nil {
 			return err
 		}
 	}
