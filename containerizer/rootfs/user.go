@@ -11,6 +11,7 @@ import (
 	"github.com/moby/sys/user"
 
 	"github.com/gpuiso/gpuiso/containerizer"
+	"github.com/gpuiso/gpuiso/internal/linux"
 )
 
 // maxIDFile bounds the /etc/passwd and /etc/group read from an image.
@@ -30,11 +31,11 @@ func ResolveUser(root, spec string) (containerizer.User, error) {
 		return containerizer.User{}, err
 	}
 	defer r.Close()
-	passwd, err := readIDFile(r, "etc/passwd")
+	passwd, err := readIDFile(r, root, "etc/passwd")
 	if err != nil {
 		return containerizer.User{}, err
 	}
-	group, err := readIDFile(r, "etc/group")
+	group, err := readIDFile(r, root, "etc/group")
 	if err != nil {
 		return containerizer.User{}, err
 	}
@@ -48,15 +49,20 @@ func ResolveUser(root, spec string) (containerizer.User, error) {
 	return containerizer.User{UID: uint32(u.Uid), GID: uint32(u.Gid)}, nil
 }
 
-// readIDFile reads name in the root, or returns nil when it is missing.
-func readIDFile(r *os.Root, name string) (io.Reader, error) {
+// readIDFile reads name in the root r (at root), or returns nil when it is
+// missing. Only a regular file is opened: a FIFO or a device by that name is
+// refused (ErrInvalidSpec), never opened.
+func readIDFile(r *os.Root, root, name string) (io.Reader, error) {
 	p, err := resolve(r, name)
 	if err != nil {
 		return nil, err
 	}
-	f, err := r.Open(p)
+	f, err := linux.OpenFileInRoot(root, p)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
+	}
+	if errors.Is(err, linux.ErrNotRegular) {
+		return nil, fmt.Errorf("%w: /%s: %w", containerizer.ErrInvalidSpec, name, err)
 	}
 	if err != nil {
 		return nil, err

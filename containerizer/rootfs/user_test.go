@@ -4,7 +4,9 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/gpuiso/gpuiso/containerizer"
 )
@@ -137,5 +139,27 @@ func TestEnsureDir(t *testing.T) {
 				t.Errorf("made outside the root: %q", got)
 			}
 		})
+	}
+}
+
+// TestResolveUserSpecialFile: an image whose /etc/passwd is a FIFO is
+// refused at once, the FIFO never opened (a read of it would block).
+func TestResolveUserSpecialFile(t *testing.T) {
+	root := imageRoot(t, map[string]string{"etc/group": group}, nil)
+	if err := mkfifo(filepath.Join(root, "etc/passwd")); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := ResolveUser(root, "app")
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if !errors.Is(err, containerizer.ErrInvalidSpec) || !strings.Contains(err.Error(), "not a regular file") {
+			t.Fatalf("ResolveUser = %v, want ErrInvalidSpec: not a regular file", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("ResolveUser blocks on a FIFO /etc/passwd")
 	}
 }
