@@ -199,6 +199,11 @@ func setupFS(cfg initConfig) error {
 		if err := linux.MaskPath(at(filepath.Dir(filepath.Dir(cfg.DevDir))), at("/dev/null")); err != nil {
 			return err
 		}
+		for _, p := range cfg.Masked {
+			if err := linux.MaskPath(at(p), at("/dev/null")); err != nil {
+				return err
+			}
+		}
 	}
 	if root != "/" {
 		return linux.PivotRoot(root)

@@ -27,6 +27,10 @@ type initConfig struct {
 	Mounts   []specs.Mount `json:"mounts,omitempty"`
 	ExitFile string        `json:"exitFile"`
 	Confine  confinement   `json:"confine"`
+	// Masked are host directories a container with the host's view must
+	// not see (the MPS daemons' directory: only its own daemon's pipe
+	// directory, bound by the plan, is the container's).
+	Masked []string `json:"masked,omitempty"`
 	// ExtraFiles is how many descriptors after the config's (fd 3) the
 	// command gets, as its fds 3, 4, ...
 	ExtraFiles int `json:"extraFiles,omitempty"`

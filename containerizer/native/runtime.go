@@ -348,6 +348,9 @@ func (r *runner) startInit(ctx context.Context, spec containerizer.Spec, pr *pro
 		}
 	}
 	pr.config = initConfig{Args: spec.Command, Env: env, Dir: spec.Dir, DevDir: r.devDir(id), Mounts: pr.plan.Mounts, ExitFile: r.exitPath(id), Confine: cf, ExtraFiles: len(spec.ExtraFiles), Bare: r.bare}
+	if r.cfg.MPS != nil {
+		pr.config.Masked = []string{r.cfg.MPS.Dir()}
+	}
 	pr.child, pr.w, keep = cmd, w, true
 	go r.reap(pr)
 	return nil
