@@ -401,3 +401,33 @@ func (a *Allocator) Shares(device string) ([]Allocation, error) {
 	}
 	return out, nil
 }
+
+// ParseBytes reads a memory size: a whole number of bytes, or one with a
+// unit: K, M, G, T or KiB, MiB, GiB, TiB (binary, as docker run's
+// --memory takes them), or KB, MB, GB, TB (decimal), with or without a
+// space ("4GiB", "4 G", "4096M", "1073741824"). Zero, a fraction or an
+// unknown unit is ErrInvalidRequest.
+func ParseBytes(s string) (uint64, error) {
+	t := strings.TrimSpace(s)
+	i := strings.IndexFunc(t, func(r rune) bool { return r < '0' || r > '9' })
+	num, unit := t, ""
+	if i >= 0 {
+		num, unit = t[:i], strings.TrimSpace(t[i:])
+	}
+	n, err := strconv.ParseUint(num, 10, 64)
+	if err != nil || n == 0 {
+		return 0, fmt.Errorf("size %q: want a whole number of bytes above 0, with a unit (4GiB, 512M): %w", s, ErrInvalidRequest)
+	}
+	mult := map[string]uint64{
+		"": 1, "B": 1,
+		"K": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MIB": 1 << 20, "G": 1 << 30, "GIB": 1 << 30, "T": 1 << 40, "TIB": 1 << 40,
+		"KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12,
+	}[strings.ToUpper(unit)]
+	if mult == 0 {
+		return 0, fmt.Errorf("size %q: unit %q, want K, M, G, T (binary: KiB...) or KB, MB, GB, TB: %w", s, unit, ErrInvalidRequest)
+	}
+	if n > ^uint64(0)/mult {
+		return 0, fmt.Errorf("size %q: too large: %w", s, ErrInvalidRequest)
+	}
+	return n * mult, nil
+}

@@ -328,3 +328,19 @@ func writeState(t *testing.T, path, state string) {
 		t.Fatal(err)
 	}
 }
+
+func TestParseBytes(t *testing.T) {
+	for in, want := range map[string]uint64{
+		"4GiB": 4 << 30, "4 GiB": 4 << 30, "4G": 4 << 30, "4g": 4 << 30, "512M": 512 << 20, "512MiB": 512 << 20,
+		"1073741824": 1 << 30, "7B": 7, "2KiB": 2048, "1T": 1 << 40, "3GB": 3e9, "5MB": 5e6, " 8G ": 8 << 30,
+	} {
+		if got, err := allocator.ParseBytes(in); err != nil || got != want {
+			t.Errorf("ParseBytes(%q) = %d, %v, want %d", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"", "0", "0G", "G", "4.5G", "-1G", "4X", "4 Gib bytes", "99999999999999999999", "20000000T"} {
+		if _, err := allocator.ParseBytes(in); !errors.Is(err, allocator.ErrInvalidRequest) {
+			t.Errorf("ParseBytes(%q): %v, want ErrInvalidRequest", in, err)
+		}
+	}
+}
