@@ -47,6 +47,7 @@ func TestVocabulary(t *testing.T) {
 		"allocator.ErrInsufficient":                 allocator.ErrInsufficient,
 		"allocator.ErrInvalidConstraint":            allocator.ErrInvalidConstraint,
 		"allocator.ErrInvalidRequest":               allocator.ErrInvalidRequest,
+		"allocator.ErrLocked":                       allocator.ErrLocked,
 		"allocator.ErrNotMade":                      allocator.ErrNotMade,
 		"allocator.ErrOwnerExists":                  allocator.ErrOwnerExists,
 		"allocator.ErrQuotaExceeded":                allocator.ErrQuotaExceeded,
