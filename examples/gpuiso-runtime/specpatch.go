@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 
 	"github.com/opencontainers/runtime-spec/specs-go"
 )
@@ -122,10 +123,11 @@ func members(doc []byte) (ms []member, closing int, err error) {
 	return ms, closing, nil
 }
 
-// find returns the last member named key (the one a decoder keeps).
+// find returns the member named key that a decoder into a Go struct keeps
+// (runc is one): the last whose name matches key without regard to case.
 func find(ms []member, key string) (member, bool) {
 	for i := len(ms) - 1; i >= 0; i-- {
-		if ms[i].key == key {
+		if strings.EqualFold(ms[i].key, key) {
 			return ms[i], true
 		}
 	}

@@ -109,3 +109,47 @@ func TestPatchSpec(t *testing.T) {
 		}
 	})
 }
+
+// FuzzPatchSpec: for any config.json that decodes, patching a changed
+// environment never panics, gives JSON that decodes to that environment,
+// and keeps every other member's value.
+func FuzzPatchSpec(f *testing.F) {
+	for _, s := range []string{engineConfig, `{}`, `{"process":null}`, `{"process":{"env":["A=1"]},"process":{"env":["B=2"]}}`,
+		`{"linux":{"resources":{"devices":[{"allow":false,"access":"rwm"}]}},"x":[1,{"y":"}"}]}`, "{\"a\":\"\\u007d\",\"process\":{}}\n"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, in string) {
+		var spec specs.Spec
+		if json.Unmarshal([]byte(in), &spec) != nil {
+			return
+		}
+		var before map[string]json.RawMessage
+		if json.Unmarshal([]byte(in), &before) != nil {
+			return
+		}
+		if spec.Process == nil {
+			spec.Process = &specs.Process{}
+		}
+		spec.Process.Env = append(spec.Process.Env, "GPUISO=1")
+		out, err := patchSpec([]byte(in), &spec)
+		if err != nil {
+			return // not an object the patcher reads: Prepare refuses it
+		}
+		var got specs.Spec
+		if err := json.Unmarshal(out, &got); err != nil {
+			t.Fatalf("patched %q: %v\n%s", in, err, out)
+		}
+		if got.Process == nil || !slices.Equal(got.Process.Env, spec.Process.Env) {
+			t.Fatalf("patched %q: env %v, want %v\n%s", in, got.Process, spec.Process.Env, out)
+		}
+		var after map[string]json.RawMessage
+		if err := json.Unmarshal(out, &after); err != nil {
+			t.Fatal(err)
+		}
+		for k, v := range before {
+			if !strings.EqualFold(k, "process") && !bytes.Equal(after[k], v) {
+				t.Fatalf("patched %q: member %s changed: %s -> %s", in, k, v, after[k])
+			}
+		}
+	})
+}
