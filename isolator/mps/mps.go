@@ -716,6 +716,22 @@ func (m *Manager) List(ctx context.Context) ([]Daemon, error) {
 	return out, nil
 }
 
+// Daemons lists the daemons recorded under dir, a manager's directory, as
+// List does, without a manager: it needs no control binary, takes no lock
+// and changes nothing (a program that only shows them, say). A directory
+// that does not exist holds none.
+func Daemons(ctx context.Context, dir string) ([]Daemon, error) {
+	if _, err := os.Stat(dir); isNotExist(err) {
+		return nil, nil
+	}
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return nil, fmt.Errorf("list MPS daemons: %w", err)
+	}
+	m := &Manager{dir: abs, procRoot: node.DefaultProcRoot}
+	return m.List(ctx)
+}
+
 // Sweep stops every daemon whose owner keep does not keep, and removes
 // what dead daemons of kept owners left (their servers): the recovery of
 // a process that lost track of its shares. It returns the owners whose
