@@ -1,9 +1,16 @@
 // Command gpuinfo prints what gpuiso sees on a node: its GPUs, their topology
-// in `nvidia-smi topo -m` notation, the driver and CUDA versions and the
-// driver's control devices.
+// in `nvidia-smi topo -m` notation, the driver and CUDA versions, the
+// driver's control devices, and the shares of GPUs that gpurun's runs hold.
 //
 //	gpuinfo [--simulate NAME [--driver-version V] | --nvml-library PATH] [--json]
-//	        [--dev-root DIR] [--proc-root DIR] [--sys-root DIR]
+//	        [--dev-root DIR] [--proc-root DIR] [--sys-root DIR] [--state-dir DIR]
+//
+// Shares are read from gpurun's state directory (--state-dir, default
+// /var/lib/gpuiso/gpurun; not with --dev-root, --proc-root or --sys-root
+// unless --state-dir is given): the MPS daemons of memory shares (owner,
+// GPU, limits, daemon process) and, where gpurun keeps the allocator's
+// state there (gpurun --state-dir), every share with its time slices. The
+// section is left out when there is none, and from --json.
 //
 // On a node without a usable driver it exits 125 with one line naming the cause;
 // --simulate runs on a simulated node instead (see package simnode for the
@@ -11,12 +18,14 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -25,7 +34,9 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
+	"github.com/gpuiso/gpuiso/allocator"
 	"github.com/gpuiso/gpuiso/internal/cli"
+	"github.com/gpuiso/gpuiso/isolator/mps"
 	"github.com/gpuiso/gpuiso/node"
 	"github.com/gpuiso/gpuiso/node/nvmlnode"
 	"github.com/gpuiso/gpuiso/node/simnode"
@@ -39,11 +50,12 @@ func main() {
 }
 
 const usage = `usage: gpuinfo [--simulate NAME [--driver-version V] | --nvml-library PATH] [--json]
-               [--dev-root DIR] [--proc-root DIR] [--sys-root DIR]
+               [--dev-root DIR] [--proc-root DIR] [--sys-root DIR] [--state-dir DIR]
 
 Print what gpuiso sees on this node (or a simulated one): its GPUs with their
 UUIDs and MIG modes, the topology matrix in nvidia-smi topo -m notation, the
-driver and CUDA versions, the control devices and MIG devices.
+driver and CUDA versions, the control devices and MIG devices, and the
+shares of GPUs gpurun's runs hold (owner, share, MPS daemon).
 `
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -55,6 +67,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	procRoot := fs.String("proc-root", node.DefaultProcRoot, "proc file system `DIR`")
 	sysRoot := fs.String("sys-root", node.DefaultSysRoot, "sys file system `DIR`")
 	library := fs.String("nvml-library", "", "`PATH` of libnvidia-ml.so.1 (default: the dynamic loader's search)")
+	stateDir := fs.String("state-dir", defaultStateDir, "gpurun's state `DIR`, whose shares of GPUs are listed")
 	if code, done := cli.Parse(fs, args, usage, stdout, stderr); done {
 		return code
 	}
@@ -76,6 +89,19 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	// (device nodes, /proc/devices) its containers get from gpurun, so the
 	// numbers shown are theirs.
 	hostPaths := set["dev-root"] || set["proc-root"] || set["sys-root"]
+	// Shares of a node described by other paths are not the default state
+	// directory's.
+	shareDir := ""
+	if set["state-dir"] || !hostPaths {
+		shareDir = *stateDir
+	}
+	show := func(stdout, stderr io.Writer, inv *node.Inventory, simulated string, asJSON bool, note string) int {
+		code := show(stdout, stderr, inv, simulated, asJSON, note)
+		if code == cli.ExitOK && !asJSON && shareDir != "" {
+			printShares(ctx, stdout, inv, shareDir)
+		}
+		return code
+	}
 	note := ""
 	if *simulate != "" && !hostPaths {
 		nd, err := cli.OpenNode(ctx, *simulate, simOpts...)
@@ -215,6 +241,70 @@ func printInventory(w io.Writer, inv *node.Inventory, simulated, note string) {
 			fmt.Fprintln(w, "  "+s)
 		}
 	}
+}
+
+// defaultStateDir is gpurun's state directory without --state-dir.
+const defaultStateDir = "/var/lib/gpuiso/gpurun"
+
+// printShares lists the shares of inv's GPUs recorded in gpurun's state
+// directory dir: the allocator's (when gpurun keeps it there), and the MPS
+// daemons of memory shares, merged by owner. Nothing when there is none.
+func printShares(ctx context.Context, w io.Writer, inv *node.Inventory, dir string) {
+	type row struct {
+		gpu    int
+		owner  string
+		share  string
+		daemon string
+	}
+	rows := map[string]*row{}
+	index := map[string]int{}
+	for _, d := range inv.Devices {
+		index[d.UUID] = d.Index
+	}
+	if _, err := os.Stat(filepath.Join(dir, allocator.StateFile)); err == nil {
+		if a, err := allocator.New(inv, allocator.WithStateDir(dir)); err == nil {
+			for _, al := range a.Allocations() {
+				if al.Share != nil && len(al.Devices) == 1 {
+					r := &row{gpu: al.Devices[0].Index, owner: al.Owner, share: al.Share.String(), daemon: "-"}
+					if al.Share.Mode == allocator.ShareTime {
+						r.daemon = "nothing: time slices isolate nothing"
+					}
+					rows[al.Owner] = r
+				}
+			}
+			a.Close()
+		}
+	}
+	daemons, _ := mps.Daemons(ctx, filepath.Join(dir, "mps"))
+	for _, d := range daemons {
+		i, ok := index[d.GPU]
+		if !ok {
+			continue // another node's
+		}
+		r := rows[d.Owner]
+		if r == nil {
+			s := allocator.Share{Mode: allocator.ShareMemory, MemoryBytes: d.Limits.MemoryBytes, ComputePercent: d.Limits.ComputePercent}
+			r = &row{gpu: i, owner: d.Owner, share: s.String()}
+			rows[d.Owner] = r
+		}
+		state := "running"
+		if !d.Alive {
+			state = "not running"
+		}
+		r.daemon = fmt.Sprintf("MPS daemon %d (%s), %s", d.Pid, state, d.PipeDir)
+	}
+	if len(rows) == 0 {
+		return
+	}
+	list := slices.Collect(maps.Values(rows))
+	slices.SortFunc(list, func(a, b *row) int { return cmp.Or(cmp.Compare(a.gpu, b.gpu), strings.Compare(a.owner, b.owner)) })
+	fmt.Fprintf(w, "\nShares (%s):\n", dir)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "  GPU\tOWNER\tSHARE\tENFORCED BY")
+	for _, r := range list {
+		fmt.Fprintf(tw, "  %d\t%s\t%s\t%s\n", r.gpu, r.owner, r.share, r.daemon)
+	}
+	tw.Flush()
 }
 
 // printMIG lists the MIG devices of every GPU with MIG enabled, under a

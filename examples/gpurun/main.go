@@ -9,7 +9,7 @@
 // the command's status, 125 for gpurun's own errors, 126/127 for a command
 // it cannot execute or find, 128+n for the signal n that ended it.
 //
-//	gpurun [--simulate NAME] [--gpus N | --devices LIST | --mig PROFILE] [--policy P]
+//	gpurun [--simulate NAME] [--gpus N | --devices LIST | --mig PROFILE | --gpu-memory SIZE [--gpu-compute PERCENT] | --gpu-time-slice] [--policy P]
 //	       [--state-dir DIR] [--cgroup v1|v2] [--rootfs DIR [--label K=V]... | --image ARCHIVE]
 //	       [--user UID[:GID]] [--network none|host] [--max-image-bytes N] [--max-image-entries N] [--max-image-ratio N]
 //	       [--cap-add CAP]... [--cpu-affinity numa|none] [--quiet] -- CMD [ARGS...]
@@ -35,6 +35,18 @@
 // --cpu-affinity none, the default, leaves it every CPU of the host, as
 // docker run and Kubernetes' default topology policy do: pinning halves a
 // two-socket node's CPUs for the command, which the caller must ask for.
+//
+// --gpu-memory SIZE (4GiB, 512M) asks for a memory share of one GPU instead
+// of whole GPUs: SIZE of its memory, counted by the allocator, with
+// --gpu-compute PERCENT of its compute, enforced by an MPS control daemon
+// of the share's own (package isolator/mps), whose pipe directory the
+// command finds at /tmp/nvidia-mps (CUDA_MPS_PIPE_DIRECTORY) and whose
+// /dev/shm it shares; the daemon is stopped when the command ends.
+// --gpu-time-slice asks for a time slice: the GPU whole, beside the other
+// time slices of it (at most 4), isolated from none of them. Shares pack
+// onto GPUs already shared and keep whole GPUs for whole requests;
+// --devices may name the one GPU. A share that fits nowhere fails with one
+// line naming each GPU's free memory.
 //
 // --mig PROFILE asks for --gpus MIG devices of that profile ("1g.10gb")
 // instead of whole GPUs, on a node with MIG enabled on some GPUs
@@ -73,6 +85,7 @@ import (
 	"github.com/gpuiso/gpuiso/internal/cli"
 	"github.com/gpuiso/gpuiso/internal/linux"
 	"github.com/gpuiso/gpuiso/isolator/cgroups"
+	"github.com/gpuiso/gpuiso/isolator/mps"
 	"github.com/gpuiso/gpuiso/node/simnode"
 )
 
@@ -99,6 +112,7 @@ const exitFailed = cli.ExitError
 var exitInterrupted = cli.ExitSignal(syscall.SIGINT)
 
 const usage = `usage: gpurun [--simulate NAME] [--gpus N | --devices LIST | --mig PROFILE] [--policy P]
+              [--gpu-memory SIZE [--gpu-compute PERCENT] | --gpu-time-slice]
               [--state-dir DIR] [--cgroup v1|v2] [--rootfs DIR [--label KEY=VALUE]... | --image ARCHIVE]
               [--user UID[:GID]] [--network none|host] [--max-image-bytes N] [--max-image-entries N]
               [--max-image-ratio N] [--cap-add CAP]... [--cpu-affinity numa|none] [--quiet] -- CMD [ARGS...]
@@ -117,6 +131,9 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	devices := fs.String("devices", "", "comma-separated GPUs (indexes, UUIDs, bus ids or MIG- UUIDs) instead of --gpus")
 	mig := fs.String("mig", "", "MIG `PROFILE` (e.g. 1g.10gb): --gpus MIG devices of it instead of whole GPUs")
 	policy := fs.String("policy", string(allocator.PolicyTopology), "placement policy: topology, pack or spread")
+	gpuMemory := fs.String("gpu-memory", "", "a memory share of one GPU instead of whole GPUs: `SIZE` (4GiB, 512M), enforced by an MPS control daemon of its own")
+	gpuCompute := fs.Int("gpu-compute", 0, "with --gpu-memory: the share's `PERCENT` of the GPU's compute (MPS active threads, 1 to 100)")
+	timeSlice := fs.Bool("gpu-time-slice", false, "a time slice of one GPU: the GPU whole, beside its other time slices, isolated from none of them")
 	stateDir := fs.String("state-dir", "", "keep the state in `DIR` (containers' records, image trees, and the allocator's state, shared with every gpurun that names it; default /var/lib/gpuiso/gpurun, with the allocator in memory)")
 	version := fs.String("cgroup", "", "cgroup version for devices: v1 or v2 (default: the host's)")
 	quiet := fs.Bool("quiet", false, "do not print which GPUs and volume the command got")
@@ -173,6 +190,14 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		return usageErr("--gpus and --devices exclude each other: --devices names the GPUs, and their number")
 	case set["label"] && *rootDir == "":
 		return usageErr("--label applies to --rootfs only (an --image brings its own labels)")
+	case set["gpu-memory"] && *timeSlice:
+		return usageErr("--gpu-memory and --gpu-time-slice exclude each other")
+	case set["gpu-compute"] && !set["gpu-memory"]:
+		return usageErr("--gpu-compute applies to --gpu-memory only")
+	case (set["gpu-memory"] || *timeSlice) && *mig != "":
+		return usageErr("a share (--gpu-memory, --gpu-time-slice) and --mig exclude each other: MIG devices are not shared")
+	case (set["gpu-memory"] || *timeSlice) && set["gpus"] && *gpus != 1:
+		return usageErr("a share (--gpu-memory, --gpu-time-slice) is of one GPU, not --gpus %d", *gpus)
 	}
 	var usr *containerizer.User
 	if *user != "" {
@@ -199,6 +224,19 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 			return usageErr("--devices and --mig exclude each other")
 		}
 		req = allocator.Request{Devices: strings.Split(*devices, ",")}
+	}
+	if set["gpu-memory"] || *timeSlice {
+		req.Count, req.Share = 0, &allocator.Share{Mode: allocator.ShareTime}
+		if set["gpu-memory"] {
+			b, err := allocator.ParseBytes(*gpuMemory)
+			if err != nil {
+				return usageErr("--gpu-memory: %v", err)
+			}
+			req.Share = &allocator.Share{Mode: allocator.ShareMemory, MemoryBytes: b, ComputePercent: *gpuCompute}
+		}
+		if err := req.Share.Validate(); err != nil {
+			return usageErr("--gpu-compute: %v", err)
+		}
 	}
 	settings := []allocator.Option{allocator.WithPolicy(allocator.Policy(*policy))}
 	var isoOpts []cgroups.Option
@@ -242,17 +280,37 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 			return fail("--mig: %v", err)
 		}
 	}
+	// Every GPU without MIG takes shares: placement packs shares onto GPUs
+	// already shared, and whole requests take shared GPUs last.
+	var shareable []string
+	for _, d := range inv.Devices {
+		if !d.MIGSplit() {
+			shareable = append(shareable, strconv.Itoa(d.Index))
+		}
+	}
+	settings = append(settings, allocator.WithShared(shareable...))
 	alloc, err := allocator.New(inv, settings...)
 	if err != nil {
 		return fail("%v", err)
 	}
 	defer alloc.Close()
+	// The daemons of memory shares live under mps/ of the state directory;
+	// a node without nvidia-cuda-mps-control runs everything but them.
+	daemons, err := mps.New(filepath.Join(stateRoot, "mps"))
+	if err != nil {
+		if req.Share != nil && req.Share.Mode == allocator.ShareMemory {
+			return fail("--gpu-memory: %v", err)
+		}
+		daemons = nil
+	} else {
+		defer daemons.Close()
+	}
 	iso, err := cgroups.New(isoOpts...)
 	if err != nil {
 		return fail("%v", err)
 	}
 	vols, _ := cli.DriverVolume(ctx)
-	c, err := native.New(native.Config{Allocator: alloc, Inventory: inv, Isolator: iso, Volumes: vols, DevRoot: devRoot, StateDir: state})
+	c, err := native.New(native.Config{Allocator: alloc, Inventory: inv, Isolator: iso, Volumes: vols, MPS: daemons, DevRoot: devRoot, StateDir: state})
 	if err != nil {
 		return fail("%v", err)
 	}
@@ -316,7 +374,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	}
 	defer c.Destroy(context.WithoutCancel(ctx), id)
 	if !*quiet {
-		fmt.Fprintf(stderr, "gpurun: %s%s; %s\n", cli.DescribeMIG(inv, ct.GPUs), where, volumeNote(ct.Volume))
+		fmt.Fprintf(stderr, "gpurun: %s%s%s; %s\n", cli.DescribeMIG(inv, ct.GPUs), where, shareNote(ctx, daemons, ct), volumeNote(ct.Volume))
 	}
 	st, err := c.Wait(ctx, id)
 	if err != nil {
@@ -327,6 +385,26 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		return fail("%v", err)
 	}
 	return st.Code
+}
+
+// shareNote says what a container holds of a shared GPU: its share and
+// the MPS daemon that enforces a memory share.
+func shareNote(ctx context.Context, daemons *mps.Manager, ct containerizer.Container) string {
+	if ct.Share == nil {
+		return ""
+	}
+	if ct.Share.Mode == allocator.ShareTime {
+		return ", a time slice (no isolation from the GPU's other time slices)"
+	}
+	note := ", a share of " + ct.Share.String()
+	if ds, err := daemons.List(ctx); err == nil {
+		for _, d := range ds {
+			if d.Owner == ct.ID {
+				note += fmt.Sprintf(" held by MPS daemon %d (%s)", d.Pid, d.PipeDir)
+			}
+		}
+	}
+	return note
 }
 
 // volumeNote says what the container has of the driver: a container that
