@@ -93,8 +93,8 @@ func TestLeftoversListed(t *testing.T) {
 		want  []string
 	}{
 		{"native", func(t *testing.T, dir string) instance { return &nativeInstance{base: newBase(t, dir)} },
-			map[string]string{"native/gpurun-1": "", "tmp/node-1": "", "allocations.json": owner, ".allocations.json.tmp": "x"},
-			[]string{"state entry native/gpurun-1", "state entry tmp/node-1", "allocation of x-1", "state entry .allocations.json.tmp"}},
+			map[string]string{"native/gpurun-1": "", "tmp/node-1": "", "allocations.json": owner, ".allocations.json.tmp": "x", "mps/.lock": "x", "mps/gpurun-2": ""},
+			[]string{"state entry native/gpurun-1", "state entry tmp/node-1", "allocation of x-1", "state entry .allocations.json.tmp", "MPS daemon directory mps/gpurun-2"}},
 		{"chain", func(t *testing.T, dir string) instance { return &chainInstance{base: newBase(t, dir)} },
 			map[string]string{"containers/ct-1.json": "{}", "gpu/ct-1.json": "{}", "gpu/.lock": "", "alloc/allocations.json": owner},
 			[]string{"record containers/ct-1.json", "GPU isolator record gpu/ct-1.json", "allocation of x-1"}},

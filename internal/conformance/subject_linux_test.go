@@ -141,6 +141,29 @@ func (b base) common(ids []string, allocDir string) []string {
 	for _, o := range own {
 		left = append(left, "allocation of "+o)
 	}
+	// The MPS daemons of memory shares (package isolator/mps): their
+	// directories under the state directory, and any MPS process whose
+	// mounts come from the instance's directory.
+	for _, e := range entries(filepath.Join(b.state, "mps"), ".lock") {
+		left = append(left, "MPS daemon directory mps/"+e)
+	}
+	left = append(left, mpsProcesses(b.dir)...)
+	return left
+}
+
+// mpsProcesses lists the live MPS processes (control daemons, servers)
+// whose mounts come from under dir.
+func mpsProcesses(dir string) []string {
+	var left []string
+	for _, e := range entries("/proc") {
+		comm, err := os.ReadFile(filepath.Join("/proc", e, "comm"))
+		if err != nil || !strings.HasPrefix(string(comm), "nvidia-cuda-mps") {
+			continue
+		}
+		if mi, err := os.ReadFile(filepath.Join("/proc", e, "mountinfo")); err == nil && strings.Contains(string(mi), dir+"/") {
+			left = append(left, "MPS process "+e+" ("+strings.TrimSpace(string(comm))+")")
+		}
+	}
 	return left
 }
 
