@@ -505,6 +505,7 @@ func TestLockDeadline(t *testing.T) {
 	took := time.Since(start)
 	rest, _ := io.ReadAll(stderr)
 	err = cmd.Wait()
+	exited := time.Since(start)
 	close(release)
 	if err := <-done; err != nil {
 		t.Error(err)
@@ -516,7 +517,12 @@ func TestLockDeadline(t *testing.T) {
 	if took > 20*time.Second {
 		t.Errorf("the refusal came after %v with --timeout 1s", took)
 	}
-	t.Logf("refused after %v: %s", took.Round(time.Millisecond), strings.TrimSpace(line))
+	// Giving back what the refused create began must not wait for the
+	// lock again: the owner holds nothing.
+	if exited > 20*time.Second {
+		t.Errorf("the refused create exited after %v with --timeout 1s", exited)
+	}
+	t.Logf("refused after %v, exited after %v: %s", took.Round(time.Millisecond), exited.Round(time.Millisecond), strings.TrimSpace(line))
 	if _, err := os.Stat(calls); err == nil {
 		t.Error("runc was called")
 	}

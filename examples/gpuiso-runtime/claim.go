@@ -576,7 +576,14 @@ func (rt *Runtime) hold(ctx context.Context, alloc *allocator.Allocator, rs reco
 func releaseOwner(ctx context.Context, alloc *allocator.Allocator, owner string) error {
 	var errs []error
 	if alloc != nil {
-		if err := alloc.Release(ctx, owner); err != nil && !errors.Is(err, allocator.ErrUnknownOwner) {
+		// Only this owner's own create claims under its name, so an owner
+		// the state does not list (read without the lock) holds nothing, and
+		// a create refused at the lock does not wait for it again here.
+		_, err := alloc.Allocation(owner)
+		if err == nil {
+			err = alloc.Release(ctx, owner)
+		}
+		if err != nil && !errors.Is(err, allocator.ErrUnknownOwner) {
 			errs = append(errs, err)
 		}
 	}
