@@ -6,10 +6,10 @@ import (
 	"crypto/rsa"
 	"crypto/x509"
 	"encoding/hex"
+	"encoding/json"
 	"encoding/pem"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -19,6 +19,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/yaml"
 
 	"github.com/gpuiso/gpuiso/internal/linux"
 	"github.com/gpuiso/gpuiso/node"
@@ -44,8 +45,8 @@ func Binaries() []string {
 		"containerd", "containerd-shim-runc-v2", "ctr"}
 }
 
-// NodeName is the cluster's one Node: the kubelet's --hostname-override,
-// which also becomes its InternalIP.
+// NodeName is the cluster's first Node: its kubelet's --hostname-override,
+// which also becomes its InternalIP. Node i (from 0) is 127.0.0.<i+1>.
 const NodeName = "127.0.0.1"
 
 // ErrNotStarted matches the errors of a Cluster that Start did not return
@@ -80,9 +81,17 @@ type Config struct {
 	// is killed: the sandbox image's one file.
 	Pause     string
 	PauseArgs []string
+	// Nodes are the worker nodes (at most MaxNodes); none means one node
+	// without labels.
+	Nodes []NodeConfig
+	// SchedulerConfig is a KubeSchedulerConfiguration (YAML or JSON) the
+	// scheduler runs with, as an operator would give it (its profiles and
+	// plugin arguments); the cluster sets its client connection and leader
+	// election. Empty: the scheduler's defaults.
+	SchedulerConfig []byte
 }
 
-// Cluster is a running one-node cluster.
+// Cluster is a running cluster.
 type Cluster struct {
 	// Dir holds everything of the cluster.
 	Dir string
@@ -90,22 +99,25 @@ type Cluster struct {
 	Kubeconfig string
 	// Client is an admin client.
 	Client kubernetes.Interface
-	// KubeletRoot is the kubelet's --root-dir: a DRA kubelet plugin's
-	// sockets go in its plugins/ and plugins_registry/.
+	// Nodes are the worker nodes, the first named NodeName.
+	Nodes []*Node
+	// KubeletRoot is, on the host, the first node's kubelet root
+	// directory: a DRA kubelet plugin's sockets go in its plugins/ and
+	// plugins_registry/.
 	KubeletRoot string
-	// DevicePluginDir is, on the host, the kubelet's device-plugin
-	// directory (kubelet.sock is there).
+	// DevicePluginDir is, on the host, the first node's kubelet
+	// device-plugin directory (kubelet.sock is there).
 	DevicePluginDir string
-	// CDIDir is a CDI spec directory containerd reads.
+	// CDIDir is, on the host, a CDI spec directory the first node's
+	// containerd reads.
 	CDIDir string
 	// PauseImage is the sandbox image's reference.
 	PauseImage string
 
-	cfg            Config
-	cgroupName     string
-	containerdSock string
-	procs          []*proc
-	stopped        bool
+	cfg        Config
+	cgroupName string
+	procs      []*proc
+	stopped    bool
 }
 
 // PluginsDir is the kubelet's DRA plugin directory.
@@ -114,15 +126,37 @@ func (c *Cluster) PluginsDir() string { return filepath.Join(c.KubeletRoot, "plu
 // RegistryDir is the kubelet's plugin registration directory.
 func (c *Cluster) RegistryDir() string { return filepath.Join(c.KubeletRoot, "plugins_registry") }
 
-// ContainerdAddress is containerd's socket.
-func (c *Cluster) ContainerdAddress() string { return c.containerdSock }
+// ContainerdAddress is the first node's containerd socket.
+func (c *Cluster) ContainerdAddress() string {
+	if len(c.Nodes) == 0 {
+		return ""
+	}
+	return c.Nodes[0].containerdSock
+}
 
-// CgroupName is the kubelet's cgroup root (without the leading slash).
-func (c *Cluster) CgroupName() string { return c.cgroupName }
+// CgroupName is the first node's kubelet cgroup root (without the leading
+// slash); every node's is below the cluster's own cgroup.
+func (c *Cluster) CgroupName() string {
+	if len(c.Nodes) == 0 {
+		return c.cgroupName
+	}
+	return c.Nodes[0].cgroup
+}
+
+// Node returns the node called name, or nil.
+func (c *Cluster) Node(name string) *Node {
+	for _, n := range c.Nodes {
+		if n.Name == name {
+			return n
+		}
+	}
+	return nil
+}
 
 // MaxParent is the longest Config.Parent: a shim socket,
-// <parent>/k8s-<8 hex>/s/<64 hex>, must fit a socket address (107 bytes).
-const MaxParent = 107 - len("/k8s-01234567/s/") - 64
+// <parent>/k8s-<8 hex>/s<node>/<64 hex>, must fit a socket address (107
+// bytes).
+const MaxParent = 107 - len("/k8s-01234567/s1/") - 64
 
 // BinEnv names the directory of the pinned binaries when Config.Bin is
 // empty (as for the other suites of this module); DefaultBin without it.
@@ -156,7 +190,7 @@ func (cfg Config) Missing() []string {
 	if err := executable(cfg.Runc); err != nil {
 		out = append(out, err.Error())
 	}
-	for _, p := range []string{"unshare", "mount"} {
+	for _, p := range []string{"unshare", "nsenter", "mount"} {
 		if _, err := lookPath(p); err != nil {
 			out = append(out, err.Error())
 		}
@@ -185,6 +219,9 @@ func Start(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 	if cfg.Pause == "" {
 		return nil, fmt.Errorf("%w: no pause program", ErrStart)
 	}
+	if len(cfg.Nodes) > MaxNodes {
+		return nil, fmt.Errorf("%w: %d nodes, at most %d", ErrStart, len(cfg.Nodes), MaxNodes)
+	}
 	if !filepath.IsAbs(cfg.Parent) || len(cfg.Parent) > MaxParent {
 		return nil, fmt.Errorf("%w: parent directory %q: want an absolute path of at most %d bytes", ErrStart, cfg.Parent, MaxParent)
 	}
@@ -204,14 +241,15 @@ func Start(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrStart, err)
 	}
-	c := &Cluster{
-		Dir: dir, cfg: cfg, cgroupName: "gpuiso-" + name,
-		KubeletRoot:     filepath.Join(dir, "kubelet"),
-		DevicePluginDir: filepath.Join(dir, "device-plugins"),
-		CDIDir:          filepath.Join(dir, "cdi"),
-		PauseImage:      "gpuiso.test/pause:" + name,
-		containerdSock:  filepath.Join(dir, "containerd.sock"),
+	c := &Cluster{Dir: dir, cfg: cfg, cgroupName: "gpuiso-" + name, PauseImage: "gpuiso.test/pause:" + name}
+	nodes := cfg.Nodes
+	if len(nodes) == 0 {
+		nodes = []NodeConfig{{}}
 	}
+	for i, nc := range nodes {
+		c.Nodes = append(c.Nodes, c.newNode(i, nc))
+	}
+	c.KubeletRoot, c.DevicePluginDir, c.CDIDir = c.Nodes[0].KubeletRoot, c.Nodes[0].DevicePluginDir, c.Nodes[0].CDIDir
 	defer func() {
 		if err != nil {
 			logs := c.Logs(4000)
@@ -231,28 +269,19 @@ func (c *Cluster) start(ctx context.Context) error {
 	if err := c.writeOwner(); err != nil {
 		return err
 	}
-	for _, d := range []string{"logs", "etcd", "pki", "kubelet/plugins", "kubelet/plugins_registry", "device-plugins",
-		"cdi", "pod-logs", "cni/net.d", "cni/bin", "sysctl", "flexvolume", "containerd", "runc", "kubectl-cache"} {
+	for _, d := range []string{"logs", "etcd", "pki", "flexvolume", "kubectl-cache"} {
 		if err := os.MkdirAll(filepath.Join(c.Dir, d), 0o755); err != nil {
 			return err
 		}
 	}
-	// The directory is a shared mount: what the kubelet mounts in its own
-	// mount namespace below it reaches containerd's, and the other way.
-	if err := linux.BindMount(c.Dir, c.Dir, false); err != nil {
-		return err
-	}
-	if err := linux.MakeShared(c.Dir); err != nil {
-		return err
-	}
 	if err := c.makeCgroups(); err != nil {
 		return err
 	}
-	ports, err := freePorts(7)
+	ports, err := freePorts(5)
 	if err != nil {
 		return err
 	}
-	etcdPort, peerPort, apiPort, cmPort, schedPort, kubeletPort, healthzPort := ports[0], ports[1], ports[2], ports[3], ports[4], ports[5], ports[6]
+	etcdPort, peerPort, apiPort, cmPort, schedPort := ports[0], ports[1], ports[2], ports[3], ports[4]
 
 	creds, err := c.writeCredentials(apiPort)
 	if err != nil {
@@ -270,7 +299,9 @@ func (c *Cluster) start(ctx context.Context) error {
 		"--advertise-address", "127.0.0.1", "--endpoint-reconciler-type", "none", "--secure-port", fmt.Sprint(apiPort),
 		"--cert-dir", filepath.Join(c.Dir, "pki"), "--token-auth-file", creds.tokens, "--authorization-mode", "RBAC",
 		"--service-account-key-file", creds.saPub, "--service-account-signing-key-file", creds.saKey,
-		"--service-account-issuer", server, "--service-cluster-ip-range", "10.250.0.0/24"); err != nil {
+		"--service-account-issuer", server, "--service-cluster-ip-range", "10.250.0.0/24",
+		// As kubeadm's: a GPU plugin on real nodes runs privileged.
+		"--allow-privileged=true"); err != nil {
 		return err
 	}
 	rc, err := clientcmd.BuildConfigFromFlags("", c.Kubeconfig)
@@ -292,39 +323,48 @@ func (c *Cluster) start(ctx context.Context) error {
 		"--authentication-kubeconfig", c.Kubeconfig, "--authorization-kubeconfig", c.Kubeconfig,
 		"--bind-address", "127.0.0.1", "--secure-port", fmt.Sprint(cmPort), "--leader-elect=false",
 		"--service-account-private-key-file", creds.saKey, "--use-service-account-credentials=false",
+		// The API server's own CA (it made its serving certificate and CA
+		// in --cert-dir): pods' service account volumes carry it as ca.crt.
+		"--root-ca-file", filepath.Join(c.Dir, "pki", "apiserver.crt"),
 		"--flex-volume-plugin-dir", filepath.Join(c.Dir, "flexvolume"),
 		"--cert-dir", filepath.Join(c.Dir, "pki", "controller-manager"),
 		"--controllers", "*,-bootstrapsigner,-tokencleaner,-nodeipam"); err != nil {
 		return err
 	}
-	if err := c.startProc("kube-scheduler", nil, "--kubeconfig", c.Kubeconfig,
+	schedArgs := []string{"--kubeconfig", c.Kubeconfig,
 		"--authentication-kubeconfig", c.Kubeconfig, "--authorization-kubeconfig", c.Kubeconfig,
 		"--bind-address", "127.0.0.1", "--secure-port", fmt.Sprint(schedPort), "--leader-elect=false",
-		"--cert-dir", filepath.Join(c.Dir, "pki", "scheduler")); err != nil {
-		return err
-	}
-	if err := c.startContainerd(ctx); err != nil {
-		return err
-	}
-	if err := c.importPause(ctx); err != nil {
-		return err
-	}
-	if err := c.startKubelet(kubeletPort, healthzPort); err != nil {
-		return err
-	}
-	if err := c.until(ctx, "the Node to be Ready", func() bool {
-		n, err := client.CoreV1().Nodes().Get(ctx, NodeName, metav1.GetOptions{})
+		"--cert-dir", filepath.Join(c.Dir, "pki", "scheduler")}
+	if len(c.cfg.SchedulerConfig) > 0 {
+		path, err := c.writeSchedulerConfig()
 		if err != nil {
-			return false
+			return err
 		}
-		for _, cond := range n.Status.Conditions {
-			if cond.Type == corev1.NodeReady && cond.Status == corev1.ConditionTrue {
-				return len(n.Spec.Taints) == 0
-			}
-		}
-		return false
-	}); err != nil {
+		schedArgs = append(schedArgs, "--config", path)
+	}
+	if err := c.startProc("kube-scheduler", nil, schedArgs...); err != nil {
 		return err
+	}
+	for _, n := range c.Nodes {
+		if err := c.startNode(ctx, n); err != nil {
+			return err
+		}
+	}
+	for _, n := range c.Nodes {
+		if err := c.until(ctx, "node "+n.Name+" to be Ready", func() bool {
+			n, err := client.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
+			if err != nil {
+				return false
+			}
+			for _, cond := range n.Status.Conditions {
+				if cond.Type == corev1.NodeReady && cond.Status == corev1.ConditionTrue {
+					return len(n.Spec.Taints) == 0
+				}
+			}
+			return false
+		}); err != nil {
+			return err
+		}
 	}
 	return c.until(ctx, "the default ServiceAccount", func() bool {
 		_, err := client.CoreV1().ServiceAccounts("default").Get(ctx, "default", metav1.GetOptions{})
@@ -398,21 +438,25 @@ func (c *Cluster) until(ctx context.Context, what string, cond func() bool) erro
 	return nil
 }
 
-func freePorts(n int) ([]int, error) {
-	var out []int
-	var ls []net.Listener
-	defer func() {
-		for _, l := range ls {
-			l.Close()
-		}
-	}()
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
-		}
-		ls = append(ls, l)
-		out = append(out, l.Addr().(*net.TCPAddr).Port)
+func freePorts(n int) ([]int, error) { return freePortsOn("127.0.0.1", n) }
+
+// writeSchedulerConfig writes the scheduler's configuration: the
+// operator's, with the cluster's client connection and no leader
+// election.
+func (c *Cluster) writeSchedulerConfig() (string, error) {
+	var cfg map[string]any
+	if err := yaml.Unmarshal(c.cfg.SchedulerConfig, &cfg); err != nil {
+		return "", fmt.Errorf("scheduler configuration: %w", err)
 	}
-	return out, nil
+	if cfg == nil {
+		return "", fmt.Errorf("scheduler configuration: empty")
+	}
+	cfg["clientConnection"] = map[string]any{"kubeconfig": c.Kubeconfig}
+	cfg["leaderElection"] = map[string]any{"leaderElect": false}
+	b, err := json.Marshal(cfg)
+	if err != nil {
+		return "", err
+	}
+	path := filepath.Join(c.Dir, "scheduler.json")
+	return path, os.WriteFile(path, b, 0o600)
 }

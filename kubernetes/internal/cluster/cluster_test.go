@@ -99,12 +99,13 @@ func TestStartRefuses(t *testing.T) {
 	}
 }
 
-// TestCluster starts a cluster, runs a pod on it (a probe image imported
-// into containerd) to completion, reads its output through the API, checks
-// that the kubelet's sysctls and device-plugin directory stay in its own
-// mount namespace, and tears everything down while another pod still
-// runs: no process (shims and the pod's included), mount, cgroup or file
-// of the cluster is left.
+// TestCluster starts a cluster of two nodes, runs a pod on it (a probe
+// image imported into containerd) to completion, reads its output through
+// the API, checks that the second node registered with its label, that
+// each kubelet's sysctls and its node's directories over the host paths
+// stay in the node's own mount namespace, and tears everything down while
+// another pod still runs: no process (shims and the pod's included),
+// mount, cgroup or file of the cluster is left.
 func TestCluster(t *testing.T) {
 	testenv.RequireKubernetes(t, Config{}.Missing()...)
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
@@ -119,9 +120,12 @@ func TestCluster(t *testing.T) {
 			sysctlsBefore[name] = string(b)
 		}
 	}
-	_, err = os.Stat(hostDevicePlugins)
-	hadDevicePlugins := err == nil
-	c, err := Start(ctx, Config{Pause: probe, PauseArgs: PauseArgs})
+	hadHostPaths := map[string]bool{}
+	for _, p := range HostPaths() {
+		_, err = os.Stat(p)
+		hadHostPaths[p] = err == nil
+	}
+	c, err := Start(ctx, Config{Pause: probe, PauseArgs: PauseArgs, Nodes: []NodeConfig{{}, {Labels: map[string]string{"gpuiso.test/second": "yes"}}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -184,29 +188,43 @@ func TestCluster(t *testing.T) {
 		}
 		phase = p.Status.Phase
 	}
+	// The second node registered with its label.
+	second, err := c.Client.CoreV1().Nodes().Get(ctx, "127.0.0.2", metav1.GetOptions{})
+	if err != nil || second.Labels["gpuiso.test/second"] != "yes" {
+		t.Errorf("node 127.0.0.2: %v, labels %v", err, second.GetLabels())
+	}
 	left := strings.Join(c.Leftovers(), "\n")
-	for _, want := range []string{"containerd-shim-runc-v2", "/probe sleep 100000", "mount " + c.Dir + "/containerd/state/",
+	// The pod runs on either node: its root file system is mounted in
+	// that node's mount namespace.
+	for _, want := range []string{"containerd-shim-runc-v2", "/probe sleep 100000", "mount " + c.Dir + "/n",
+		"/containerd/state/io.containerd.runtime.v2.task/k8s.io/",
 		"cgroup /sys/fs/cgroup/memory/" + c.CgroupName() + "/kubepods/", "directory " + c.Dir} {
 		if !strings.Contains(left, want) {
 			t.Errorf("while the cluster runs, Leftovers has no %q:\n%s", want, left)
 		}
 	}
 
-	// The kubelet rewrites sysctls and binds a device-plugin directory in
-	// its own mount namespace only.
-	var kubelet *proc
-	for _, p := range c.procs {
-		if p.name == "kubelet" {
-			kubelet = p
+	// Each node's kubelet rewrites sysctls, and finds its own kubelet,
+	// CDI and state directories at the host paths, in its node's mount
+	// namespace only.
+	for _, n := range c.Nodes {
+		var kubelet *proc
+		for _, p := range c.procs {
+			if p.name == "kubelet-"+n.short() {
+				kubelet = p
+			}
 		}
-	}
-	mi, err := os.ReadFile(fmt.Sprintf("/proc/%d/mountinfo", kubelet.id.Pid))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, m := range []string{" /proc/sys/vm/overcommit_memory ", " /proc/sys/kernel/panic ", " " + hostDevicePlugins + " ", " /var/log "} {
-		if !strings.Contains(string(mi), m) {
-			t.Errorf("no mount on%s in the kubelet's mount namespace", m)
+		mi, err := os.ReadFile(fmt.Sprintf("/proc/%d/mountinfo", kubelet.id.Pid))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range append([]string{"/proc/sys/vm/overcommit_memory", "/proc/sys/kernel/panic", "/var/log"}, HostPaths()...) {
+			if !strings.Contains(string(mi), " "+m+" ") && !strings.Contains(string(mi), " "+strings.Replace(m, "/var/run", "/run", 1)+" ") {
+				t.Errorf("node %s: no mount on %s in the kubelet's mount namespace", n.Name, m)
+			}
+		}
+		if _, err := os.Stat(filepath.Join(n.KubeletRoot, "pods")); err != nil {
+			t.Errorf("node %s: the kubelet's root is not the node's: %v", n.Name, err)
 		}
 	}
 	for name, before := range sysctlsBefore {
@@ -225,9 +243,11 @@ func TestCluster(t *testing.T) {
 	if _, err := os.Stat(c.Dir); !os.IsNotExist(err) {
 		t.Errorf("directory %s: %v", c.Dir, err)
 	}
-	if !hadDevicePlugins && !otherClusters(DefaultParent) {
-		if _, err := os.Stat(hostDevicePlugins); !os.IsNotExist(err) {
-			t.Errorf("%s, made for the kubelet, is left: %v", hostDevicePlugins, err)
+	for p, had := range hadHostPaths {
+		if !had && !otherClusters(DefaultParent) {
+			if _, err := os.Stat(p); !os.IsNotExist(err) {
+				t.Errorf("%s, made for the nodes, is left: %v", p, err)
+			}
 		}
 	}
 }

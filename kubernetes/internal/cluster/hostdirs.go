@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 )
 
 // hostDirsFile, in the parent of the clusters' directories, lists the host
@@ -71,14 +72,16 @@ func madeHostDirs(parent string) []string {
 // removeHostDirs removes the host directories the clusters made, when no
 // cluster is left under parent to use them (removing a mount point that
 // another cluster's kubelet has a mount on would detach that mount). Only
-// empty directories go.
+// empty directories go: one that another program has put something in
+// since is that program's to keep.
 func removeHostDirs(parent string) error {
 	if otherClusters(parent) {
 		return nil
 	}
 	var errs []error
 	for _, d := range madeHostDirs(parent) {
-		if err := os.Remove(d); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		// A parent made for a deeper one is empty once that is gone.
+		if err := os.Remove(d); err != nil && !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, syscall.ENOTEMPTY) {
 			errs = append(errs, err)
 		}
 	}

@@ -20,6 +20,7 @@ func TestHostDirs(t *testing.T) {
 		{"last cluster", "host", false, true},
 		{"another cluster runs", "host", true, false},
 		{"the host had them", "host/a/b", false, false},
+		{"another program filled it", "host", false, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -41,6 +42,11 @@ func TestHostDirs(t *testing.T) {
 			}
 			if _, err := os.Stat(dir); err != nil {
 				t.Fatal(err)
+			}
+			if tt.name == "another program filled it" {
+				if err := os.WriteFile(filepath.Join(dir, "spec.json"), nil, 0o644); err != nil {
+					t.Fatal(err)
+				}
 			}
 			made := madeHostDirs(parent)
 			if tt.had == "host" && !slices.Equal(made, []string{dir, filepath.Dir(dir)}) {

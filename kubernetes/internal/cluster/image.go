@@ -18,34 +18,85 @@ import (
 
 // ImportImage makes an image named ref of one layer holding the static
 // program at /<its base name>, its entrypoint with args, and imports it
-// into containerd's k8s.io namespace, where the kubelet finds it (pods
-// use imagePullPolicy: Never).
+// into every node's containerd (namespace k8s.io), where the kubelets find
+// it (pods use imagePullPolicy: Never).
 func (c *Cluster) ImportImage(ctx context.Context, ref, program string, args []string) error {
+	for _, n := range c.Nodes {
+		if err := c.ImportImageOn(ctx, n, ref, program, args); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ImportImageOn is ImportImage on node n alone.
+func (c *Cluster) ImportImageOn(ctx context.Context, n *Node, ref, program string, args []string) error {
 	archive, err := imageArchive(ref, program, args)
 	if err != nil {
 		return fmt.Errorf("image %s: %w", ref, err)
 	}
-	if _, err := c.Ctr(ctx, archive, "images", "import", "--local", "-"); err != nil {
-		return fmt.Errorf("image %s: %w", ref, err)
+	return c.ImportArchive(ctx, n, ref, archive)
+}
+
+// ImportArchive imports an OCI image archive (an image layout as a tar
+// stream) into node n's containerd, or every node's when n is nil.
+func (c *Cluster) ImportArchive(ctx context.Context, n *Node, ref string, archive []byte) error {
+	nodes := c.Nodes
+	if n != nil {
+		nodes = []*Node{n}
+	}
+	for _, n := range nodes {
+		if _, err := c.CtrOn(ctx, n, archive, "images", "import", "--local", "-"); err != nil {
+			return fmt.Errorf("image %s on node %s: %w", ref, n.Name, err)
+		}
 	}
 	return nil
 }
 
 // imageArchive is an OCI image layout as a tar archive, its one manifest
-// annotated with ref.
+// annotated with ref: the static program at /<its base name>, its
+// entrypoint with args.
 func imageArchive(ref, program string, args []string) ([]byte, error) {
 	body, err := os.ReadFile(program)
 	if err != nil {
 		return nil, err
 	}
 	name := filepath.Base(program)
+	return ociArchive(ref, []imageFile{{Path: name, Mode: 0o755, Body: body}},
+		ocispec.ImageConfig{Entrypoint: append([]string{"/" + name}, args...)})
+}
+
+// imageFile is a file of an image's one layer.
+type imageFile struct {
+	Path string // relative to the image's root
+	Mode int64
+	Body []byte
+}
+
+// ociArchive is an OCI image layout as a tar archive: one layer of files,
+// the configuration cfg, its one manifest annotated with ref.
+func ociArchive(ref string, files []imageFile, cfg ocispec.ImageConfig) ([]byte, error) {
 	var layer bytes.Buffer
 	tw := tar.NewWriter(&layer)
-	if err := tw.WriteHeader(&tar.Header{Name: name, Mode: 0o755, Size: int64(len(body)), Typeflag: tar.TypeReg}); err != nil {
-		return nil, err
-	}
-	if _, err := tw.Write(body); err != nil {
-		return nil, err
+	dirs := map[string]bool{}
+	for _, f := range files {
+		// Parent directories first, each once.
+		var parents []string
+		for d := filepath.Dir(f.Path); d != "." && d != "/" && !dirs[d]; d = filepath.Dir(d) {
+			dirs[d] = true
+			parents = append([]string{d}, parents...)
+		}
+		for _, d := range parents {
+			if err := tw.WriteHeader(&tar.Header{Name: d + "/", Mode: 0o755, Typeflag: tar.TypeDir}); err != nil {
+				return nil, err
+			}
+		}
+		if err := tw.WriteHeader(&tar.Header{Name: f.Path, Mode: f.Mode, Size: int64(len(f.Body)), Typeflag: tar.TypeReg}); err != nil {
+			return nil, err
+		}
+		if _, err := tw.Write(f.Body); err != nil {
+			return nil, err
+		}
 	}
 	if err := tw.Close(); err != nil {
 		return nil, err
@@ -78,7 +129,7 @@ func imageArchive(ref, program string, args []string) ([]byte, error) {
 	}
 	img := ocispec.Image{
 		Platform: ocispec.Platform{OS: "linux", Architecture: runtime.GOARCH},
-		Config:   ocispec.ImageConfig{Entrypoint: append([]string{"/" + name}, args...)},
+		Config:   cfg,
 		RootFS:   ocispec.RootFS{Type: "layers", DiffIDs: []digest.Digest{digest.FromBytes(layer.Bytes())}},
 	}
 	cb, err := json.Marshal(img)

@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -37,29 +38,36 @@ func cgroupMounts() ([]string, error) {
 	return out, sc.Err()
 }
 
-// makeCgroups makes the kubelet's cgroup root in every v1 hierarchy, with
-// the cpuset's cpus and mems copied from the parent.
+// makeCgroups makes the cluster's cgroup and, below it, each node's
+// kubelet cgroup root in every v1 hierarchy, with the cpuset's cpus and
+// mems copied from the parent.
 func (c *Cluster) makeCgroups() error {
 	b, err := os.ReadFile("/proc/self/mounts")
 	if err != nil {
 		return err
+	}
+	names := []string{c.cgroupName}
+	for _, n := range c.Nodes {
+		names = append(names, n.cgroup)
 	}
 	for _, l := range strings.Split(string(b), "\n") {
 		f := strings.Fields(l)
 		if len(f) < 3 || f[2] != "cgroup" {
 			continue
 		}
-		dir := filepath.Join(f[1], c.cgroupName)
-		if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
-			return err
-		}
-		for _, k := range []string{"cpuset.cpus", "cpuset.mems"} {
-			v, err := os.ReadFile(filepath.Join(f[1], k))
-			if err != nil {
-				continue // not the cpuset hierarchy
+		for _, name := range names {
+			dir := filepath.Join(f[1], name)
+			if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
+				return err
 			}
-			if err := os.WriteFile(filepath.Join(dir, k), v, 0o644); err != nil {
-				return fmt.Errorf("%s: %w", filepath.Join(dir, k), err)
+			for _, k := range []string{"cpuset.cpus", "cpuset.mems"} {
+				v, err := os.ReadFile(filepath.Join(filepath.Dir(dir), k))
+				if err != nil {
+					continue // not the cpuset hierarchy
+				}
+				if err := os.WriteFile(filepath.Join(dir, k), v, 0o644); err != nil {
+					return fmt.Errorf("%s: %w", filepath.Join(dir, k), err)
+				}
 			}
 		}
 	}
@@ -79,17 +87,21 @@ func (c *Cluster) Stop(ctx context.Context) error {
 	}
 	c.stopped = true
 	c.deletePods(ctx)
-	byName := map[string]*proc{}
+	var kubelets []*proc
 	for _, p := range c.procs {
-		byName[p.name] = p
+		if strings.HasPrefix(p.name, "kubelet-") {
+			kubelets = append(kubelets, p)
+		}
 	}
-	if p := byName["kubelet"]; p != nil {
-		p.stop(15 * time.Second)
+	stopAll(kubelets, 15*time.Second)
+	var containerds []*proc
+	for _, n := range c.Nodes {
+		if p := n.containerd; p != nil && !p.exited() {
+			c.removeContainers(ctx, n)
+			containerds = append(containerds, p)
+		}
 	}
-	if p := byName["containerd"]; p != nil && !p.exited() {
-		c.removeContainers(ctx)
-		p.stop(15 * time.Second)
-	}
+	stopAll(containerds, 15*time.Second)
 	err := c.teardown()
 	if c.cfg.Parent != "" {
 		err = errors.Join(err, removeHostDirs(c.cfg.Parent))
@@ -125,24 +137,33 @@ func (c *Cluster) deletePods(ctx context.Context) {
 	}
 }
 
-// removeContainers kills and deletes every task and container of the
+// stopAll stops ps together (SIGTERM, SIGKILL after grace).
+func stopAll(ps []*proc, grace time.Duration) {
+	var wg sync.WaitGroup
+	for _, p := range ps {
+		wg.Go(func() { p.stop(grace) })
+	}
+	wg.Wait()
+}
+
+// removeContainers kills and deletes every task and container of node n's
 // k8s.io namespace.
-func (c *Cluster) removeContainers(ctx context.Context) {
+func (c *Cluster) removeContainers(ctx context.Context, n *Node) {
 	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
-	out, err := c.Ctr(ctx, nil, "containers", "list", "-q")
+	out, err := c.CtrOn(ctx, n, nil, "containers", "list", "-q")
 	if err != nil {
 		return
 	}
 	for _, id := range strings.Fields(out) {
-		c.Ctr(ctx, nil, "tasks", "kill", "-s", "KILL", id)
+		c.CtrOn(ctx, n, nil, "tasks", "kill", "-s", "KILL", id)
 		for range 50 {
-			if _, err := c.Ctr(ctx, nil, "tasks", "delete", id); err == nil || !strings.Contains(err.Error(), "running") {
+			if _, err := c.CtrOn(ctx, n, nil, "tasks", "delete", id); err == nil || !strings.Contains(err.Error(), "running") {
 				break
 			}
 			time.Sleep(100 * time.Millisecond)
 		}
-		c.Ctr(ctx, nil, "containers", "delete", id)
+		c.CtrOn(ctx, n, nil, "containers", "delete", id)
 	}
 }
 
@@ -211,17 +232,39 @@ func (c *Cluster) killStragglers() error {
 	}
 }
 
-// mounts lists the mount points at or below the cluster's directory.
+// mounts lists the mount points at or below the cluster's directory in
+// the host's mount namespace.
 func (c *Cluster) mounts() ([]string, error) {
 	if !c.owns() {
 		return nil, nil
 	}
-	f, err := os.Open("/proc/self/mountinfo")
+	return mountsIn("/proc/self/mountinfo", c.Dir)
+}
+
+func mountsIn(mountinfo, dir string) ([]string, error) {
+	f, err := os.Open(mountinfo)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
-	return linux.ParseMountPoints(f, c.Dir)
+	return linux.ParseMountPoints(f, dir)
+}
+
+// nodeMounts lists the mount points at or below the cluster's directory
+// in the mount namespaces of its nodes that are still alive (a node's
+// namespace goes with its last process).
+func (c *Cluster) nodeMounts() []string {
+	var out []string
+	for _, n := range c.Nodes {
+		if n.containerd == nil || !n.containerd.id.Alive("") {
+			continue
+		}
+		ms, _ := mountsIn(fmt.Sprintf("/proc/%d/mountinfo", n.containerd.id.Pid), c.Dir)
+		for _, m := range ms {
+			out = append(out, m+" (node "+n.Name+")")
+		}
+	}
+	return out
 }
 
 // unmountAll unmounts everything under the cluster's directory, children
@@ -306,7 +349,7 @@ func (c *Cluster) Leftovers() []string {
 	if err != nil {
 		out = append(out, "mountinfo: "+err.Error())
 	}
-	for _, m := range ms {
+	for _, m := range append(ms, c.nodeMounts()...) {
 		out = append(out, "mount "+m)
 	}
 	for _, d := range c.cgroupDirs() {
@@ -317,7 +360,9 @@ func (c *Cluster) Leftovers() []string {
 	}
 	if c.cfg.Parent != "" && !otherClusters(c.cfg.Parent) {
 		for _, d := range madeHostDirs(c.cfg.Parent) {
-			out = append(out, "host directory "+d)
+			if entries, err := os.ReadDir(d); err == nil && len(entries) == 0 {
+				out = append(out, "host directory "+d)
+			}
 		}
 	}
 	return out
