@@ -78,12 +78,17 @@ func requireCluster(t *testing.T) *cluster.Cluster {
 			return
 		}
 		pluginBin = filepath.Join(buildDir, "gpuiso-kubelet-plugin")
-		cmd := exec.CommandContext(ctx, "go", "build", "-buildvcs=false", "-o", pluginBin, "github.com/gpuiso/gpuiso/kubernetes/cmd/gpuiso-kubelet-plugin")
+		// Stripped: the same binary goes into the plugin's image.
+		cmd := exec.CommandContext(ctx, "go", "build", "-buildvcs=false", "-ldflags=-s -w", "-o", pluginBin, "github.com/gpuiso/gpuiso/kubernetes/cmd/gpuiso-kubelet-plugin")
 		if out, err := cmd.CombinedOutput(); err != nil {
 			startErr = fmt.Errorf("build gpuiso-kubelet-plugin: %w\n%s", err, out)
 			return
 		}
-		if shared, startErr = cluster.Start(ctx, cluster.Config{Pause: probe, PauseArgs: cluster.PauseArgs}); startErr != nil {
+		var cfg cluster.Config
+		if cfg, startErr = clusterConfig(probe); startErr != nil {
+			return
+		}
+		if shared, startErr = cluster.Start(ctx, cfg); startErr != nil {
 			return
 		}
 		startErr = shared.ImportImage(ctx, probeImage, probe, nil)
