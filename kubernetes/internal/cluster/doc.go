@@ -56,6 +56,15 @@
 // cluster still exists on the host (processes, mounts, cgroups, files):
 // nothing, when the teardown worked.
 //
+// Reboot reboots one node as a power cut and a boot would: its kubelet,
+// containerd, shims and pods get SIGKILL (the node's mount namespace, and
+// every mount in it, goes with them), what a node keeps under /run (the
+// CDI directory, containerd's state, runc's root, the shim sockets) is
+// emptied and its cgroups are made afresh, while its disk state
+// (containerd's root, the kubelet's root with its checkpoints, the plugin
+// state directory) stays; containerd and the kubelet then start again,
+// and the kubelet starts the node's pods again as after a real reboot.
+//
 // The control plane, the containerds and the kubelets get SIGKILL when the test
 // process dies; containerd's shims and the pods outlive it. Each cluster's
 // directory names its owner (pid and start time), and Start first reaps
