@@ -56,6 +56,17 @@ func TestCUDACheckUsage(t *testing.T) {
 	if out, code := runCUDACheck(t, bin, nil, "--bogus"); code != 2 || out != "" {
 		t.Errorf("cudacheck --bogus = exit %d, %q; want exit 2 and usage on stderr", code, out)
 	}
+	for _, args := range [][]string{{"--alloc"}, {"--alloc", "0"}, {"--alloc", "12x"}, {"--alloc", "1", "w", "extra"}} {
+		if out, code := runCUDACheck(t, bin, nil, args...); code != 2 || out != "" {
+			t.Errorf("cudacheck %q = exit %d, %q; want exit 2 and usage on stderr", args, code, out)
+		}
+	}
+	// Without a device, --alloc says so as the check does.
+	if !driverLoaded() {
+		if out, code := runCUDACheck(t, bin, nil, "--alloc", "1"); code != cudaNoDevice && code != cudaNoLibrary && code != cudaInit || strings.Count(out, "\n") != 1 {
+			t.Errorf("cudacheck --alloc 1 without a driver = exit %d, %q", code, out)
+		}
+	}
 }
 
 // TestVolumeLibrariesLoad builds the host's driver volume and loads every

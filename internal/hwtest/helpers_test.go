@@ -26,6 +26,7 @@ const (
 	cudaNoLibrary = 3
 	cudaNoDevice  = 4
 	cudaInit      = 5
+	cudaAlloc     = 6 // --alloc: the allocation failed
 )
 
 // cudaCheck returns the cudacheck binary: the one GPUISO_CUDACHECK names,

@@ -10,6 +10,12 @@
  *                                5 cuInit failed otherwise, 1 a later step failed
  *   cudacheck --dlopen FILE... dlopen each FILE (RTLD_NOW); one line each,
  *                              "FILE ok" or "FILE error: ..."; exit 0 when all load
+ *   cudacheck --alloc MIB [WAIT]
+ *                              on device 0, allocate MIB MiB of device memory
+ *                              (and set it); one line, "cudacheck: alloc MIB MiB:
+ *                              ok" or "...: failed: ...", exit 0 or 6 (1 for a
+ *                              step before the allocation); with WAIT, hold the
+ *                              allocation until the file WAIT exists
  *
  * Build: gcc -O2 -o cudacheck cudacheck.c -ldl
  */
@@ -17,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 enum {
 	EXIT_OK = 0,
@@ -25,6 +32,7 @@ enum {
 	EXIT_NO_LIBCUDA = 3,
 	EXIT_NO_DEVICE = 4,
 	EXIT_INIT = 5,
+	EXIT_ALLOC = 6,
 };
 
 /* The few driver-API types used, as the CUDA driver API defines them. */
@@ -127,12 +135,54 @@ out:
 	return rc;
 }
 
+/* alloc allocates mib MiB on device 0 and sets them; with wait, it holds
+ * them until the file wait exists. */
+static int alloc(unsigned long mib, const char *wait)
+{
+	CUdevice dev;
+	CUcontext ctx = NULL;
+	CUdeviceptr ptr = 0;
+	if (step(cu.DeviceGet(&dev, 0), "cuDeviceGet", 0) || step(cu.CtxCreate(&ctx, 0, dev), "cuCtxCreate_v2", 0))
+		return EXIT_STEP;
+	size_t size = (size_t)mib << 20;
+	CUresult r = cu.MemAlloc(&ptr, size);
+	if (r != CUDA_SUCCESS) {
+		printf("cudacheck: alloc %lu MiB: failed: cuMemAlloc_v2 returned %d (%s)\n", mib, r, errname(r));
+		cu.CtxDestroy(ctx);
+		return EXIT_ALLOC;
+	}
+	if ((r = cu.MemsetD8(ptr, 0x5a, size)) != CUDA_SUCCESS) {
+		printf("cudacheck: alloc %lu MiB: failed: cuMemsetD8_v2 returned %d (%s)\n", mib, r, errname(r));
+		cu.MemFree(ptr);
+		cu.CtxDestroy(ctx);
+		return EXIT_ALLOC;
+	}
+	printf("cudacheck: alloc %lu MiB: ok\n", mib);
+	fflush(stdout);
+	while (wait != NULL && access(wait, F_OK) != 0)
+		usleep(10000);
+	cu.MemFree(ptr);
+	cu.CtxDestroy(ctx);
+	return EXIT_OK;
+}
+
 int main(int argc, char **argv)
 {
 	if (argc > 1 && strcmp(argv[1], "--dlopen") == 0)
 		return dlopen_each(argc - 2, argv + 2);
-	if (argc > 1) {
-		fprintf(stderr, "usage: cudacheck [--dlopen FILE...]\n");
+	unsigned long mib = 0;
+	const char *wait = NULL;
+	if (argc > 1 && strcmp(argv[1], "--alloc") == 0 && (argc == 3 || argc == 4)) {
+		char *end;
+		mib = strtoul(argv[2], &end, 10);
+		if (*argv[2] == '\0' || *end != '\0' || mib == 0) {
+			fprintf(stderr, "cudacheck: --alloc %s: want a number of MiB above 0\n", argv[2]);
+			return EXIT_USAGE;
+		}
+		if (argc == 4)
+			wait = argv[3];
+	} else if (argc > 1) {
+		fprintf(stderr, "usage: cudacheck [--dlopen FILE... | --alloc MIB [WAIT]]\n");
 		return EXIT_USAGE;
 	}
 
@@ -169,6 +219,8 @@ int main(int argc, char **argv)
 		printf("cudacheck: no device: cuDeviceGetCount found 0 devices\n");
 		return EXIT_NO_DEVICE;
 	}
+	if (mib > 0)
+		return alloc(mib, wait);
 
 	const size_t size = 1 << 20;
 	unsigned char *host = malloc(size);
