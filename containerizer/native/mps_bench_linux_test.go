@@ -1,0 +1,100 @@
+package native_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+
+	"github.com/gpuiso/gpuiso/allocator"
+	"github.com/gpuiso/gpuiso/containerizer"
+	"github.com/gpuiso/gpuiso/containerizer/native"
+	"github.com/gpuiso/gpuiso/internal/testenv"
+	"github.com/gpuiso/gpuiso/isolator/cgroups"
+	"github.com/gpuiso/gpuiso/isolator/mps"
+	"github.com/gpuiso/gpuiso/node/nvmlnode"
+	"github.com/gpuiso/gpuiso/node/simnode"
+)
+
+// BenchmarkShareLaunch pairs, in one run, the launch of a 1-GPU container
+// (allocate, private /dev, device cgroup v2, confinement, init, `probe exit
+// 0`, wait, destroy) with that of a 4 GiB memory share of one GPU, which
+// also starts (and at its destruction stops) the share's MPS control
+// daemon, and with a share launched while another share's daemon already
+// runs on the GPU (each share has a daemon of its own, so the second
+// starts one too). The containers' init is examples/gpurun's binary.
+func BenchmarkShareLaunch(b *testing.B) {
+	testenv.RequireRoot(b)
+	testenv.RequireCgroupV2(b)
+	testenv.RequireNVIDIALibraries(b)
+	testenv.RequireMPS(b)
+	ctx := context.Background()
+	initPath := filepath.Join(b.TempDir(), "gpurun")
+	if out, err := exec.Command("go", "build", "-buildvcs=false", "-o", initPath, "github.com/gpuiso/gpuiso/examples/gpurun").CombinedOutput(); err != nil {
+		b.Fatalf("build gpurun: %v\n%s", err, out)
+	}
+	probe := testenv.BuildProbe(b)
+	sim, err := simnode.New("dgx1-volta")
+	if err != nil {
+		b.Fatal(err)
+	}
+	host, err := sim.MakeHost(filepath.Join(b.TempDir(), "host"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer host.Remove()
+	inv, err := nvmlnode.Discover(ctx, sim.DiscoverOptions(host)...)
+	if err != nil {
+		b.Fatal(err)
+	}
+	alloc, err := allocator.New(inv, allocator.WithShared("0", "1", "2", "3", "4", "5", "6", "7"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	daemons, err := mps.New(filepath.Join(b.TempDir(), "mps"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer daemons.Close()
+	parent := fmt.Sprintf("gpuiso-bench-share-%d", os.Getpid())
+	iso, err := cgroups.New(cgroups.WithVersion(cgroups.V2), cgroups.WithParent(parent))
+	if err != nil {
+		b.Fatal(err)
+	}
+	c, err := native.New(native.Config{Allocator: alloc, Inventory: inv, Isolator: iso, MPS: daemons, DevRoot: host.DevRoot,
+		StateDir: filepath.Join(b.TempDir(), "state"), InitPath: initPath})
+	if err != nil {
+		b.Fatal(err)
+	}
+	run := func(b *testing.B, req allocator.Request) {
+		for i := range b.N {
+			id := fmt.Sprintf("bench-%d", i)
+			if _, err := c.Launch(ctx, containerizer.Spec{ID: id, Command: []string{probe, "exit", "0"}, GPUs: req}); err != nil {
+				b.Fatal(err)
+			}
+			if st, err := c.Wait(ctx, id); err != nil || st.Code != 0 {
+				b.Fatalf("exit %d, %v", st.Code, err)
+			}
+			if err := c.Destroy(ctx, id); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	share := &allocator.Share{MemoryBytes: 4 << 30}
+	for range 2 { // paired, twice: the host's load moves
+		b.Run("gpu=exclusive", func(b *testing.B) { run(b, allocator.Request{Count: 1}) })
+		b.Run("gpu=share", func(b *testing.B) { run(b, allocator.Request{Share: share}) })
+		b.Run("gpu=share-beside-running-daemon", func(b *testing.B) {
+			if _, err := c.Launch(ctx, containerizer.Spec{ID: "neighbour", Command: []string{"sleep", "600"}, GPUs: allocator.Request{Share: share, Devices: []string{"0"}}}); err != nil {
+				b.Fatal(err)
+			}
+			defer c.Destroy(ctx, "neighbour")
+			run(b, allocator.Request{Share: share, Devices: []string{"0"}})
+		})
+	}
+	if ds, _ := daemons.List(ctx); len(ds) != 0 {
+		b.Fatalf("daemons left: %+v", ds)
+	}
+}
