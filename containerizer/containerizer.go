@@ -7,6 +7,7 @@ import (
 	"os"
 
 	"github.com/gpuiso/gpuiso/allocator"
+	"github.com/gpuiso/gpuiso/isolator"
 	"github.com/gpuiso/gpuiso/node"
 )
 
@@ -192,8 +193,10 @@ type ExitStatus struct {
 }
 
 var (
-	// ErrUnknownContainer: no container has that id.
-	ErrUnknownContainer = node.Sentinel(node.ErrNotFound, "unknown container")
+	// ErrUnknownContainer: no container has that id. It is
+	// isolator.ErrUnknownContainer (one sentinel for every package that
+	// knows containers by id), of kind node.ErrNotFound.
+	ErrUnknownContainer = isolator.ErrUnknownContainer
 	// ErrContainerExists: a container with that id already runs.
 	ErrContainerExists = node.Sentinel(node.ErrExists, "container already exists")
 	// ErrNotSupported: the back end cannot do what was asked (for instance,

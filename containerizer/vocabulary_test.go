@@ -84,6 +84,7 @@ func TestVocabulary(t *testing.T) {
 		"isolator.ErrNotSupported":                  isolator.ErrNotSupported,
 		"isolator.ErrUnknownContainer":              isolator.ErrUnknownContainer,
 		"isolator.ErrUnknownGPU":                    isolator.ErrUnknownGPU,
+		"isolator.ErrUnknownNUMANode":               isolator.ErrUnknownNUMANode,
 		"isolator/cdi.ErrInvalidKind":               cdi.ErrInvalidKind,
 		"isolator/cdi.ErrInvalidSpec":               cdi.ErrInvalidSpec,
 		"isolator/cdi.ErrNoDevices":                 cdi.ErrNoDevices,

@@ -9,7 +9,9 @@ var (
 	// v2, no devices controller, not Linux, no permission for eBPF). It is
 	// node.ErrNotSupported itself.
 	ErrNotSupported = node.ErrNotSupported
-	// ErrUnknownContainer: no container of that owner exists in the back end.
+	// ErrUnknownContainer: no container of that owner (id) exists in the
+	// back end. It is the one such sentinel: containerizer's and
+	// containerizer/chain's ErrUnknownContainer are this variable.
 	ErrUnknownContainer = node.Sentinel(node.ErrNotFound, "unknown container")
 	// ErrUnknownGPU: a plan names a GPU that is not a device of the node.
 	ErrUnknownGPU = node.Sentinel(node.ErrInvalid, "not a GPU of this node")

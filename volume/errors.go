@@ -45,8 +45,8 @@ type UnsafeError struct {
 
 func (e *UnsafeError) Error() string { return fmt.Sprintf("unsafe %s: %s", e.Path, e.Reason) }
 
-// Is matches ErrUnsafe.
-func (e *UnsafeError) Is(target error) bool { return target == ErrUnsafe }
+// Is matches ErrUnsafe and node.ErrCorrupt.
+func (e *UnsafeError) Is(target error) bool { return errors.Is(ErrUnsafe, target) }
 
 // DamagedError is a volume that differs from its manifest.
 type DamagedError struct {
@@ -60,8 +60,8 @@ func (e *DamagedError) Error() string {
 	return fmt.Sprintf("volume %s damaged: %s", e.Path, strings.Join(e.Problems, "; "))
 }
 
-// Is matches ErrDamaged.
-func (e *DamagedError) Is(target error) bool { return target == ErrDamaged }
+// Is matches ErrDamaged and node.ErrCorrupt.
+func (e *DamagedError) Is(target error) bool { return errors.Is(ErrDamaged, target) }
 
 // VersionError tells why no source could tell the driver's version.
 type VersionError struct {
@@ -73,8 +73,8 @@ func (e *VersionError) Error() string {
 	return fmt.Sprintf("driver version unknown: %v", errors.Join(e.Tried...))
 }
 
-// Is matches ErrNoDriverVersion.
-func (e *VersionError) Is(target error) bool { return target == ErrNoDriverVersion }
+// Is matches ErrNoDriverVersion and node.ErrUnavailable.
+func (e *VersionError) Is(target error) bool { return errors.Is(ErrNoDriverVersion, target) }
 
 // Unwrap returns the failures of the sources.
 func (e *VersionError) Unwrap() []error { return e.Tried }
@@ -91,8 +91,8 @@ func (e *SyntaxError) Error() string {
 	return fmt.Sprintf("requirement %q: %q: %s", e.Expr, e.Token, e.Reason)
 }
 
-// Is matches ErrInvalidRequirement.
-func (e *SyntaxError) Is(target error) bool { return target == ErrInvalidRequirement }
+// Is matches ErrInvalidRequirement and node.ErrInvalid.
+func (e *SyntaxError) Is(target error) bool { return errors.Is(ErrInvalidRequirement, target) }
 
 // UnmetError is an image requirement the driver or a GPU does not meet.
 type UnmetError struct {
@@ -132,8 +132,8 @@ func (e *UnmetError) Error() string {
 	return s
 }
 
-// Is matches ErrRequirementUnmet.
-func (e *UnmetError) Is(target error) bool { return target == ErrRequirementUnmet }
+// Is matches ErrRequirementUnmet and node.ErrNotSupported.
+func (e *UnmetError) Is(target error) bool { return errors.Is(ErrRequirementUnmet, target) }
 
 // VersionMismatchError is a driver version, given rather than detected,
 // that the driver's library files are not of.
@@ -148,5 +148,5 @@ func (e *VersionMismatchError) Error() string {
 	return fmt.Sprintf("driver version %s: the driver files found are of %s", e.Version, strings.Join(e.Found, ", "))
 }
 
-// Is matches ErrVersionMismatch.
-func (e *VersionMismatchError) Is(target error) bool { return target == ErrVersionMismatch }
+// Is matches ErrVersionMismatch and node.ErrInvalid.
+func (e *VersionMismatchError) Is(target error) bool { return errors.Is(ErrVersionMismatch, target) }

@@ -138,8 +138,8 @@ func TestCheck(t *testing.T) {
 				return
 			}
 			var ue *UnmetError
-			if !errors.As(err, &ue) || !errors.Is(err, ErrRequirementUnmet) {
-				t.Fatalf("Check = %v, want an *UnmetError", err)
+			if !errors.As(err, &ue) || !errors.Is(err, ErrRequirementUnmet) || !errors.Is(err, node.ErrNotSupported) {
+				t.Fatalf("Check = %v, want an *UnmetError of kind node.ErrNotSupported", err)
 			}
 			if ue.Source != tt.source || ue.GPU != tt.gpu || ue.Driver != tt.drv.Version {
 				t.Fatalf("unmet %+v, want source %s gpu %d", ue, tt.source, tt.gpu)

@@ -1,6 +1,7 @@
 package rootfs
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/gpuiso/gpuiso/node"
@@ -23,7 +24,9 @@ var (
 	ErrInvalidOption = node.Sentinel(node.ErrInvalid, "invalid unpack option")
 )
 
-// LayerError is a layer that could not be applied.
+// LayerError is a layer that could not be applied. It adds the layer's
+// name to its cause and matches what the cause matches (ErrUnsafe,
+// ErrLimit, a context's error, ...).
 type LayerError struct {
 	Layer string // the layer's path in the image
 	Err   error
@@ -51,5 +54,6 @@ func (e *LimitError) Error() string {
 	return fmt.Sprintf("image exceeds the unpack limit of %d %s", e.Max, e.Limit)
 }
 
-// Is makes errors.Is(err, ErrLimit) hold.
-func (e *LimitError) Is(target error) bool { return target == ErrLimit }
+// Is makes errors.Is(err, ErrLimit) and errors.Is(err, node.ErrInvalid)
+// hold.
+func (e *LimitError) Is(target error) bool { return errors.Is(ErrLimit, target) }

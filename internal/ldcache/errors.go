@@ -3,15 +3,19 @@ package ldcache
 import (
 	"errors"
 	"fmt"
+
+	"github.com/gpuiso/gpuiso/node"
 )
 
 var (
 	// ErrInvalid: the data is not a readable ld.so.cache (truncated,
-	// garbage, or offsets pointing outside the file).
-	ErrInvalid = errors.New("invalid ld.so.cache")
+	// garbage, or offsets pointing outside the file). Its kind is
+	// node.ErrInvalid.
+	ErrInvalid = node.Sentinel(node.ErrInvalid, "invalid ld.so.cache")
 	// ErrUnsupported: the data is an ld.so.cache in a layout this package
-	// does not read (the old layout alone, or an unknown version).
-	ErrUnsupported = errors.New("unsupported ld.so.cache layout")
+	// does not read (the old layout alone, or an unknown version). Its kind
+	// is node.ErrNotSupported.
+	ErrUnsupported = node.Sentinel(node.ErrNotSupported, "unsupported ld.so.cache layout")
 )
 
 // FormatError tells where and why a cache could not be read.
@@ -29,13 +33,13 @@ func (e *FormatError) Error() string {
 	return fmt.Sprintf("ld.so.cache at offset %d: %s", e.Offset, e.Reason)
 }
 
-// Is matches ErrUnsupported for a cache of an unread layout and ErrInvalid
-// for everything else.
+// Is matches ErrUnsupported (and node.ErrNotSupported) for a cache of an
+// unread layout and ErrInvalid (and node.ErrInvalid) for everything else.
 func (e *FormatError) Is(target error) bool {
 	if e.Unsupported {
-		return target == ErrUnsupported
+		return errors.Is(ErrUnsupported, target)
 	}
-	return target == ErrInvalid
+	return errors.Is(ErrInvalid, target)
 }
 
 func invalid(off int64, format string, args ...any) error {

@@ -1,6 +1,7 @@
 package cgroups
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/gpuiso/gpuiso/isolator"
@@ -26,5 +27,6 @@ func (e *VerifyError) Error() string {
 	return fmt.Sprintf("container %s: device rules read back %v, applied %v", e.Owner, e.Got, e.Want)
 }
 
-// Is makes errors.Is(err, ErrVerify) hold.
-func (e *VerifyError) Is(target error) bool { return target == ErrVerify }
+// Is makes errors.Is(err, ErrVerify) and errors.Is(err, node.ErrCorrupt)
+// hold.
+func (e *VerifyError) Is(target error) bool { return errors.Is(ErrVerify, target) }

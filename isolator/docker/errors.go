@@ -1,6 +1,7 @@
 package docker
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/gpuiso/gpuiso/node"
@@ -29,5 +30,5 @@ func (e *LabelError) Error() string {
 	return fmt.Sprintf("label %s=%q: %s", e.Label, e.Value, e.Reason)
 }
 
-// Is matches ErrInvalidLabels.
-func (e *LabelError) Is(target error) bool { return target == ErrInvalidLabels }
+// Is matches ErrInvalidLabels and node.ErrInvalid.
+func (e *LabelError) Is(target error) bool { return errors.Is(ErrInvalidLabels, target) }

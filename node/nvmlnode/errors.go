@@ -38,7 +38,8 @@ func (e *NVMLError) Error() string {
 }
 
 // Is maps NVML's result codes to this package's sentinels, so that
-// errors.Is(err, ErrDriverNotLoaded) holds for ERROR_DRIVER_NOT_LOADED.
+// errors.Is(err, ErrDriverNotLoaded) holds for ERROR_DRIVER_NOT_LOADED, and
+// every code to exactly one of node's error kinds (see returnKind).
 func (e *NVMLError) Is(target error) bool {
 	switch target {
 	case ErrLibraryNotFound:
@@ -47,17 +48,34 @@ func (e *NVMLError) Is(target error) bool {
 		return e.Return == nvml.ERROR_DRIVER_NOT_LOADED
 	case ErrGPULost:
 		return e.Return == nvml.ERROR_GPU_IS_LOST
-	case node.ErrNotSupported:
-		return e.Return == nvml.ERROR_NOT_SUPPORTED || e.Return == nvml.ERROR_FUNCTION_NOT_FOUND ||
-			e.Return == nvml.ERROR_LIBRARY_NOT_FOUND
-	case node.ErrUnavailable:
-		return e.Return == nvml.ERROR_DRIVER_NOT_LOADED || e.Return == nvml.ERROR_GPU_IS_LOST
-	case node.ErrNotFound:
-		return e.Return == nvml.ERROR_NOT_FOUND
-	case node.ErrInvalid:
-		return e.Return == nvml.ERROR_INVALID_ARGUMENT
 	}
-	return false
+	return target == returnKind(e.Return)
+}
+
+// returnKind is the kind of node's vocabulary an NVML result code (other
+// than SUCCESS) is: what the driver or GPU does not offer is
+// node.ErrNotSupported; a malformed call node.ErrInvalid; a thing NVML does
+// not find node.ErrNotFound; too little memory or too few resources
+// node.ErrInsufficient; a corrupt inforom node.ErrCorrupt; a second init
+// node.ErrExists; every other code (driver not loaded, GPU lost, no
+// permission, timeouts, a reset required, unknown codes) node.ErrUnavailable.
+func returnKind(r nvml.Return) error {
+	switch r {
+	case nvml.ERROR_NOT_SUPPORTED, nvml.ERROR_FUNCTION_NOT_FOUND, nvml.ERROR_LIBRARY_NOT_FOUND,
+		nvml.ERROR_VGPU_ECC_NOT_SUPPORTED, nvml.ERROR_FREQ_NOT_SUPPORTED, nvml.ERROR_DEPRECATED:
+		return node.ErrNotSupported
+	case nvml.ERROR_INVALID_ARGUMENT, nvml.ERROR_ARGUMENT_VERSION_MISMATCH, nvml.ERROR_INSUFFICIENT_SIZE:
+		return node.ErrInvalid
+	case nvml.ERROR_NOT_FOUND:
+		return node.ErrNotFound
+	case nvml.ERROR_MEMORY, nvml.ERROR_INSUFFICIENT_RESOURCES:
+		return node.ErrInsufficient
+	case nvml.ERROR_CORRUPTED_INFOROM:
+		return node.ErrCorrupt
+	case nvml.ERROR_ALREADY_INITIALIZED:
+		return node.ErrExists
+	}
+	return node.ErrUnavailable
 }
 
 func nvmlError(op string, device int, ret nvml.Return) error {

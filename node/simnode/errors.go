@@ -41,8 +41,9 @@ func (e *UnknownTopologyError) Error() string {
 	return fmt.Sprintf("unknown topology %q (shipped: %s)", e.Name, strings.Join(e.Known, ", "))
 }
 
-// Is makes errors.Is(err, ErrUnknownTopology) hold.
-func (e *UnknownTopologyError) Is(target error) bool { return target == ErrUnknownTopology }
+// Is makes errors.Is(err, ErrUnknownTopology) and errors.Is(err,
+// node.ErrNotFound) hold.
+func (e *UnknownTopologyError) Is(target error) bool { return errors.Is(ErrUnknownTopology, target) }
 
 // HostPathError names a directory that is, or resolves to, the host's own
 // root directory or a place in its /dev, /proc or /sys, where a simulated
@@ -66,9 +67,9 @@ func (e *HostPathError) Error() string {
 	return fmt.Sprintf("%s %s: refusing to make or remove a simulated host tree there", at, place)
 }
 
-// Is makes errors.Is(err, ErrHostPath) hold, and errors.Is(err,
-// ErrRealDev) where the tree's device nodes would be the host's (its root
-// directory or /dev).
+// Is makes errors.Is(err, ErrHostPath) and errors.Is(err, node.ErrInvalid)
+// hold, and errors.Is(err, ErrRealDev) where the tree's device nodes would
+// be the host's (its root directory or /dev).
 func (e *HostPathError) Is(target error) bool {
 	dev := e.Resolved == "/" || e.Resolved == "/dev" || strings.HasPrefix(e.Resolved, "/dev/")
 	return errors.Is(ErrHostPath, target) || (dev && errors.Is(ErrRealDev, target))
@@ -92,5 +93,6 @@ func (e *NotOwnedError) Error() string {
 		e.Dir, strings.Join(held, ", "), more)
 }
 
-// Is makes errors.Is(err, ErrNotOwned) hold.
+// Is makes errors.Is(err, ErrNotOwned) and errors.Is(err, node.ErrExists)
+// hold.
 func (e *NotOwnedError) Is(target error) bool { return errors.Is(ErrNotOwned, target) }
