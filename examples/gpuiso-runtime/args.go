@@ -31,6 +31,12 @@ type Settings struct {
 	// SwarmResources are the Swarm generic resource names read as GPUs
 	// (--swarm-resource, repeatable).
 	SwarmResources []string
+	// SwarmMemoryResource is the Swarm generic resource read as a memory
+	// share of one GPU, in MiB (--swarm-memory-resource, default VRAM).
+	SwarmMemoryResource string
+	// SharedGPUs are the GPUs that take shares (--shared-gpus: indexes or
+	// UUIDs); nil means every GPU without MIG, empty none.
+	SharedGPUs []string
 	// AcceptEnv says when NVIDIA_VISIBLE_DEVICES in the spec is a request
 	// (--accept-env-request, default "caller").
 	AcceptEnv AcceptEnv
@@ -42,7 +48,7 @@ type Settings struct {
 }
 
 // Flags of gpuiso-runtime itself (with a value each).
-var ownFlags = []string{"runc", "state-dir", "simulate", "dev-root", "cdi-kind", "swarm-resource", "accept-env-request", "timeout"}
+var ownFlags = []string{"runc", "state-dir", "simulate", "dev-root", "cdi-kind", "swarm-resource", "swarm-memory-resource", "shared-gpus", "accept-env-request", "timeout"}
 
 // defaultTimeout is create's deadline without --timeout.
 const defaultTimeout = 30 * time.Second
@@ -57,7 +63,8 @@ var runcValueFlags = []string{"root", "log", "log-format", "criu", "rootless"}
 // the subcommand's arguments. Flags it does not know are runc's booleans
 // and are passed on.
 func splitArgs(args []string) (s Settings, cmd string, rest []string, err error) {
-	s = Settings{Runc: "runc", LogFormat: "text", CDIKind: "nvidia.com/gpu", AcceptEnv: AcceptCaller, Timeout: defaultTimeout}
+	s = Settings{Runc: "runc", LogFormat: "text", CDIKind: "nvidia.com/gpu", AcceptEnv: AcceptCaller, Timeout: defaultTimeout,
+		SwarmMemoryResource: defaultSwarmMemoryResource}
 	var swarm []string
 	for i := 0; i < len(args); i++ {
 		a := args[i]
@@ -99,6 +106,12 @@ func splitArgs(args []string) (s Settings, cmd string, rest []string, err error)
 			s.CDIKind = value
 		case "swarm-resource":
 			swarm = append(swarm, value)
+		case "swarm-memory-resource":
+			s.SwarmMemoryResource = value
+		case "shared-gpus":
+			if s.SharedGPUs, err = parseSharedGPUs(value); err != nil {
+				return Settings{}, "", nil, err
+			}
 		case "accept-env-request":
 			s.AcceptEnv = AcceptEnv(value)
 			if !slices.Contains(acceptEnvValues, s.AcceptEnv) {
@@ -123,6 +136,9 @@ func splitArgs(args []string) (s Settings, cmd string, rest []string, err error)
 	if len(swarm) > 0 {
 		s.SwarmResources = swarm
 	}
+	if slices.Contains(s.SwarmResources, s.SwarmMemoryResource) {
+		return Settings{}, "", nil, fmt.Errorf("--swarm-memory-resource %q is also a GPU resource (--swarm-resource): %w", s.SwarmMemoryResource, ErrUsage)
+	}
 	if s.LogFormat != "text" && s.LogFormat != "json" {
 		return Settings{}, "", nil, fmt.Errorf("--log-format %q: want text or json: %w", s.LogFormat, ErrUsage)
 	}
@@ -130,6 +146,31 @@ func splitArgs(args []string) (s Settings, cmd string, rest []string, err error)
 		return Settings{}, "", nil, fmt.Errorf("--simulate and --dev-root go together: %w", ErrUsage)
 	}
 	return s, cmd, rest, nil
+}
+
+// parseSharedGPUs reads --shared-gpus: "all" (every GPU without MIG, as
+// nil), "none" (no GPU takes shares), or GPU indexes and GPU- UUIDs,
+// comma-separated, each once.
+func parseSharedGPUs(v string) ([]string, error) {
+	switch strings.TrimSpace(v) {
+	case "all":
+		return nil, nil
+	case "none":
+		return []string{}, nil
+	}
+	d, err := ParseDevices(v)
+	if err == nil && (d.None() || d.All) {
+		err = fmt.Errorf("no GPU named: %w", ErrInvalidDevices)
+	}
+	for _, id := range d.IDs {
+		if strings.HasPrefix(id, "MIG-") {
+			err = fmt.Errorf("MIG device %s: MIG devices are not shared: %w", id, ErrInvalidDevices)
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("--shared-gpus %q: want all, none or GPU indexes and UUIDs: %w: %w", v, ErrUsage, err)
+	}
+	return d.IDs, nil
 }
 
 // runcArgv is the command line that hands cmd and its arguments to runc:

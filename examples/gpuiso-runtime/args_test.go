@@ -53,6 +53,35 @@ func TestSplitArgs(t *testing.T) {
 					t.Errorf("settings %+v", s)
 				}
 			}},
+		{name: "shares", args: []string{"--swarm-memory-resource", "GPU_MEM", "--shared-gpus", "0,GPU-abc", "list"}, cmd: "list", rest: []string{},
+			check: func(t *testing.T, s Settings) {
+				if s.SwarmMemoryResource != "GPU_MEM" || !slices.Equal(s.SharedGPUs, []string{"0", "GPU-abc"}) || len(s.RuncArgs) != 0 {
+					t.Errorf("settings %+v", s)
+				}
+			}},
+		{name: "share defaults", args: []string{"list"}, cmd: "list", rest: []string{},
+			check: func(t *testing.T, s Settings) {
+				if s.SwarmMemoryResource != "VRAM" || s.SharedGPUs != nil {
+					t.Errorf("memory resource %q, shared GPUs %q; want VRAM and every GPU (nil)", s.SwarmMemoryResource, s.SharedGPUs)
+				}
+			}},
+		{name: "shared all", args: []string{"--shared-gpus=all", "list"}, cmd: "list", rest: []string{},
+			check: func(t *testing.T, s Settings) {
+				if s.SharedGPUs != nil {
+					t.Errorf("shared GPUs %q, want every GPU (nil)", s.SharedGPUs)
+				}
+			}},
+		{name: "shared none", args: []string{"--shared-gpus", "none", "list"}, cmd: "list", rest: []string{},
+			check: func(t *testing.T, s Settings) {
+				if s.SharedGPUs == nil || len(s.SharedGPUs) != 0 {
+					t.Errorf("shared GPUs %#v, want none (empty)", s.SharedGPUs)
+				}
+			}},
+		{name: "shared MIG device", args: []string{"--shared-gpus", "MIG-abc", "list"}, err: true},
+		{name: "shared bad list", args: []string{"--shared-gpus", "1,,2", "list"}, err: true},
+		{name: "shared void", args: []string{"--shared-gpus", "void", "list"}, err: true},
+		{name: "memory resource is a GPU resource", args: []string{"--swarm-memory-resource", "GPU", "list"}, err: true},
+		{name: "memory resource named as GPUs", args: []string{"--swarm-resource", "VRAM", "list"}, err: true},
 		{name: "unknown policy", args: []string{"--accept-env-request=yes", "list"}, err: true},
 		{name: "bad timeout", args: []string{"--timeout", "soon", "list"}, err: true},
 		{name: "negative timeout", args: []string{"--timeout", "-1s", "list"}, err: true},

@@ -29,6 +29,15 @@ package main
 // A delete that names no state directory (Podman's cleanup runs the
 // runtime without its flags) finds the container's in the index,
 // /run/gpuiso-runtime/OWNER.json, written beside the record.
+//
+// A memory share's MPS control daemon (package isolator/mps, under the
+// state directory's mps/) is part of the claim: started in the prepare
+// step, after the record and the allocation, and stopped wherever the claim
+// is given back (a failed runc, a delete, a settled record whose container
+// is gone), before the allocation. Settling a record whose container lives
+// starts its dead daemon again in place; every create and delete also
+// stops the daemons that neither a record nor a memory share in the
+// allocator explains.
 
 import (
 	"bytes"
@@ -48,7 +57,9 @@ import (
 	"time"
 
 	"github.com/gpuiso/gpuiso/allocator"
+	"github.com/gpuiso/gpuiso/containerizer"
 	"github.com/gpuiso/gpuiso/internal/linux"
+	"github.com/gpuiso/gpuiso/isolator/mps"
 	"github.com/gpuiso/gpuiso/node"
 	"github.com/gpuiso/gpuiso/volume"
 )
@@ -69,6 +80,9 @@ const (
 	// recordsDir is the directory of the records inside the state
 	// directory.
 	recordsDir = "gpuiso-runtime"
+	// daemonsDir is the directory of the memory shares' MPS daemons inside
+	// the state directory (gpurun's too, so gpuinfo lists them).
+	daemonsDir = "mps"
 	// defaultIndexDir maps owners to their state directories for a delete
 	// run without flags.
 	defaultIndexDir = "/run/gpuiso-runtime"
@@ -544,7 +558,9 @@ func (rt *Runtime) giveBack(ctx context.Context, res *prepared) {
 	if res != nil {
 		errs = append(errs, res.undo(ctx))
 	}
-	errs = append(errs, releaseOwner(ctx, cl.alloc, cl.rec.Owner))
+	daemons, err := rt.daemonsOf(cl.rs.stateDir(), false)
+	errs = append(errs, err)
+	errs = append(errs, releaseOwner(ctx, cl.alloc, daemons, cl.rec.Owner))
 	errs = append(errs, cl.rs.remove(cl.rec.Owner, cl.lock))
 	if err := errors.Join(errs...); err != nil {
 		rt.Log.Error("give back", "container", cl.rec.ID, "err", err)
@@ -571,10 +587,14 @@ func (rt *Runtime) hold(ctx context.Context, alloc *allocator.Allocator, rs reco
 	return rs.write(rec)
 }
 
-// releaseOwner gives back owner's GPUs in alloc (nil: none) and its use of
-// the driver volume.
-func releaseOwner(ctx context.Context, alloc *allocator.Allocator, owner string) error {
+// releaseOwner gives back owner's GPUs in alloc (nil: none), after
+// stopping the MPS daemon of its share in daemons (nil: none), and its use
+// of the driver volume.
+func releaseOwner(ctx context.Context, alloc *allocator.Allocator, daemons *mps.Manager, owner string) error {
 	var errs []error
+	if daemons != nil {
+		errs = append(errs, daemons.Stop(ctx, owner))
+	}
 	if alloc != nil {
 		// Only this owner's own create claims under its name, so an owner
 		// the state does not list (read without the lock) holds nothing, and
@@ -629,11 +649,17 @@ func usesVolume(ctx context.Context, owner string) bool {
 // record's does when its init is dead. It returns whether the claim was
 // given back.
 func (rt *Runtime) settle(ctx context.Context, alloc *allocator.Allocator, rs records, rec record, lock *os.File) (bool, error) {
+	daemons, err := rt.daemonsOf(rs.stateDir(), false)
+	if err != nil {
+		lock.Close()
+		return false, err
+	}
 	var init *allocator.Holder
 	switch {
 	case rec.Phase == phaseCreated && rec.Init != nil && !rec.Init.Dead(""):
+		err := rt.keepDaemon(ctx, alloc, daemons, rec)
 		lock.Close()
-		return false, nil
+		return false, err
 	case rec.Phase == phaseCreating:
 		var err error
 		if init, err = rec.liveInit(ctx, ""); err != nil {
@@ -643,13 +669,14 @@ func (rt *Runtime) settle(ctx context.Context, alloc *allocator.Allocator, rs re
 	}
 	if init != nil {
 		err := rt.hold(ctx, alloc, rs, rec, init)
-		lock.Close()
 		if err == nil {
 			rt.Log.Info("claim of a container created by a process that ended: held by its init", "container", rec.ID, "root", rec.Root, "pid", init.Pid)
+			err = rt.keepDaemon(ctx, alloc, daemons, rec)
 		}
+		lock.Close()
 		return false, err
 	}
-	err := errors.Join(releaseOwner(ctx, alloc, rec.Owner), rs.remove(rec.Owner, lock))
+	err = errors.Join(releaseOwner(ctx, alloc, daemons, rec.Owner), rs.remove(rec.Owner, lock))
 	if err == nil {
 		rt.Log.Info("gave back the claim of a container that is gone", "container", rec.ID, "root", rec.Root)
 	}
@@ -685,6 +712,95 @@ func (rt *Runtime) recover(ctx context.Context, alloc *allocator.Allocator, rs r
 		if _, err := rt.settle(ctx, alloc, rs, rec, lock); err != nil {
 			rt.Log.Error("settle the claim of a container", "container", rec.ID, "root", rec.Root, "err", err)
 		}
+	}
+	rt.sweepDaemons(ctx, alloc, rs)
+}
+
+// daemonsOf returns the manager of the MPS daemons of state directory
+// stateDir, opened once per process; without create, nil when the
+// directory has none (no share was ever made there), and nil on a node
+// without the MPS control daemon, which then has no daemon to stop.
+func (rt *Runtime) daemonsOf(stateDir string, create bool) (*mps.Manager, error) {
+	abs, err := filepath.Abs(stateDir)
+	if err != nil {
+		return nil, err
+	}
+	dir := filepath.Join(abs, daemonsDir)
+	if m, ok := rt.daemons[dir]; ok {
+		return m, nil
+	}
+	if _, err := os.Stat(dir); err != nil && !create {
+		return nil, nil
+	}
+	m, err := mps.New(dir, mps.WithLogger(rt.Log))
+	if errors.Is(err, mps.ErrNoControl) && !create {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	if rt.daemons == nil {
+		rt.daemons = map[string]*mps.Manager{}
+	}
+	rt.daemons[dir] = m
+	return m, nil
+}
+
+// closeDaemons lets go of the daemons' directories (the daemons run on).
+func (rt *Runtime) closeDaemons() {
+	for _, m := range rt.daemons {
+		m.Close()
+	}
+	rt.daemons = nil
+}
+
+// keepDaemon starts again, in place, the MPS daemon of the memory share of
+// rec's container, which lives: one that was killed, or whose start a
+// killed gpuiso-runtime cut short. A running daemon is left as it is.
+func (rt *Runtime) keepDaemon(ctx context.Context, alloc *allocator.Allocator, daemons *mps.Manager, rec record) error {
+	if daemons == nil || alloc == nil {
+		return nil
+	}
+	al, err := alloc.Allocation(rec.Owner)
+	if err != nil || al.Share == nil || al.Share.Mode != allocator.ShareMemory || len(al.Devices) != 1 {
+		return nil
+	}
+	before := time.Now()
+	d, err := daemons.Start(ctx, rec.Owner, al.Devices[0], containerizer.ShareLimits(*al.Share))
+	if err != nil {
+		return err
+	}
+	if !d.Started.Before(before) {
+		rt.Log.Info("mps daemon of a living container started again", "container", rec.ID, "root", rec.Root, "pid", d.Pid)
+	}
+	return nil
+}
+
+// sweepDaemons stops the MPS daemons of rs's state directory that no
+// record explains and whose owner holds no memory share in alloc: left by
+// a process killed between giving back a claim and removing its record, or
+// by another program sharing the directory that released its share.
+func (rt *Runtime) sweepDaemons(ctx context.Context, alloc *allocator.Allocator, rs records) {
+	daemons, err := rt.daemonsOf(rs.stateDir(), false)
+	if daemons == nil || err != nil {
+		if err != nil {
+			rt.Log.Error("mps daemons", "dir", rs.stateDir(), "err", err)
+		}
+		return
+	}
+	keep := func(owner string) bool {
+		if _, err := os.Stat(rs.path(owner)); err == nil || !errors.Is(err, fs.ErrNotExist) {
+			return true
+		}
+		al, err := alloc.Allocation(owner)
+		return err == nil && al.Share != nil && al.Share.Mode == allocator.ShareMemory
+	}
+	stopped, err := daemons.Sweep(ctx, keep)
+	if err != nil {
+		rt.Log.Error("stop the mps daemons no container explains", "err", err)
+	}
+	if len(stopped) > 0 {
+		rt.Log.Info("stopped the mps daemons no container explains", "owners", stopped)
 	}
 }
 

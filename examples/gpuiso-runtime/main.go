@@ -120,6 +120,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 			return refuse(err)
 		}
 		rt := &Runtime{Settings: s, Log: log.Logger}
+		defer rt.closeDaemons()
 		defer rt.abandon(ctx)
 		// Everything before runc (reading the image, the state directory's
 		// lock) ends with --timeout.
@@ -137,6 +138,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 		return rt.Create(ctx, res, cmd, rest, c, stderr)
 	case "delete":
 		rt := &Runtime{Settings: s, Log: log.Logger}
+		defer rt.closeDaemons()
 		return rt.Delete(ctx, deleteID(rest), rest, stderr)
 	}
 	return refuse(handOver(s.runcArgv(cmd, rest)))

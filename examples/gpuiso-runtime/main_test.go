@@ -171,6 +171,9 @@ func TestRefused(t *testing.T) {
 		{name: "unknown simulated node", env: []string{"NVIDIA_VISIBLE_DEVICES=1"}, args: []string{"--simulate", "nosuch", "--dev-root", "BUNDLE/sim", "create", "--bundle", "BUNDLE", "c1"}, want: "nosuch"},
 		{name: "bad policy", args: []string{"--accept-env-request", "sometimes", "create", "--bundle", "BUNDLE", "c1"}, want: "--accept-env-request"},
 		{name: "bad timeout", args: []string{"--timeout=0s", "create", "--bundle", "BUNDLE", "c1"}, want: "--timeout"},
+		{name: "share without state dir", env: []string{"GPUISO_GPU_MEMORY=4GiB"}, args: []string{"create", "--bundle", "BUNDLE", "c1"}, want: "needs --state-dir"},
+		{name: "swarm share without state dir", env: []string{"DOCKER_RESOURCE_VRAM=4000"}, args: []string{"create", "--bundle", "BUNDLE", "c1"}, want: "needs --state-dir"},
+		{name: "bad share", env: []string{"DOCKER_RESOURCE_VRAM=4G"}, args: []string{"--state-dir", "BUNDLE/state", "create", "--bundle", "BUNDLE", "c1"}, want: "whole number of MiB"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			runc, calls := fakeRunc(t)

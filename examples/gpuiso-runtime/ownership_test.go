@@ -28,7 +28,8 @@ func heldBy(got map[string][]int, id string) []int {
 	return out
 }
 
-// owners reads the allocator's state in dir: each owner's GPU indexes.
+// owners reads the allocator's state in dir: each owner's GPU indexes
+// (the shared GPU of a share).
 func owners(t *testing.T, dir string) map[string][]int {
 	t.Helper()
 	b, err := os.ReadFile(filepath.Join(dir, "allocations.json"))
@@ -45,6 +46,9 @@ func owners(t *testing.T, dir string) map[string][]int {
 				Devices []struct {
 					Index int `json:"index"`
 				} `json:"devices"`
+				Shared *struct {
+					Index int `json:"index"`
+				} `json:"shared"`
 			} `json:"owners"`
 		} `json:"state"`
 	}
@@ -55,6 +59,9 @@ func owners(t *testing.T, dir string) map[string][]int {
 	for _, o := range st.State.Owners {
 		for _, d := range o.Devices {
 			out[o.Owner] = append(out[o.Owner], d.Index)
+		}
+		if o.Shared != nil {
+			out[o.Owner] = append(out[o.Owner], o.Shared.Index)
 		}
 	}
 	return out

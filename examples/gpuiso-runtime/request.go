@@ -20,6 +20,11 @@ import (
 // resource, a CDI annotation) does not parse.
 var ErrInvalidDevices = node.Sentinel(node.ErrInvalid, "invalid device list")
 
+// ErrInvalidShare: a request for a share of a GPU (a Swarm memory
+// resource, GPUISO_GPU_MEMORY, GPUISO_GPU_COMPUTE) does not parse, or
+// names more than one GPU.
+var ErrInvalidShare = node.Sentinel(node.ErrInvalid, "invalid GPU share request")
+
 // Where a container's request comes from.
 const (
 	envVisibleDevices = volume.EnvVisibleDevices
@@ -29,6 +34,16 @@ const (
 	// annotationCDIPrefix prefixes the CDI device annotations of a spec
 	// (cdi.k8s.io/<key>=<vendor/class=name>[,...]).
 	annotationCDIPrefix = "cdi.k8s.io/"
+	// envGPUMemory asks for a memory share of one GPU (4GiB, 8000M; as
+	// gpurun --gpu-memory), envGPUCompute for a percentage of its compute
+	// beside it (1 to 100): the caller's explicit request for a share.
+	envGPUMemory  = "GPUISO_GPU_MEMORY"
+	envGPUCompute = "GPUISO_GPU_COMPUTE"
+	// defaultSwarmMemoryResource is the generic resource read as a memory
+	// share, in MiB (--swarm-memory-resource).
+	defaultSwarmMemoryResource = "VRAM"
+	// maxShareMiB bounds a Swarm memory resource's amount (16 TiB).
+	maxShareMiB = 1 << 24
 )
 
 // defaultSwarmResources are the generic resource names read as GPUs.
@@ -118,6 +133,12 @@ type Request struct {
 	// Source names where the devices came from ("NVIDIA_VISIBLE_DEVICES",
 	// "DOCKER_RESOURCE_NVIDIA-GPU", "cdi.k8s.io/..."), "" for none.
 	Source string
+	// Share is the memory share of one GPU asked for (a Swarm memory
+	// resource, GPUISO_GPU_MEMORY), or nil; Devices then name that GPU,
+	// or none (the allocator's choice). ShareSource names where it came
+	// from.
+	Share       *allocator.Share
+	ShareSource string
 	// Volume says the caller asked for the driver volume without GPUs
 	// (NVIDIA_VISIBLE_DEVICES=none, or the com.nvidia.volumes.needed
 	// annotation).
@@ -206,8 +227,9 @@ func (t *trust) annotation(spec *specs.Spec, k, v string) (bool, string) {
 	return true, ""
 }
 
-// env reports whether NVIDIA_VISIBLE_DEVICES=v of spec asks, and why not.
-func (t *trust) env(spec *specs.Spec, v string) (bool, string) {
+// env reports whether key=v of spec's environment (NVIDIA_VISIBLE_DEVICES,
+// GPUISO_GPU_MEMORY, GPUISO_GPU_COMPUTE) asks, and why not.
+func (t *trust) env(spec *specs.Spec, key, v string) (bool, string) {
 	switch t.Policy {
 	case AcceptAlways:
 		return true, ""
@@ -222,7 +244,7 @@ func (t *trust) env(spec *specs.Spec, v string) (bool, string) {
 	switch {
 	case rec == nil:
 		return false, "no record of the image tells the caller's setting from the image's (" + t.why + ")"
-	case rec.fromImage(envVisibleDevices, v):
+	case rec.fromImage(key, v):
 		return false, "the image's own setting"
 	}
 	return true, ""
@@ -256,9 +278,11 @@ func privileged(spec *specs.Spec) bool {
 // requestOf reads what spec asks for, first found wins: the GPUs Docker
 // Swarm assigned (DOCKER_RESOURCE_<NAME> for each name of swarm), the CDI
 // annotations naming devices of kind, then NVIDIA_VISIBLE_DEVICES (its last
-// setting). Only what the caller set counts (see trust); the rest is listed
-// in Ignored.
-func requestOf(spec *specs.Spec, kind string, swarm []string, t *trust) (Request, error) {
+// setting). A memory share is asked for by Swarm's memory resource
+// (DOCKER_RESOURCE_<swarmMemory>, MiB), else GPUISO_GPU_MEMORY, with
+// GPUISO_GPU_COMPUTE beside either (see shareOf). Only what the caller set
+// counts (see trust); the rest is listed in Ignored.
+func requestOf(spec *specs.Spec, kind string, swarm []string, swarmMemory string, t *trust) (Request, error) {
 	var env []string
 	if spec.Process != nil {
 		env = spec.Process.Env
@@ -301,7 +325,7 @@ func requestOf(spec *specs.Spec, kind string, swarm []string, t *trust) (Request
 	slices.Sort(ignored)
 	asked := volume.Image{Labels: annotations}
 	if v, ok := img.Getenv(envVisibleDevices); ok {
-		if ok, why := t.env(spec, v); ok {
+		if ok, why := t.env(spec, envVisibleDevices, v); ok {
 			asked.Env = []string{envVisibleDevices + "=" + v}
 		} else {
 			ignored = append(ignored, fmt.Sprintf("%s=%s: %s", envVisibleDevices, v, why))
@@ -330,9 +354,80 @@ func requestOf(spec *specs.Spec, kind string, swarm []string, t *trust) (Request
 	if err != nil {
 		return Request{}, err
 	}
+	share, source, why, err := shareOf(spec, img, swarmMemory, t)
+	if err != nil {
+		return Request{}, err
+	}
+	ignored = append(ignored, why...)
+	if share != nil {
+		switch {
+		case r.All:
+			r.Devices = Devices{} // any GPU: the allocator's choice
+		case len(r.IDs) > 1:
+			return Request{}, fmt.Errorf("%s with %s naming %d devices: a share is of one GPU: %w", source, r.Source, len(r.IDs), ErrInvalidShare)
+		case len(r.IDs) == 1 && strings.HasPrefix(r.IDs[0], "MIG-"):
+			return Request{}, fmt.Errorf("%s with %s naming MIG device %s: MIG devices are not shared: %w", source, r.Source, r.IDs[0], ErrInvalidShare)
+		}
+		r.Share, r.ShareSource = share, source
+	}
 	r.Volume = asked.NeedsVolume()
 	r.Ignored = ignored
 	return r, nil
+}
+
+// shareOf reads the memory share spec asks for: Swarm's memory resource
+// (DOCKER_RESOURCE_<swarmMemory>=<MiB>, trusted as Swarm's GPUs are), else
+// GPUISO_GPU_MEMORY (a size, trusted as NVIDIA_VISIBLE_DEVICES is), and a
+// compute percentage from GPUISO_GPU_COMPUTE. It returns the share (nil for
+// none), where it came from, and the settings it ignored, with why.
+func shareOf(spec *specs.Spec, img volume.Image, swarmMemory string, t *trust) (*allocator.Share, string, []string, error) {
+	var ignored []string
+	var share *allocator.Share
+	source := ""
+	if swarmMemory != "" {
+		key := envSwarmPrefix + swarmMemory
+		if v, ok := img.Getenv(key); ok {
+			if ok, why := t.swarm(key, v); !ok {
+				ignored = append(ignored, fmt.Sprintf("%s: %s", key, why))
+			} else {
+				mib, err := strconv.ParseUint(strings.TrimSpace(v), 10, 64)
+				if err != nil || mib == 0 || mib > maxShareMiB {
+					return nil, "", nil, fmt.Errorf("%s=%s: want a whole number of MiB from 1 to %d: %w", key, quoteShort(v), maxShareMiB, ErrInvalidShare)
+				}
+				share, source = &allocator.Share{Mode: allocator.ShareMemory, MemoryBytes: mib << 20}, key
+			}
+		}
+	}
+	if v, ok := img.Getenv(envGPUMemory); ok {
+		switch ok, why := t.env(spec, envGPUMemory, v); {
+		case !ok:
+			ignored = append(ignored, fmt.Sprintf("%s=%s: %s", envGPUMemory, v, why))
+		case share != nil:
+			ignored = append(ignored, fmt.Sprintf("%s=%s: %s asks already", envGPUMemory, v, source))
+		default:
+			b, err := allocator.ParseBytes(v)
+			if err != nil {
+				return nil, "", nil, fmt.Errorf("%s: %w: %w", envGPUMemory, ErrInvalidShare, err)
+			}
+			share, source = &allocator.Share{Mode: allocator.ShareMemory, MemoryBytes: b}, envGPUMemory
+		}
+	}
+	if v, ok := img.Getenv(envGPUCompute); ok {
+		if ok, why := t.env(spec, envGPUCompute, v); !ok {
+			ignored = append(ignored, fmt.Sprintf("%s=%s: %s", envGPUCompute, v, why))
+		} else {
+			n, err := strconv.Atoi(strings.TrimSpace(v))
+			switch {
+			case err != nil || n < 1 || n > 100:
+				return nil, "", nil, fmt.Errorf("%s=%s: want a percentage from 1 to 100: %w", envGPUCompute, quoteShort(v), ErrInvalidShare)
+			case share == nil:
+				return nil, "", nil, fmt.Errorf("%s=%s without a memory share (%s, or Swarm's %s): %w", envGPUCompute, v, envGPUMemory, envSwarmPrefix+swarmMemory, ErrInvalidShare)
+			}
+			share.ComputePercent = n
+			source += ", " + envGPUCompute
+		}
+	}
+	return share, source, ignored, nil
 }
 
 // cdiRequest reads the CDI annotations of a spec: the devices of kind they
@@ -372,17 +467,23 @@ func cdiRequest(annotations map[string]string, kind string) (Request, error) {
 	return Request{Devices: d, Source: strings.Join(sources, ", ")}, nil
 }
 
-// allocation turns d into an allocator request on inv: every GPU of the
-// node (by UUID) for All, else the named devices.
-func (d Devices) allocation(inv *node.Inventory) allocator.Request {
+// allocation turns r into an allocator request on inv: a share of the one
+// GPU named, or of the allocator's choice; every GPU of the node (by UUID)
+// for All; else the named devices.
+func (r Request) allocation(inv *node.Inventory) allocator.Request {
+	if r.Share != nil {
+		s := *r.Share
+		return allocator.Request{Devices: slices.Clone(r.IDs), Share: &s}
+	}
+	d := r.Devices
 	if !d.All {
 		return allocator.Request{Devices: slices.Clone(d.IDs)}
 	}
-	var r allocator.Request
+	var out allocator.Request
 	for _, g := range inv.Devices {
-		r.Devices = append(r.Devices, g.UUID)
+		out.Devices = append(out.Devices, g.UUID)
 	}
-	return r
+	return out
 }
 
 // ErrDeviceHeld: the spec's device list (docker run --device, podman run
@@ -395,7 +496,7 @@ var ErrDeviceHeld = node.Sentinel(node.ErrUnavailable, "device held by another c
 // device list holds a GPU another container owns.
 func (rt *Runtime) request(ctx context.Context, spec *specs.Spec, bundle, id string) (Request, error) {
 	t := &trust{Policy: rt.AcceptEnv, Load: func() (*engineRecord, error) { return findEngineRecord(bundle, id, spec) }}
-	req, err := requestOf(spec, rt.CDIKind, rt.SwarmResources, t)
+	req, err := requestOf(spec, rt.CDIKind, rt.SwarmResources, rt.SwarmMemoryResource, t)
 	if err != nil {
 		return Request{}, err
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/gpuiso/gpuiso/allocator"
 	"github.com/gpuiso/gpuiso/node"
 )
 
@@ -136,7 +137,7 @@ func TestRequestOf(t *testing.T) {
 		{name: "bad list", spec: spec([]string{"NVIDIA_VISIBLE_DEVICES=1,,2"}, nil), err: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			r, err := requestOf(tc.spec, kind, swarm, &trust{Policy: AcceptAlways})
+			r, err := requestOf(tc.spec, kind, swarm, defaultSwarmMemoryResource, &trust{Policy: AcceptAlways})
 			if tc.err {
 				if !errors.Is(err, ErrInvalidDevices) {
 					t.Fatalf("requestOf = %+v, %v; want ErrInvalidDevices", r, err)
@@ -231,7 +232,7 @@ func TestRequestPolicy(t *testing.T) {
 				}
 				return tc.rec, nil
 			}}
-			r, err := requestOf(tc.spec, kind, swarm, tr)
+			r, err := requestOf(tc.spec, kind, swarm, defaultSwarmMemoryResource, tr)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -248,10 +249,103 @@ func TestRequestPolicy(t *testing.T) {
 	}
 	t.Run("no record needed", func(t *testing.T) {
 		tr := &trust{Policy: AcceptCaller, Load: func() (*engineRecord, error) { t.Error("record loaded"); return nil, nil }}
-		if _, err := requestOf(spec([]string{"PATH=/bin"}, map[string]string{"other": "x"}), kind, swarm, tr); err != nil {
+		if _, err := requestOf(spec([]string{"PATH=/bin"}, map[string]string{"other": "x"}), kind, swarm, defaultSwarmMemoryResource, tr); err != nil {
 			t.Fatal(err)
 		}
 	})
+}
+
+// TestRequestShare: a memory share is asked for by Swarm's memory resource
+// (MiB, only in a Swarm task) or by GPUISO_GPU_MEMORY (as the policy trusts
+// NVIDIA_VISIBLE_DEVICES), with GPUISO_GPU_COMPUTE beside either; a device
+// request beside it names the share's one GPU.
+func TestRequestShare(t *testing.T) {
+	const kind = "nvidia.com/gpu"
+	const gib4 = 4 << 30
+	spec := func(env ...string) *specs.Spec { return &specs.Spec{Process: &specs.Process{Env: env}} }
+	task := &engineRecord{Engine: "docker", ImageEnv: []string{"NVIDIA_VISIBLE_DEVICES=all"}, Labels: map[string]string{"com.docker.swarm.task.id": "t1"}}
+	taskImageVRAM := &engineRecord{Engine: "docker", ImageEnv: []string{"DOCKER_RESOURCE_VRAM=4000"}, Labels: map[string]string{"com.docker.swarm.task.id": "t1"}}
+	plain := &engineRecord{Engine: "docker"}
+	imageShare := &engineRecord{Engine: "docker", ImageEnv: []string{"GPUISO_GPU_MEMORY=16GiB", "GPUISO_GPU_COMPUTE=100"}}
+	for _, tc := range []struct {
+		name    string
+		policy  AcceptEnv
+		spec    *specs.Spec
+		rec     *engineRecord
+		memory  uint64 // 0: no share
+		compute int
+		source  string // the share's
+		ids     []string
+		ignored string
+		err     bool
+	}{
+		{name: "swarm task", spec: spec("NVIDIA_VISIBLE_DEVICES=all", "DOCKER_RESOURCE_VRAM=4000"), rec: task, memory: 4000 << 20, source: "DOCKER_RESOURCE_VRAM", ignored: "NVIDIA_VISIBLE_DEVICES=all: the image's own"},
+		{name: "swarm task with its GPU", spec: spec("DOCKER_RESOURCE_VRAM=8000", "DOCKER_RESOURCE_NVIDIA-GPU=GPU-a"), rec: task, memory: 8000 << 20, source: "DOCKER_RESOURCE_VRAM", ids: []string{"GPU-a"}},
+		{name: "swarm task, caller's compute", spec: spec("DOCKER_RESOURCE_VRAM=4000", "GPUISO_GPU_COMPUTE=25"), rec: task, memory: 4000 << 20, compute: 25, source: "DOCKER_RESOURCE_VRAM, GPUISO_GPU_COMPUTE"},
+		{name: "swarm over GPUISO_GPU_MEMORY", spec: spec("DOCKER_RESOURCE_VRAM=4000", "GPUISO_GPU_MEMORY=1GiB"), rec: task, memory: 4000 << 20, source: "DOCKER_RESOURCE_VRAM", ignored: "GPUISO_GPU_MEMORY=1GiB: DOCKER_RESOURCE_VRAM asks already"},
+		{name: "swarm, image's amount", spec: spec("DOCKER_RESOURCE_VRAM=4000"), rec: taskImageVRAM, ignored: "DOCKER_RESOURCE_VRAM: the image's own"},
+		{name: "not a swarm task", spec: spec("DOCKER_RESOURCE_VRAM=4000"), rec: plain, ignored: "DOCKER_RESOURCE_VRAM: not a Docker Swarm task"},
+		{name: "no record", spec: spec("DOCKER_RESOURCE_VRAM=4000", "GPUISO_GPU_MEMORY=4GiB"), ignored: "GPUISO_GPU_MEMORY=4GiB: no record"},
+		{name: "always", policy: AcceptAlways, spec: spec("DOCKER_RESOURCE_VRAM=4000"), memory: 4000 << 20, source: "DOCKER_RESOURCE_VRAM"},
+		{name: "caller's memory", spec: spec("GPUISO_GPU_MEMORY=4GiB"), rec: plain, memory: gib4, source: "GPUISO_GPU_MEMORY"},
+		{name: "caller's memory and compute on GPU 3", spec: spec("GPUISO_GPU_MEMORY=4G", "GPUISO_GPU_COMPUTE=50", "NVIDIA_VISIBLE_DEVICES=3"), rec: plain, memory: gib4, compute: 50, source: "GPUISO_GPU_MEMORY, GPUISO_GPU_COMPUTE", ids: []string{"3"}},
+		{name: "caller's memory, all", spec: spec("GPUISO_GPU_MEMORY=4GiB", "NVIDIA_VISIBLE_DEVICES=all"), rec: plain, memory: gib4, source: "GPUISO_GPU_MEMORY"},
+		{name: "image's memory and compute", spec: spec("GPUISO_GPU_MEMORY=16GiB", "GPUISO_GPU_COMPUTE=100"), rec: imageShare, ignored: "GPUISO_GPU_COMPUTE=100: the image's own"},
+		{name: "never", policy: AcceptNever, spec: spec("GPUISO_GPU_MEMORY=4GiB"), rec: plain, ignored: "GPUISO_GPU_MEMORY=4GiB: --accept-env-request=never"},
+		{name: "never keeps swarm", policy: AcceptNever, spec: spec("DOCKER_RESOURCE_VRAM=100"), rec: task, memory: 100 << 20, source: "DOCKER_RESOURCE_VRAM"},
+		{name: "swarm zero", spec: spec("DOCKER_RESOURCE_VRAM=0"), rec: task, err: true},
+		{name: "swarm not a number", spec: spec("DOCKER_RESOURCE_VRAM=4G"), rec: task, err: true},
+		{name: "swarm too much", spec: spec("DOCKER_RESOURCE_VRAM=99999999999"), rec: task, err: true},
+		{name: "memory unparsable", spec: spec("GPUISO_GPU_MEMORY=lots"), rec: plain, err: true},
+		{name: "compute without memory", spec: spec("GPUISO_GPU_COMPUTE=50"), rec: plain, err: true},
+		{name: "compute over 100", spec: spec("GPUISO_GPU_MEMORY=1G", "GPUISO_GPU_COMPUTE=101"), rec: plain, err: true},
+		{name: "share of two GPUs", spec: spec("GPUISO_GPU_MEMORY=1G", "NVIDIA_VISIBLE_DEVICES=0,1"), rec: plain, err: true},
+		{name: "share of a MIG device", spec: spec("GPUISO_GPU_MEMORY=1G", "NVIDIA_VISIBLE_DEVICES=MIG-abc"), rec: plain, err: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			policy := tc.policy
+			if policy == "" {
+				policy = AcceptCaller
+			}
+			tr := &trust{Policy: policy, Load: func() (*engineRecord, error) {
+				if tc.rec == nil {
+					return nil, errors.New("no record here")
+				}
+				return tc.rec, nil
+			}}
+			r, err := requestOf(tc.spec, kind, defaultSwarmResources, defaultSwarmMemoryResource, tr)
+			if tc.err {
+				if !errors.Is(err, ErrInvalidShare) || !errors.Is(err, node.ErrInvalid) {
+					t.Fatalf("requestOf = %+v, %v; want ErrInvalidShare", r, err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			switch {
+			case tc.memory == 0 && r.Share != nil:
+				t.Errorf("share %+v from %q, want none", *r.Share, r.ShareSource)
+			case tc.memory != 0 && (r.Share == nil || r.Share.MemoryBytes != tc.memory || r.Share.ComputePercent != tc.compute || r.Share.Mode != allocator.ShareMemory || r.ShareSource != tc.source):
+				t.Errorf("share %+v from %q, want %d bytes, %d%% compute from %q", r.Share, r.ShareSource, tc.memory, tc.compute, tc.source)
+			}
+			if !slices.Equal(r.IDs, tc.ids) || (tc.memory != 0 && r.All) {
+				t.Errorf("devices %+v, want %q", r.Devices, tc.ids)
+			}
+			if got := strings.Join(r.Ignored, "; "); tc.ignored == "" && got != "" || !strings.Contains(got, tc.ignored) {
+				t.Errorf("ignored %q, want %q", got, tc.ignored)
+			}
+			if tc.memory != 0 {
+				al := r.allocation(nil)
+				if al.Share == nil || *al.Share != *r.Share || !slices.Equal(al.Devices, tc.ids) || al.Count != 0 {
+					t.Errorf("allocation %+v", al)
+				}
+				if env := requestEnv(r); len(env) != 1 || !strings.HasPrefix(env[0], "NVIDIA_VISIBLE_DEVICES=") || env[0] == "NVIDIA_VISIBLE_DEVICES=void" {
+					t.Errorf("request env %q: the preparer must see a container that needs the driver", env)
+				}
+			}
+		})
+	}
 }
 
 // TestParseDevicesLinear: a list of 100,000 distinct entries parses in one

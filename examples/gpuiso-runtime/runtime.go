@@ -10,6 +10,8 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/opencontainers/runtime-spec/specs-go"
@@ -17,7 +19,9 @@ import (
 	"github.com/gpuiso/gpuiso/allocator"
 	"github.com/gpuiso/gpuiso/containerizer"
 	"github.com/gpuiso/gpuiso/internal/cli"
+	"github.com/gpuiso/gpuiso/isolator/mps"
 	"github.com/gpuiso/gpuiso/isolator/oci"
+	"github.com/gpuiso/gpuiso/node"
 	"github.com/gpuiso/gpuiso/volume"
 )
 
@@ -33,6 +37,9 @@ type Runtime struct {
 	// claim is the container this process is creating, from Prepare until
 	// runc reported it (claim.go).
 	claim *claim
+	// daemons are the MPS daemon managers of the state directories this
+	// process opened, by directory (claim.go).
+	daemons map[string]*mps.Manager
 }
 
 // prepared is a container whose spec gpuiso-runtime edited, with what it
@@ -70,19 +77,22 @@ func (rt *Runtime) Prepare(ctx context.Context, c CreateArgs) (*prepared, error)
 	if spec.Process != nil {
 		env = spec.Process.Env
 	}
-	// A container given GPUs gets the driver to use them with, wherever
-	// the request came from.
-	wantsVolume := !req.None() || req.Volume
-	if req.None() && !wantsVolume {
+	// A container given GPUs (or a share of one) gets the driver to use
+	// them with, wherever the request came from.
+	wantsVolume := !req.None() || req.Volume || req.Share != nil
+	if !wantsVolume {
 		rt.Log.Debug("no GPU asked for: passed through", "container", c.ID)
 		return nil, nil
+	}
+	if req.Share != nil && rt.StateDir == "" {
+		return nil, fmt.Errorf("container %s asks for a share of %s (%s): %w", c.ID, req.Share, req.ShareSource, ErrShareNeedsState)
 	}
 
 	inv, devRoot, err := openNode(ctx, rt.Settings)
 	if err != nil {
 		return nil, fmt.Errorf("container %s: %w", c.ID, err)
 	}
-	var opts []allocator.Option
+	opts := []allocator.Option{allocator.WithShared(rt.sharedGPUs(inv)...)}
 	if rt.StateDir != "" {
 		dir, err := filepath.Abs(rt.StateDir)
 		if err != nil {
@@ -95,6 +105,13 @@ func (rt *Runtime) Prepare(ctx context.Context, c CreateArgs) (*prepared, error)
 		return nil, fmt.Errorf("container %s: %w", c.ID, err)
 	}
 	pr := &containerizer.Preparer{Allocator: alloc, Inventory: inv, DevRoot: devRoot}
+	if req.Share != nil && req.Share.Mode == allocator.ShareMemory {
+		// The share's MPS control daemon is started in the prepare step,
+		// its directories under the state directory's mps/.
+		if pr.MPS, err = rt.daemonsOf(rt.StateDir, true); err != nil {
+			return nil, fmt.Errorf("container %s asks for a share of %s (%s): %w", c.ID, req.Share, req.ShareSource, err)
+		}
+	}
 	if wantsVolume {
 		vols, note := cli.DriverVolume(ctx)
 		if vols == nil {
@@ -103,7 +120,7 @@ func (rt *Runtime) Prepare(ctx context.Context, c CreateArgs) (*prepared, error)
 		pr.Volumes = vols
 	}
 	gpus := req.allocation(inv)
-	if req.All && rt.StateDir != "" {
+	if req.All && req.Share == nil && rt.StateDir != "" {
 		// "all" claims nothing: it shows the GPUs no container holds.
 		if gpus, pr.Allocator, err = freeView(inv, alloc); err != nil {
 			return nil, fmt.Errorf("container %s: %w", c.ID, err)
@@ -167,8 +184,34 @@ func (rt *Runtime) Prepare(ctx context.Context, c CreateArgs) (*prepared, error)
 	if err := writeAtomic(configPath, out); err != nil {
 		return nil, errors.Join(fmt.Errorf("container %s: %w", c.ID, err), res.undo(ctx))
 	}
+	if d := p.Daemon; d != nil {
+		rt.Log.Info("isolated", "container", c.ID, "request", req.ShareSource, "gpus", cli.DescribeGPUs(p.Allocation.Devices),
+			"share", p.Allocation.Share.String(), "mps daemon", d.Pid, "pipe", d.PipeDir, "volume", p.Volume != nil)
+		return res, nil
+	}
 	rt.Log.Info("isolated", "container", c.ID, "request", req.Source, "gpus", cli.DescribeGPUs(p.Allocation.Devices), "volume", p.Volume != nil)
 	return res, nil
+}
+
+// ErrShareNeedsState: a share was asked of a gpuiso-runtime without
+// --state-dir, where nothing would count it among the GPU's other shares
+// or record its MPS daemon.
+var ErrShareNeedsState = node.Sentinel(node.ErrNotSupported, "a GPU share needs --state-dir")
+
+// sharedGPUs are the GPUs of inv that take shares (--shared-gpus; by
+// default every GPU without MIG): placement packs shares onto GPUs shared
+// already, and whole requests take shareable GPUs last.
+func (rt *Runtime) sharedGPUs(inv *node.Inventory) []string {
+	if rt.SharedGPUs != nil {
+		return rt.SharedGPUs
+	}
+	var out []string
+	for _, d := range inv.Devices {
+		if !d.MIGSplit() {
+			out = append(out, strconv.Itoa(d.Index))
+		}
+	}
+	return out
 }
 
 // requestEnv is the request as NVIDIA_VISIBLE_DEVICES, set over the image's
@@ -180,6 +223,9 @@ func requestEnv(r Request) []string {
 		return []string{envVisibleDevices + "=all"}
 	case len(r.IDs) > 0:
 		return []string{envVisibleDevices + "=" + strings.Join(r.IDs, ",")}
+	case r.Share != nil:
+		// A share's GPU is the allocator's choice: any.
+		return []string{envVisibleDevices + "=all"}
 	}
 	return nil
 }
@@ -329,8 +375,18 @@ func (rt *Runtime) recoverDir(ctx context.Context, dir, simulate, devRoot string
 	if err != nil {
 		return err
 	}
-	if owners, err := rs.owners(); err != nil || len(owners) == 0 {
+	owners, err := rs.owners()
+	if err != nil {
 		return err
+	}
+	if len(owners) == 0 {
+		// No record: only MPS daemons may be left to stop.
+		if daemons, err := rt.daemonsOf(dir, false); daemons == nil || err != nil {
+			return err
+		}
+		if list, err := os.ReadDir(filepath.Join(rs.stateDir(), daemonsDir)); err != nil || !slices.ContainsFunc(list, fs.DirEntry.IsDir) {
+			return err
+		}
 	}
 	alloc, err := rt.openAllocator(ctx, rs.stateDir(), simulate, devRoot)
 	if err != nil {
