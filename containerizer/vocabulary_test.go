@@ -88,6 +88,7 @@ func TestVocabulary(t *testing.T) {
 		"isolator/cdi.ErrInvalidKind":               cdi.ErrInvalidKind,
 		"isolator/cdi.ErrInvalidSpec":               cdi.ErrInvalidSpec,
 		"isolator/cdi.ErrNoDevices":                 cdi.ErrNoDevices,
+		"isolator/cdi.ErrUnresolvable":              cdi.ErrUnresolvable,
 		"isolator/cgroups.ErrNotMade":               cgroups.ErrNotMade,
 		"isolator/cgroups.ErrVerify":                cgroups.ErrVerify,
 		"isolator/docker.ErrInvalidLabels":          isodocker.ErrInvalidLabels,

@@ -42,10 +42,12 @@
 // [Render] turns an isolator.Plan into a spec of one device,
 // [AllocationDevice] ("alloc-<owner>"), holding every node, mount and
 // variable of the plan (PATH-like ones left out), and
-// [Writer.WriteAllocation] puts it beside the node's spec. Given
-// [AllocationNames], a CDI runtime creates the container the plan
-// describes: NVIDIA_VISIBLE_DEVICES and CUDA_VISIBLE_DEVICES name every
-// device of the allocation.
+// [Writer.WriteAllocation] puts it beside the node's spec and returns its
+// name in [Result].Names. Given that name, a CDI runtime creates the
+// container the plan describes: NVIDIA_VISIBLE_DEVICES and
+// CUDA_VISIBLE_DEVICES name every device of the allocation. A spec that
+// does not define the owner's device is refused: the name would resolve to
+// nothing.
 //
 // # Writing
 //
@@ -68,7 +70,10 @@
 // whatever order NVML enumerates them in. isolator/docker's NewCDI hands
 // them to a Docker daemon as a device request of the "cdi" driver, and
 // sets the allocation's environment in the container's configuration.
-// [AllocationNames] names an allocation's own device.
+// [AllocationNames] names an allocation's GPUs in the node's spec; a GPU
+// without a UUID, which the spec leaves out, is an error
+// ([ErrUnresolvable]) rather than a name that resolves to nothing. A
+// write's [Result].Names are the names of what it wrote.
 //
 // Nothing here needs root or a GPU except writing into a runtime's spec
 // directory; the package never logs.

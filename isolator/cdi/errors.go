@@ -14,6 +14,9 @@ var (
 	// ErrNoDevices: the node has no GPU to put in a spec (none, or none
 	// healthy with a device node): CDI has no spec without devices.
 	ErrNoDevices = node.Sentinel(node.ErrNotFound, "no GPU for a CDI spec")
+	// ErrUnresolvable: a name asked for would resolve to no device of the
+	// spec it is meant for (a GPU without a UUID, which New leaves out).
+	ErrUnresolvable = node.Sentinel(node.ErrNotFound, "CDI name resolves to no device")
 )
 
 // KindError is a CDI kind that cannot name a device class.

@@ -49,8 +49,10 @@ func ExampleWriter_Write() {
 	// nvidia.com/gpu=all
 }
 
-// An allocation of two GPUs rendered as its own CDI device: the names a
-// runtime is given, and what the device sets.
+// An allocation of two GPUs rendered as its own CDI device and written
+// beside the node's spec: the name a runtime is given (from the write),
+// and what the device sets. AllocationNames gives the names of the same
+// GPUs in the node's spec.
 func ExampleRender() {
 	inv := &node.Inventory{
 		Devices: []node.Device{
@@ -70,6 +72,14 @@ func ExampleRender() {
 		fmt.Println(err)
 		return
 	}
+	dir, _ := os.MkdirTemp("", "cdi-example-")
+	defer os.RemoveAll(dir)
+	res, err := cdi.Writer{Dir: dir}.WriteAllocation(context.Background(), al.Owner, spec)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println(res.Names)
 	names, _ := cdi.AllocationNames(cdi.DefaultKind, al)
 	fmt.Println(names)
 	for _, n := range spec.Devices[0].ContainerEdits.DeviceNodes {
@@ -80,6 +90,7 @@ func ExampleRender() {
 	}
 	// Output:
 	// [nvidia.com/gpu=alloc-task-1]
+	// [nvidia.com/gpu=GPU-00000000-0000-0000-0000-000000000000 nvidia.com/gpu=GPU-11111111-1111-1111-1111-111111111111]
 	// /dev/nvidiactl
 	// /dev/nvidia0
 	// /dev/nvidia1

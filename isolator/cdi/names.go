@@ -37,20 +37,25 @@ func Names(kind string, gpus []node.DeviceRef) ([]string, error) {
 	return out, nil
 }
 
-// AllocationNames are the CDI names that give a CDI-aware runtime
-// (podman run --device NAME, a CRI device request, Docker's DeviceRequests
-// with the "cdi" driver) al's container: the allocation's own device,
-// AllocationDevice(al.Owner), which Render writes from al's plan (see
-// Writer.WriteAllocation). It carries every node of al's devices and the
-// allocation's environment, so the container's NVIDIA_VISIBLE_DEVICES and
-// CUDA_VISIBLE_DEVICES name every GPU of al.
+// AllocationNames are the CDI names of al's GPUs in the node's spec of kind
+// (New, written with Writer.Write): one per device of al, by UUID, in al's
+// order. They are what an orchestrator hands a CDI-aware runtime (podman
+// run --device NAME, a CRI device request, Docker's DeviceRequests with the
+// "cdi" driver) for al's owner. An allocation of no GPU has no names. A
+// device without a UUID is never in New's spec, so its name would resolve
+// to nothing: it is an error matching ErrUnresolvable.
+//
+// The names of an allocation's own device (Render, written with
+// Writer.WriteAllocation) are in the Result that WriteAllocation returns.
 func AllocationNames(kind string, al allocator.Allocation) ([]string, error) {
-	if err := ValidateKind(kind); err != nil {
-		return nil, err
+	for _, d := range al.Devices {
+		if d.UUID == "" {
+			return nil, fmt.Errorf("CDI names of the allocation of %s: gpu %d: %w: no UUID, so not in the node's spec", al.Owner, d.Index, ErrUnresolvable)
+		}
 	}
-	if err := node.ValidateOwner(al.Owner); err != nil {
-		return nil, fmt.Errorf("CDI names of %s: %w", kind, err)
+	names, err := Names(kind, al.Devices)
+	if err != nil {
+		return nil, fmt.Errorf("allocation of %s: %w", al.Owner, err)
 	}
-	vendor, class := parser.ParseQualifier(kind)
-	return []string{parser.QualifiedName(vendor, class, AllocationDevice(al.Owner))}, nil
+	return names, nil
 }

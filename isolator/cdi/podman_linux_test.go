@@ -151,6 +151,12 @@ func TestPodman(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// An allocation's names in the node's spec, as a program that writes
+	// only that spec asks for them.
+	allocNames, err := cdi.AllocationNames(n.kind, allocator.Allocation{Owner: "task-1", Devices: []node.DeviceRef{n.inv.Devices[2].Ref(), n.inv.Devices[4].Ref()}})
+	if err != nil {
+		t.Fatal(err)
+	}
 
 	for _, tc := range []struct {
 		name    string
@@ -160,6 +166,7 @@ func TestPodman(t *testing.T) {
 		{"by index", []string{n.kind + "=3"}, []int{3}},
 		{"by UUID", byUUID, []int{5}},
 		{"two", []string{n.kind + "=1", n.kind + "=6"}, []int{1, 6}},
+		{"an allocation's names", allocNames, []int{2, 4}},
 		{"all", []string{n.kind + "=" + cdi.AllDevices}, []int{0, 1, 2, 3, 4, 5, 6, 7}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -215,14 +222,12 @@ func TestPodman(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := (cdi.Writer{}).WriteAllocation(context.Background(), al.Owner, spec); err != nil {
-			t.Fatal(err)
-		}
+		res, err := (cdi.Writer{}).WriteAllocation(context.Background(), al.Owner, spec)
 		t.Cleanup(func() { cdi.Writer{}.RemoveAllocation(context.Background(), n.kind, al.Owner) })
-		names, err := cdi.AllocationNames(n.kind, al)
 		if err != nil {
 			t.Fatal(err)
 		}
+		names := res.Names
 		run := func(args ...string) map[string]string {
 			t.Helper()
 			cmd := append([]string{"run", "--rm"}, testenv.PodmanRunFlags...)

@@ -182,20 +182,25 @@ func TestNames(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := []string{"nvidia.com/gpu=alloc-task-1"}; !slices.Equal(got, want) {
+	if want := []string{"nvidia.com/gpu=" + gpus[0].UUID, "nvidia.com/gpu=" + gpus[1].UUID}; !slices.Equal(got, want) {
 		t.Errorf("names %v, want %v", got, want)
 	}
-	if _, err := cdi.AllocationNames(cdi.DefaultKind, allocator.Allocation{}); !errors.Is(err, node.ErrInvalid) {
-		t.Errorf("no owner: %v", err)
+	if n, err := cdi.AllocationNames(cdi.DefaultKind, allocator.Allocation{Owner: "task-2"}); err != nil || len(n) != 0 {
+		t.Errorf("no GPU: %v, %v; want no names", n, err)
 	}
 	if _, err := cdi.AllocationNames("nvidia", al); !errors.Is(err, cdi.ErrInvalidKind) {
 		t.Errorf("bad kind: %v", err)
 	}
+	noUUID := gpus[0]
+	noUUID.UUID = ""
+	if _, err := cdi.AllocationNames(cdi.DefaultKind, allocator.Allocation{Owner: "task-3", Devices: []node.DeviceRef{noUUID}}); !errors.Is(err, cdi.ErrUnresolvable) || !errors.Is(err, node.ErrNotFound) {
+		t.Errorf("a GPU without UUID: %v, want ErrUnresolvable", err)
+	}
 	if n, err := cdi.Names(cdi.DefaultKind, gpus); err != nil || !slices.Equal(n, []string{"nvidia.com/gpu=" + gpus[0].UUID, "nvidia.com/gpu=" + gpus[1].UUID}) {
 		t.Errorf("GPU names %v, %v", n, err)
 	}
-	// The allocation's name is the one device of its plan's spec, which
-	// holds every node of the plan and names every GPU.
+	// The allocation's own device is the one device of its plan's spec,
+	// which holds every node of the plan and names every GPU.
 	plan, err := isolator.NewPlan(al.Owner, inv, gpus, nil, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -204,10 +209,9 @@ func TestNames(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, name, _ := strings.Cut(got[0], "=")
-	dev := device(spec, name)
+	dev := device(spec, cdi.AllocationDevice(al.Owner))
 	if dev == nil || len(spec.Devices) != 1 {
-		t.Fatalf("%s: not the device of the plan's spec %+v", got[0], spec.Devices)
+		t.Fatalf("%s: not the device of the plan's spec %+v", cdi.AllocationDevice(al.Owner), spec.Devices)
 	}
 	if len(dev.ContainerEdits.DeviceNodes) != len(plan.Devices) {
 		t.Errorf("allocation device nodes %d, want the plan's %d", len(dev.ContainerEdits.DeviceNodes), len(plan.Devices))

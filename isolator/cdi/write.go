@@ -9,6 +9,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	cdilib "tags.cncf.io/container-device-interface/pkg/cdi"
@@ -38,6 +39,11 @@ type Result struct {
 	// Changed is false when the file already held the spec, byte for
 	// byte, and was left untouched (content and modification time).
 	Changed bool
+	// Names are the fully qualified names ("<kind>=<device>") of the
+	// devices the file defines, in the spec's order: the names a CDI
+	// runtime resolves with it. For WriteAllocation, the one name of the
+	// allocation's own device.
+	Names []string
 }
 
 // Path is the file of kind's spec.
@@ -74,6 +80,8 @@ func Encode(spec *specs.Spec) ([]byte, error) {
 // synced, validated by the CDI library as a runtime would read it, and
 // renamed over the file; the directory is synced last. A spec the library
 // refuses gives a *SpecError and leaves the directory as it was.
+// Result.Names are the names of the spec's devices, as a runtime resolves
+// them.
 func (w Writer) Write(ctx context.Context, spec *specs.Spec) (Result, error) {
 	if spec == nil {
 		return Result{}, fmt.Errorf("write CDI spec: %w: nil spec", ErrInvalidSpec)
@@ -82,7 +90,12 @@ func (w Writer) Write(ctx context.Context, spec *specs.Spec) (Result, error) {
 	if err != nil {
 		return Result{}, fmt.Errorf("write CDI spec: %w", err)
 	}
-	return w.write(ctx, path, spec)
+	res, err := w.write(ctx, path, spec)
+	if err != nil {
+		return res, err
+	}
+	res.Names = specNames(spec)
+	return res, nil
 }
 
 // AllocationPath is the file of owner's allocation spec of kind (see
@@ -99,7 +112,12 @@ func (w Writer) AllocationPath(kind, owner string) (string, error) {
 }
 
 // WriteAllocation writes owner's allocation spec (from Render) into
-// AllocationPath, as Write writes a node's spec.
+// AllocationPath, as Write writes a node's spec, and returns in
+// Result.Names the name a CDI runtime is given for owner's container
+// ("<kind>=alloc-<owner>"). A spec that does not define owner's device,
+// AllocationDevice(owner) (one rendered for another owner, say), would
+// leave that name resolving to nothing: it is refused (ErrInvalidSpec) and
+// nothing is written.
 func (w Writer) WriteAllocation(ctx context.Context, owner string, spec *specs.Spec) (Result, error) {
 	if spec == nil {
 		return Result{}, fmt.Errorf("write CDI spec: %w: nil spec", ErrInvalidSpec)
@@ -108,7 +126,16 @@ func (w Writer) WriteAllocation(ctx context.Context, owner string, spec *specs.S
 	if err != nil {
 		return Result{}, fmt.Errorf("write CDI spec: %w", err)
 	}
-	return w.write(ctx, path, spec)
+	if !slices.ContainsFunc(spec.Devices, func(d specs.Device) bool { return d.Name == AllocationDevice(owner) }) {
+		return Result{Path: path}, fmt.Errorf("write CDI spec %s: %w: it does not define %s's device %s", path, ErrInvalidSpec, owner, AllocationDevice(owner))
+	}
+	res, err := w.write(ctx, path, spec)
+	if err != nil {
+		return res, err
+	}
+	vendor, class := parser.ParseQualifier(spec.Kind)
+	res.Names = []string{parser.QualifiedName(vendor, class, AllocationDevice(owner))}
+	return res, nil
 }
 
 // RemoveAllocation deletes owner's allocation spec of kind; a missing one
@@ -143,6 +170,16 @@ func (w Writer) write(ctx context.Context, path string, spec *specs.Spec) (Resul
 	}
 	res.Changed = true
 	return res, nil
+}
+
+// specNames are the qualified names of spec's devices, in its order.
+func specNames(spec *specs.Spec) []string {
+	vendor, class := parser.ParseQualifier(spec.Kind)
+	names := make([]string, 0, len(spec.Devices))
+	for _, d := range spec.Devices {
+		names = append(names, parser.QualifiedName(vendor, class, d.Name))
+	}
+	return names
 }
 
 // writeAtomic replaces path with data through a temporary file the CDI

@@ -5,12 +5,15 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	specs "tags.cncf.io/container-device-interface/specs-go"
 
+	"github.com/gpuiso/gpuiso/allocator"
+	"github.com/gpuiso/gpuiso/isolator"
 	"github.com/gpuiso/gpuiso/isolator/cdi"
 	"github.com/gpuiso/gpuiso/node"
 )
@@ -176,5 +179,68 @@ func TestValidateFile(t *testing.T) {
 	}
 	if _, err := cdi.ValidateFile(filepath.Join(dir, "missing.json")); !errors.Is(err, os.ErrNotExist) || errors.Is(err, cdi.ErrInvalidSpec) {
 		t.Errorf("missing file: %v", err)
+	}
+}
+
+// TestNamesResolve: the names a program is given resolve, as a CDI runtime
+// resolves them, in what was written: AllocationNames in the node's spec
+// (New, Writer.Write), WriteAllocation's Result.Names in the allocation's
+// spec; Write's Result.Names are the node spec's devices. A spec that does
+// not define the owner's device is refused and nothing is written.
+func TestNamesResolve(t *testing.T) {
+	inv := simInv(t, "dgx1-volta")
+	al := allocator.Allocation{Owner: "task-1", Devices: []node.DeviceRef{inv.Devices[1].Ref(), inv.Devices[2].Ref()}}
+	nodeDir := t.TempDir()
+	spec, err := cdi.New(inv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := cdi.Writer{Dir: nodeDir}.Write(t.Context(), spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	listed, err := cdi.List(nodeDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := slices.Sorted(slices.Values(res.Names)); !slices.Equal(got, listed) {
+		t.Errorf("Write's names %v, the spec directory lists %v", got, listed)
+	}
+	names, err := cdi.AllocationNames(cdi.DefaultKind, al)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range names {
+		if !slices.Contains(listed, n) {
+			t.Errorf("AllocationNames gives %s, which the node's spec does not define (it defines %v)", n, listed)
+		}
+	}
+
+	allocDir := t.TempDir()
+	plan, err := isolator.NewPlan(al.Owner, inv, al.Devices, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	aspec, err := cdi.Render(cdi.DefaultKind, plan)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := cdi.Writer{Dir: allocDir}
+	if _, err := w.WriteAllocation(t.Context(), "task-2", aspec); !errors.Is(err, cdi.ErrInvalidSpec) {
+		t.Fatalf("WriteAllocation of task-1's spec for task-2: %v, want ErrInvalidSpec", err)
+	}
+	if entries, _ := os.ReadDir(allocDir); len(entries) != 0 {
+		t.Fatalf("a refused allocation spec left %v", entries)
+	}
+	ares, err := w.WriteAllocation(t.Context(), al.Owner, aspec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	listed, err = cdi.List(allocDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"nvidia.com/gpu=alloc-task-1"}; !slices.Equal(ares.Names, want) || !slices.Equal(listed, want) {
+		t.Errorf("WriteAllocation's names %v, listed %v; want %v", ares.Names, listed, want)
 	}
 }
