@@ -282,6 +282,36 @@ func TestSwarmShare(t *testing.T) {
 	if list, err := os.ReadDir(filepath.Join(state, daemonsDir)); err != nil || slices.ContainsFunc(list, os.DirEntry.IsDir) {
 		t.Errorf("daemon directories left in %s: %v %v", filepath.Join(state, daemonsDir), list, err)
 	}
+
+	// The same daemon, docker run: the caller's GPUISO_GPU_MEMORY and
+	// GPUISO_GPU_COMPUTE ask for a share; an image's own ask for nothing.
+	ask := []string{"do", "env", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "NVIDIA_VISIBLE_DEVICES", "--", "ls", "/dev", "/tmp/nvidia-mps"}
+	out, err := d.Docker(ctx, append([]string{"run", "--rm", "--network", "none", "-e", "GPUISO_GPU_MEMORY=4GiB", "-e", "GPUISO_GPU_COMPUTE=50", img}, ask...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=4096M", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50", "nvidia0", "control"} {
+		if !strings.Contains(out, want+"\n") {
+			t.Errorf("docker run -e GPUISO_GPU_MEMORY=4GiB -e GPUISO_GPU_COMPUTE=50: no %q:\n%s", want, out)
+		}
+	}
+	own := testenv.BuildProbeImage(t, d.Client, testenv.ProbeImage{Env: map[string]string{"GPUISO_GPU_MEMORY": "16GiB", "NVIDIA_VISIBLE_DEVICES": "all"}})
+	out, err = d.Docker(ctx, append([]string{"run", "--rm", "--network", "none", own}, ask...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(out, "CUDA_MPS") || strings.Contains(out, "nvidia0\n") || strings.Contains(out, "control\n") {
+		t.Errorf("an image's own GPUISO_GPU_MEMORY got a share:\n%s", out)
+	}
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(100 * time.Millisecond) {
+		list, err := mps.Daemons(ctx, filepath.Join(state, daemonsDir))
+		if err == nil && len(list) == 0 && len(owners(t, state)) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after docker run --rm: daemons %+v (%v), allocations %v", list, err, owners(t, state))
+		}
+	}
 }
 
 // freePort returns a TCP port of 127.0.0.1 that nothing listens on now.
