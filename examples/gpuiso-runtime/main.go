@@ -4,7 +4,8 @@
 //
 //	gpuiso-runtime [--runc PATH] [--state-dir DIR] [--simulate NAME --dev-root DIR]
 //	               [--log FILE] [--log-format text|json] [--cdi-kind KIND]
-//	               [--swarm-resource NAME]... [--accept-env-request POLICY]
+//	               [--swarm-resource NAME]... [--swarm-memory-resource NAME]
+//	               [--shared-gpus all|none|LIST] [--accept-env-request POLICY]
 //	               [--timeout DURATION] [runc's global flags] COMMAND [ARGS...]
 //
 // On "create" (and "run") it reads the bundle's config.json and finds the
@@ -69,6 +70,20 @@
 // create or delete on the directory, which asks runc for the container: one
 // that lives keeps its GPUs, one that does not gives them back. Without
 // --state-dir gpuiso-runtime only isolates.
+//
+// A container may ask for a memory share of one GPU instead: Swarm's memory
+// resource (DOCKER_RESOURCE_VRAM=<MiB>, --swarm-memory-resource, trusted as
+// Swarm's GPUs are) or the caller's GPUISO_GPU_MEMORY (a size) and
+// GPUISO_GPU_COMPUTE (a percentage), trusted as NVIDIA_VISIBLE_DEVICES is.
+// A share needs --state-dir. It goes to a GPU of --shared-gpus (default
+// every GPU without MIG), packed onto GPUs shared already, and is held to
+// its limits by an MPS control daemon of its own (package isolator/mps,
+// under DIR/mps), started before runc create: the container gets the
+// daemon's pipe directory at /tmp/nvidia-mps, its /dev/shm and the MPS
+// variables. The daemon belongs to the container's claim: it is stopped
+// wherever the claim is given back, started again in place when it died
+// under a living container, and one that no record or share explains is
+// stopped by the next create or delete.
 //
 // Every other command, and every runc flag, goes to runc unchanged (runc's
 // own --log and --log-format included). --simulate NAME --dev-root DIR runs

@@ -171,7 +171,11 @@ func (rt *Runtime) Prepare(ctx context.Context, c CreateArgs) (*prepared, error)
 		return err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("container %s (%s): %w", c.ID, req.Source, err)
+		source := req.Source
+		if req.Share != nil {
+			source = strings.Join(slices.DeleteFunc([]string{req.ShareSource, req.Source}, func(s string) bool { return s == "" }), ", ")
+		}
+		return nil, fmt.Errorf("container %s (%s): %w", c.ID, source, err)
 	}
 	res := &prepared{owner: owner, alloc: alloc, p: p}
 	if err := oci.Apply(&spec, p.Plan); err != nil {
