@@ -22,9 +22,13 @@ const (
 	StatePrepareCompleted = "PrepareCompleted"
 )
 
+// A checkpoint is of version 1, or of version 2 when it records a share:
+// a driver that knows no shares refuses such a file as corrupt rather than
+// roll back a claim without stopping its share's MPS daemon.
 const (
 	checkpointFormat  = "gpuiso-dra-claim"
 	checkpointVersion = 1
+	shareVersion      = 2
 )
 
 // Checkpoint is what the driver records of one prepared claim, in its own
@@ -40,6 +44,10 @@ type Checkpoint struct {
 	Owner string `json:"owner"`
 	// Devices are the claim's devices of this driver.
 	Devices []PreparedDevice `json:"devices"`
+	// Share, for a claim of a share of a GPU (then its one device), is
+	// the memory share the allocator holds for it and its MPS daemon
+	// enforces.
+	Share *PreparedShare `json:"share,omitempty"`
 	// Checksum is the SHA-256 of the record with Checksum empty.
 	Checksum string `json:"checksum,omitempty"`
 }
@@ -51,6 +59,16 @@ type PreparedDevice struct {
 	Device       string   `json:"device"`
 	UUID         string   `json:"uuid"`
 	CDIDeviceIDs []string `json:"cdiDeviceIDs,omitempty"`
+	// ShareID is the allocation's share id, for a share of a GPU.
+	ShareID string `json:"shareID,omitempty"`
+}
+
+// PreparedShare is the memory share of a claim: the memory the scheduler
+// allocated it (its consumed capacity) and the compute percentage its
+// configuration asks for (0: no limit).
+type PreparedShare struct {
+	MemoryBytes    uint64 `json:"memoryBytes"`
+	ComputePercent int    `json:"computePercent,omitempty"`
 }
 
 func (c Checkpoint) sum() (string, error) {
@@ -83,6 +101,9 @@ func (s checkpoints) write(c Checkpoint) error {
 		return err
 	}
 	c.Format, c.Version = checkpointFormat, checkpointVersion
+	if c.Share != nil {
+		c.Version = shareVersion
+	}
 	if c.Checksum, err = c.sum(); err != nil {
 		return err
 	}
@@ -133,8 +154,14 @@ func ParseCheckpoint(b []byte) (Checkpoint, error) {
 	if err := json.Unmarshal(b, &c); err != nil {
 		return Checkpoint{}, err
 	}
-	if c.Format != checkpointFormat || c.Version != checkpointVersion {
-		return Checkpoint{}, fmt.Errorf("format %q version %d, want %q %d", c.Format, c.Version, checkpointFormat, checkpointVersion)
+	if c.Format != checkpointFormat || (c.Version != checkpointVersion && c.Version != shareVersion) {
+		return Checkpoint{}, fmt.Errorf("format %q version %d, want %q %d or %d", c.Format, c.Version, checkpointFormat, checkpointVersion, shareVersion)
+	}
+	if (c.Share != nil) != (c.Version == shareVersion) {
+		return Checkpoint{}, fmt.Errorf("version %d with share %v", c.Version, c.Share)
+	}
+	if sh := c.Share; sh != nil && (sh.MemoryBytes == 0 || sh.ComputePercent < 0 || sh.ComputePercent > 100 || len(c.Devices) != 1) {
+		return Checkpoint{}, fmt.Errorf("share of %d bytes, %d%% compute, on %d devices", sh.MemoryBytes, sh.ComputePercent, len(c.Devices))
 	}
 	sum, err := c.sum()
 	if err != nil {
@@ -158,6 +185,16 @@ func (s checkpoints) remove(uid string) error {
 		return err
 	}
 	return linux.SyncDir(s.dir)
+}
+
+// exists reports whether uid has a checkpoint file, whatever its content.
+func (s checkpoints) exists(uid string) bool {
+	p, err := s.path(uid)
+	if err != nil {
+		return false
+	}
+	_, err = os.Lstat(p)
+	return err == nil
 }
 
 // list returns the uids with a checkpoint file, sorted.

@@ -20,6 +20,41 @@
 // connected GPUs. An unhealthy device is left out: the slice changes when
 // health does, and the caller publishes it again.
 //
+// # Shares of a GPU
+//
+// A GPU that SliceOptions.Shared names (the program's --shared-gpus) is
+// published as memory shares only, never whole: one device
+// "share-<index>" of type "share" (the DeviceClass share.gpuiso.io selects
+// it) with allowMultipleAllocations and its memory as consumable capacity
+// (KEP-5075, beta and on in Kubernetes 1.37), whose request policy gives
+// each claim at least ShareMin (default 1 GiB), in steps of ShareStep
+// (default 256 MiB) above it, and ShareMin when it asks for no memory. The
+// scheduler allocates several claims shares of it while their memory fits,
+// each with a share id and the memory it consumed; a claim that does not
+// fit stays pending until another share is freed. A claim asks for one:
+//
+//	requests:
+//	- name: gpu
+//	  exactly:
+//	    deviceClassName: share.gpuiso.io
+//	    capacity: {requests: {memory: 8Gi}}
+//
+// Prepare reads the result's share id and consumed memory, and the
+// compute percentage of the driver's opaque configurations that apply to
+// the request (ShareConfig: the class's, then the claim's). It holds a
+// memory share (allocator.Share) of the GPU under the claim's owner,
+// starts the share's MPS control daemon (package isolator/mps: one per
+// share, for that GPU alone, its limits set before any client can
+// connect), and writes the claim's CDI spec with the GPU's nodes, the
+// daemon's pipe directory at /tmp/nvidia-mps and its /dev/shm
+// (isolator.WithMPS), CUDA_MPS_PIPE_DIRECTORY and the limits in the
+// environment. The checkpoint (version 2) records the share and its id.
+// Unprepare stops the daemon, then releases the share. A claim holds one
+// share and no other device of the driver (ErrShareClaim). What a share
+// enforces, and what it does not, is isolator/mps's to say: the memory
+// limit holds each MPS client process of the pod; a pod that sets out to
+// break it can.
+//
 // # Prepare and unprepare
 //
 // A Driver prepares a claim's devices of this driver by holding them in the
@@ -57,6 +92,14 @@
 // them (allocator.Claim: a hold it lost is taken again, or refused when
 // another owner has the device now) and writes it when the file is
 // missing or its content differs; an intact file is left untouched.
+//
+// A share's MPS daemon runs in a session of its own and outlives a
+// plugin killed with SIGKILL (or its pod, rolled). Restore and Prepare
+// give a completed share its daemon again (mps.Manager.Start: a running
+// one is kept, a dead one started again in the directories its pods have
+// mounted) and its share (allocator.ClaimShare); Restore then stops every
+// daemon that no checkpoint explains. A share cut short (PrepareStarted)
+// is rolled back, daemon first, by its next Prepare or Unprepare.
 //
 // The driver does not report health through the kubelet's health service;
 // it withdraws an unhealthy device from the slice. It never logs unless

@@ -6,17 +6,22 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"os"
+	"slices"
+	"strings"
 	"sync"
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/dynamic-resource-allocation/resourceslice"
+	"k8s.io/utils/ptr"
 
 	"github.com/gpuiso/gpuiso/allocator"
 	"github.com/gpuiso/gpuiso/isolator"
 	"github.com/gpuiso/gpuiso/isolator/cdi"
+	"github.com/gpuiso/gpuiso/isolator/mps"
 	"github.com/gpuiso/gpuiso/node"
 )
 
@@ -32,8 +37,13 @@ type Config struct {
 	CDIDir string
 	// StateDir holds one checkpoint file per prepared claim (required).
 	StateDir string
-	// Slice tunes the published devices.
+	// Slice tunes the published devices; Slice.Shared names the GPUs
+	// published as memory shares, which the allocator must have been
+	// made to share (allocator.WithShared).
 	Slice SliceOptions
+	// MPS starts, stops and recovers the MPS control daemons of the
+	// prepared shares, one per share (required with Slice.Shared).
+	MPS *mps.Manager
 	// Logger, when set, receives the driver's events.
 	Logger *slog.Logger
 }
@@ -75,6 +85,14 @@ func New(inv *node.Inventory, alloc *allocator.Allocator, cfg Config) (*Driver, 
 	kind := cfg.DriverName + "/claim"
 	if err := cdi.ValidateKind(kind); err != nil {
 		return nil, fmt.Errorf("driver name %q: %w: %w", cfg.DriverName, ErrInvalidConfig, err)
+	}
+	if len(cfg.Slice.Shared) > 0 && cfg.MPS == nil {
+		return nil, fmt.Errorf("shared GPUs without an MPS daemon manager: %w", ErrInvalidConfig)
+	}
+	for _, u := range cfg.Slice.Shared {
+		if !slices.ContainsFunc(inv.Devices, func(d node.Device) bool { return d.UUID == u && !d.MIGSplit() }) {
+			return nil, fmt.Errorf("shared GPU %q: not a whole GPU of the node: %w", u, ErrInvalidConfig)
+		}
 	}
 	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
 		return nil, fmt.Errorf("DRA state directory: %w", err)
@@ -140,19 +158,33 @@ func (d *Driver) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim) 
 		return nil, fmt.Errorf("prepare claim %s/%s: %w", claim.Namespace, claim.Name, ErrNotAllocated)
 	}
 	cp = Checkpoint{UID: uid, Namespace: claim.Namespace, Name: claim.Name, State: StatePrepareStarted, Owner: ownerOf(uid)}
-	byName := d.byName()
+	byName, shares := d.byName(), d.shareNames()
 	for _, r := range claim.Status.Allocation.Devices.Results {
 		if r.Driver != d.cfg.DriverName {
 			continue
 		}
-		uuid, ok := byName[r.Device]
-		if !ok {
+		pd := PreparedDevice{Requests: []string{r.Request}, Pool: r.Pool, Device: r.Device}
+		if uuid, ok := shares[r.Device]; ok {
+			s, err := d.shareOf(claim, r)
+			if err != nil {
+				return nil, fmt.Errorf("prepare claim %s/%s: device %q: %w", claim.Namespace, claim.Name, r.Device, err)
+			}
+			pd.UUID, pd.ShareID, cp.Share = uuid, string(*r.ShareID), &s
+		} else if pd.UUID, ok = byName[r.Device]; !ok {
 			return nil, fmt.Errorf("prepare claim %s/%s: device %q: %w", claim.Namespace, claim.Name, r.Device, ErrUnknownDevice)
 		}
-		cp.Devices = append(cp.Devices, PreparedDevice{Requests: []string{r.Request}, Pool: r.Pool, Device: r.Device, UUID: uuid})
+		cp.Devices = append(cp.Devices, pd)
 	}
 	if len(cp.Devices) == 0 {
 		return nil, nil
+	}
+	if cp.Share != nil && len(cp.Devices) > 1 {
+		// An owner holds one share, and a container reaches one MPS
+		// daemon (at /tmp/nvidia-mps).
+		return nil, fmt.Errorf("prepare claim %s/%s: %d devices of this driver with a share: %w", claim.Namespace, claim.Name, len(cp.Devices), ErrShareClaim)
+	}
+	if cp.Share != nil && d.cfg.MPS == nil {
+		return nil, fmt.Errorf("prepare claim %s/%s: %w", claim.Namespace, claim.Name, ErrNoMPS)
 	}
 	if err := d.cps.write(cp); err != nil {
 		return nil, fmt.Errorf("prepare claim %s: %w", uid, err)
@@ -173,11 +205,15 @@ func (d *Driver) prepare(ctx context.Context, cp *Checkpoint) error {
 	for i, pd := range cp.Devices {
 		uuids[i] = pd.UUID
 	}
-	al, err := d.alloc.Allocate(ctx, cp.Owner, allocator.Request{Devices: uuids})
+	req := allocator.Request{Devices: uuids}
+	if cp.Share != nil {
+		req.Share = cp.Share.share()
+	}
+	al, err := d.alloc.Allocate(ctx, cp.Owner, req)
 	if err != nil {
 		return err
 	}
-	if _, err := d.writeSpec(ctx, cp.Owner, al.Devices); err != nil {
+	if _, err := d.writeSpec(ctx, cp.Owner, al); err != nil {
 		return err
 	}
 	// The claim's one CDI device carries every node and the environment
@@ -188,11 +224,31 @@ func (d *Driver) prepare(ctx context.Context, cp *Checkpoint) error {
 	return d.cps.write(*cp)
 }
 
-// writeSpec writes owner's CDI spec for devs: their isolator.Plan rendered
-// by cdi.Render. The writer leaves a file that already holds these bytes
+// writeSpec writes owner's CDI spec for al: the isolator.Plan of its
+// devices rendered by cdi.Render. A memory share's plan has its MPS
+// daemon, started here (or found running: Start is idempotent, and starts
+// a dead one again in its directories), and the share's limits in its
+// environment. The writer leaves a file that already holds these bytes
 // untouched; Changed says whether it wrote.
-func (d *Driver) writeSpec(ctx context.Context, owner string, devs []node.DeviceRef) (cdi.Result, error) {
-	plan, err := isolator.NewPlan(owner, d.inv, devs, nil, nil)
+func (d *Driver) writeSpec(ctx context.Context, owner string, al allocator.Allocation) (cdi.Result, error) {
+	var env []string
+	var opts []isolator.PlanOption
+	if s := al.Share; s != nil && s.Mode == allocator.ShareMemory {
+		if d.cfg.MPS == nil {
+			return cdi.Result{}, ErrNoMPS
+		}
+		dm, err := d.cfg.MPS.Start(ctx, owner, al.Devices[0], mps.Limits{MemoryBytes: s.MemoryBytes, ComputePercent: s.ComputePercent})
+		if err != nil {
+			return cdi.Result{}, err
+		}
+		opts = append(opts, isolator.WithMPS(isolator.MPS{PipeDir: dm.PipeDir, ShmDir: dm.ShmDir}))
+		for _, k := range slices.Sorted(maps.Keys(al.Env)) {
+			if k != isolator.EnvVisibleDevices {
+				env = append(env, k+"="+al.Env[k])
+			}
+		}
+	}
+	plan, err := isolator.NewPlan(owner, d.inv, al.Devices, nil, env, opts...)
 	if err != nil {
 		return cdi.Result{}, err
 	}
@@ -214,11 +270,17 @@ func (d *Driver) restore(ctx context.Context, cp Checkpoint) (bool, error) {
 	for i, pd := range cp.Devices {
 		refs[i] = node.DeviceRef{UUID: pd.UUID}
 	}
-	al, err := d.alloc.Claim(ctx, cp.Owner, refs)
+	var al allocator.Allocation
+	var err error
+	if cp.Share != nil {
+		al, err = d.alloc.ClaimShare(ctx, cp.Owner, refs[0], *cp.Share.share())
+	} else {
+		al, err = d.alloc.Claim(ctx, cp.Owner, refs)
+	}
 	if err != nil {
 		return false, fmt.Errorf("hold the prepared devices again: %w", err)
 	}
-	res, err := d.writeSpec(ctx, cp.Owner, al.Devices)
+	res, err := d.writeSpec(ctx, cp.Owner, al)
 	if err != nil {
 		return false, fmt.Errorf("write the CDI spec again: %w", err)
 	}
@@ -271,6 +333,20 @@ func (d *Driver) Restore(ctx context.Context) ([]string, error) {
 			d.cfg.Logger.Info("wrote a prepared claim's CDI spec again", "claim", cp.Namespace+"/"+cp.Name, "uid", uid)
 		}
 	}
+	if d.cfg.MPS != nil && ctx.Err() == nil {
+		// Daemons no checkpoint explains: a claim unprepared while the
+		// daemon's stop failed, or a directory meddled with.
+		stopped, err := d.cfg.MPS.Sweep(ctx, func(owner string) bool {
+			uid, ok := strings.CutPrefix(owner, "claim-")
+			return ok && d.cps.exists(uid)
+		})
+		if err != nil {
+			errs = append(errs, fmt.Errorf("restore prepared claims: %w", err))
+		}
+		if len(stopped) > 0 {
+			d.cfg.Logger.Info("stopped MPS daemons of no prepared claim", "owners", stopped)
+		}
+	}
 	return written, errors.Join(errs...)
 }
 
@@ -278,6 +354,17 @@ func (d *Driver) Restore(ctx context.Context) ([]string, error) {
 // hold, the CDI spec, the checkpoint. Each step tolerates its part being
 // absent.
 func (d *Driver) rollback(ctx context.Context, cp Checkpoint) error {
+	if cp.Share != nil {
+		// The daemon goes before the share: a daemon that cannot be
+		// stopped keeps its share held and its checkpoint, for the next
+		// try.
+		if d.cfg.MPS == nil {
+			return fmt.Errorf("stop the share's MPS daemon: %w", ErrNoMPS)
+		}
+		if err := d.cfg.MPS.Stop(ctx, cp.Owner); err != nil {
+			return err
+		}
+	}
 	var errs []error
 	if err := d.alloc.Release(ctx, cp.Owner); err != nil && !errors.Is(err, allocator.ErrUnknownOwner) {
 		errs = append(errs, err)
@@ -297,8 +384,30 @@ func (cp Checkpoint) result() []kubeletplugin.Device {
 	out := make([]kubeletplugin.Device, len(cp.Devices))
 	for i, pd := range cp.Devices {
 		out[i] = kubeletplugin.Device{Requests: pd.Requests, PoolName: pd.Pool, DeviceName: pd.Device, CDIDeviceIDs: pd.CDIDeviceIDs}
+		if pd.ShareID != "" {
+			out[i].ShareID = ptr.To(types.UID(pd.ShareID))
+		}
 	}
 	return out
+}
+
+// shareNames maps the name of every whole GPU's share device
+// (ShareDeviceName) to its UUID, whether the GPU is shared now or not: a
+// claim allocated a share before the driver's configuration changed is
+// prepared as one (the allocator refuses a GPU it does not share).
+func (d *Driver) shareNames() map[string]string {
+	out := map[string]string{}
+	for _, dev := range d.inv.Devices {
+		if !dev.MIGSplit() && dev.UUID != "" {
+			out[ShareDeviceName(dev)] = dev.UUID
+		}
+	}
+	return out
+}
+
+// share is the allocator's memory share of p.
+func (p PreparedShare) share() *allocator.Share {
+	return &allocator.Share{Mode: allocator.ShareMemory, MemoryBytes: p.MemoryBytes, ComputePercent: p.ComputePercent}
 }
 
 // byName maps the slice's device names to UUIDs, for every device of the

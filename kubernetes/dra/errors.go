@@ -34,3 +34,17 @@ func (e *CheckpointError) Is(target error) bool {
 
 // Unwrap returns the reason.
 func (e *CheckpointError) Unwrap() error { return e.Err }
+
+var (
+	// ErrInvalidShare: a share of a GPU was allocated without what it
+	// needs (a share id, consumed memory), or configured with parameters
+	// that do not read as a ShareConfig.
+	ErrInvalidShare = node.Sentinel(node.ErrInvalid, "invalid GPU share")
+	// ErrShareClaim: a claim asks for a share of a GPU beside other
+	// devices of this driver (an owner holds one share, and a container
+	// reaches one MPS daemon).
+	ErrShareClaim = node.Sentinel(node.ErrNotSupported, "a claim of a GPU share holds no other device of the driver")
+	// ErrNoMPS: a share of a GPU is to be prepared or rolled back, and the
+	// driver has no MPS daemon manager.
+	ErrNoMPS = node.Sentinel(node.ErrNotSupported, "GPU shares need an MPS daemon manager")
+)

@@ -2,6 +2,7 @@ package dra
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -40,16 +41,53 @@ const (
 	CapMultiprocessors = "multiprocessors" // MIG: SMs
 )
 
+// The request policy of a share's memory, unless SliceOptions say
+// otherwise: a claim gets at least DefaultShareMin, in steps of
+// DefaultShareStep above it (a request between steps is rounded up by the
+// scheduler), and DefaultShareMin when it asks for no memory. An MPS
+// server's own context takes some hundreds of MiB of each client's limit,
+// so a smaller share runs nothing.
+const (
+	DefaultShareMin  = 1 << 30
+	DefaultShareStep = 256 << 20
+)
+
 // SliceOptions tune Devices.
 type SliceOptions struct {
 	// PCIeRoot, when set, gives a GPU's PCIe root complex ("pci0000:00")
 	// from its bus id, for the standard pcieRoot attribute; ok false leaves
 	// the attribute out. (The main program reads it from sysfs.)
 	PCIeRoot func(busID string) (root string, ok bool)
+	// Shared are the UUIDs of the GPUs published as memory shares
+	// instead of whole: each as one device "share-<index>" of type
+	// "share" that many claims may be allocated at once
+	// (allowMultipleAllocations), each consuming part of its memory
+	// capacity. A GPU split by MIG is never shared.
+	Shared []string
+	// ShareMin and ShareStep are the request policy of a share's memory
+	// in bytes (default DefaultShareMin and DefaultShareStep): the least
+	// a claim gets (and what it gets when it asks for no memory), and the
+	// steps above it.
+	ShareMin, ShareStep uint64
+}
+
+func (o SliceOptions) sharePolicy() (lo, step uint64) {
+	lo, step = o.ShareMin, o.ShareStep
+	if lo == 0 {
+		lo = DefaultShareMin
+	}
+	if step == 0 {
+		step = DefaultShareStep
+	}
+	return lo, step
 }
 
 // DeviceName is a GPU's name in the slice: "gpu-<index>".
 func DeviceName(d node.Device) string { return "gpu-" + strconv.Itoa(d.Index) }
+
+// ShareDeviceName is the name of a shared GPU's device in the slice:
+// "share-<index>".
+func ShareDeviceName(d node.Device) string { return "share-" + strconv.Itoa(d.Index) }
 
 // MIGDeviceName is a MIG device's name in the slice:
 // "mig-<index>-<gi>-<ci>".
@@ -62,7 +100,10 @@ func MIGDeviceName(m node.MIGDevice) string {
 // parent is not published whole), with their attributes and capacity. devs
 // are inv's devices with their current health (the allocator's view); inv
 // gives the driver, CUDA version and topology. A GPU that is unhealthy, or
-// without a UUID, is left out: no claim can be allocated it.
+// without a UUID, is left out: no claim can be allocated it. A GPU that
+// opts.Shared names is published as shares only (shareDevice), never
+// whole; one whose memory cannot hold the least share and one step is
+// left out.
 func Devices(inv *node.Inventory, devs []node.Device, opts SliceOptions) []resourceapi.Device {
 	cliques := NVLinkCliques(inv)
 	var out []resourceapi.Device
@@ -71,6 +112,12 @@ func Devices(inv *node.Inventory, devs []node.Device, opts SliceOptions) []resou
 			continue
 		}
 		common := commonAttributes(inv, d, opts)
+		if !d.MIGSplit() && slices.Contains(opts.Shared, d.UUID) {
+			if dev, ok := shareDevice(d, common, opts); ok {
+				out = append(out, dev)
+			}
+			continue
+		}
 		if !d.MIGSplit() {
 			attrs := copyAttrs(common)
 			attrs[AttrType] = str("gpu")
@@ -110,6 +157,35 @@ func Devices(inv *node.Inventory, devs []node.Device, opts SliceOptions) []resou
 		}
 	}
 	return out
+}
+
+// shareDevice is GPU d published as memory shares: type "share", its
+// uuid, and its memory as consumable capacity that several claims are
+// allocated parts of (allowMultipleAllocations), each at least the
+// policy's least share and a whole number of steps above it. Each
+// allocation has its share id and the memory it consumed, which Prepare
+// reads.
+func shareDevice(d node.Device, common map[resourceapi.QualifiedName]resourceapi.DeviceAttribute, opts SliceOptions) (resourceapi.Device, bool) {
+	lo, step := opts.sharePolicy()
+	if d.MemoryBytes < lo+step || lo > 1<<62 || step > 1<<62 {
+		return resourceapi.Device{}, false
+	}
+	attrs := copyAttrs(common)
+	attrs[AttrType] = str("share")
+	attrs[AttrUUID] = str(d.UUID)
+	least, stp := resource.NewQuantity(int64(lo), resource.BinarySI), resource.NewQuantity(int64(step), resource.BinarySI)
+	return resourceapi.Device{
+		Name: ShareDeviceName(d), Attributes: attrs, AllowMultipleAllocations: ptr.To(true),
+		Capacity: map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{
+			CapMemory: {
+				Value: *resource.NewQuantity(int64(d.MemoryBytes), resource.BinarySI),
+				RequestPolicy: &resourceapi.CapacityRequestPolicy{
+					Default:    least,
+					ValidRange: &resourceapi.CapacityRequestPolicyRange{Min: ptr.To(least.DeepCopy()), Step: stp},
+				},
+			},
+		},
+	}, true
 }
 
 func commonAttributes(inv *node.Inventory, d node.Device, opts SliceOptions) map[resourceapi.QualifiedName]resourceapi.DeviceAttribute {

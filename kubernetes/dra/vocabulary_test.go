@@ -24,6 +24,9 @@ func TestVocabulary(t *testing.T) {
 		"dra.ErrUnknownDevice":          dra.ErrUnknownDevice,
 		"dra.ErrNotAllocated":           dra.ErrNotAllocated,
 		"dra.ErrCorruptCheckpoint":      dra.ErrCorruptCheckpoint,
+		"dra.ErrInvalidShare":           dra.ErrInvalidShare,
+		"dra.ErrShareClaim":             dra.ErrShareClaim,
+		"dra.ErrNoMPS":                  dra.ErrNoMPS,
 		"cluster.ErrStart":              cluster.ErrStart,
 		"cluster.ErrNotStarted":         cluster.ErrNotStarted,
 	} {

@@ -1,0 +1,106 @@
+package dra
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"strings"
+
+	resourceapi "k8s.io/api/resource/v1"
+)
+
+// ShareConfig is the configuration of a share of a GPU that a DeviceClass
+// or a claim may give the driver: the parameters of an opaque device
+// configuration whose driver is this driver, as JSON (or YAML in the
+// object). apiVersion and kind are optional; kind, when given, is
+// "ShareConfig". Unknown fields are refused.
+//
+//	config:
+//	- opaque:
+//	    driver: gpu.gpuiso.io
+//	    parameters: {kind: ShareConfig, computePercent: 50}
+//
+// The configurations that apply to a share's request (those naming no
+// request, or naming it or its main request) are applied in the order the
+// allocation lists them, the class's before the claim's: a later one's
+// field overrides an earlier one's. Configurations of requests that are
+// not shares are not read.
+type ShareConfig struct {
+	APIVersion string `json:"apiVersion,omitempty"`
+	Kind       string `json:"kind,omitempty"`
+	// ComputePercent is the part of the GPU's compute (MPS's active
+	// thread percentage, 1 to 100) each process of the share may use; 0
+	// means no limit.
+	ComputePercent *int `json:"computePercent,omitempty"`
+}
+
+// ShareConfigKind is ShareConfig's kind.
+const ShareConfigKind = "ShareConfig"
+
+// ParseShareConfig reads the parameters of an opaque configuration as a
+// ShareConfig and checks them.
+func ParseShareConfig(b []byte) (ShareConfig, error) {
+	var c ShareConfig
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&c); err != nil {
+		return ShareConfig{}, fmt.Errorf("share configuration: %w: %v", ErrInvalidShare, err)
+	}
+	if dec.More() {
+		return ShareConfig{}, fmt.Errorf("share configuration: %w: data after the object", ErrInvalidShare)
+	}
+	if c.Kind != "" && c.Kind != ShareConfigKind {
+		return ShareConfig{}, fmt.Errorf("share configuration: kind %q, want %s: %w", c.Kind, ShareConfigKind, ErrInvalidShare)
+	}
+	if p := c.ComputePercent; p != nil && (*p < 0 || *p > 100) {
+		return ShareConfig{}, fmt.Errorf("share configuration: compute percentage %d, want 1 to 100 (0: no limit): %w", *p, ErrInvalidShare)
+	}
+	return c, nil
+}
+
+// shareOf is the memory share of r, a result allocating a share device of
+// claim: the memory the scheduler gave it (its consumed capacity, the
+// request rounded up by the request policy) and the compute percentage of
+// the configurations that apply to its request.
+func (d *Driver) shareOf(claim *resourceapi.ResourceClaim, r resourceapi.DeviceRequestAllocationResult) (PreparedShare, error) {
+	if r.ShareID == nil || *r.ShareID == "" {
+		return PreparedShare{}, fmt.Errorf("a share allocated without a share id: %w", ErrInvalidShare)
+	}
+	q, ok := r.ConsumedCapacity[CapMemory]
+	if !ok {
+		return PreparedShare{}, fmt.Errorf("a share allocated without consumed %s: %w", CapMemory, ErrInvalidShare)
+	}
+	mem, ok := q.AsInt64()
+	if !ok || mem < 1<<20 {
+		return PreparedShare{}, fmt.Errorf("a share of %s %s, want at least 1Mi: %w", q.String(), CapMemory, ErrInvalidShare)
+	}
+	s := PreparedShare{MemoryBytes: uint64(mem)}
+	parent, _, _ := strings.Cut(r.Request, "/")
+	for _, c := range claim.Status.Allocation.Devices.Config {
+		if c.Opaque == nil || c.Opaque.Driver != d.cfg.DriverName {
+			continue
+		}
+		if len(c.Requests) > 0 && !containsAny(c.Requests, r.Request, parent) {
+			continue
+		}
+		sc, err := ParseShareConfig(c.Opaque.Parameters.Raw)
+		if err != nil {
+			return PreparedShare{}, fmt.Errorf("%s configuration of request %s: %w", strings.ToLower(string(c.Source)), r.Request, err)
+		}
+		if sc.ComputePercent != nil {
+			s.ComputePercent = *sc.ComputePercent
+		}
+	}
+	return s, nil
+}
+
+func containsAny(list []string, vals ...string) bool {
+	for _, l := range list {
+		for _, v := range vals {
+			if l == v {
+				return true
+			}
+		}
+	}
+	return false
+}
