@@ -21,6 +21,9 @@ const asMainEnv = "GPUISO_RUNTIME_AS_MAIN"
 
 func TestMain(m *testing.M) {
 	if os.Getenv(asMainEnv) == "1" {
+		// Not for what it runs: a test's runc stand-in is this binary
+		// again, told apart by its own variable.
+		os.Unsetenv(asMainEnv)
 		main()
 	}
 	if ctl := os.Getenv(stopRuncEnv); ctl != "" {
