@@ -47,6 +47,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -62,6 +63,7 @@ import (
 	"github.com/gpuiso/gpuiso/internal/cli"
 	"github.com/gpuiso/gpuiso/internal/linux"
 	"github.com/gpuiso/gpuiso/isolator"
+	"github.com/gpuiso/gpuiso/isolator/mps"
 	"github.com/gpuiso/gpuiso/node/simnode"
 )
 
@@ -125,8 +127,33 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	stateDir := fs.String("state-dir", defaultStateDir, "keep the agent's, the GPU isolator's and the allocator's state in `DIR`")
 	shares := fs.Uint64("cpu-shares", 1024, "the container's CPU shares (cgroup2: converted to a weight)")
 	memory := fs.Int64("memory", 0, "the container's memory limit in `BYTES` (0: none)")
+	gpuMemory := fs.String("gpu-memory", "", "a memory share of one GPU instead of --gpus: `SIZE` (4GiB, 512M), held by an MPS control daemon of its own")
+	gpuCompute := fs.Int("gpu-compute", 0, "with --gpu-memory: the share's `PERCENT` of the GPU's compute (1 to 100)")
+	timeSlice := fs.Bool("gpu-time-slice", false, "a time slice of one GPU instead of --gpus, isolated from none of its other time slices")
 	if code, done := cli.Parse(fs, args, usage, stdout, stderr); done {
 		return code
+	}
+	req := allocator.Request{Count: *gpus}
+	if set := cli.Set(fs); set["gpu-memory"] || *timeSlice {
+		switch {
+		case set["gpus"]:
+			return cli.Usagef(stderr, "agent", "--gpus and a share (--gpu-memory, --gpu-time-slice) exclude each other")
+		case set["gpu-memory"] && *timeSlice:
+			return cli.Usagef(stderr, "agent", "--gpu-memory and --gpu-time-slice exclude each other")
+		}
+		req = allocator.Request{Share: &allocator.Share{Mode: allocator.ShareTime}}
+		if set["gpu-memory"] {
+			b, err := allocator.ParseBytes(*gpuMemory)
+			if err != nil {
+				return cli.Usagef(stderr, "agent", "--gpu-memory: %v", err)
+			}
+			req.Share = &allocator.Share{Mode: allocator.ShareMemory, MemoryBytes: b, ComputePercent: *gpuCompute}
+		}
+		if err := req.Share.Validate(); err != nil {
+			return cli.Usagef(stderr, "agent", "--gpu-compute: %v", err)
+		}
+	} else if set["gpu-compute"] {
+		return cli.Usagef(stderr, "agent", "--gpu-compute applies to --gpu-memory only")
 	}
 	command := fs.Args()
 	switch {
@@ -160,7 +187,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		if *memory > 0 {
 			res.Memory = &specs.LinuxMemory{Limit: memory}
 		}
-		code = a.launch(ctx, command, *gpus, res, stdin, stdout, stderr) // the command's status
+		code = a.launch(ctx, command, req, res, stdin, stdout, stderr) // the command's status
 
 	}
 	for _, c := range adopted {
@@ -197,18 +224,27 @@ func open(ctx context.Context, simulate, stateDir string) (*agent, error) {
 	if err != nil {
 		return nil, err
 	}
-	alloc, err := allocator.New(nd.Inventory, allocator.WithStateDir(filepath.Join(dir, "alloc")))
+	// Every GPU without MIG takes shares (--gpu-memory, --gpu-time-slice).
+	var shareable []string
+	for _, d := range nd.Inventory.Devices {
+		if !d.MIGSplit() {
+			shareable = append(shareable, strconv.Itoa(d.Index))
+		}
+	}
+	alloc, err := allocator.New(nd.Inventory, allocator.WithStateDir(filepath.Join(dir, "alloc")), allocator.WithShared(shareable...))
 	if err != nil {
 		nd.Close()
 		return nil, err
 	}
-	gpu, err := chain.New(chain.Config{Allocator: alloc, Inventory: nd.Inventory, StateDir: filepath.Join(dir, "gpu")})
+	// The MPS daemons of memory shares, where the node has MPS.
+	daemons, _ := mps.New(filepath.Join(dir, "mps"))
+	gpu, err := chain.New(chain.Config{Allocator: alloc, Inventory: nd.Inventory, StateDir: filepath.Join(dir, "gpu"), MPS: daemons})
 	if err != nil {
 		alloc.Close()
 		nd.Close()
 		return nil, err
 	}
-	return &agent{dir: dir, alloc: alloc, gpu: gpu, close: func() { gpu.Close(); alloc.Close(); nd.Close() }}, nil
+	return &agent{dir: dir, alloc: alloc, gpu: gpu, close: func() { gpu.Close(); alloc.Close(); daemons.Close(); nd.Close() }}, nil
 }
 
 // container is the agent's record of one container.
@@ -349,7 +385,7 @@ func (a *agent) destroy(ctx context.Context, c container) error {
 }
 
 // launch runs command as a new container and returns its exit status.
-func (a *agent) launch(ctx context.Context, command []string, gpus int, res *specs.LinuxResources, stdin io.Reader, stdout, stderr io.Writer) int {
+func (a *agent) launch(ctx context.Context, command []string, req allocator.Request, res *specs.LinuxResources, stdin io.Reader, stdout, stderr io.Writer) int {
 	c := container{ID: newID()}
 	c.V2 = cgroups.Mode() == cgroups.Unified
 	c.Cgroup = "/gpuiso-agent/" + c.ID
@@ -370,7 +406,7 @@ func (a *agent) launch(ctx context.Context, command []string, gpus int, res *spe
 		return fail(err)
 	}
 	// The GPU isolator is chained after the CPU and memory isolator.
-	l, err := a.gpu.Prepare(ctx, c.ID, allocator.Request{Count: gpus}, containerizer.Image{})
+	l, err := a.gpu.Prepare(ctx, c.ID, req, containerizer.Image{})
 	if err != nil {
 		return fail(err)
 	}
@@ -384,7 +420,15 @@ func (a *agent) launch(ctx context.Context, command []string, gpus int, res *spe
 		return fail(err)
 	}
 	cmd := exec.Command(self, command...)
-	cmd.Env = append(isolator.MergeEnv(os.Environ(), l.Plan.Env), stubEnv+"=1")
+	env := l.Plan.Env
+	if l.Plan.MPS != nil {
+		// The agent's containers share its mount namespace: the share's
+		// daemon is reached at the host path of its pipe directory, not
+		// at the plan's mount (an agent whose containers have a mount
+		// namespace of their own binds l.Plan.Mounts instead).
+		env = isolator.MergeEnv(env, []string{isolator.EnvMPSPipeDir + "=" + l.Plan.MPS.PipeDir})
+	}
+	cmd.Env = append(isolator.MergeEnv(os.Environ(), env), stubEnv+"=1")
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = stdin, stdout, stderr
 	cmd.ExtraFiles = []*os.File{goR}
 	// Its own process group: a terminal's signals reach the agent, which
