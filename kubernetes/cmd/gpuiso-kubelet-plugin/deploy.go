@@ -203,7 +203,7 @@ func (f *flags) cleanNode(ctx context.Context, log *slog.Logger) error {
 		log.Warn("uninstalled with claims still prepared: their checkpoints, CDI specs and the allocator's state stay", "claims", len(left))
 		return errors.Join(errs...)
 	}
-	errs = append(errs, removeEmpty(claims), os.RemoveAll(filepath.Join(f.stateDir, "allocator")))
+	errs = append(errs, f.cleanShares(ctx), removeEmpty(claims), os.RemoveAll(filepath.Join(f.stateDir, "allocator")))
 	if f.simulate != "" && f.devRoot != "" {
 		root, _ := filepath.Abs(f.devRoot)
 		if err := (&simnode.Host{Root: root}).Remove(); err != nil && !errors.Is(err, fs.ErrNotExist) {

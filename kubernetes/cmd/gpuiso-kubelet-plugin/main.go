@@ -9,6 +9,9 @@
 //	        [--simulate NAME --dev-root DIR]
 //	        [--in-cluster] [--simulate-label KEY] [--driver-root DIR]
 //	        [--daemonset NAMESPACE/NAME] [--metrics-address ADDR]
+//	        [--shared-gpus LIST [--share-min SIZE] [--share-step SIZE]
+//	         [--time-slices N] [--shared-resource-name NAME]
+//	         [--pod-resources-socket PATH] [--mps-control PATH]]
 //
 // It discovers the node's GPUs through NVML (or simulates a node: --simulate
 // with a host tree under --dev-root), writes the node's CDI spec, registers
@@ -17,6 +20,14 @@
 // publishes the node's ResourceSlice) and labels the Node. It watches the
 // GPUs' health: a GPU found lost turns Unhealthy in ListAndWatch and leaves
 // the slice. It runs until SIGINT or SIGTERM.
+//
+// The GPUs --shared-gpus names are handed out in parts, never whole: the
+// DRA driver publishes each as memory shares (consumable memory capacity;
+// each prepared claim gets an MPS control daemon of its own, recorded under
+// the state directory, which outlives the program and is found again when
+// it restarts), and the device plugin serves each as --time-slices
+// replicas under --shared-resource-name (time slices: no isolation between
+// the pods of a GPU).
 //
 // Run as a DaemonSet (the chart in kubernetes/deploy), it uses its service
 // account (--in-cluster), loads NVML from the driver root mounted in the
@@ -48,6 +59,7 @@ import (
 
 	"github.com/gpuiso/gpuiso/allocator"
 	"github.com/gpuiso/gpuiso/isolator/cdi"
+	"github.com/gpuiso/gpuiso/isolator/mps"
 	"github.com/gpuiso/gpuiso/kubernetes/deviceplugin"
 	"github.com/gpuiso/gpuiso/kubernetes/dra"
 	"github.com/gpuiso/gpuiso/kubernetes/internal/unixsock"
@@ -72,6 +84,7 @@ type flags struct {
 	devicePlugin, dra, deviceSpecs              bool
 	refresh                                     time.Duration
 	deploy                                      deployFlags
+	share                                       shareFlags
 }
 
 func parse(args []string, stderr io.Writer) (*flags, int, bool) {
@@ -98,6 +111,7 @@ func parse(args []string, stderr io.Writer) (*flags, int, bool) {
 	fs.BoolVar(&f.deviceSpecs, "device-specs", false, "device plugin: answer Allocate with device nodes too, for runtimes without CDI")
 	fs.DurationVar(&f.refresh, "health-refresh", 30*time.Second, "how often to read health from the allocator's state again (GPUs marked healthy or unhealthy by others)")
 	f.deploy.register(fs)
+	f.share.register(fs)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			fs.SetOutput(stderr)
@@ -124,6 +138,10 @@ func parse(args []string, stderr io.Writer) (*flags, int, bool) {
 		return nil, 2, true
 	}
 	if why := f.deploy.check(f); why != "" {
+		fmt.Fprintln(stderr, "gpuiso-kubelet-plugin: "+why)
+		return nil, 2, true
+	}
+	if why := f.share.check(); why != "" {
 		fmt.Fprintln(stderr, "gpuiso-kubelet-plugin: "+why)
 		return nil, 2, true
 	}
@@ -210,12 +228,17 @@ func serve(ctx context.Context, f *flags, log *slog.Logger) error {
 			return err
 		}
 	}
-	alloc, err := allocator.New(inv, allocator.WithStateDir(allocDir), allocator.WithLogger(log))
+	shared, err := sharedUUIDs(inv, f.share.sharedGPUs)
+	if err != nil {
+		return err
+	}
+	alloc, err := allocator.New(inv, allocator.WithStateDir(allocDir), allocator.WithLogger(log),
+		allocator.WithShared(shared...), allocator.WithTimeSlices(f.share.timeSlices))
 	if err != nil {
 		return err
 	}
 	defer alloc.Close()
-	log.Info("node", "gpus", len(inv.Devices), "driver", inv.DriverVersion, "simulated", f.simulate)
+	log.Info("node", "gpus", len(inv.Devices), "driver", inv.DriverVersion, "simulated", f.simulate, "shared", shared)
 
 	writeSpec := func() {
 		cur := inv.Clone()
@@ -271,7 +294,7 @@ func serve(ctx context.Context, f *flags, log *slog.Logger) error {
 			log.Info("node labels", "changed", changed)
 		}
 		if f.dra {
-			publish, count, stop, err := startDRA(ctx, f, inv, alloc, client, sysRoot, log)
+			publish, count, stop, err := startDRA(ctx, f, inv, alloc, shared, client, sysRoot, log)
 			if err != nil {
 				return err
 			}
@@ -320,7 +343,7 @@ func serve(ctx context.Context, f *flags, log *slog.Logger) error {
 // startDRA starts the DRA kubelet plugin and publishes the node's slice; it
 // returns the function that publishes it again, one that counts the
 // prepared claims, and one that stops the plugin (its sockets go).
-func startDRA(ctx context.Context, f *flags, inv *node.Inventory, alloc *allocator.Allocator, client kubernetes.Interface, sysRoot string, log *slog.Logger) (func(), func() int, func(), error) {
+func startDRA(ctx context.Context, f *flags, inv *node.Inventory, alloc *allocator.Allocator, shared []string, client kubernetes.Interface, sysRoot string, log *slog.Logger) (func(), func() int, func(), error) {
 	pcieRoot := func(busID string) (string, bool) {
 		a, err := deviceattribute.GetPCIeRootAttributeByPCIBusID(busID, deviceattribute.WithFSFromRoot(sysRoot))
 		if err != nil || a.Value.StringValue == nil {
@@ -328,11 +351,28 @@ func startDRA(ctx context.Context, f *flags, inv *node.Inventory, alloc *allocat
 		}
 		return *a.Value.StringValue, true
 	}
+	// Shares' MPS daemons are recorded under the state directory; a
+	// restart finds them (dra.Driver.Restore).
+	var daemons *mps.Manager
+	if len(shared) > 0 {
+		m, err := f.mpsManager()
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		daemons = m
+	}
+	closeMPS := func() {
+		if daemons != nil {
+			daemons.Close()
+		}
+	}
+	least, step := f.share.sizes()
 	d, err := dra.New(inv, alloc, dra.Config{
 		DriverName: f.driverName, CDIDir: f.cdiDir, StateDir: filepath.Join(f.stateDir, "claims"),
-		Slice: dra.SliceOptions{PCIeRoot: pcieRoot}, Logger: log,
+		Slice: dra.SliceOptions{PCIeRoot: pcieRoot, Shared: shared, ShareMin: least, ShareStep: step}, MPS: daemons, Logger: log,
 	})
 	if err != nil {
+		closeMPS()
 		return nil, nil, nil, err
 	}
 	dataDir := filepath.Join(f.pluginsDir, f.driverName)
@@ -362,10 +402,16 @@ func startDRA(ctx context.Context, f *flags, inv *node.Inventory, alloc *allocat
 		kubeletplugin.RegistrarListener(unixsock.Listen),
 	)
 	if err != nil {
+		closeMPS()
 		return nil, nil, nil, fmt.Errorf("start the DRA kubelet plugin: %w", err)
 	}
 	var stopOnce sync.Once
-	stop := func() { stopOnce.Do(helper.Stop) }
+	stop := func() {
+		stopOnce.Do(func() {
+			helper.Stop()
+			closeMPS()
+		})
+	}
 	go func() {
 		<-ctx.Done()
 		stop()

@@ -1,0 +1,103 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/gpuiso/gpuiso/node"
+	"github.com/gpuiso/gpuiso/node/nvmlnode"
+	"github.com/gpuiso/gpuiso/node/simnode"
+)
+
+// TestSharedUUIDs: --shared-gpus names GPUs by index or UUID, or all of
+// them; a GPU the node lacks or one split by MIG is refused.
+func TestSharedUUIDs(t *testing.T) {
+	inv := func(name string) *node.Inventory {
+		sim, err := simnode.New(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		inv, err := nvmlnode.Discover(context.Background(), append(sim.DiscoverOptions(nil),
+			nvmlnode.WithDevRoot(t.TempDir()), nvmlnode.WithProcRoot(t.TempDir()), nvmlnode.WithSysRoot(t.TempDir()))...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return inv
+	}
+	volta, mig := inv("dgx1-volta"), inv("hgx-h100-mig")
+	var migSplit, whole []int
+	for p, d := range mig.Devices {
+		if d.MIGSplit() {
+			migSplit = append(migSplit, p)
+		} else {
+			whole = append(whole, p)
+		}
+	}
+	if len(migSplit) == 0 || len(whole) == 0 {
+		t.Fatalf("hgx-h100-mig: %d GPUs split by MIG, %d whole", len(migSplit), len(whole))
+	}
+	tests := []struct {
+		name string
+		inv  *node.Inventory
+		list string
+		want []int // positions
+		bad  bool
+	}{
+		{name: "none", inv: volta, list: ""},
+		{name: "indexes", inv: volta, list: "3, 0", want: []int{0, 3}},
+		{name: "a UUID", inv: volta, list: strings.ToLower(volta.Devices[5].UUID), want: []int{5}},
+		{name: "all", inv: volta, list: "all", want: []int{0, 1, 2, 3, 4, 5, 6, 7}},
+		{name: "all but MIG", inv: mig, list: "all", want: whole},
+		{name: "unknown", inv: volta, list: "0,9", bad: true},
+		{name: "MIG", inv: mig, list: "0," + mig.Devices[migSplit[0]].UUID, bad: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := sharedUUIDs(tt.inv, tt.list)
+			if tt.bad {
+				if !errors.Is(err, errSharedGPU) || !errors.Is(err, node.ErrInvalid) {
+					t.Fatalf("err = %v, want errSharedGPU", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			var want []string
+			for _, p := range tt.want {
+				want = append(want, tt.inv.Devices[p].UUID)
+			}
+			if !slices.Equal(got, want) {
+				t.Errorf("got %v, want %v", got, want)
+			}
+		})
+	}
+}
+
+// TestShareFlags: bad share flags exit 2 with a reason.
+func TestShareFlags(t *testing.T) {
+	for name, args := range map[string][]string{
+		"--share-min":   {"--shared-gpus", "0", "--share-min", "lots"},
+		"--share-step":  {"--shared-gpus", "0", "--share-step", "0"},
+		"--time-slices": {"--shared-gpus", "0", "--time-slices", "0"},
+		"--mps-control": {"--shared-gpus", "0", "--mps-control", "relative/bin"},
+	} {
+		var out bytes.Buffer
+		_, code, done := parse(args, &out)
+		if !done || code != 2 || !strings.Contains(out.String(), name) {
+			t.Errorf("%v: %d, %v, %q", args, code, done, out.String())
+		}
+	}
+	var out bytes.Buffer
+	f, _, done := parse([]string{"--shared-gpus", "all", "--share-min", "2Gi", "--share-step", "512Mi"}, &out)
+	if done {
+		t.Fatalf("refused: %s", out.String())
+	}
+	if least, step := f.share.sizes(); least != 2<<30 || step != 512<<20 {
+		t.Errorf("sizes %d, %d", least, step)
+	}
+}
