@@ -200,7 +200,13 @@ func testSlice16(t *testing.T, c *cluster.Cluster) {
 		c.Client.CoreV1().Nodes().Delete(ctx, nodeName, metav1.DeleteOptions{})
 		c.Client.ResourceV1().ResourceSlices().DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{FieldSelector: "spec.nodeName=" + nodeName})
 	}()
-	dir := t.TempDir()
+	// A short directory: the plugin's socket paths must fit a socket
+	// address.
+	dir := filepath.Join(c.Dir, "dgx2")
+	if err := os.MkdirAll(filepath.Join(dir, "registry"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
 	w, err := c.Client.ResourceV1().ResourceSlices().Watch(t.Context(), metav1.ListOptions{FieldSelector: "spec.nodeName=" + nodeName})
 	if err != nil {
 		t.Fatal(err)
@@ -212,15 +218,14 @@ func testSlice16(t *testing.T, c *cluster.Cluster) {
 	var log syncBuffer
 	cmd.Stdout, cmd.Stderr = &log, &log
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	os.MkdirAll(filepath.Join(dir, "registry"), 0o755)
 	start := time.Now()
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	done := make(chan struct{})
+	go func() { cmd.Wait(); close(done) }()
 	defer func() {
 		cmd.Process.Signal(syscall.SIGTERM)
-		done := make(chan struct{})
-		go func() { cmd.Wait(); close(done) }()
 		select {
 		case <-done:
 		case <-time.After(20 * time.Second):
@@ -238,6 +243,8 @@ func testSlice16(t *testing.T, c *cluster.Cluster) {
 					time.Since(start).Round(time.Millisecond))
 				return
 			}
+		case <-done:
+			t.Fatalf("the program exited; its log:\n%s", tail(log.String(), 3000))
 		case <-guard:
 			t.Fatalf("no slice of 16 GPUs after 2 minutes; the program's log:\n%s", tail(log.String(), 3000))
 		}
