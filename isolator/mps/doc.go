@@ -52,7 +52,8 @@
 //
 // What MPS lets a client decide for itself, and what only its control
 // daemon sets (NVIDIA's MPS documentation, and what this package's tests
-// show of the 535 driver's daemon):
+// show of the 535 driver's daemon, Debian's, and of the 580 driver's on an
+// H100 and an H200):
 //
 //   - CUDA_MPS_PINNED_DEVICE_MEM_LIMIT and CUDA_MPS_ACTIVE_THREAD_PERCENTAGE
 //     in a client's environment can only lower the daemon's limits, never
@@ -60,49 +61,62 @@
 //     allocator); a container that drops them keeps the daemon's.
 //   - The daemon's defaults (set_default_device_pinned_mem_limit,
 //     set_default_active_thread_percentage) apply to each client process of
-//     the next server it starts; per-server limits (set_device_pinned_mem_limit
-//     <pid>) to the later clients of a running server; servers are per user
-//     (a client of another user waits until the server of the first has no
-//     client left).
-//   - Any process that can connect to a daemon's control socket, which
-//     every MPS client must, may send it those set_* commands: only quit
-//     and servers for other users are refused to non-root users
+//     the next server it starts; per-server limits
+//     (set_device_pinned_mem_limit <pid>) to the later clients of a
+//     running server; servers are per user (a client of another user waits
+//     until the server of the first has no client left).
+//   - Who may send a daemon those set_* commands through its control
+//     socket, which every MPS client reaches: the 535 daemon takes them
+//     from any user; the 580 daemon only from root and the user that
+//     started it ("Insufficient privileges for UID 65534"). quit, and
+//     servers for other users, are refused to other users by both
 //     (TestClientCanChangeLimits).
+//   - The pinned memory limit counts each client's own CUDA context, not
+//     only its allocations: in a 1 GiB share on an H100 or an H200 (driver
+//     580) a process allocates 448 MiB but not 512 MiB, in a 2 GiB share
+//     1280 MiB but not 1536 MiB (internal/hwtest's TestMPSShares).
 //
-// So gpuiso gives each share a daemon of its own and builds on what a
-// container cannot change: the GPU its daemon serves, the daemons it can
-// reach (its own alone: no other share's pipe directory is in its mount
-// namespace), and its memory as the allocator counts it. Concretely:
+// So gpuiso gives each share a daemon of its own, started by root with its
+// limits, and builds on what a container cannot change: the GPU its daemon
+// serves, the daemons it can reach (its own alone: no other share's pipe
+// directory is in its mount namespace, and the daemons' directory is
+// masked in a native container's view of the host), and its memory as the
+// allocator counts it. Concretely:
 //
 //   - enforced: a CUDA process of the container that uses MPS cannot
-//     allocate more device memory than its share (an allocation past it
-//     fails with an out-of-memory error), nor run on more than its compute
-//     percentage of the GPU's threads, nor reach another GPU; no other
-//     share's daemon, server or limits are within its reach; the shares of
-//     a GPU never add up to more than its memory.
+//     allocate past its share (cuMemAlloc fails with
+//     CUDA_ERROR_OUT_OF_MEMORY; its context counts in the share), nor use
+//     more than its compute percentage of the GPU's threads, nor reach
+//     another GPU; no other share's daemon, server or limits are within its
+//     reach; the shares of a GPU never add up to more than its memory. On
+//     a 580 driver a container running as a user other than root cannot
+//     change its daemon's limits either.
 //   - per process, not per container: the memory limit is MPS's per client
 //     process; a container that runs N CUDA processes can hold N times its
 //     share.
-//   - not enforced against a container that sets out to break it: it can
-//     send its own daemon set_* commands and raise its own limits (up to
-//     the GPU's free memory, taken from its neighbours), or run CUDA
-//     without MPS (CUDA_MPS_PIPE_DIRECTORY pointing elsewhere), with the
-//     whole GPU's memory; the GPU's compute mode (EXCLUSIVE_PROCESS would
-//     refuse CUDA without MPS) is the node administrator's, and gpuiso
-//     never changes a GPU's settings. [Manager.Held] tells whether a
-//     daemon's limits were changed. Memory shares are a guard against
-//     frameworks that take every byte they see (the Docker Swarm case),
-//     not a security boundary between tenants: give distrusting tenants
-//     whole GPUs or MIG devices.
+//   - not enforced against a container that sets out to break it: one
+//     running as root (on any driver; any user on the 535 driver) can send
+//     its own daemon set_* commands and raise its own limits, up to the
+//     GPU's free memory, taken from its neighbours; any container can run
+//     CUDA without MPS (CUDA_MPS_PIPE_DIRECTORY pointing elsewhere), with
+//     the whole GPU's memory. The GPU's compute mode (EXCLUSIVE_PROCESS
+//     refuses CUDA without MPS, and a second daemon's server with it) is
+//     the node administrator's; gpuiso never changes a GPU's settings.
+//     [Manager.Held] tells whether a daemon's limits were changed. Memory
+//     shares guard against frameworks that take every byte they see (the
+//     Docker Swarm case), not against a tenant that attacks its
+//     neighbours: give those whole GPUs or MIG devices.
 //   - time slices (allocator.ShareTime) isolate nothing: the containers of
 //     a GPU each see all of its memory and compute, and only the
 //     allocator's count of them (allocator.WithTimeSlices) is enforced.
 //
-// Each share's server has a CUDA context of its own on the GPU (some
-// hundreds of MiB, outside the shares' accounting), and the servers of one
-// GPU's shares time-slice among themselves rather than run their kernels
-// concurrently as the clients of one server do: the price of keeping
-// shares out of each other's reach.
+// Each share's server has a CUDA context of its own on the GPU, and the
+// servers of one GPU's shares time-slice among themselves rather than run
+// their kernels concurrently as the clients of one server do: the price of
+// keeping shares out of each other's reach. Starting a daemon takes some
+// 20 ms and stopping it as much (BenchmarkDaemon), which every share's
+// launch and destruction pays (BenchmarkShareLaunch in
+// containerizer/native).
 //
 // # Processes sharing a directory
 //
