@@ -136,3 +136,12 @@ func status(t *testing.T, pid int, field string) string {
 	t.Fatalf("/proc/%d/status has no %s", pid, field)
 	return ""
 }
+
+// hostVersion is the cgroup version a runtime picks on this host: v2 on a
+// cgroup2-only host, v1 (its devices controller) on a hybrid one.
+func hostVersion() cgroups.Version {
+	if testenv.CgroupV2Only() {
+		return cgroups.V2
+	}
+	return cgroups.V1
+}

@@ -4,9 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"github.com/gpuiso/gpuiso/containerizer/rootfs"
-	"github.com/gpuiso/gpuiso/volume"
-	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"io"
 	"os"
 	"path/filepath"
@@ -18,12 +15,16 @@ import (
 	"text/tabwriter"
 	"time"
 
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+
 	"github.com/gpuiso/gpuiso/allocator"
 	"github.com/gpuiso/gpuiso/containerizer"
 	"github.com/gpuiso/gpuiso/containerizer/docker"
 	"github.com/gpuiso/gpuiso/containerizer/native"
+	"github.com/gpuiso/gpuiso/containerizer/rootfs"
 	"github.com/gpuiso/gpuiso/internal/testenv"
 	"github.com/gpuiso/gpuiso/isolator/cgroups"
+	"github.com/gpuiso/gpuiso/volume"
 )
 
 // dockerDefaultCapEff is CapEff of a root process under Docker's default
@@ -158,7 +159,7 @@ func TestEscape(t *testing.T) {
 		testenv.RequireRoot(t)
 		cli := testenv.RequireDocker(t)
 		testenv.LockDocker(t, false)
-		n := newNode(t, cgroups.V1)
+		n := newNode(t, hostVersion())
 		img := testenv.BuildProbeImage(t, cli, testenv.ProbeImage{Env: map[string]string{"NVIDIA_VISIBLE_DEVICES": "all"}})
 		ns := fmt.Sprintf("test-escape-%d", time.Now().UnixNano())
 		dz, err := docker.New(cli, n.alloc, n.inv, docker.WithDevRoot(n.host.DevRoot), docker.WithVolumes(n.vols), docker.WithNamespace(ns), docker.WithStopTimeout(time.Second))
@@ -207,7 +208,7 @@ func TestEscape(t *testing.T) {
 // TestConfinementOptions runs a container as another user and one with a
 // capability added back.
 func TestConfinementOptions(t *testing.T) {
-	n := newNode(t, cgroups.V1)
+	n := newNode(t, hostVersion())
 	for _, tc := range []struct {
 		name string
 		spec containerizer.Spec
@@ -326,7 +327,7 @@ func (b *bait) check(t *testing.T, who string, r escapeResults, workdir string) 
 // fd 3 and works, while a descriptor the caller merely left open does not
 // arrive at all.
 func TestExtraFiles(t *testing.T) {
-	n := newNode(t, cgroups.V1)
+	n := newNode(t, hostVersion())
 	r, w, err := os.Pipe()
 	if err != nil {
 		t.Fatal(err)

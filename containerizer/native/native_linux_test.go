@@ -387,7 +387,7 @@ func TestBadInput(t *testing.T) {
 // TestUsage: the container's processes on its GPU, as the (simulated) driver
 // lists them, and nobody else's.
 func TestUsage(t *testing.T) {
-	n := newNode(t, cgroups.V1)
+	n := newNode(t, hostVersion())
 	ctx := context.Background()
 	ct, err := n.c.Launch(ctx, containerizer.Spec{ID: "busy", Command: []string{"/bin/sleep", "1000"}, GPUs: allocator.Request{Devices: []string{"4"}}})
 	if err != nil {

@@ -17,7 +17,6 @@ import (
 	"github.com/gpuiso/gpuiso/containerizer"
 	"github.com/gpuiso/gpuiso/containerizer/rootfs"
 	"github.com/gpuiso/gpuiso/internal/testenv"
-	"github.com/gpuiso/gpuiso/isolator/cgroups"
 )
 
 // rootFS makes a root file system holding only the probe, at /probe.
@@ -143,7 +142,7 @@ func TestRootFSLinks(t *testing.T) {
 // TestRootFSRefused refuses root file systems that would hand the
 // container the host's root or the containerizer's state.
 func TestRootFSRefused(t *testing.T) {
-	n := newNode(t, cgroups.V1)
+	n := newNode(t, hostVersion())
 	for _, root := range []string{"/", "/var/..", filepath.Dir(n.dirs.State)} {
 		_, err := n.c.Launch(context.Background(), containerizer.Spec{ID: "refused", RootFS: root, Command: []string{"/probe"}, GPUs: allocator.Request{Count: 1}})
 		if !errors.Is(err, containerizer.ErrInvalidSpec) {
@@ -234,7 +233,7 @@ func TestRootFSFromDockerSave(t *testing.T) {
 	testenv.RequireRoot(t)
 	cli := testenv.RequireDocker(t)
 	testenv.LockDocker(t, false)
-	n := newNode(t, cgroups.V1)
+	n := newNode(t, hostVersion())
 	tag := testenv.BuildProbeImage(t, cli, testenv.ProbeImage{Labels: map[string]string{"com.nvidia.volumes.needed": "nvidia_driver"}})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()

@@ -9,13 +9,13 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/gpuiso/gpuiso/allocator"
 	"github.com/gpuiso/gpuiso/containerizer/native"
-	"github.com/gpuiso/gpuiso/isolator/cgroups"
 )
 
 // startAgent runs an agent process that launches launch and stays alive
@@ -49,11 +49,13 @@ func TestRecoverSparesLiveNeighbour(t *testing.T) {
 	versions(t, func(t *testing.T, n *testNode) {
 		ctx := context.Background()
 		agent := startAgent(t, n, map[string]string{"neighbour": "sleep 1000"})
-		// The init, then its command once the container is set up.
+		// The init, then its command once the container is set up: the
+		// sleep itself (on a slow machine the shell that runs it is seen
+		// first, and is gone by the next look).
 		var pids []int
 		for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
 			var err error
-			if pids, err = n.iso.Processes(ctx, "neighbour"); err == nil && len(pids) >= 2 {
+			if pids, err = n.iso.Processes(ctx, "neighbour"); err == nil && len(pids) >= 2 && slices.ContainsFunc(pids, isSleep) {
 				break
 			}
 			if time.Now().After(deadline) {
@@ -104,7 +106,7 @@ func TestRecoverSparesLiveNeighbour(t *testing.T) {
 // TestCleanBeforeFirstRecord: a container whose supervisor died after it
 // acquired the volume and its GPUs but before its first record loses both.
 func TestCleanBeforeFirstRecord(t *testing.T) {
-	n := newNode(t, cgroups.V1)
+	n := newNode(t, hostVersion())
 	ctx := context.Background()
 	vol, err := n.vols.Build(ctx)
 	if err != nil {
@@ -147,4 +149,10 @@ func TestCgroupParent(t *testing.T) {
 	if a == b || a != native.CgroupParent("/var/lib/a/") || filepath.Dir(a) != "gpuiso" {
 		t.Fatalf("CgroupParent: %q, %q", a, b)
 	}
+}
+
+// isSleep tells whether process pid runs sleep.
+func isSleep(pid int) bool {
+	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "comm"))
+	return err == nil && string(b) == "sleep\n"
 }
