@@ -45,11 +45,14 @@ provision:
 # back end. They must build without cgo and for another GOOS.
 PURE := ./node ./allocator ./volume ./isolator/... ./containerizer ./containerizer/docker ./containerizer/rootfs ./internal/ldcache ./internal/linux
 
-## check: formatting, vet, staticcheck (pinned by go.mod's tool directive),
-## the OS seam (only internal/linux imports syscall or x/sys/unix), and the
-## pure packages built without cgo and for darwin
+## check: formatting, import groups (standard library, other modules, gpuiso's
+## own last: .ci/imports.go), vet, staticcheck (pinned by go.mod's tool
+## directive, checks in staticcheck.conf), the OS seam (only internal/linux
+## imports syscall or x/sys/unix), and the pure packages built without cgo and
+## for darwin
 check:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	git ls-files '*.go' | $(GO) run .ci/imports.go
 	$(GO) vet ./...
 	$(GO) tool staticcheck ./...
 	GO=$(GO) bash .ci/syscall-rule.sh

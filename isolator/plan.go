@@ -6,8 +6,9 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/gpuiso/gpuiso/node"
 	"github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/gpuiso/gpuiso/node"
 )
 
 // ContainerDevRoot is where device nodes appear inside a container.

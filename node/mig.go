@@ -177,7 +177,8 @@ func ParseMIGMinors(text string) (map[string]uint32, error) {
 // GPU with device minor gpu.
 func MIGGIAccessName(gpu, gi int) string { return fmt.Sprintf("gpu%d/gi%d/access", gpu, gi) }
 
-// MIGCIAccessName: see MIGGIAccessName.
+// MIGCIAccessName is the mig-minors name of the access capability of
+// compute instance ci of GPU instance gi (see MIGGIAccessName).
 func MIGCIAccessName(gpu, gi, ci int) string {
 	return fmt.Sprintf("gpu%d/gi%d/ci%d/access", gpu, gi, ci)
 }

@@ -7,10 +7,11 @@ import (
 	"io"
 	"net"
 
+	"github.com/moby/moby/client"
+
 	"github.com/gpuiso/gpuiso/containerizer"
 	"github.com/gpuiso/gpuiso/internal/linux"
 	"github.com/gpuiso/gpuiso/node"
-	"github.com/moby/moby/client"
 )
 
 var (

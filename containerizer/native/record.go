@@ -3,13 +3,14 @@ package native
 import (
 	"encoding/json"
 	"fmt"
-	"github.com/gpuiso/gpuiso/internal/linux"
 	"os"
+
+	"github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/gpuiso/gpuiso/allocator"
 	"github.com/gpuiso/gpuiso/containerizer"
+	"github.com/gpuiso/gpuiso/internal/linux"
 	"github.com/gpuiso/gpuiso/node"
-	"github.com/opencontainers/runtime-spec/specs-go"
 )
 
 // record is what survives a restart of the containerizer: one per container,

@@ -2,13 +2,14 @@ package rootfs
 
 import (
 	"fmt"
-	"github.com/gpuiso/gpuiso/internal/linux"
 	"os"
 	"path"
 	"path/filepath"
 	"strings"
 
 	securejoin "github.com/cyphar/filepath-securejoin"
+
+	"github.com/gpuiso/gpuiso/internal/linux"
 )
 
 // maxName bounds a path in an image, an entry's name or a link's target:

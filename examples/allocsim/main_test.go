@@ -1,13 +1,13 @@
 package main
 
 import (
-	"unicode/utf8"
-
 	"bytes"
 	"context"
-	"github.com/gpuiso/gpuiso/allocator"
 	"strings"
 	"testing"
+	"unicode/utf8"
+
+	"github.com/gpuiso/gpuiso/allocator"
 )
 
 // withoutLatency drops the two latency columns, the only ones that vary

@@ -71,9 +71,9 @@ type PreparedShare struct {
 	ComputePercent int    `json:"computePercent,omitempty"`
 }
 
-func (c Checkpoint) sum() (string, error) {
-	c.Checksum = ""
-	b, err := json.Marshal(c)
+func (cp Checkpoint) sum() (string, error) {
+	cp.Checksum = ""
+	b, err := json.Marshal(cp)
 	if err != nil {
 		return "", err
 	}

@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+
 	"github.com/gpuiso/gpuiso/node"
 )
 

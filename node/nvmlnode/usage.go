@@ -7,6 +7,7 @@ import (
 	"slices"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+
 	"github.com/gpuiso/gpuiso/node"
 )
 
