@@ -20,7 +20,7 @@ import (
 // pays for a GPU container over Docker's runtime, start to exit.
 func BenchmarkProcessVsRunc(b *testing.B) {
 	testenv.RequireRoot(b)
-	testenv.RequireCgroupV1Devices(b)
+	testenv.RequireDeviceCgroup(b)
 	runc, err := exec.LookPath("runc")
 	if err != nil {
 		b.Skip("no runc")

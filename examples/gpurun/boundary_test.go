@@ -23,7 +23,7 @@ import (
 // opt-in works).
 func TestBoundary(t *testing.T) {
 	testenv.RequireRoot(t)
-	testenv.RequireCgroupV1Devices(t)
+	testenv.RequireDeviceCgroup(t)
 	exe, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)

@@ -19,7 +19,7 @@ import (
 // past the limits is refused in one line, leaving nothing.
 func TestImageBoundary(t *testing.T) {
 	testenv.RequireRoot(t)
-	testenv.RequireCgroupV1Devices(t)
+	testenv.RequireDeviceCgroup(t)
 	testenv.RequireNVIDIALibraries(t)
 	probe, err := os.ReadFile(testenv.BuildProbe(t))
 	if err != nil {

@@ -39,7 +39,7 @@ type killedRun struct {
 // (default 20).
 func TestKilledDefaultRuns(t *testing.T) {
 	testenv.RequireRoot(t)
-	testenv.RequireCgroupV1Devices(t)
+	v, mount := testenv.RequireDeviceCgroup(t)
 	testenv.RequireNVIDIALibraries(t)
 	exe, err := os.Executable()
 	if err != nil {
@@ -62,7 +62,7 @@ func TestKilledDefaultRuns(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			tmp := t.TempDir()
 			gpurun := func(args ...string) *exec.Cmd {
-				cmd := exec.Command(exe, append([]string{"--simulate", "dgx1-volta", "--gpus", "1", "--cgroup", "v1"}, args...)...)
+				cmd := exec.Command(exe, append([]string{"--simulate", "dgx1-volta", "--gpus", "1", "--cgroup", v}, args...)...)
 				cmd.Env = append(os.Environ(), asGpurunEnv+"=1", "TMPDIR="+tmp)
 				return cmd
 			}
@@ -70,7 +70,7 @@ func TestKilledDefaultRuns(t *testing.T) {
 			if out, err := gpurun("--quiet", "--", "/bin/true").CombinedOutput(); err != nil {
 				t.Fatalf("the run after %d kills: %v: %s", tt.kills, err, out)
 			}
-			checkNothingLeft(t, killed, tmp)
+			checkNothingLeft(t, killed, tmp, mount)
 		})
 	}
 }
@@ -143,10 +143,11 @@ func initOf(pid int) int {
 }
 
 // checkNothingLeft fails for anything of the killed runs that is left.
-func checkNothingLeft(t *testing.T, killed []killedRun, tmp string) {
+// mount is the device cgroup hierarchy's mount point.
+func checkNothingLeft(t *testing.T, killed []killedRun, tmp, mount string) {
 	t.Helper()
 	state := filepath.Join(defaultStateDir, "native")
-	parent := filepath.Join("/sys/fs/cgroup/devices", native.CgroupParent(state))
+	parent := filepath.Join(mount, native.CgroupParent(state))
 	trees, _ := os.ReadDir(filepath.Join(defaultStateDir, "tmp")) // simulated nodes
 	images, _ := os.ReadDir(state)                                // --image trees: .tmp-*
 	trees = append(trees, images...)

@@ -29,13 +29,11 @@ func gpurun(args ...string) (stdout, stderr string, code int) {
 }
 
 // TestSimulated runs a command on GPUs 1 and 3 of a simulated DGX-1, for
-// each cgroup version: it sees exactly its GPU nodes, and gpurun exits with
-// its status after one line saying what it got.
+// each cgroup version the host has: it sees exactly its GPU nodes, and
+// gpurun exits with its status after one line saying what it got.
 func TestSimulated(t *testing.T) {
 	testenv.RequireRoot(t)
-	testenv.RequireCgroupV1Devices(t)
-	testenv.RequireCgroupV2(t)
-	for _, v := range []string{"v1", "v2"} {
+	for _, v := range testenv.CgroupVersions(t) {
 		t.Run(v, func(t *testing.T) {
 			out, errOut, code := gpurun("--simulate", "dgx1-volta", "--devices", "1,3", "--cgroup", v, "--",
 				"/bin/sh", "-c", `ls /dev | grep '^nvidia[0-9]'; echo "$NVIDIA_VISIBLE_DEVICES"; exit 7`)
@@ -118,7 +116,7 @@ func TestUsage(t *testing.T) {
 // cannot be run 126, as under docker run.
 func TestCommandExitCodes(t *testing.T) {
 	testenv.RequireRoot(t)
-	testenv.RequireCgroupV1Devices(t)
+	v, _ := testenv.RequireDeviceCgroup(t)
 	notExec := filepath.Join(t.TempDir(), "data")
 	if err := os.WriteFile(notExec, []byte("x"), 0o644); err != nil {
 		t.Fatal(err)
@@ -127,7 +125,7 @@ func TestCommandExitCodes(t *testing.T) {
 		cmd  string
 		want int
 	}{{"no-such-command-here", 127}, {"/no/such/file", 127}, {notExec, 126}} {
-		if _, errOut, code := gpurun("--simulate", "pcie8", "--cgroup", "v1", "--quiet", "--", tc.cmd); code != tc.want {
+		if _, errOut, code := gpurun("--simulate", "pcie8", "--cgroup", v, "--quiet", "--", tc.cmd); code != tc.want {
 			t.Errorf("gpurun -- %s: exit %d, want %d (stderr %q)", tc.cmd, code, tc.want, errOut)
 		}
 	}

@@ -13,10 +13,9 @@ import (
 // GPU.
 func TestNoGPUs(t *testing.T) {
 	testenv.RequireRoot(t)
-	testenv.RequireCgroupV1Devices(t)
-	testenv.RequireCgroupV2(t)
+	versions := testenv.CgroupVersions(t)
 	probe := testenv.BuildProbe(t)
-	for _, v := range []string{"v1", "v2"} {
+	for _, v := range versions {
 		t.Run(v, func(t *testing.T) {
 			out, errOut, code := gpurun("--simulate", "dgx1-volta", "--gpus", "0", "--cgroup", v, "--", "/bin/sh", "-c", `
 				ls /dev | grep '^nvidia[0-9]' | sed 's/^/dev: /'

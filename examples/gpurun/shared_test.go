@@ -43,6 +43,7 @@ type sharedRun struct {
 	state    string
 	tmp      string
 	v        string // cgroup version
+	mount    string // its hierarchy's mount point
 	mu       sync.Mutex
 	failures []string
 	seen     map[string]bool // containers the sampler saw running
@@ -50,13 +51,13 @@ type sharedRun struct {
 
 func newSharedRun(t *testing.T) *sharedRun {
 	testenv.RequireRoot(t)
-	testenv.RequireCgroupV1Devices(t)
+	v, mount := testenv.RequireDeviceCgroup(t)
 	exe, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
 	}
 	base := t.TempDir()
-	r := &sharedRun{t: t, exe: exe, state: filepath.Join(base, "state"), tmp: filepath.Join(base, "tmp"), v: "v1"}
+	r := &sharedRun{t: t, exe: exe, state: filepath.Join(base, "state"), tmp: filepath.Join(base, "tmp"), v: v, mount: mount}
 	if err := os.Mkdir(r.tmp, 0o700); err != nil {
 		t.Fatal(err)
 	}
@@ -165,7 +166,7 @@ func (r *sharedRun) checkClean(ids []string) {
 		}
 	}
 	// The state directory's own cgroup parent goes with its last container.
-	parent := filepath.Join("/sys/fs/cgroup/devices", native.CgroupParent(filepath.Join(r.state, "native")))
+	parent := filepath.Join(r.mount, native.CgroupParent(filepath.Join(r.state, "native")))
 	if _, err := os.Stat(parent); !os.IsNotExist(err) {
 		t.Errorf("cgroup parent left: %s (%v)", parent, err)
 	}

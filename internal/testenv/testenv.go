@@ -136,6 +136,33 @@ func RequireCgroupV2(tb testing.TB) string {
 	return ""
 }
 
+// RequireDeviceCgroup skips tb unless the process is root and the device
+// cgroup a runtime picks by default on this host is there: cgroup2 on a
+// cgroup2-only host, v1's devices controller on a hybrid or legacy one. It
+// returns it as gpurun's --cgroup names it ("v2" or "v1") and the mount
+// point of its hierarchy.
+func RequireDeviceCgroup(tb testing.TB) (version, mount string) {
+	tb.Helper()
+	if CgroupV2Only() {
+		return "v2", RequireCgroupV2(tb)
+	}
+	return "v1", RequireCgroupV1Devices(tb)
+}
+
+// CgroupVersions requires every device cgroup this host can have and
+// returns them as gpurun's --cgroup names: "v1" and "v2" on a hybrid host,
+// "v2" alone on a cgroup2-only one (where no v1 hierarchy can exist).
+func CgroupVersions(tb testing.TB) []string {
+	tb.Helper()
+	if CgroupV2Only() {
+		RequireCgroupV2(tb)
+		return []string{"v2"}
+	}
+	RequireCgroupV1Devices(tb)
+	RequireCgroupV2(tb)
+	return []string{"v1", "v2"}
+}
+
 // RequireCgroupV2VM skips tb unless the cgroup2-only VM suite can run:
 // root, and nothing it needs missing (missing lists what is, each with its
 // reason: package vmtest finds qemu and the cached kernel). On a
