@@ -21,10 +21,12 @@
 // labels and environment for Docker, Spec.Env natively); the allocation (a
 // container asking for no GPU holds nothing, gets every GPU denied and
 // NVIDIA_VISIBLE_DEVICES=void: a CPU job on a GPU node never reaches a GPU);
-// the conditions on the allocated GPUs; the driver volume, only for a
-// container with a root file system of its own whose image asks for it; and
-// the isolation plan with the allocation's environment. [Prepared.Undo]
-// gives everything back. A conformance suite runs the same cases against
+// the conditions on the allocated GPUs; for a memory share (Spec.GPUs.Share),
+// its MPS control daemon (Preparer.MPS, package isolator/mps; refused with
+// [ErrNoMPS] without one), whose pipe directory and /dev/shm the plan
+// binds; the driver volume, only for a container with a root file system
+// of its own whose image asks for it; and the isolation plan with the
+// allocation's environment. [Prepared.Undo] gives everything back. A conformance suite runs the same cases against
 // both back ends.
 //
 // # One lifecycle
@@ -59,7 +61,11 @@
 // same way.
 //
 // Every back end owns, per container: the allocation named by the
-// container's id, its isolation (cgroup, or Docker container), and its
-// registration as a user of the driver volume; Destroy gives all of them
-// back, and Recover finds them again after the agent restarts.
+// container's id, its isolation (cgroup, or Docker container), its
+// registration as a user of the driver volume, and a memory share's MPS
+// daemon; Destroy gives all of them back (the daemon before the share), and
+// Recover finds them again after the agent restarts: a record's share is
+// claimed again as a share (allocator.ClaimShare, Record.Share), its daemon
+// kept or started again in place, and the daemons no share or container
+// explains are stopped.
 package containerizer

@@ -38,7 +38,12 @@
 // and removes them. A cgroup given to IsolateCgroup stays the agent's: the
 // isolator writes its device rules and nothing else. The agent owns its
 // processes, its other cgroups and its own record of which containers
-// run.
+// run. With [Config].MPS, a memory share's MPS control daemon is the
+// isolator's too: Prepare starts it, Cleanup stops it, Recover keeps it
+// (or starts it again in place) for a known container and stops the
+// others; the launch's plan names its pipe directory and /dev/shm, which
+// an agent whose containers have a mount namespace of their own binds
+// (Launch.Plan.Mounts).
 //
 // One isolator at a time holds a state directory (New takes its lock,
 // Close gives it up; a second New fails with ErrInUse), so that a
