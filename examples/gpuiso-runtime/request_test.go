@@ -348,6 +348,36 @@ func TestRequestShare(t *testing.T) {
 	}
 }
 
+// FuzzRequestShare: any Swarm amount, GPUISO_GPU_MEMORY and
+// GPUISO_GPU_COMPUTE give a valid share of at most one GPU, or
+// ErrInvalidShare, never a panic or a share the allocator refuses.
+func FuzzRequestShare(f *testing.F) {
+	for _, s := range [][3]string{{"4000", "", ""}, {"", "4GiB", "50"}, {"0", "", ""}, {"", "1", "100"}, {"18446744073709551615", "", ""}, {"", "4 G", "0"}, {"8000", "1T", "x"}} {
+		f.Add(s[0], s[1], s[2])
+	}
+	f.Fuzz(func(t *testing.T, vram, memory, compute string) {
+		var env []string
+		for k, v := range map[string]string{"DOCKER_RESOURCE_VRAM": vram, "GPUISO_GPU_MEMORY": memory, "GPUISO_GPU_COMPUTE": compute} {
+			if v != "" {
+				env = append(env, k+"="+v)
+			}
+		}
+		r, err := requestOf(&specs.Spec{Process: &specs.Process{Env: env}}, "nvidia.com/gpu", defaultSwarmResources, defaultSwarmMemoryResource, &trust{Policy: AcceptAlways})
+		if err != nil {
+			if !errors.Is(err, ErrInvalidShare) {
+				t.Fatalf("%q: %v is no ErrInvalidShare", env, err)
+			}
+			return
+		}
+		if r.Share == nil {
+			return
+		}
+		if err := r.Share.Validate(); err != nil || r.Share.Mode != allocator.ShareMemory || len(r.IDs) > 1 {
+			t.Fatalf("%q: share %+v, devices %+v: %v", env, *r.Share, r.Devices, err)
+		}
+	})
+}
+
 // TestParseDevicesLinear: a list of 100,000 distinct entries parses in one
 // pass, and a duplicate at its end is found (BenchmarkParseDevices times
 // it).
