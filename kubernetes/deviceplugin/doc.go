@@ -40,5 +40,25 @@
 // and, with Config.DeviceSpecs, the device nodes themselves for runtimes
 // that do not read CDI.
 //
+// # Time slices
+//
+// For clusters without DRA, GPUs named in Config.Shared are served as
+// time slices instead of whole, as NVIDIA's time-slicing replicas: each as
+// Config.Replicas devices "<uuid>::<k>" under Config.SharedResourceName
+// (default "nvidia.com/gpu.shared"), so that that many pods asking for one
+// each run on the GPU together. Allocate holds each replica handed out as
+// a time slice in the allocator (allocator.ShareTime, owner
+// "timeslice-<uuid>-<k>"), so that a GPU with time slices goes to no DRA
+// claim, whole or shared, and a GPU a claim holds gives no replica; the
+// container gets the GPU as a whole one's would. The device-plugin API
+// never says when a pod ends: Manager.Reconcile asks the kubelet's
+// pod-resources service which replicas its pods hold and gives the others
+// back (leaving those just handed out for Config.TimeSliceGrace).
+//
+// Time slices isolate nothing: every pod of a GPU sees all of its memory
+// and compute, and may take all of either from the others. Only their
+// number per GPU is enforced. Memory shares, enforced by MPS, are the DRA
+// driver's.
+//
 // The package never logs unless given a *slog.Logger.
 package deviceplugin

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
+	"github.com/gpuiso/gpuiso/allocator"
 	"github.com/gpuiso/gpuiso/isolator/cdi"
 	"github.com/gpuiso/gpuiso/node"
 )
@@ -48,6 +49,24 @@ type Config struct {
 	// DeviceSpecs makes Allocate also answer with device nodes, for
 	// runtimes that do not read CDI.
 	DeviceSpecs bool
+	// Shared are the UUIDs of the GPUs served as time slices instead of
+	// whole: Replicas devices each under SharedResourceName, which
+	// Allocate holds in the allocator as time slices (the Source must be
+	// a TimeSlicer, whose count of time slices per GPU allows Replicas).
+	// Time slices isolate nothing from each other.
+	Shared []string
+	// Replicas is how many time slices of each shared GPU are served
+	// (default allocator.DefaultTimeSlices).
+	Replicas int
+	// SharedResourceName is the time slices' resource (default
+	// DefaultSharedResourceName).
+	SharedResourceName string
+	// PodResources is the kubelet's pod-resources socket, which Reconcile
+	// asks (default DefaultPodResources).
+	PodResources string
+	// TimeSliceGrace is how long Reconcile leaves a time slice just
+	// taken (default DefaultTimeSliceGrace).
+	TimeSliceGrace time.Duration
 	// Logger, when set, receives the manager's events.
 	Logger *slog.Logger
 }
@@ -68,6 +87,29 @@ func (c *Config) defaults() error {
 	if err := cdi.ValidateKind(c.CDIKind); err != nil {
 		return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
+	if len(c.Shared) > 0 {
+		if c.SharedResourceName == "" {
+			c.SharedResourceName = DefaultSharedResourceName
+		}
+		if c.Replicas == 0 {
+			c.Replicas = allocator.DefaultTimeSlices
+		}
+		if c.PodResources == "" {
+			c.PodResources = DefaultPodResources
+		}
+		if c.TimeSliceGrace == 0 {
+			c.TimeSliceGrace = DefaultTimeSliceGrace
+		}
+		if c.Replicas < 1 {
+			return fmt.Errorf("%d time slices per GPU: %w", c.Replicas, ErrInvalidConfig)
+		}
+		if c.SharedResourceName == c.ResourceName {
+			return fmt.Errorf("time slices and whole GPUs under one resource %q: %w", c.ResourceName, ErrInvalidConfig)
+		}
+		if err := validResourceName(c.SharedResourceName); err != nil {
+			return err
+		}
+	}
 	return validResourceName(c.ResourceName)
 }
 
@@ -76,6 +118,8 @@ type Manager struct {
 	cfg Config
 	inv *node.Inventory
 	src Source
+
+	book       *sliceBook
 
 	mu         sync.Mutex
 	plugins    map[string]*Plugin
@@ -91,13 +135,17 @@ func New(inv *node.Inventory, src Source, cfg Config) (*Manager, error) {
 	if err := cfg.defaults(); err != nil {
 		return nil, err
 	}
-	res, err := Resources(cfg.ResourceName, src.Devices())
+	if _, ok := src.(TimeSlicer); len(cfg.Shared) > 0 && !ok {
+		return nil, fmt.Errorf("time slices need a source that holds them (an allocator): %w", ErrInvalidConfig)
+	}
+	res, err := cfg.resources(src.Devices())
 	if err != nil {
 		return nil, err
 	}
-	m := &Manager{cfg: cfg, inv: inv, src: src, plugins: map[string]*Plugin{}, registered: make(chan struct{})}
+	m := &Manager{cfg: cfg, inv: inv, src: src, book: &sliceBook{}, plugins: map[string]*Plugin{}, registered: make(chan struct{})}
 	for name, devs := range res {
 		m.plugins[name] = newPlugin(name, filepath.Join(cfg.Dir, socketName(name)), inv, &m.cfg, src, devs)
+		m.plugins[name].book = m.book
 	}
 	return m, nil
 }
@@ -133,7 +181,7 @@ func (m *Manager) Registered() <-chan struct{} {
 // resource whose devices changed to its ListAndWatch streams. It reports
 // whether anything changed.
 func (m *Manager) Refresh() (bool, error) {
-	res, err := Resources(m.cfg.ResourceName, m.src.Devices())
+	res, err := m.cfg.resources(m.src.Devices())
 	if err != nil {
 		return false, err
 	}

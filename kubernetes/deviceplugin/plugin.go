@@ -31,6 +31,7 @@ type Plugin struct {
 	inv      *node.Inventory
 	cfg      *Config
 	src      Source
+	book     *sliceBook
 
 	mu      sync.Mutex
 	devices []Device
@@ -183,6 +184,9 @@ func (p *Plugin) Preferred(ctx context.Context, available, mustInclude []string,
 		return nil, fmt.Errorf("preferred allocation of %s: size %d of %d available with %d required: %w",
 			p.resource, size, len(available), len(mustInclude), ErrInvalidConfig)
 	}
+	if byID[available[0]].TimeSlice {
+		return preferSlices(byID, available, mustInclude, size), nil
+	}
 	if strings.HasPrefix(available[0], "MIG-") || p.inv == nil {
 		out := slices.Clone(mustInclude)
 		for _, id := range available {
@@ -226,10 +230,10 @@ func (p *Plugin) Preferred(ctx context.Context, available, mustInclude []string,
 // Allocate answers each container with the CDI names of its devices, the
 // environment naming them, and, with Config.DeviceSpecs, their device
 // nodes.
-func (p *Plugin) Allocate(_ context.Context, req *pluginapi.AllocateRequest) (*pluginapi.AllocateResponse, error) {
+func (p *Plugin) Allocate(ctx context.Context, req *pluginapi.AllocateRequest) (*pluginapi.AllocateResponse, error) {
 	resp := &pluginapi.AllocateResponse{}
 	for _, cr := range req.GetContainerRequests() {
-		c, err := p.Container(cr.GetDevicesIds())
+		c, err := p.container(ctx, cr.GetDevicesIds())
 		if err != nil {
 			return nil, grpcError(err)
 		}
@@ -240,17 +244,32 @@ func (p *Plugin) Allocate(_ context.Context, req *pluginapi.AllocateRequest) (*p
 
 // Container is Allocate's answer for one container given ids. A device
 // that the source holds for an owner (a DRA claim prepared on the same
-// allocator) is refused with ErrHeld rather than handed out twice.
+// allocator) is refused with ErrHeld rather than handed out twice. A time
+// slice is held in the allocator for its replica (TimeSliceOwner) first:
+// one refused there (its GPU held whole, or by memory shares) fails the
+// container; the container gets the GPU, as every other time slice of it.
 func (p *Plugin) Container(ids []string) (*pluginapi.ContainerAllocateResponse, error) {
+	return p.container(context.Background(), ids)
+}
+
+func (p *Plugin) container(ctx context.Context, ids []string) (*pluginapi.ContainerAllocateResponse, error) {
 	byID := map[string]Device{}
 	for _, d := range p.Devices() {
 		byID[d.ID] = d
 	}
 	refs := make([]node.DeviceRef, 0, len(ids))
+	var sliced []Device
 	for _, id := range ids {
 		d, ok := byID[id]
 		if !ok {
 			return nil, fmt.Errorf("allocate %s: device %q: %w", p.resource, id, ErrUnknownDevice)
+		}
+		if d.TimeSlice {
+			sliced = append(sliced, d)
+			if !containsRef(refs, d.Ref) {
+				refs = append(refs, d.Ref)
+			}
+			continue
 		}
 		if h, ok := p.src.(Holders); ok {
 			if owners, err := h.Owners(id); err == nil && len(owners) > 0 {
@@ -258,6 +277,11 @@ func (p *Plugin) Container(ids []string) (*pluginapi.ContainerAllocateResponse, 
 			}
 		}
 		refs = append(refs, d.Ref)
+	}
+	if len(sliced) > 0 {
+		if err := p.claimSlices(ctx, sliced); err != nil {
+			return nil, err
+		}
 	}
 	names, err := cdi.Names(p.cfg.CDIKind, refs)
 	if err != nil {
@@ -281,6 +305,15 @@ func (p *Plugin) Container(ids []string) (*pluginapi.ContainerAllocateResponse, 
 		}
 	}
 	return resp, nil
+}
+
+func containsRef(refs []node.DeviceRef, r node.DeviceRef) bool {
+	for _, x := range refs {
+		if x.UUID == r.UUID {
+			return true
+		}
+	}
+	return false
 }
 
 // grpcError gives err the gRPC code its kind maps to.

@@ -20,6 +20,10 @@ type Device struct {
 	Ref node.DeviceRef
 	// Position is the parent GPU's position in the inventory.
 	Position int
+	// TimeSlice tells a time slice of a shared GPU (TimeSlices), Replica
+	// its number on the GPU.
+	TimeSlice bool
+	Replica   int
 }
 
 // MIGResourceName is the resource of MIG devices of profile in the domain of

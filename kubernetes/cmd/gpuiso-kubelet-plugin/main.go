@@ -267,6 +267,7 @@ func serve(ctx context.Context, f *flags, log *slog.Logger) error {
 	if f.devicePlugin {
 		m, err := deviceplugin.New(inv, alloc, deviceplugin.Config{
 			ResourceName: f.resourceName, Dir: f.devicePluginDir, DeviceSpecs: f.deviceSpecs, Logger: log,
+			Shared: shared, Replicas: f.share.timeSlices, SharedResourceName: f.share.sharedResource, PodResources: f.share.podResources,
 		})
 		if err != nil {
 			return err
@@ -281,6 +282,10 @@ func serve(ctx context.Context, f *flags, log *slog.Logger) error {
 		refreshers = append(refreshers, func() {
 			if _, err := m.Refresh(); err != nil {
 				log.Warn("device plugin refresh", "err", err)
+			}
+			// Time slices whose pods ended go back to the allocator.
+			if _, err := m.Reconcile(ctx); err != nil {
+				log.Warn("device plugin time slices", "err", err)
 			}
 		})
 	}
