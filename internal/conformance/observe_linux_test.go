@@ -14,10 +14,21 @@ import (
 	"time"
 
 	"github.com/gpuiso/gpuiso/allocator"
+	"github.com/gpuiso/gpuiso/internal/testenv"
 )
 
-// cgroupRoot is where the cgroup v1 hierarchies are mounted.
+// cgroupRoot is where the cgroup v1 hierarchies are mounted, or the
+// unified hierarchy on a cgroup2-only host.
 const cgroupRoot = "/sys/fs/cgroup"
+
+// hierarchy is the directory of the cgroup hierarchy of controller ctl:
+// its v1 hierarchy's, or on a cgroup2-only host the one hierarchy.
+func hierarchy(ctl string) string {
+	if testenv.CgroupV2Only() {
+		return cgroupRoot
+	}
+	return filepath.Join(cgroupRoot, ctl)
+}
 
 // proc is a process as /proc tells it apart from a later one with its pid.
 type proc struct {
@@ -55,16 +66,23 @@ func procOf(pid int) proc {
 	return proc{Pid: pid, Start: start}
 }
 
-// cgroupsOf reads the cgroup v1 paths of pid by hierarchy ("devices",
-// "cpu", ...), from each hierarchy's root.
+// cgroupsOf reads the cgroup paths of pid by hierarchy ("devices", "cpu",
+// ...), from each hierarchy's root; on a cgroup2-only host the one
+// hierarchy's is under "" (on a hybrid host cgroup2's is left out: it
+// holds no controller).
 func cgroupsOf(pid int) map[string]string {
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cgroup")
 	if err != nil {
 		return nil
 	}
 	out := map[string]string{}
+	unified := testenv.CgroupV2Only()
 	for l := range strings.Lines(string(b)) {
 		f := strings.SplitN(strings.TrimSpace(l), ":", 3)
+		if len(f) == 3 && f[0] == "0" && f[1] == "" && unified {
+			out[""] = f[2]
+			continue
+		}
 		if len(f) != 3 || f[1] == "" {
 			continue
 		}
@@ -162,8 +180,22 @@ type sampler struct {
 	done     chan struct{}
 }
 
-func newSampler(inst instance, minorOf map[string]int, every time.Duration) *sampler {
+// newSampler watches inst, whose node's GPUs have the minors minorOf (by
+// UUID) on major.
+func newSampler(inst instance, minorOf map[string]int, major uint32, every time.Duration) *sampler {
 	gpus := func(c container) ([]int, string, bool) { return gpusAllowed(c.Proc.Pid) }
+	if testenv.CgroupV2Only() {
+		var minors []int
+		for _, m := range minorOf {
+			minors = append(minors, m)
+		}
+		slices.Sort(minors)
+		spare := uint32(0) // a minor of no GPU, below nvidia-modeset's
+		for slices.Contains(minors, int(spare)) {
+			spare++
+		}
+		gpus = func(c container) ([]int, string, bool) { return gpusAllowedV2(c.Proc.Pid, major, minors, spare) }
+	}
 	held := func() (map[string][]int, error) {
 		byUUID, err := allocations(inst.allocDir())
 		out := map[string][]int{}

@@ -190,22 +190,23 @@ func parentLeft(parent string, skip []string) []string {
 func nativeSubject() subject {
 	return subject{name: "native", batch: 3, every: 5 * time.Millisecond,
 		setup: func(t *testing.T, bins binaries) func(*testing.T, string) instance {
-			testenv.RequireCgroupV1Devices(t)
+			version, _ := testenv.RequireDeviceCgroup(t)
 			return func(t *testing.T, dir string) instance {
-				return &nativeInstance{base: newBase(t, dir), bins: bins}
+				return &nativeInstance{base: newBase(t, dir), bins: bins, version: version}
 			}
 		}}
 }
 
 type nativeInstance struct {
 	base
-	bins binaries
+	bins    binaries
+	version string // the device cgroup's, as gpurun's --cgroup names it
 	mu   sync.Mutex
 	cmds []*exec.Cmd
 }
 
 func (n *nativeInstance) gpurun(ctx context.Context, args ...string) *exec.Cmd {
-	all := append([]string{"--simulate", simulated, "--state-dir", n.state, "--cgroup", "v1"}, args...)
+	all := append([]string{"--simulate", simulated, "--state-dir", n.state, "--cgroup", n.version}, args...)
 	cmd := n.command(ctx, n.bins.gpurun, all...)
 	n.mu.Lock()
 	n.cmds = append(n.cmds, cmd)
@@ -259,7 +260,7 @@ func (n *nativeInstance) live() ([]container, error) {
 func (n *nativeInstance) allocDir() string { return n.state }
 
 func (n *nativeInstance) parents() []string {
-	return []string{filepath.Join(cgroupRoot, "devices", native.CgroupParent(filepath.Join(n.state, "native")))}
+	return []string{filepath.Join(hierarchy("devices"), native.CgroupParent(filepath.Join(n.state, "native")))}
 }
 
 func (n *nativeInstance) leftovers(ids []string, skip []string) []string {
@@ -338,7 +339,7 @@ func killAll(cmds []*exec.Cmd) {
 func chainSubject() subject {
 	return subject{name: "chain", adopts: true, batch: 1, every: 5 * time.Millisecond,
 		setup: func(t *testing.T, bins binaries) func(*testing.T, string) instance {
-			testenv.RequireCgroupV1Devices(t)
+			testenv.RequireDeviceCgroup(t)
 			return func(t *testing.T, dir string) instance {
 				return &chainInstance{base: newBase(t, dir), bins: bins}
 			}
@@ -415,12 +416,14 @@ const agentParent = "gpuiso-agent"
 
 func (c *chainInstance) allocDir() string { return filepath.Join(c.state, "alloc") }
 
+// parents are the GPU isolator's own device cgroup parent, then the
+// agent's CPU and memory parents (cgroup2: its one parent).
 func (c *chainInstance) parents() []string {
-	return []string{
-		filepath.Join(cgroupRoot, "devices", chain.CgroupParent(filepath.Join(c.state, "gpu"))),
-		filepath.Join(cgroupRoot, "cpu", agentParent),
-		filepath.Join(cgroupRoot, "memory", agentParent),
+	own := filepath.Join(hierarchy("devices"), chain.CgroupParent(filepath.Join(c.state, "gpu")))
+	if testenv.CgroupV2Only() {
+		return []string{own, filepath.Join(cgroupRoot, agentParent)}
 	}
+	return []string{own, filepath.Join(cgroupRoot, "cpu", agentParent), filepath.Join(cgroupRoot, "memory", agentParent)}
 }
 
 func (c *chainInstance) leftovers(ids []string, skip []string) []string {

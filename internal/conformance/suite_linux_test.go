@@ -33,7 +33,7 @@ const caseTimeout = 3 * time.Minute
 // TestConformance runs every case against every subject (see doc.go).
 func TestConformance(t *testing.T) {
 	testenv.RequireRoot(t)
-	testenv.RequireCgroupV1Devices(t) // the sampler reads v1 device rules
+	testenv.RequireDeviceCgroup(t) // the sampler reads v1 device rules, or cgroup2's device programs
 	testenv.RequireNVIDIALibraries(t)
 	seed := uint64(time.Now().UnixNano())
 	if v := os.Getenv(seedEnv); v != "" {
@@ -49,8 +49,10 @@ func TestConformance(t *testing.T) {
 	// cgroups by number.
 	_, _, inv := testenv.SimulatedNode(t, simulated)
 	minorOf := map[string]int{}
+	var major uint32
 	for _, d := range inv.Devices {
 		minorOf[d.UUID] = int(d.Node.Minor)
+		major = d.Node.Major
 	}
 	cases := []struct {
 		name string
@@ -70,7 +72,7 @@ func TestConformance(t *testing.T) {
 			h.Write([]byte(s.name))
 			rng := rand.New(rand.NewPCG(seed, h.Sum64()))
 			for _, c := range cases {
-				t.Run(c.name, func(t *testing.T) { c.run(t, env{s, newInstance, rng, minorOf}) })
+				t.Run(c.name, func(t *testing.T) { c.run(t, env{s, newInstance, rng, minorOf, major}) })
 			}
 		})
 	}
@@ -83,13 +85,26 @@ type env struct {
 	newInstance func(*testing.T, string) instance
 	rng         *rand.Rand
 	minorOf     map[string]int
+	gpuMajor    uint32
 }
 
-func (e env) sampler(inst instance) *sampler { return newSampler(inst, e.minorOf, e.s.every) }
+func (e env) sampler(inst instance) *sampler {
+	return newSampler(inst, e.minorOf, e.gpuMajor, e.s.every)
+}
 
-// build compiles the three programs and the probe.
+// build compiles the three programs and the probe, or takes them prebuilt
+// from testenv.ProgramDirEnv's directory (a test bundle's, which has no
+// dockerrun: the docker subject needs a Docker daemon first).
 func build(t *testing.T) binaries {
 	t.Helper()
+	if dir := os.Getenv(testenv.ProgramDirEnv); dir != "" {
+		return binaries{
+			gpurun:    testenv.Program(t, testenv.Root, "gpurun", "github.com/gpuiso/gpuiso/examples/gpurun"),
+			agent:     testenv.Program(t, testenv.Root, "agent", "github.com/gpuiso/gpuiso/examples/agent"),
+			dockerrun: filepath.Join(dir, "dockerrun"),
+			probe:     testenv.BuildProbe(t),
+		}
+	}
 	if _, err := exec.LookPath("go"); err != nil {
 		t.Skipf("no go command to build the programs: %v", err)
 	}
@@ -417,7 +432,7 @@ func neighbours(t *testing.T, e env) {
 }
 
 // gpuParent is gpuiso's shared default device cgroup parent.
-func gpuParent() string { return filepath.Join(cgroupRoot, "devices", gpucgroups.DefaultParent) }
+func gpuParent() string { return filepath.Join(hierarchy("devices"), gpucgroups.DefaultParent) }
 
 // cgroupProcess makes the cgroup directories dirs (one per hierarchy) and
 // moves one fresh process into all of them: someone else's live process.
@@ -465,6 +480,9 @@ func cgroupProcess(t *testing.T, dirs []string) neighbour {
 		for _, d := range dirs {
 			rel, _ := filepath.Rel(cgroupRoot, d)
 			ctl, path, _ := strings.Cut(rel, "/")
+			if testenv.CgroupV2Only() {
+				ctl, path = "", rel
+			}
 			if cgs[ctl] != "/"+path {
 				return false
 			}
