@@ -119,7 +119,7 @@ type Manager struct {
 	inv *node.Inventory
 	src Source
 
-	book       *sliceBook
+	book *sliceBook
 
 	mu         sync.Mutex
 	plugins    map[string]*Plugin
