@@ -5,7 +5,7 @@
 // launches the command with its own fork and exec, and, started again after
 // being killed, recovers the containers it left running.
 //
-//	agent [--simulate NAME] [--gpus N] [--state-dir DIR] [--cpu-shares N] [--memory BYTES] [-- CMD [ARGS...]]
+//	agent [--simulate NAME] [--gpus N] [--state-dir DIR] [--cpu-shares N] [--memory BYTES] [--cpu-affinity numa|none] [-- CMD [ARGS...]]
 //
 // The launch: the agent writes its record of the container, makes its CPU
 // and memory cgroup (cgroup v1's cpu and memory hierarchies, or a cgroup2
@@ -26,6 +26,12 @@
 // is removed. Without a command the agent only recovers and waits.
 // SIGINT or SIGTERM ends the agent and its containers (it exits 128+n);
 // SIGKILL leaves them running for the next start to recover.
+//
+// On a host with only cgroup2 the container's cgroup is one group of the
+// unified hierarchy with the cpu controller (its weight, converted from
+// --cpu-shares) and, with --memory, the memory controller (memory.max)
+// enabled from the root down. --cpu-affinity numa has the GPU isolator pin
+// the container to its GPUs' NUMA nodes as well (cpuset).
 //
 // The state lives in --state-dir (default /var/lib/gpuiso/agent): the
 // agent's records (containers/), the GPU isolator's (gpu/), the allocator's
@@ -110,7 +116,7 @@ const defaultStateDir = "/var/lib/gpuiso/agent"
 var exitInterrupted = cli.ExitSignal(syscall.SIGINT)
 
 const usage = `usage: agent [--simulate NAME] [--gpus N] [--state-dir DIR] [--cpu-shares N] [--memory BYTES]
-             [-- CMD [ARGS...]]
+             [--cpu-affinity numa|none] [-- CMD [ARGS...]]
 
 A small container agent: it recovers the containers a killed run of the same
 state directory left running (their GPUs held again, their device rules
@@ -127,6 +133,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	stateDir := fs.String("state-dir", defaultStateDir, "keep the agent's, the GPU isolator's and the allocator's state in `DIR`")
 	shares := fs.Uint64("cpu-shares", 1024, "the container's CPU shares (cgroup2: converted to a weight)")
 	memory := fs.Int64("memory", 0, "the container's memory limit in `BYTES` (0: none)")
+	cpuAffinity := fs.String("cpu-affinity", "none", "`numa`: the GPU isolator pins the container to its GPUs' NUMA nodes; none: every CPU")
 	gpuMemory := fs.String("gpu-memory", "", "a memory share of one GPU instead of --gpus: `SIZE` (4GiB, 512M), held by an MPS control daemon of its own")
 	gpuCompute := fs.Int("gpu-compute", 0, "with --gpu-memory: the share's `PERCENT` of the GPU's compute (1 to 100)")
 	timeSlice := fs.Bool("gpu-time-slice", false, "a time slice of one GPU instead of --gpus, isolated from none of its other time slices")
@@ -166,10 +173,14 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	case len(command) == 0 && (cli.Set(fs)["gpus"] || cli.Set(fs)["cpu-shares"] || cli.Set(fs)["memory"]):
 		return cli.Usagef(stderr, "agent", "--gpus, --cpu-shares and --memory need a command")
 	}
+	affinity, err := containerizer.ParseCPUAffinity(*cpuAffinity)
+	if err != nil {
+		return cli.Usagef(stderr, "agent", "--cpu-affinity: %v", err)
+	}
 	if !linux.IsRoot() {
 		return cli.Errorf(stderr, "agent", "needs root (cgroups)")
 	}
-	a, err := open(ctx, *simulate, *stateDir)
+	a, err := open(ctx, *simulate, *stateDir, affinity)
 	if err != nil {
 		return cli.Errorf(stderr, "agent", "%v", err)
 	}
@@ -212,7 +223,7 @@ type agent struct {
 	close func()
 }
 
-func open(ctx context.Context, simulate, stateDir string) (*agent, error) {
+func open(ctx context.Context, simulate, stateDir string, affinity containerizer.CPUAffinity) (*agent, error) {
 	dir, err := filepath.Abs(stateDir)
 	if err != nil {
 		return nil, err
@@ -238,7 +249,7 @@ func open(ctx context.Context, simulate, stateDir string) (*agent, error) {
 	}
 	// The MPS daemons of memory shares, where the node has MPS.
 	daemons, _ := mps.New(filepath.Join(dir, "mps"))
-	gpu, err := chain.New(chain.Config{Allocator: alloc, Inventory: nd.Inventory, StateDir: filepath.Join(dir, "gpu"), MPS: daemons})
+	gpu, err := chain.New(chain.Config{Allocator: alloc, Inventory: nd.Inventory, StateDir: filepath.Join(dir, "gpu"), CPUAffinity: affinity, MPS: daemons})
 	if err != nil {
 		alloc.Close()
 		nd.Close()

@@ -23,19 +23,29 @@ import (
 	gpucgroups "github.com/gpuiso/gpuiso/isolator/cgroups"
 )
 
-func TestMain(m *testing.M) { testenv.Main(m) }
+// asAgentEnv makes the test binary the agent (its main), as the test
+// bundle's bin/agent runs it where there is no go command.
+const asAgentEnv = "GPUISO_TEST_AS_AGENT"
 
-// buildAgent compiles the agent into a directory of t.
+func TestMain(m *testing.M) {
+	if os.Getenv(asAgentEnv) == "1" {
+		// The agent's children are not agents: its stub (this binary
+		// again) is told apart by stubEnv, its commands (a prober) by
+		// their own variables.
+		os.Unsetenv(asAgentEnv)
+		main()
+	}
+	if os.Getenv(stubEnv) == "1" {
+		main() // the stub of an agent run from this binary
+	}
+	testenv.Main(m)
+}
+
+// buildAgent returns the agent program: a prebuilt one (a test bundle's),
+// or one compiled into a directory of t.
 func buildAgent(t *testing.T) string {
 	t.Helper()
-	if _, err := exec.LookPath("go"); err != nil {
-		t.Skipf("no go command to build the agent: %v", err)
-	}
-	bin := filepath.Join(t.TempDir(), "agent")
-	if out, err := exec.Command("go", "build", "-buildvcs=false", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
-	return bin
+	return testenv.Program(t, testenv.Root, "agent", "github.com/gpuiso/gpuiso/examples/agent")
 }
 
 func TestUsage(t *testing.T) {
