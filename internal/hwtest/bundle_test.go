@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -17,11 +18,13 @@ const bundleLimit = 64 << 20
 
 // TestBundle builds the hardware suite bundle as `make hwtest` does, into a
 // temporary directory, and checks what a GPU node will get: stripped test
-// binaries, a static probe, cudacheck, run.sh, and a tarball of them under
-// the size limit.
+// binaries (the hardware suites and the cgroup2 suites), the programs those
+// run as scripts over their test binaries, a static probe, cudacheck, runc
+// where this host built one, run.sh, and a tarball of them under the size
+// limit.
 func TestBundle(t *testing.T) {
 	if testing.Short() {
-		t.Skip("builds four test binaries")
+		t.Skip("builds nine test binaries")
 	}
 	script, err := filepath.Abs("bundle.sh")
 	if err != nil || !isFile(script) {
@@ -38,7 +41,16 @@ func TestBundle(t *testing.T) {
 		t.Fatalf("bundle.sh: %v\n%s", err, b)
 	}
 
-	tests := []string{"hwtest.test", "nvmlnode.test", "native.test", "cgroups.test"}
+	tests := []string{"hwtest.test", "nvmlnode.test", "cgroups.test", "native.test", "chain.test", "agent.test", "gpurun.test", "conformance.test", "gpuiso-runtime.test"}
+	for prog, test := range map[string]string{"gpurun": "gpurun.test", "agent": "agent.test", "gpuiso-runtime": "gpuiso-runtime.test"} {
+		b, err := os.ReadFile(filepath.Join(out, "bin", prog))
+		if err != nil || !strings.HasPrefix(string(b), "#!/bin/sh\n") || !strings.Contains(string(b), `exec "$(dirname "$0")/`+test+`" "$@"`) {
+			t.Errorf("bin/%s is not a script running %s: %q, %v", prog, test, b, err)
+		}
+	}
+	if runc := filepath.Join("/var/cache/gpuiso/bin", "runc"); isFile(runc) && !isFile(filepath.Join(out, "bin", "runc")) {
+		t.Errorf("the bundle lacks the runc this host built (%s)", runc)
+	}
 	for _, name := range append(slices.Clone(tests), "probe", "cudacheck") {
 		f, err := elf.Open(filepath.Join(out, "bin", name))
 		if err != nil {
