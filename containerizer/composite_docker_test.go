@@ -26,7 +26,7 @@ func TestCompositeWithDocker(t *testing.T) {
 	testenv.RequireRoot(t)
 	cli := testenv.RequireDocker(t)
 	testenv.LockDocker(t, false)
-	sim, host, inv := testenv.SimulatedNode(t, "pcie8")
+	sim, _, inv := testenv.SimulatedNode(t, "pcie8")
 	img := testenv.BuildProbeImage(t, cli, testenv.ProbeImage{})
 	ns := fmt.Sprintf("test-composite-%d", time.Now().UnixNano())
 	t.Cleanup(func() { removeNamespace(cli, ns) })
@@ -50,7 +50,7 @@ func TestCompositeWithDocker(t *testing.T) {
 			return containerizer.KindNative, native, nil
 		}
 		c, err := containerizer.Compose(alloc, nativeOver,
-			docker.Backend(cli, docker.WithDevRoot(host.DevRoot), docker.WithNamespace(ns), docker.WithStopTimeout(time.Second)))
+			docker.Backend(cli, docker.WithNamespace(ns), docker.WithStopTimeout(time.Second)))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -39,7 +39,7 @@ func TestCompositeNativeAndDocker(t *testing.T) {
 	testenv.RequireCgroupV1Devices(t)
 	cli := testenv.RequireDocker(t)
 	testenv.LockDocker(t, false)
-	node, host, inv := testenv.SimulatedNode(t, "pcie8")
+	node, _, inv := testenv.SimulatedNode(t, "pcie8")
 	probe := testenv.BuildProbe(t)
 	img := testenv.BuildProbeImage(t, cli, testenv.ProbeImage{})
 	ns := fmt.Sprintf("test-side-by-side-%d", time.Now().UnixNano())
@@ -60,11 +60,11 @@ func TestCompositeNativeAndDocker(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		nz, err := native.New(native.Config{Allocator: alloc, Inventory: inv, Isolator: iso, DevRoot: host.DevRoot, StateDir: nativeState})
+		nz, err := native.New(native.Config{Allocator: alloc, Inventory: inv, Isolator: iso, StateDir: nativeState})
 		if err != nil {
 			t.Fatal(err)
 		}
-		dz, err := docker.New(cli, alloc, inv, docker.WithDevRoot(host.DevRoot), docker.WithNamespace(ns), docker.WithStopTimeout(time.Second))
+		dz, err := docker.New(cli, alloc, inv, docker.WithNamespace(ns), docker.WithStopTimeout(time.Second))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -131,7 +131,7 @@ func TestConformance(t *testing.T) {
 			}
 			t.Cleanup(func() { os.Remove(filepath.Dir(iso.Path("x"))) })
 			m := conformanceMPS(t)
-			c, err := native.New(native.Config{Allocator: alloc, Inventory: inv, Isolator: iso, MPS: m, DevRoot: host.DevRoot, StateDir: t.TempDir()})
+			c, err := native.New(native.Config{Allocator: alloc, Inventory: inv, Isolator: iso, MPS: m, StateDir: t.TempDir()})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -151,7 +151,7 @@ func TestConformance(t *testing.T) {
 		containerizer.KindDocker: func(t *testing.T, opts ...allocator.Option) *conformance {
 			alloc := newAllocator(t, inv, opts...)
 			m := conformanceMPS(t)
-			c, err := docker.New(cli, alloc, inv, docker.WithDevRoot(host.DevRoot), docker.WithNamespace(ns), docker.WithStopTimeout(time.Second), docker.WithMPS(m))
+			c, err := docker.New(cli, alloc, inv, docker.WithNamespace(ns), docker.WithStopTimeout(time.Second), docker.WithMPS(m))
 			if err != nil {
 				t.Fatal(err)
 			}

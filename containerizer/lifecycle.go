@@ -36,8 +36,6 @@ type LifecycleConfig struct {
 	// shares (package isolator/mps); nil means memory shares are refused
 	// (ErrNoMPS). Back ends over one allocator share one manager.
 	MPS *mps.Manager
-	// DevRoot holds the host's device nodes (default /dev).
-	DevRoot string
 	// SysRoot is the host's sysfs, for the CPUs local to a spec's GPUs
 	// (Spec.CPUAffinity; default /sys).
 	SysRoot string
@@ -83,9 +81,6 @@ func NewLifecycle(cfg LifecycleConfig) (*Lifecycle, error) {
 	if cfg.Inventory == nil {
 		cfg.Inventory = cfg.Allocator.Inventory()
 	}
-	if cfg.DevRoot == "" {
-		cfg.DevRoot = node.DefaultDevRoot
-	}
 	if cfg.Supervisor != nil {
 		h := *cfg.Supervisor
 		if h.Pid <= 0 || h.Start == 0 {
@@ -99,7 +94,7 @@ func NewLifecycle(cfg LifecycleConfig) (*Lifecycle, error) {
 	}
 	return &Lifecycle{
 		cfg:  cfg,
-		prep: &Preparer{Allocator: cfg.Allocator, Inventory: cfg.Inventory, Volumes: cfg.Volumes, MPS: cfg.MPS, DevRoot: cfg.DevRoot, SysRoot: cfg.SysRoot},
+		prep: &Preparer{Allocator: cfg.Allocator, Inventory: cfg.Inventory, Volumes: cfg.Volumes, MPS: cfg.MPS, SysRoot: cfg.SysRoot},
 		log:  log,
 	}, nil
 }

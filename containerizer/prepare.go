@@ -27,10 +27,6 @@ type Preparer struct {
 	// Volumes provides the driver volume; nil means no container gets one
 	// (an image that asks for it is then refused with ErrNoVolume).
 	Volumes *volume.Manager
-	// DevRoot is not read: a plan binds each device node from the path the
-	// inventory holds (discovery's dev root). It remains for back ends that
-	// still set it.
-	DevRoot string
 	// SysRoot is the host's sysfs, where a spec asking for CPUAffinityNUMA
 	// finds its NUMA nodes' CPUs (default /sys).
 	SysRoot string

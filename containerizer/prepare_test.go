@@ -77,7 +77,7 @@ func TestPrepareRequirements(t *testing.T) {
 		{"470 driver, cuda met", oldAlloc, old, mig, "NVIDIA_REQUIRE_CUDA=cuda>=11.0 foo=bar", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			pr := &containerizer.Preparer{Allocator: tc.alloc, Inventory: tc.inv, DevRoot: t.TempDir()}
+			pr := &containerizer.Preparer{Allocator: tc.alloc, Inventory: tc.inv}
 			spec := containerizer.Spec{ID: "req-test", GPUs: tc.gpus}
 			p, err := pr.Prepare(context.Background(), spec, containerizer.Image{Env: []string{tc.env}})
 			if tc.unmet {

@@ -27,7 +27,7 @@ func BenchmarkLaunch(b *testing.B) {
 	testenv.RequireRoot(b)
 	cli := testenv.RequireDocker(b)
 	testenv.LockDocker(b, false)
-	_, host, inv := testenv.SimulatedNode(b, "pcie8")
+	_, _, inv := testenv.SimulatedNode(b, "pcie8")
 	img := testenv.BuildProbeImage(b, cli, testenv.ProbeImage{})
 	ns := fmt.Sprintf("bench-%d", time.Now().UnixNano())
 	ctx := context.Background()
@@ -38,7 +38,7 @@ func BenchmarkLaunch(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		z, err := docker.New(cli, alloc, inv, docker.WithDevRoot(host.DevRoot), docker.WithNamespace(ns))
+		z, err := docker.New(cli, alloc, inv, docker.WithNamespace(ns))
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -54,7 +54,7 @@ func TestDaemonCDI(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	z, err := docker.New(d.Client, alloc, inv, docker.WithCDI(cdi.DefaultKind), docker.WithDevRoot(host.DevRoot))
+	z, err := docker.New(d.Client, alloc, inv, docker.WithCDI(cdi.DefaultKind))
 	if err != nil {
 		t.Fatal(err)
 	}

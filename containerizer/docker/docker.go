@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
-	"path/filepath"
 	"strings"
 	"time"
 
@@ -56,7 +55,6 @@ var _ Client = (*client.Client)(nil)
 type Option func(*config) error
 
 type config struct {
-	devRoot     string
 	volumes     *volume.Manager
 	namespace   string
 	stopTimeout time.Duration
@@ -66,18 +64,6 @@ type config struct {
 	labels      map[string]string
 	supervisor  *allocator.Holder // WithSupervisor
 	mps         *mps.Manager      // WithMPS
-}
-
-// WithDevRoot sets the host directory holding the GPUs' device nodes
-// (default /dev; a simulated node's dev root in tests).
-func WithDevRoot(dir string) Option {
-	return func(c *config) error {
-		if !filepath.IsAbs(dir) {
-			return fmt.Errorf("dev root %q: not an absolute path", dir)
-		}
-		c.devRoot = filepath.Clean(dir)
-		return nil
-	}
 }
 
 // WithVolumes gives the containerizer the driver volume manager; without
@@ -187,7 +173,7 @@ func New(cli Client, alloc *allocator.Allocator, inv *node.Inventory, opts ...Op
 		return nil, err
 	}
 	lc, err := containerizer.NewLifecycle(containerizer.LifecycleConfig{
-		Runtime: rt, Allocator: alloc, Inventory: inv.Clone(), Volumes: rt.cfg.volumes, MPS: rt.cfg.mps, DevRoot: rt.cfg.devRoot,
+		Runtime: rt, Allocator: alloc, Inventory: inv.Clone(), Volumes: rt.cfg.volumes, MPS: rt.cfg.mps,
 		Supervisor: rt.cfg.supervisor, ReconcileAllocator: rt.cfg.reconcile, Logger: rt.cfg.logger,
 	})
 	if err != nil {

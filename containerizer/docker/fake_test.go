@@ -139,7 +139,6 @@ func TestNewRejects(t *testing.T) {
 		name string
 		opt  docker.Option
 	}{
-		{"relative dev root", docker.WithDevRoot("dev")},
 		{"namespace with slash", docker.WithNamespace("a/b")},
 		{"empty namespace", docker.WithNamespace("")},
 		{"negative stop timeout", docker.WithStopTimeout(-1)},

@@ -54,7 +54,6 @@ func NewRuntime(cli Client, opts ...Option) (*Runtime, error) {
 		return nil, fmt.Errorf("docker runtime: nil client: %w", node.ErrInvalid)
 	}
 	cfg := config{
-		devRoot:     node.DefaultDevRoot,
 		namespace:   DefaultNamespace,
 		stopTimeout: 10 * time.Second,
 		logger:      slog.New(slog.DiscardHandler),

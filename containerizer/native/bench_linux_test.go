@@ -47,7 +47,7 @@ func BenchmarkLaunch(b *testing.B) {
 				n := newNode(b, v)
 				ctx := context.Background()
 				c, err := native.New(native.Config{Allocator: n.alloc, Inventory: n.inv, Isolator: n.iso, Volumes: n.vols,
-					DevRoot: n.host.DevRoot, StateDir: n.dirs.State, InitPath: initPath})
+					StateDir: n.dirs.State, InitPath: initPath})
 				if err != nil {
 					b.Fatal(err)
 				}

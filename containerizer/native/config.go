@@ -43,8 +43,6 @@ type Config struct {
 	// NVML reports the containers' GPU usage (see Usage); nil means usage
 	// is not supported.
 	NVML nvml.Interface
-	// DevRoot holds the host's device nodes (default /dev).
-	DevRoot string
 	// ProcRoot is the proc file system (default /proc).
 	ProcRoot string
 	// SysRoot is the host's sysfs, where a container pinned to its GPUs'
@@ -111,9 +109,6 @@ func New(cfg Config) (*Containerizer, error) {
 	if cfg.Allocator == nil || cfg.Inventory == nil || cfg.Isolator == nil {
 		return nil, fmt.Errorf("native containerizer: Allocator, Inventory and Isolator are required: %w", node.ErrInvalid)
 	}
-	if cfg.DevRoot == "" {
-		cfg.DevRoot = node.DefaultDevRoot
-	}
 	if cfg.ProcRoot == "" {
 		cfg.ProcRoot = node.DefaultProcRoot
 	}
@@ -130,7 +125,7 @@ func New(cfg Config) (*Containerizer, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	for _, p := range []string{cfg.DevRoot, cfg.ProcRoot, cfg.StateDir, cfg.InitPath} {
+	for _, p := range []string{cfg.ProcRoot, cfg.StateDir, cfg.InitPath} {
 		if !filepath.IsAbs(p) {
 			return nil, fmt.Errorf("native containerizer: %q must be an absolute path", p)
 		}
@@ -151,7 +146,7 @@ func New(cfg Config) (*Containerizer, error) {
 		rt.parent = p
 	}
 	lc, err := containerizer.NewLifecycle(containerizer.LifecycleConfig{
-		Runtime: rt, Allocator: cfg.Allocator, Inventory: cfg.Inventory, Volumes: cfg.Volumes, MPS: cfg.MPS, DevRoot: cfg.DevRoot, SysRoot: cfg.SysRoot,
+		Runtime: rt, Allocator: cfg.Allocator, Inventory: cfg.Inventory, Volumes: cfg.Volumes, MPS: cfg.MPS, SysRoot: cfg.SysRoot,
 		Supervisor: rt.holder(), ReconcileAllocator: cfg.ReconcileAllocator, Logger: cfg.Logger,
 	})
 	if err != nil {

@@ -53,7 +53,7 @@ func newReadmeAgent(t *testing.T) *readmeAgent {
 		t.Fatal(err)
 	}
 	state := filepath.Join(base, "state")
-	c, err := native.New(native.Config{Allocator: a, Inventory: inv, Isolator: iso, DevRoot: host.DevRoot, StateDir: state})
+	c, err := native.New(native.Config{Allocator: a, Inventory: inv, Isolator: iso, StateDir: state})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -63,7 +63,7 @@ func BenchmarkShareLaunch(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	c, err := native.New(native.Config{Allocator: alloc, Inventory: inv, Isolator: iso, MPS: daemons, DevRoot: host.DevRoot,
+	c, err := native.New(native.Config{Allocator: alloc, Inventory: inv, Isolator: iso, MPS: daemons,
 		StateDir: filepath.Join(b.TempDir(), "state"), InitPath: initPath})
 	if err != nil {
 		b.Fatal(err)

@@ -39,7 +39,7 @@ func TestMPSShare(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		c, err := native.New(native.Config{Allocator: alloc, Inventory: n.inv, Isolator: n.iso, MPS: m, DevRoot: n.host.DevRoot, StateDir: filepath.Join(t.TempDir(), "state")})
+		c, err := native.New(native.Config{Allocator: alloc, Inventory: n.inv, Isolator: n.iso, MPS: m, StateDir: filepath.Join(t.TempDir(), "state")})
 		if err != nil {
 			t.Fatal(err)
 		}

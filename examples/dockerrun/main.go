@@ -139,7 +139,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return fail("%v", err)
 	}
 	defer nd.Close()
-	inv, devRoot, where := nd.Inventory, nd.DevRoot, nd.Where
+	inv, where := nd.Inventory, nd.Where
 	alloc, err := allocator.New(inv, allocator.WithStateDir(state))
 	if err != nil {
 		return fail("%v", err)
@@ -150,7 +150,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	vols, volNote := cli.DriverVolume(ctx)
 	// This process supervises its container: once it is dead, the next
 	// run's Clean removes what it left.
-	opts := []docker.Option{docker.WithDevRoot(devRoot), docker.WithNamespace(ns), docker.WithSupervisor(self)}
+	opts := []docker.Option{docker.WithNamespace(ns), docker.WithSupervisor(self)}
 	if vols != nil {
 		opts = append(opts, docker.WithVolumes(vols))
 	}

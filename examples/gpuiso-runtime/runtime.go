@@ -88,7 +88,7 @@ func (rt *Runtime) Prepare(ctx context.Context, c CreateArgs) (*prepared, error)
 		return nil, fmt.Errorf("container %s asks for a share of %s (%s): %w", c.ID, req.Share, req.ShareSource, ErrShareNeedsState)
 	}
 
-	inv, devRoot, err := openNode(ctx, rt.Settings)
+	inv, _, err := openNode(ctx, rt.Settings)
 	if err != nil {
 		return nil, fmt.Errorf("container %s: %w", c.ID, err)
 	}
@@ -104,7 +104,7 @@ func (rt *Runtime) Prepare(ctx context.Context, c CreateArgs) (*prepared, error)
 	if err != nil {
 		return nil, fmt.Errorf("container %s: %w", c.ID, err)
 	}
-	pr := &containerizer.Preparer{Allocator: alloc, Inventory: inv, DevRoot: devRoot}
+	pr := &containerizer.Preparer{Allocator: alloc, Inventory: inv}
 	if req.Share != nil && req.Share.Mode == allocator.ShareMemory {
 		// The share's MPS control daemon is started in the prepare step,
 		// its directories under the state directory's mps/.

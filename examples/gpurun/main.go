@@ -274,7 +274,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		return fail("%v", err)
 	}
 	defer nd.Close()
-	inv, devRoot, where := nd.Inventory, nd.DevRoot, nd.Where
+	inv, where := nd.Inventory, nd.Where
 	if *mig != "" {
 		if err := cli.CheckMIG(inv, *mig); err != nil {
 			return fail("--mig: %v", err)
@@ -310,7 +310,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		return fail("%v", err)
 	}
 	vols, _ := cli.DriverVolume(ctx)
-	c, err := native.New(native.Config{Allocator: alloc, Inventory: inv, Isolator: iso, Volumes: vols, MPS: daemons, DevRoot: devRoot, StateDir: state})
+	c, err := native.New(native.Config{Allocator: alloc, Inventory: inv, Isolator: iso, Volumes: vols, MPS: daemons, StateDir: state})
 	if err != nil {
 		return fail("%v", err)
 	}
