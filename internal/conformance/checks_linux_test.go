@@ -23,9 +23,9 @@ func TestGPUMinors(t *testing.T) {
 		{"no control device: no GPU major", pseudo + "c 240:2 rwm\n", nil},
 		{"mknod only", pseudo + "c 240:2 m\nc 240:255 rwm\n", nil},
 		{"modeset is no GPU", pseudo + "c 195:254 rw\nc 195:255 rw\nc 195:0 r\n", []int{0}},
-		{"every minor of the major", pseudo + "c 195:* rw\nc 195:255 rw\n", []int{allGPUs}},
-		{"every device", "a *:* rwm\n", []int{allGPUs}},
-		{"every character device", "c *:* rw\n", []int{allGPUs}},
+		{"every minor of the major", pseudo + "c 195:* rw\nc 195:255 rw\n", []int{AllGPUs}},
+		{"every device", "a *:* rwm\n", []int{AllGPUs}},
+		{"every character device", "c *:* rw\n", []int{AllGPUs}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if got := gpuMinors(tc.list); !slices.Equal(got, tc.want) {
@@ -36,7 +36,7 @@ func TestGPUMinors(t *testing.T) {
 }
 
 func TestSamplerSeesSharedGPUs(t *testing.T) {
-	self := procOf(os.Getpid())
+	self := ProcOf(os.Getpid())
 	for _, tc := range []struct {
 		name string
 		gpus map[string][]int // allowed by container
@@ -45,38 +45,38 @@ func TestSamplerSeesSharedGPUs(t *testing.T) {
 	}{
 		{"disjoint", map[string][]int{"a": {0, 1}, "b": {2, 3}}, nil, ""},
 		{"one shared", map[string][]int{"a": {0, 1}, "b": {1, 2}}, nil, "GPU minor 1 allowed to live containers"},
-		{"every GPU and one", map[string][]int{"a": {allGPUs}, "b": {5}}, nil, "allowed to live containers"},
+		{"every GPU and one", map[string][]int{"a": {AllGPUs}, "b": {5}}, nil, "allowed to live containers"},
 		{"one container", map[string][]int{"a": {0, 1, 2}}, nil, ""},
 		{"held for more", map[string][]int{"a": {0}}, map[string][]int{"a": {0, 1}}, ""},
 		{"not held", map[string][]int{"a": {0, 1}}, map[string][]int{"a": {0}}, "allowed GPU minors [1], which the allocator does not hold"},
 		{"held for another", map[string][]int{"a": {3}}, map[string][]int{"b": {3}}, "allowed GPU minors [3], which the allocator does not hold"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			var live []container
+			var live []Container
 			for id := range tc.gpus {
-				live = append(live, container{ID: id, Proc: self})
+				live = append(live, Container{ID: id, Proc: self})
 			}
-			slices.SortFunc(live, func(a, b container) int { return strings.Compare(a.ID, b.ID) })
-			s := &sampler{
-				live: func() ([]container, error) { return live, nil },
-				gpus: func(c container) ([]int, string, bool) { return tc.gpus[c.ID], "/test", true },
-				held: func() (map[string][]int, error) {
+			slices.SortFunc(live, func(a, b Container) int { return strings.Compare(a.ID, b.ID) })
+			s := NewSampler(Watch{
+				Live: func() ([]Container, error) { return live, nil },
+				GPUs: func(c Container) ([]int, string, bool) { return tc.gpus[c.ID], "/test", true },
+				Held: func() (map[string][]int, error) {
 					if tc.held == nil {
 						return tc.gpus, nil
 					}
 					return tc.held, nil
 				},
-				seen: map[string]bool{}, procs: map[proc]string{}, cgroups: map[string]string{},
-			}
-			s.sample()
+			})
+			s.Sample()
+			failures := s.Failures()
 			switch {
-			case tc.want == "" && len(s.failures) != 0:
-				t.Errorf("failures %q, want none", s.failures)
-			case tc.want != "" && (len(s.failures) != 1 || !strings.Contains(s.failures[0], tc.want)):
-				t.Errorf("failures %q, want one with %q", s.failures, tc.want)
+			case tc.want == "" && len(failures) != 0:
+				t.Errorf("failures %q, want none", failures)
+			case tc.want != "" && (len(failures) != 1 || !strings.Contains(failures[0], tc.want)):
+				t.Errorf("failures %q, want one with %q", failures, tc.want)
 			}
-			if len(s.seen) != len(tc.gpus) {
-				t.Errorf("saw %d containers running, want %d", len(s.seen), len(tc.gpus))
+			if n := s.SeenRunning(); n != len(tc.gpus) {
+				t.Errorf("saw %d containers running, want %d", n, len(tc.gpus))
 			}
 		})
 	}

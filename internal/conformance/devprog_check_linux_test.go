@@ -76,7 +76,7 @@ func TestProgramMinors(t *testing.T) {
 		{"GPUs 1 and 3", []isolator.Rule{isolator.Allow(major, 1, "rwm"), isolator.Allow(major, 3, "rwm"), isolator.Allow(major, 255, "rwm")}, []int{1, 3}},
 		{"GPU 3's rule taken out", []isolator.Rule{isolator.Allow(major, 1, "rwm"), isolator.Allow(major, 255, "rwm")}, []int{1}},
 		{"no GPU", []isolator.Rule{isolator.Allow(major, 255, "rwm")}, nil},
-		{"every minor", []isolator.Rule{isolator.Allow(major, isolator.Wildcard, "rw")}, []int{allGPUs}},
+		{"every minor", []isolator.Rule{isolator.Allow(major, isolator.Wildcard, "rw")}, []int{AllGPUs}},
 	} {
 		prog := kernelForm(t, append(isolator.DefaultRules(), tc.rules...))
 		got, err := programMinors([]asm.Instructions{prog}, major, gpus, 4)

@@ -201,7 +201,7 @@ func devicePrograms(dir string) ([]asm.Instructions, error) {
 
 // programMinors returns the GPU minors (of the GPUs' major) that progs
 // allow to be read or written, all of them together; a minor of no GPU
-// that is allowed too means a rule for every minor ({allGPUs}).
+// that is allowed too means a rule for every minor ({AllGPUs}).
 func programMinors(progs []asm.Instructions, major uint32, gpuMinors []int, spare uint32) ([]int, error) {
 	allowed := func(minor uint32) (bool, error) {
 		for _, acc := range []uint32{accRead, accWrite} {
@@ -220,7 +220,7 @@ func programMinors(progs []asm.Instructions, major uint32, gpuMinors []int, spar
 		return false, nil
 	}
 	if ok, err := allowed(spare); err != nil || ok {
-		return []int{allGPUs}, err
+		return []int{AllGPUs}, err
 	}
 	var out []int
 	for _, m := range gpuMinors {
@@ -235,13 +235,13 @@ func programMinors(progs []asm.Instructions, major uint32, gpuMinors []int, spar
 	return out, nil
 }
 
-// gpusAllowedV2 is gpusAllowed on a cgroup2-only host: pid's cgroup, the
+// gpusAllowedV2 is gpusAllowedV1 on a cgroup2-only host: pid's cgroup, the
 // device programs in force for it, and the GPU minors they allow. ok is
 // false where pid is in no cgroup of its own or one with no device
 // program yet (the agent makes its cgroup before the GPU isolator confines
 // it).
 func gpusAllowedV2(pid int, major uint32, gpuMinors []int, spare uint32) (minors []int, path string, ok bool) {
-	path = cgroupsOf(pid)[""]
+	path = CgroupsOf(pid)[""]
 	if path == "" || path == "/" {
 		return nil, path, false
 	}
@@ -252,8 +252,8 @@ func gpusAllowedV2(pid int, major uint32, gpuMinors []int, spare uint32) (minors
 	minors, err = programMinors(progs, major, gpuMinors, spare)
 	if err != nil {
 		// An evaluator that cannot read the program must not pass a check
-		// silently: the minor allGPUs collides with every other container.
-		return []int{allGPUs}, path + " (" + err.Error() + ")", true
+		// silently: the minor AllGPUs collides with every other container.
+		return []int{AllGPUs}, path + " (" + err.Error() + ")", true
 	}
 	return minors, path, true
 }

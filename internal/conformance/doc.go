@@ -56,6 +56,13 @@
 // neighbour is touched. Instances have allocators of their own: GPUs are
 // exclusive within one.
 //
+// The sampler that checks the first two (Sampler, in a non-test file) is
+// the package's one importable part: other suites watch their own
+// containers with it (NewSampler, with a Watch of their live containers,
+// GPUsAllowed for this host's device cgroup, HeldIn for an allocator's
+// state file), as the gpuiso-runtime suite does through Podman, Docker and
+// runc.
+//
 // The suite needs root, cgroup v1's devices controller, the NVIDIA
 // user-space libraries (simulated nodes) and, for the docker subject, the
 // host's Docker daemon; it skips with a reason otherwise, and fails instead

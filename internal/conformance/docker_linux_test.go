@@ -101,20 +101,20 @@ func (d *dockerInstance) records() []string {
 	return ids
 }
 
-func (d *dockerInstance) live() ([]container, error) {
+func (d *dockerInstance) live() ([]Container, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	ids, owner, err := d.containers(ctx, false)
 	if err != nil {
 		return nil, err
 	}
-	var out []container
+	var out []Container
 	for _, id := range ids {
 		res, err := d.dc.ContainerInspect(ctx, id, client.ContainerInspectOptions{})
 		if err != nil || res.Container.State == nil || !res.Container.State.Running || res.Container.State.Pid <= 0 {
 			continue // gone since the listing
 		}
-		out = append(out, container{ID: owner[id], Proc: procOf(res.Container.State.Pid)})
+		out = append(out, Container{ID: owner[id], Proc: ProcOf(res.Container.State.Pid)})
 	}
 	return out, nil
 }

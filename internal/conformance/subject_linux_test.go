@@ -61,7 +61,7 @@ type instance interface {
 	// whether line (of its stderr) says that its container runs.
 	idOf(pid int, line string) (id string, started bool)
 	// live lists the containers of the instance whose first process runs.
-	live() ([]container, error)
+	live() ([]Container, error)
 	// records lists the containers the instance's state names now.
 	records() []string
 	// hold is the probe's arguments for a container that runs until letGo
@@ -201,8 +201,8 @@ type nativeInstance struct {
 	base
 	bins    binaries
 	version string // the device cgroup's, as gpurun's --cgroup names it
-	mu   sync.Mutex
-	cmds []*exec.Cmd
+	mu      sync.Mutex
+	cmds    []*exec.Cmd
 }
 
 func (n *nativeInstance) gpurun(ctx context.Context, args ...string) *exec.Cmd {
@@ -236,8 +236,8 @@ func (n *nativeInstance) records() []string {
 	return ids
 }
 
-func (n *nativeInstance) live() ([]container, error) {
-	var out []container
+func (n *nativeInstance) live() ([]Container, error) {
+	var out []Container
 	for _, id := range n.records() {
 		b, err := os.ReadFile(filepath.Join(n.state, "native", id, "container.json"))
 		if err != nil {
@@ -250,8 +250,8 @@ func (n *nativeInstance) live() ([]container, error) {
 		if json.Unmarshal(b, &rec) != nil || rec.Pid <= 0 {
 			continue
 		}
-		if p := (proc{rec.Pid, rec.Start}); p.alive() {
-			out = append(out, container{ID: id, Proc: p})
+		if p := (Proc{rec.Pid, rec.Start}); p.Alive() {
+			out = append(out, Container{ID: id, Proc: p})
 		}
 	}
 	return out, nil
@@ -289,7 +289,7 @@ func (n *nativeInstance) teardown() {
 	killAll(cmds)
 	live, _ := n.live()
 	for _, c := range live {
-		if p, err := os.FindProcess(c.Proc.Pid); err == nil && c.Proc.alive() {
+		if p, err := os.FindProcess(c.Proc.Pid); err == nil && c.Proc.Alive() {
 			p.Kill()
 		}
 	}
@@ -387,8 +387,8 @@ func (c *chainInstance) records() []string {
 	return ids
 }
 
-func (c *chainInstance) live() ([]container, error) {
-	var out []container
+func (c *chainInstance) live() ([]Container, error) {
+	var out []Container
 	for _, id := range c.records() {
 		b, err := os.ReadFile(filepath.Join(c.state, "containers", id+".json"))
 		if err != nil {
@@ -403,8 +403,8 @@ func (c *chainInstance) live() ([]container, error) {
 		if json.Unmarshal(b, &rec) != nil || rec.Process == nil || rec.Process.Pid <= 0 {
 			continue
 		}
-		if p := (proc{rec.Process.Pid, rec.Process.Start}); p.alive() {
-			out = append(out, container{ID: id, Proc: p})
+		if p := (Proc{rec.Process.Pid, rec.Process.Start}); p.Alive() {
+			out = append(out, Container{ID: id, Proc: p})
 		}
 	}
 	return out, nil
@@ -453,7 +453,7 @@ func (c *chainInstance) teardown() {
 	killAll(cmds)
 	live, _ := c.live()
 	for _, ct := range live {
-		if p, err := os.FindProcess(ct.Proc.Pid); err == nil && ct.Proc.alive() {
+		if p, err := os.FindProcess(ct.Proc.Pid); err == nil && ct.Proc.Alive() {
 			p.Kill()
 		}
 	}

@@ -88,7 +88,7 @@ type env struct {
 	gpuMajor    uint32
 }
 
-func (e env) sampler(inst instance) *sampler {
+func (e env) sampler(inst instance) *Sampler {
 	return newSampler(inst, e.minorOf, e.gpuMajor, e.s.every)
 }
 
@@ -154,12 +154,12 @@ func recoverInstance(t *testing.T, ctx context.Context, inst instance) time.Dura
 
 // checkLeft fails t for anything left of the runs of ids of inst (keep:
 // containers that run on by design, skip: neighbours' cgroups).
-func checkLeft(t *testing.T, what string, inst instance, smp *sampler, ids []string, keep map[string]bool, skip []string) {
+func checkLeft(t *testing.T, what string, inst instance, smp *Sampler, ids []string, keep map[string]bool, skip []string) {
 	t.Helper()
 	ids = slices.Compact(slices.Sorted(slices.Values(ids)))
 	ids = slices.DeleteFunc(ids, func(id string) bool { return id == "" }) // runs killed before they named theirs
 	left := inst.leftovers(ids, skip)
-	left = append(left, smp.leftovers(keep)...)
+	left = append(left, smp.Leftovers(keep)...)
 	for _, l := range left {
 		t.Errorf("%s: left: %s", what, l)
 	}
@@ -168,12 +168,12 @@ func checkLeft(t *testing.T, what string, inst instance, smp *sampler, ids []str
 // checkSamples fails t for every time the sampler saw a GPU allowed to two
 // live containers, or one the allocator did not hold for the container, and
 // unless it saw at least seen containers running.
-func checkSamples(t *testing.T, what string, smp *sampler, seen int) {
+func checkSamples(t *testing.T, what string, smp *Sampler, seen int) {
 	t.Helper()
-	for _, f := range smp.finish() {
+	for _, f := range smp.Finish() {
 		t.Errorf("%s: %s", what, f)
 	}
-	if n := smp.seenRunning(); n < seen {
+	if n := smp.SeenRunning(); n < seen {
 		t.Errorf("%s: the sampler saw %d containers running, want at least %d", what, n, seen)
 	}
 }
@@ -199,7 +199,7 @@ func randomKills(t *testing.T, e env) {
 	inst := newInstances(t, e.newInstance, "a")[0]
 	kills := envInt(killsEnv, 10)
 	smp := e.sampler(inst)
-	smp.start()
+	smp.Start()
 	// The window of the kill delays: a run's whole life, and a little
 	// more, as long as it takes on this host with a batch going at once.
 	var ids []string
@@ -242,7 +242,7 @@ func randomKills(t *testing.T, e env) {
 		// What a kill left that names a container no line did.
 		ids = append(ids, inst.records()...)
 	}
-	t.Logf("%d runs killed, %d at a time, at delays up to %v: %v; %d containers seen running", kills, e.s.batch, window.Round(time.Millisecond), phases, smp.seenRunning())
+	t.Logf("%d runs killed, %d at a time, at delays up to %v: %v; %d containers seen running", kills, e.s.batch, window.Round(time.Millisecond), phases, smp.SeenRunning())
 	// Starts that only recover, killed in their recovery.
 	for range 2 {
 		p := start(t, inst, inst.recovery(ctx))
@@ -271,15 +271,15 @@ func sideBySide(t *testing.T, e env) {
 	insts := newInstances(t, e.newInstance, "a", "b")
 	a, b := insts[0], insts[1]
 	smpA, smpB := e.sampler(a), e.sampler(b)
-	smpA.start()
-	smpB.start()
+	smpA.Start()
+	smpB.Start()
 	a1 := start(t, a, a.run(ctx, 2, a.hold("a1")...))
 	b1 := start(t, b, b.run(ctx, 2, b.hold("b1")...))
 	a1.waitStarted(t, ctx)
 	b1.waitStarted(t, ctx)
 	// A look while both certainly run (sampling alone may miss a short one).
-	smpA.sample()
-	smpB.sample()
+	smpA.Sample()
+	smpB.Sample()
 	before := liveProc(t, b, b1.ID())
 	firstA := liveProc(t, a, a1.ID())
 
@@ -299,22 +299,22 @@ func sideBySide(t *testing.T, e env) {
 	}
 	a2 := start(t, a, a.run(ctx, 2, a.hold("a2")...))
 	a2.waitStarted(t, ctx)
-	smpA.sample()
+	smpA.Sample()
 	if !b1.running() {
 		t.Errorf("B's run ended when A was started again: %v\n%s", b1.err, b1.output())
 	}
-	if got := liveProc(t, b, b1.ID()); got != before || !before.alive() {
-		t.Errorf("B's container %s: first process %v, now %v (alive %v)", b1.ID(), before, got, before.alive())
+	if got := liveProc(t, b, b1.ID()); got != before || !before.Alive() {
+		t.Errorf("B's container %s: first process %v, now %v (alive %v)", b1.ID(), before, got, before.Alive())
 	}
 	if e.s.adopts {
-		if !firstA.alive() {
+		if !firstA.Alive() {
 			t.Errorf("A's first container %s was not adopted: its process %d is gone", a1.ID(), firstA.Pid)
 		}
 		if err := a.letGo(ctx, "a1"); err != nil {
 			t.Error(err)
 		}
 	} else {
-		if firstA.alive() {
+		if firstA.Alive() {
 			t.Errorf("A's first container %s runs on after A was started again (process %d)", a1.ID(), firstA.Pid)
 		}
 		// The start that removes what dead runs left is this one.
@@ -340,7 +340,7 @@ func sideBySide(t *testing.T, e env) {
 }
 
 // liveProc returns the first process of inst's live container id.
-func liveProc(t *testing.T, inst instance, id string) proc {
+func liveProc(t *testing.T, inst instance, id string) Proc {
 	t.Helper()
 	live, err := inst.live()
 	if err != nil {
@@ -352,7 +352,7 @@ func liveProc(t *testing.T, inst instance, id string) proc {
 		}
 	}
 	t.Fatalf("container %s does not run (live: %v)", id, live)
-	return proc{}
+	return Proc{}
 }
 
 // neighbour is something live that is not the instance's: it must outlive
@@ -381,11 +381,11 @@ func neighbours(t *testing.T, e env) {
 	insts := newInstances(t, e.newInstance, "a", "b")
 	a, b := insts[0], insts[1]
 	smpA, smpB := e.sampler(a), e.sampler(b)
-	smpA.start()
-	smpB.start()
+	smpA.Start()
+	smpB.Start()
 	b1 := start(t, b, b.run(ctx, 2, b.hold("b1")...))
 	b1.waitStarted(t, ctx)
-	smpB.sample()
+	smpB.Sample()
 	tag := strconv.Itoa(os.Getpid()) + "-" + e.s.name + "-" + strconv.FormatUint(e.rng.Uint64()%1e6, 10)
 	shared := cgroupProcess(t, []string{filepath.Join(gpuParent(), "neighbour-"+tag)})
 	var nested []string
@@ -397,7 +397,7 @@ func neighbours(t *testing.T, e env) {
 	for _, n := range nested {
 		skip = append(skip, filepath.Dir(n))
 	}
-	all := []neighbour{shared, nest, {"B's container " + b1.ID(), liveProc(t, b, b1.ID()).alive}}
+	all := []neighbour{shared, nest, {"B's container " + b1.ID(), liveProc(t, b, b1.ID()).Alive}}
 	if n, ok := b.(neighbourer); ok {
 		all = append(all, n.neighbours(t)...)
 	}
@@ -408,7 +408,7 @@ func neighbours(t *testing.T, e env) {
 	a0.kill()
 	a1 := start(t, a, a.run(ctx, 2, "sleep", "0.3"))
 	a1.waitStarted(t, ctx)
-	smpA.sample()
+	smpA.Sample()
 	a1.kill()
 	ids := append([]string{a0.ID(), a1.ID()}, a.records()...)
 	took := recoverInstance(t, ctx, a)
@@ -455,7 +455,7 @@ func cgroupProcess(t *testing.T, dirs []string) neighbour {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	p := procOf(cmd.Process.Pid)
+	p := ProcOf(cmd.Process.Pid)
 	t.Cleanup(func() {
 		cmd.Process.Kill()
 		cmd.Wait()
@@ -472,11 +472,11 @@ func cgroupProcess(t *testing.T, dirs []string) neighbour {
 		}
 	}
 	return neighbour{name: "process in " + strings.Join(dirs, ", "), alive: func() bool {
-		if !p.alive() {
+		if !p.Alive() {
 			return false
 		}
 		// Still where it was put.
-		cgs := cgroupsOf(p.Pid)
+		cgs := CgroupsOf(p.Pid)
 		for _, d := range dirs {
 			rel, _ := filepath.Rel(cgroupRoot, d)
 			ctl, path, _ := strings.Cut(rel, "/")
