@@ -41,9 +41,10 @@
 // Wait returns the exit status (128+N for a signal) once the output is
 // copied. Destroy stops (after a grace period) and removes the container,
 // releases its GPUs and its use of the volume. Update returns an error
-// matching
-// containerizer.ErrNotSupported and changes nothing: the daemon cannot
-// change the device rules of a created container (moby #42255).
+// matching containerizer.ErrNotSupported and changes nothing: the daemon
+// cannot change the device rules of a created container (moby #42255), so
+// the Runtime is no containerizer.Updater. Destroy the container and launch
+// it again with the new count instead.
 //
 // # Recovery
 //

@@ -247,8 +247,12 @@ func TestParallelLaunches(t *testing.T) {
 }
 
 // TestUpdateNotSupported: Docker cannot change a created container's
-// devices; Update says so and changes nothing.
+// devices, so its runtime is no Updater; Update says so and changes
+// nothing.
 func TestUpdateNotSupported(t *testing.T) {
+	if _, ok := any(&docker.Runtime{}).(containerizer.Updater); ok {
+		t.Error("the Docker runtime is a containerizer.Updater: it can change no container's devices")
+	}
 	r := newRig(t, "pcie8", false)
 	img := r.image(t, nil, nil)
 	ctx := context.Background()

@@ -37,10 +37,10 @@ type Runtime struct {
 	cdiKnown bool
 }
 
-var (
-	_ containerizer.Runtime = (*Runtime)(nil)
-	_ containerizer.Updater = (*Runtime)(nil)
-)
+// The Runtime is no containerizer.Updater: the Docker daemon cannot change
+// the device rules of a created container (moby #42255), so the Lifecycle
+// refuses Update with containerizer.ErrNotSupported.
+var _ containerizer.Runtime = (*Runtime)(nil)
 
 // stream is a container's attached output, copied onto the spec's writers.
 type stream struct {
@@ -233,14 +233,6 @@ func (r *Runtime) Remove(ctx context.Context, rec containerizer.Record) error {
 		}
 	}
 	return nil
-}
-
-// Update always fails with an error matching containerizer.ErrNotSupported
-// and changes nothing: the Docker daemon cannot change the device rules of
-// a created container (moby #42255). Destroy the container and launch it
-// again with the new count instead.
-func (r *Runtime) Update(_ context.Context, rec containerizer.Record, gpus int) (containerizer.Record, error) {
-	return rec, fmt.Errorf("docker cannot change the devices of a created container (moby #42255): %w", containerizer.ErrNotSupported)
 }
 
 // List returns the records of the namespace's containers, from their
