@@ -73,9 +73,6 @@ func (d *deployFlags) check(f *flags) string {
 	return ""
 }
 
-// hasCredentials reports whether the program talks to the API server.
-func (f *flags) hasCredentials() bool { return f.kubeconfig != "" || f.deploy.inCluster }
-
 // client returns a client of the API server: the service account's
 // (--in-cluster) or --kubeconfig's; nil without either.
 func (f *flags) client() (kubernetes.Interface, error) {
