@@ -12,7 +12,7 @@ export PATH := $(PATH):/usr/local/go/bin
 # caller's environment holds.
 export CGO_CFLAGS := -O2 -g -Wno-deprecated-declarations
 
-.PHONY: all test provision check unit demo build probe-image gocheck gpurun gpuinfo hwtest hwrun
+.PHONY: all test provision check unit demo build probe-image plugin-image gocheck gpurun gpuinfo hwtest hwrun
 
 all: check unit
 
@@ -31,6 +31,11 @@ test: gocheck provision check
 ## build: the example programs into bin/
 build: gocheck
 	$(GO) build -o bin/ ./examples/...
+
+## plugin-image: bin/gpuiso-kubelet-plugin.tar, the kubelet plugin's image as an OCI archive (no registry, no Docker build): ctr -n k8s.io images import it on each node
+plugin-image: gocheck
+	cd kubernetes && $(GO) build -ldflags='-s -w' -o ../bin/gpuiso-kubelet-plugin ./cmd/gpuiso-kubelet-plugin
+	cd kubernetes && $(GO) run ./internal/cmd/plugin-image -program ../bin/gpuiso-kubelet-plugin -o ../bin/gpuiso-kubelet-plugin.tar
 
 ## probe-image: the examples' image gpuiso-probe, built locally (no registry) for Docker and Podman, and bin/gpuiso-probe.tar
 probe-image:
