@@ -5,8 +5,8 @@
 //	plugin-image -program PATH -ref NAME -o FILE
 //
 // Import it into a node's containerd with
-// `ctr -n k8s.io images import FILE`, and install the chart with
-// image.repository and image.tag set to NAME's and image.pullPolicy=Never.
+// `ctr -n k8s.io images import FILE`; the chart's default image is the
+// default NAME.
 package main
 
 import (
@@ -19,7 +19,9 @@ import (
 
 func main() {
 	program := flag.String("program", "", "the built gpuiso-kubelet-plugin")
-	ref := flag.String("ref", "gpuiso-kubelet-plugin:0.1.0", "the image's name")
+	// Fully qualified, as the container runtime's CRI looks images up:
+	// the chart's default image, gpuiso-kubelet-plugin:0.1.0, is this.
+	ref := flag.String("ref", "docker.io/library/gpuiso-kubelet-plugin:0.1.0", "the image's name")
 	out := flag.String("o", "gpuiso-kubelet-plugin.tar", "the archive to write")
 	flag.Parse()
 	if *program == "" || flag.NArg() > 0 {
