@@ -86,7 +86,7 @@ func (i *Isolator) SetCPUs(ctx context.Context, owner, cpus, mems string) error 
 		dir, err = i.cpusetV2(owner)
 	}
 	if err == nil {
-		err = writeCpuset(dir, want["cpus"], want["mems"])
+		err = writeCpuset(dir, i.version, want["cpus"], want["mems"])
 	}
 	if err != nil {
 		return fmt.Errorf("pin %s to CPUs %s, memory nodes %s (cgroup %s): %w", owner, cpus, mems, i.version, err)
@@ -95,18 +95,23 @@ func (i *Isolator) SetCPUs(ctx context.Context, owner, cpus, mems string) error 
 }
 
 // writeCpuset writes a cpuset's lists (memory nodes first: a v1 cpuset
-// needs both before it takes a process) and reads back the effective ones.
-func writeCpuset(dir, cpus, mems string) error {
+// needs both before it takes a process) and reads back the effective ones
+// (v1's cpuset.effective_cpus, cgroup2's cpuset.cpus.effective).
+func writeCpuset(dir string, v Version, cpus, mems string) error {
 	for _, kv := range [][2]string{{"mems", mems}, {"cpus", cpus}} {
 		if err := write(dir, "cpuset."+kv[0], kv[1]); err != nil {
 			return err
 		}
-		got, err := readList(filepath.Join(dir, "cpuset.effective_"+kv[0]))
+		effective := "cpuset." + kv[0] + ".effective"
+		if v == V1 {
+			effective = "cpuset.effective_" + kv[0]
+		}
+		got, err := readList(filepath.Join(dir, effective))
 		if err != nil {
 			return err
 		}
 		if got != kv[1] {
-			return fmt.Errorf("cpuset.effective_%s is %q after writing %q: %w", kv[0], got, kv[1], ErrVerify)
+			return fmt.Errorf("%s is %q after writing %q: %w", effective, got, kv[1], ErrVerify)
 		}
 	}
 	return nil
