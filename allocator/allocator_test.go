@@ -287,6 +287,17 @@ func TestNodeAttributesAndLabels(t *testing.T) {
 			t.Errorf("label %s = %q, want %q", k, labels[k], v)
 		}
 	}
+	if of := allocator.LabelsOf(a.Inventory()); fmt.Sprint(of) != fmt.Sprint(labels) {
+		t.Errorf("LabelsOf(the allocator's inventory) = %v, Labels() = %v", of, labels)
+	}
+	if allocator.LabelsOf(nil) != nil {
+		t.Error("labels of no inventory")
+	}
+	for in, want := range map[string]string{"Tesla V100-SXM2-16GB": "Tesla-V100-SXM2-16GB", "(x)": "x", "": "", strings.Repeat("a", 70): strings.Repeat("a", 63)} {
+		if got := allocator.LabelValue(in); got != want {
+			t.Errorf("LabelValue(%q) = %q, want %q", in, got, want)
+		}
+	}
 	if _, err := a.MarkUnhealthy(context.Background(), "0", "test"); err != nil {
 		t.Fatal(err)
 	}

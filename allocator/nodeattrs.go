@@ -5,6 +5,8 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+
+	"github.com/gpuiso/gpuiso/node"
 )
 
 // NodeAttributes returns the node's GPUs as Mesos-style agent attributes,
@@ -36,24 +38,38 @@ func (a *Allocator) NodeAttributes() map[string]string {
 	return out
 }
 
-// Labels returns the node's GPUs as Kubernetes-style node labels, as GPU
-// feature discovery names them (nvidia.com/gpu.count, gpu.product,
-// gpu.memory in MiB, gpu.family, gpu.compute.major/minor,
-// cuda.driver.major/minor/rev, cuda.runtime.major/minor). Values are valid
-// label values; a node of several models has gpu.product "mixed".
+// Labels returns the node's GPUs as Kubernetes-style node labels: those
+// of LabelsOf for the allocator's inventory.
 func (a *Allocator) Labels() map[string]string {
 	if a.inv == nil {
 		return nil
 	}
-	sum := a.summary()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.refresh()
+	return LabelsOf(a.inv)
+}
+
+// LabelsOf returns the GPUs of inv as Kubernetes-style node labels, as GPU
+// feature discovery names them (nvidia.com/gpu.present, gpu.count,
+// gpu.product, gpu.memory in MiB, gpu.family, gpu.compute.major/minor,
+// cuda.driver.major/minor/rev, cuda.runtime.major/minor). Values are valid
+// label values (LabelValue); a node of several models has gpu.product
+// "mixed". It is a pure function of inv; a nil inv has no labels.
+func LabelsOf(inv *node.Inventory) map[string]string {
+	if inv == nil {
+		return nil
+	}
+	sum := summarize(inv.Devices)
+	n := len(inv.Devices)
 	out := map[string]string{
-		"nvidia.com/gpu.present": strconv.FormatBool(a.n > 0),
-		"nvidia.com/gpu.count":   strconv.Itoa(a.n),
+		"nvidia.com/gpu.present": strconv.FormatBool(n > 0),
+		"nvidia.com/gpu.count":   strconv.Itoa(n),
 	}
 	switch len(sum.models) {
 	case 0:
 	case 1:
-		out["nvidia.com/gpu.product"] = labelValue(sum.models[0])
+		out["nvidia.com/gpu.product"] = LabelValue(sum.models[0])
 	default:
 		out["nvidia.com/gpu.product"] = "mixed"
 	}
@@ -61,24 +77,24 @@ func (a *Allocator) Labels() map[string]string {
 		out["nvidia.com/gpu.memory"] = strconv.FormatUint(sum.memMiB, 10)
 	}
 	if len(sum.families) == 1 {
-		out["nvidia.com/gpu.family"] = labelValue(sum.families[0])
+		out["nvidia.com/gpu.family"] = LabelValue(sum.families[0])
 	}
 	if len(sum.compute) == 1 {
 		ma, mi, _ := strings.Cut(sum.compute[0], ".")
-		out["nvidia.com/gpu.compute.major"] = labelValue(ma)
+		out["nvidia.com/gpu.compute.major"] = LabelValue(ma)
 		if mi != "" {
-			out["nvidia.com/gpu.compute.minor"] = labelValue(mi)
+			out["nvidia.com/gpu.compute.minor"] = LabelValue(mi)
 		}
 	}
-	if v := a.inv.DriverVersion; v != "" {
+	if v := inv.DriverVersion; v != "" {
 		parts := strings.SplitN(v, ".", 3)
 		for i, k := range []string{"major", "minor", "rev"} {
 			if i < len(parts) {
-				out["nvidia.com/cuda.driver."+k] = labelValue(parts[i])
+				out["nvidia.com/cuda.driver."+k] = LabelValue(parts[i])
 			}
 		}
 	}
-	if c := a.inv.CUDAVersion; c > 0 {
+	if c := inv.CUDAVersion; c > 0 {
 		out["nvidia.com/cuda.runtime.major"] = strconv.Itoa(c.Major())
 		out["nvidia.com/cuda.runtime.minor"] = strconv.Itoa(c.Minor())
 	}
@@ -111,12 +127,21 @@ func (a *Allocator) summary() nodeSummary {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.refresh()
-	var s nodeSummary
-	models, fams, ccs := map[string]bool{}, map[string]bool{}, map[string]bool{}
-	for p, d := range a.inv.Devices {
+	s := summarize(a.inv.Devices)
+	for p := range a.inv.Devices {
 		if a.health[p].Healthy {
 			s.healthy++
 		}
+	}
+	return s
+}
+
+// summarize is what the devices are of (healthy left 0: the inventory's
+// health is not the allocator's).
+func summarize(devices []node.Device) nodeSummary {
+	var s nodeSummary
+	models, fams, ccs := map[string]bool{}, map[string]bool{}, map[string]bool{}
+	for _, d := range devices {
 		if d.Model != "" {
 			models[d.Model] = true
 		}
@@ -143,10 +168,11 @@ func sortedKeys(m map[string]bool) []string {
 	return out
 }
 
-// labelValue makes s a valid Kubernetes label value: at most 63 of
+// LabelValue makes s a valid Kubernetes label value: at most 63 of
 // [A-Za-z0-9-_.], beginning and ending with an alphanumeric; anything else
-// becomes "-".
-func labelValue(s string) string {
+// becomes "-". It is the one cleaner of label values (the Kubernetes
+// module's labels and DRA attributes use it too).
+func LabelValue(s string) string {
 	b := []byte(s)
 	for i, c := range b {
 		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_' || c == '.') {

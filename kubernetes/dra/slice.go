@@ -4,13 +4,13 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
-	"strings"
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/dynamic-resource-allocation/deviceattribute"
 	"k8s.io/utils/ptr"
 
+	"github.com/gpuiso/gpuiso/allocator"
 	"github.com/gpuiso/gpuiso/node"
 )
 
@@ -202,7 +202,7 @@ func commonAttributes(inv *node.Inventory, d node.Device, opts SliceOptions) map
 		}
 	}
 	setStr(AttrProductName, d.Model)
-	setStr(AttrModel, LabelValue(d.Model))
+	setStr(AttrModel, allocator.LabelValue(d.Model))
 	setStr(AttrBrand, d.Brand)
 	setStr(AttrArchitecture, d.Architecture)
 	if v, ok := semver(d.ComputeCapability); ok {
@@ -289,18 +289,10 @@ func NVLinkCliques(inv *node.Inventory) map[int]string {
 // LabelValue makes s a valid label value: characters other than
 // alphanumerics, '-', '_' and '.' become '-', at most 63, trimmed of
 // non-alphanumeric ends.
-func LabelValue(s string) string {
-	b := []byte(s)
-	for i, c := range b {
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_' || c == '.') {
-			b[i] = '-'
-		}
-	}
-	if len(b) > 63 {
-		b = b[:63]
-	}
-	return strings.Trim(string(b), "-_.")
-}
+//
+// Deprecated: it is allocator.LabelValue, the one cleaner of label values
+// (the node labels and the device attributes share it); call that.
+func LabelValue(s string) string { return allocator.LabelValue(s) }
 
 // semver writes a dotted version as the semantic version a version
 // attribute needs: "550.127.05" gives "550.127.5", "7.0" "7.0.0".

@@ -2,7 +2,7 @@
 // schedulers that select nodes by label (the labels GPU feature discovery
 // writes), and applies them to the Node object.
 //
-// Labels is a pure function of the node model: the allocator's labels
+// Labels is a pure function of the node model: allocator.LabelsOf
 // (nvidia.com/gpu.count, gpu.product, gpu.memory in MiB, gpu.family,
 // gpu.compute.major/minor, cuda.driver.major/minor/rev,
 // cuda.runtime.major/minor) plus MIG capability (nvidia.com/mig.capable)
@@ -28,14 +28,14 @@ import (
 	"github.com/gpuiso/gpuiso/node"
 )
 
-// Labels returns the node labels of inv's GPUs.
+// Labels returns the node labels of inv's GPUs: allocator.LabelsOf and the
+// MIG labels. It is a pure function of inv; a nil inv is refused
+// (node.ErrInvalid).
 func Labels(inv *node.Inventory) (map[string]string, error) {
-	a, err := allocator.New(inv)
-	if err != nil {
-		return nil, fmt.Errorf("node labels: %w", err)
+	if inv == nil {
+		return nil, fmt.Errorf("node labels: nil inventory: %w", node.ErrInvalid)
 	}
-	defer a.Close()
-	out := a.Labels()
+	out := allocator.LabelsOf(inv)
 	capable := false
 	profiles := map[string]int{}
 	for _, d := range inv.Devices {

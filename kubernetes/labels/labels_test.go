@@ -3,6 +3,7 @@ package labels_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"maps"
 	"testing"
 
@@ -82,6 +83,31 @@ func TestLabels(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestLabelsPure: Labels reads the inventory alone: an inventory no
+// allocator takes (no topology) is labelled all the same, its model name
+// cleaned into a label value, and a nil inventory is refused.
+func TestLabelsPure(t *testing.T) {
+	inv := &node.Inventory{DriverVersion: "550.127.05", Devices: []node.Device{
+		{Index: 0, UUID: "GPU-0", Model: "NVIDIA H100 80GB HBM3", Architecture: "hopper", ComputeCapability: "9.0", MemoryBytes: 80 << 30, MIGProfiles: []node.MIGProfile{{Name: "1g.10gb"}}},
+	}}
+	got, err := labels.Labels(inv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{
+		"nvidia.com/gpu.present": "true", "nvidia.com/gpu.count": "1", "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
+		"nvidia.com/gpu.memory": "81920", "nvidia.com/gpu.family": "hopper", "nvidia.com/gpu.compute.major": "9",
+		"nvidia.com/gpu.compute.minor": "0", "nvidia.com/cuda.driver.major": "550", "nvidia.com/cuda.driver.minor": "127",
+		"nvidia.com/cuda.driver.rev": "05", "nvidia.com/mig.capable": "true",
+	}
+	if !maps.Equal(got, want) {
+		t.Errorf("labels %v, want %v", got, want)
+	}
+	if _, err := labels.Labels(nil); !errors.Is(err, node.ErrInvalid) {
+		t.Errorf("Labels(nil) = %v, want node.ErrInvalid", err)
 	}
 }
 
