@@ -392,12 +392,22 @@ func neighbours(t *testing.T, e env) {
 	for _, p := range a.parents() {
 		nested = append(nested, filepath.Join(p, "nest-"+tag, "inner"))
 	}
-	nest := cgroupProcess(t, nested)
+	// One process in every nested parent: on v1 one process in all of
+	// them (a cgroup per hierarchy); on cgroup2, where a process is in one
+	// cgroup alone, one each.
+	nests := []neighbour{}
+	if testenv.CgroupV2Only() {
+		for _, n := range nested {
+			nests = append(nests, cgroupProcess(t, []string{n}))
+		}
+	} else {
+		nests = append(nests, cgroupProcess(t, nested))
+	}
 	var skip []string
 	for _, n := range nested {
 		skip = append(skip, filepath.Dir(n))
 	}
-	all := []neighbour{shared, nest, {"B's container " + b1.ID(), liveProc(t, b, b1.ID()).Alive}}
+	all := append([]neighbour{shared, {"B's container " + b1.ID(), liveProc(t, b, b1.ID()).Alive}}, nests...)
 	if n, ok := b.(neighbourer); ok {
 		all = append(all, n.neighbours(t)...)
 	}
