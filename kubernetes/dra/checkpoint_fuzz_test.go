@@ -12,10 +12,14 @@ func FuzzParseCheckpoint(f *testing.F) {
 	f.Add([]byte(`{"format":"gpuiso-dra-claim","version":1,"uid":"u","state":"PrepareCompleted","owner":"claim-u","devices":[]}`))
 	f.Add([]byte("{"))
 	f.Add([]byte(`{"format":"gpuiso-dra-claim","version":1,"checksum":"00"}`))
+	f.Add([]byte(`{"format":"gpuiso-dra-claim","version":2,"uid":"u","state":"PrepareCompleted","owner":"claim-u","devices":[{"device":"share-0","uuid":"GPU-x","shareID":"s"}],"share":{"memoryBytes":1073741824}}`))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		c, err := dra.ParseCheckpoint(b)
 		if err == nil && c.State != dra.StatePrepareStarted && c.State != dra.StatePrepareCompleted {
 			t.Errorf("accepted state %q", c.State)
+		}
+		if err == nil && c.Share != nil && (c.Version != 2 || len(c.Devices) != 1 || c.Share.MemoryBytes == 0) {
+			t.Errorf("accepted share %+v, version %d, on %d devices", c.Share, c.Version, len(c.Devices))
 		}
 	})
 }
