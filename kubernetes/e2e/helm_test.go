@@ -24,6 +24,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/utils/ptr"
+	"sigs.k8s.io/yaml"
 
 	"github.com/gpuiso/gpuiso/internal/linux"
 	"github.com/gpuiso/gpuiso/internal/testenv"
@@ -47,8 +48,23 @@ var (
 	schedulerConfig = filepath.Join("..", "deploy", "scheduler", "bin-packing.yaml")
 )
 
-// pluginImage is the plugin's image as the nodes know it.
-const pluginImage = "gpuiso.test/gpuiso-kubelet-plugin:e2e"
+// pluginImage is the plugin's image as the nodes know it: the chart's
+// default image (gpuiso-kubelet-plugin:<appVersion>), fully qualified as
+// the runtime looks it up, as `make plugin-image` names it.
+func pluginImage(t *testing.T) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(chartDir, "Chart.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var chart struct {
+		AppVersion string `json:"appVersion"`
+	}
+	if err := yaml.Unmarshal(b, &chart); err != nil || chart.AppVersion == "" {
+		t.Fatalf("Chart.yaml: appVersion %q: %v", chart.AppVersion, err)
+	}
+	return "docker.io/library/gpuiso-kubelet-plugin:" + chart.AppVersion
+}
 
 // clusterConfig is the suite's cluster: three nodes, the bin-packing
 // scheduler.
@@ -112,10 +128,11 @@ const (
 	daemonSet = "gpuiso-kubelet-plugin"
 )
 
-// installValues are the values the suite installs with: the locally
-// imported image, each node's simulated kind from its label, the host's
-// network and the API server's address (the cluster has neither a pod
-// network nor kube-proxy), a quick health refresh, metrics on a free port.
+// installValues are the values the suite installs with: the chart's own
+// image, imported into the nodes beforehand (never pulled), each node's
+// simulated kind from its label, the host's network and the API server's
+// address (the cluster has neither a pod network nor kube-proxy), a quick
+// health refresh, metrics on a free port.
 func installValues(t *testing.T, c *cluster.Cluster, metricsPort int) []string {
 	t.Helper()
 	rc, err := clientcmd.BuildConfigFromFlags("", c.Kubeconfig)
@@ -128,7 +145,6 @@ func installValues(t *testing.T, c *cluster.Cluster, metricsPort int) []string {
 	}
 	host, port := u.Hostname(), u.Port()
 	return []string{
-		"--set", "image.repository=" + strings.Split(pluginImage, ":")[0], "--set", "image.tag=" + strings.Split(pluginImage, ":")[1],
 		"--set", "image.pullPolicy=Never",
 		"--set", "simulate.nodeLabel=" + simulateLabel,
 		"--set", "hostNetwork=true",
@@ -522,11 +538,12 @@ func TestHelm(t *testing.T) {
 	c := requireCluster(t)
 	h := requireHelm(t, c)
 	ctx := t.Context()
-	archive, err := cluster.PluginImageArchive(pluginImage, pluginBin)
+	image := pluginImage(t)
+	archive, err := cluster.PluginImageArchive(image, pluginBin)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := c.ImportArchive(ctx, nil, pluginImage, archive); err != nil {
+	if err := c.ImportArchive(ctx, nil, image, archive); err != nil {
 		t.Fatal(err)
 	}
 	clearForInstall(t, c)
