@@ -43,7 +43,7 @@ func TestPrepareCPUAffinity(t *testing.T) {
 	for i := range inv.Devices {
 		inv.Devices[i].Node.Path = "/dev/" + inv.Devices[i].NodeName()
 	}
-	pr := containerizer.Preparer{Allocator: alloc, Inventory: inv, SysRoot: sys}
+	pr := containerizer.Preparer{Allocator: alloc, SysRoot: sys}
 	ctx := context.Background()
 	for _, tc := range []struct {
 		name       string

@@ -64,7 +64,7 @@ func TestCompositeNativeAndDocker(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		dz, err := docker.New(cli, alloc, inv, docker.WithNamespace(ns), docker.WithStopTimeout(time.Second))
+		dz, err := docker.New(cli, alloc, docker.WithNamespace(ns), docker.WithStopTimeout(time.Second))
 		if err != nil {
 			t.Fatal(err)
 		}

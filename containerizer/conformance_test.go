@@ -151,7 +151,7 @@ func TestConformance(t *testing.T) {
 		containerizer.KindDocker: func(t *testing.T, opts ...allocator.Option) *conformance {
 			alloc := newAllocator(t, inv, opts...)
 			m := conformanceMPS(t)
-			c, err := docker.New(cli, alloc, inv, docker.WithNamespace(ns), docker.WithStopTimeout(time.Second), docker.WithMPS(m))
+			c, err := docker.New(cli, alloc, docker.WithNamespace(ns), docker.WithStopTimeout(time.Second), docker.WithMPS(m))
 			if err != nil {
 				t.Fatal(err)
 			}

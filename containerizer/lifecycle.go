@@ -28,8 +28,6 @@ type LifecycleConfig struct {
 	// Allocator hands out the GPUs, taken once: the Lifecycle builds its
 	// prepare step on it.
 	Allocator *allocator.Allocator
-	// Inventory is the node (default: Allocator.Inventory()).
-	Inventory *node.Inventory
 	// Volumes provides the driver volume; nil means containers get none.
 	Volumes *volume.Manager
 	// MPS starts, stops and recovers the MPS control daemons of memory
@@ -78,9 +76,6 @@ func NewLifecycle(cfg LifecycleConfig) (*Lifecycle, error) {
 	if cfg.Runtime == nil || cfg.Allocator == nil {
 		return nil, fmt.Errorf("lifecycle: Runtime and Allocator are required: %w", node.ErrInvalid)
 	}
-	if cfg.Inventory == nil {
-		cfg.Inventory = cfg.Allocator.Inventory()
-	}
 	if cfg.Supervisor != nil {
 		h := *cfg.Supervisor
 		if h.Pid <= 0 || h.Start == 0 {
@@ -94,7 +89,7 @@ func NewLifecycle(cfg LifecycleConfig) (*Lifecycle, error) {
 	}
 	return &Lifecycle{
 		cfg:  cfg,
-		prep: &Preparer{Allocator: cfg.Allocator, Inventory: cfg.Inventory, Volumes: cfg.Volumes, MPS: cfg.MPS, SysRoot: cfg.SysRoot},
+		prep: &Preparer{Allocator: cfg.Allocator, Volumes: cfg.Volumes, MPS: cfg.MPS, SysRoot: cfg.SysRoot},
 		log:  log,
 	}, nil
 }

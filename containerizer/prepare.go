@@ -20,10 +20,9 @@ import (
 // container: it turns a Spec into a Prepared, what the container gets.
 // Its fields are fixed before first use; it is safe for concurrent use.
 type Preparer struct {
-	// Allocator hands out the GPUs (required).
+	// Allocator hands out the GPUs (required); its inventory
+	// (Allocator.Inventory) is the node the plans are made for.
 	Allocator *allocator.Allocator
-	// Inventory is the node the allocator was made for (required).
-	Inventory *node.Inventory
 	// Volumes provides the driver volume; nil means no container gets one
 	// (an image that asks for it is then refused with ErrNoVolume).
 	Volumes *volume.Manager
@@ -110,8 +109,12 @@ var ErrNoVolume = node.Sentinel(node.ErrNotSupported, "the image needs the drive
 // (CPUAffinityNUMA), the CPUs and memory nodes local to its GPUs. On error
 // nothing is held.
 func (pr *Preparer) Prepare(ctx context.Context, spec Spec, img Image) (p *Prepared, err error) {
-	if pr == nil || pr.Allocator == nil || pr.Inventory == nil {
-		return nil, fmt.Errorf("prepare: no allocator or inventory: %w", node.ErrInvalid)
+	if pr == nil || pr.Allocator == nil {
+		return nil, fmt.Errorf("prepare: no allocator: %w", node.ErrInvalid)
+	}
+	inv := pr.Allocator.Inventory()
+	if inv == nil {
+		return nil, fmt.Errorf("prepare: the allocator has no inventory: %w", node.ErrInvalid)
 	}
 	if err := node.ValidateOwner(spec.ID); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidSpec, err)
@@ -131,7 +134,7 @@ func (pr *Preparer) Prepare(ctx context.Context, spec Spec, img Image) (p *Prepa
 	// Requirements are read from the image's environment with the spec's
 	// over it, as the container will have it.
 	req := volume.Image{Labels: img.Labels, Env: isolator.MergeEnv(img.Env, spec.Env)}
-	drv := volume.Driver{Version: pr.Inventory.DriverVersion, CUDA: pr.Inventory.CUDAVersion}
+	drv := volume.Driver{Version: inv.DriverVersion, CUDA: inv.CUDAVersion}
 	if err := volume.Check(req, drv, nil); err != nil {
 		return p, err
 	}
@@ -147,7 +150,7 @@ func (pr *Preparer) Prepare(ctx context.Context, spec Spec, img Image) (p *Prepa
 		}
 		p.Allocation = al
 		p.undo = append(p.undo, func(ctx context.Context) error { return pr.Allocator.Release(ctx, spec.ID) })
-		if err := volume.Check(req, drv, pr.devices(al.Devices)); err != nil {
+		if err := volume.Check(req, drv, devices(inv, al.Devices)); err != nil {
 			return p, err
 		}
 		if err := pr.startDaemon(ctx, p); err != nil {
@@ -185,7 +188,7 @@ func (pr *Preparer) Prepare(ctx context.Context, spec Spec, img Image) (p *Prepa
 			env = append(env, k+"="+p.Allocation.Env[k])
 		}
 	}
-	plan, err := isolator.NewPlan(spec.ID, pr.Inventory, p.Allocation.Devices, mounts, env, opts...)
+	plan, err := isolator.NewPlan(spec.ID, inv, p.Allocation.Devices, mounts, env, opts...)
 	if err != nil {
 		return p, err
 	}
@@ -246,10 +249,10 @@ func ShareLimits(s allocator.Share) mps.Limits {
 // devices returns the GPUs of refs, for requirement checks: a MIG device
 // is checked as its parent GPU (its architecture and brand), which the
 // reference names by index as it names a whole GPU.
-func (pr *Preparer) devices(refs []node.DeviceRef) []node.Device {
+func devices(inv *node.Inventory, refs []node.DeviceRef) []node.Device {
 	var out []node.Device
 	for _, r := range refs {
-		for _, d := range pr.Inventory.Devices {
+		for _, d := range inv.Devices {
 			if d.Index == r.Index {
 				out = append(out, d.Clone())
 			}

@@ -63,21 +63,20 @@ func TestPrepareRequirements(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
 		alloc *allocator.Allocator
-		inv   *node.Inventory
 		gpus  allocator.Request
 		env   string
 		unmet bool
 	}{
-		{"whole gpu, arch met", alloc, inv, whole, "NVIDIA_REQUIRE_ARCH=arch>=9.0", false},
-		{"whole gpu, arch unmet", alloc, inv, whole, "NVIDIA_REQUIRE_ARCH=arch>=99.0", true},
-		{"mig, arch met", alloc, inv, mig, "NVIDIA_REQUIRE_ARCH=arch>=9.0", false},
-		{"mig, arch unmet", alloc, inv, mig, "NVIDIA_REQUIRE_ARCH=arch>=99.0", true},
-		{"mig, brand unmet", alloc, inv, mig, "NVIDIA_REQUIRE_BRAND=brand=geforce", true},
-		{"470 driver, unknown alternative dropped", oldAlloc, old, mig, "NVIDIA_REQUIRE_CUDA=cuda>=13.0 foo=bar", true},
-		{"470 driver, cuda met", oldAlloc, old, mig, "NVIDIA_REQUIRE_CUDA=cuda>=11.0 foo=bar", false},
+		{"whole gpu, arch met", alloc, whole, "NVIDIA_REQUIRE_ARCH=arch>=9.0", false},
+		{"whole gpu, arch unmet", alloc, whole, "NVIDIA_REQUIRE_ARCH=arch>=99.0", true},
+		{"mig, arch met", alloc, mig, "NVIDIA_REQUIRE_ARCH=arch>=9.0", false},
+		{"mig, arch unmet", alloc, mig, "NVIDIA_REQUIRE_ARCH=arch>=99.0", true},
+		{"mig, brand unmet", alloc, mig, "NVIDIA_REQUIRE_BRAND=brand=geforce", true},
+		{"470 driver, unknown alternative dropped", oldAlloc, mig, "NVIDIA_REQUIRE_CUDA=cuda>=13.0 foo=bar", true},
+		{"470 driver, cuda met", oldAlloc, mig, "NVIDIA_REQUIRE_CUDA=cuda>=11.0 foo=bar", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			pr := &containerizer.Preparer{Allocator: tc.alloc, Inventory: tc.inv}
+			pr := &containerizer.Preparer{Allocator: tc.alloc}
 			spec := containerizer.Spec{ID: "req-test", GPUs: tc.gpus}
 			p, err := pr.Prepare(context.Background(), spec, containerizer.Image{Env: []string{tc.env}})
 			if tc.unmet {

@@ -204,7 +204,7 @@ func newIsolator(cfg Config, dir, parent string, dev devices) *Isolator {
 	}
 	opts, _ := containerizer.PlanOptions(cfg.CPUAffinity, cfg.SysRoot) // checked by New
 	return &Isolator{
-		prep:  containerizer.Preparer{Allocator: cfg.Allocator, Inventory: cfg.Inventory, Volumes: cfg.Volumes, SysRoot: cfg.SysRoot, MPS: cfg.MPS},
+		prep:  containerizer.Preparer{Allocator: cfg.Allocator, Volumes: cfg.Volumes, SysRoot: cfg.SysRoot, MPS: cfg.MPS},
 		mps:   cfg.MPS,
 		alloc: cfg.Allocator, inv: cfg.Inventory, vols: cfg.Volumes,
 		dir: dir, parent: parent, dev: dev, nvml: cfg.NVML, log: log,

@@ -38,7 +38,7 @@ func BenchmarkLaunch(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		z, err := docker.New(cli, alloc, inv, docker.WithNamespace(ns))
+		z, err := docker.New(cli, alloc, docker.WithNamespace(ns))
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -84,7 +84,7 @@ func TestCDIChoice(t *testing.T) {
 				t.Fatal(err)
 			}
 			fake := &cdiDaemon{fakeDaemon: fakeDaemon{images: map[string]*container.Config{"plain": nil}}, api: tt.api, dirs: tt.dirs}
-			z, err := docker.New(fake, alloc, inv, tt.opts...)
+			z, err := docker.New(fake, alloc, tt.opts...)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -117,7 +117,7 @@ func TestCDIChoice(t *testing.T) {
 			}
 		})
 	}
-	if _, err := docker.New(&cdiDaemon{}, nil, inv, docker.WithCDI("nvidia")); err == nil {
+	if _, err := docker.New(&cdiDaemon{}, nil, docker.WithCDI("nvidia")); err == nil {
 		t.Error("WithCDI took a bad kind")
 	}
 }

@@ -135,7 +135,7 @@ func TestClean(t *testing.T) {
 				}
 			}
 			fake := &listDaemon{containers: tc.containers}
-			z, err := docker.New(fake, alloc, inv, docker.WithNamespace("ns"), docker.WithSupervisor(self))
+			z, err := docker.New(fake, alloc, docker.WithNamespace("ns"), docker.WithSupervisor(self))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -185,7 +185,7 @@ func TestSupervisorRejected(t *testing.T) {
 	}
 	alloc, _ := allocator.New(inv)
 	for _, h := range []allocator.Holder{{}, {Pid: 1}, {Start: 1}, {Pid: -1, Start: 1}} {
-		if _, err := docker.New(&listDaemon{}, alloc, inv, docker.WithSupervisor(h)); !errors.Is(err, allocator.ErrInvalidRequest) {
+		if _, err := docker.New(&listDaemon{}, alloc, docker.WithSupervisor(h)); !errors.Is(err, allocator.ErrInvalidRequest) {
 			t.Errorf("WithSupervisor(%+v): %v", h, err)
 		}
 	}
@@ -218,7 +218,7 @@ func TestRecoverSupervised(t *testing.T) {
 		t.Fatal(err)
 	}
 	fake := &listDaemon{containers: []container.Summary{mk("c1", "old", dead, 1), mk("c2", "other", live, 2), mk("c3", "mine", self, 3)}}
-	z, err := docker.New(fake, alloc, inv, docker.WithNamespace("ns"), docker.WithSupervisor(self))
+	z, err := docker.New(fake, alloc, docker.WithNamespace("ns"), docker.WithSupervisor(self))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -54,7 +54,7 @@ func TestDaemonCDI(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	z, err := docker.New(d.Client, alloc, inv, docker.WithCDI(cdi.DefaultKind))
+	z, err := docker.New(d.Client, alloc, docker.WithCDI(cdi.DefaultKind))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -163,17 +163,18 @@ type Containerizer struct {
 var _ containerizer.Containerizer = (*Containerizer)(nil)
 
 // New returns a containerizer that runs containers on the daemon cli talks
-// to, with GPUs of alloc, whose node inv describes.
-func New(cli Client, alloc *allocator.Allocator, inv *node.Inventory, opts ...Option) (*Containerizer, error) {
-	if cli == nil || alloc == nil || inv == nil {
-		return nil, fmt.Errorf("docker containerizer: nil client, allocator or inventory: %w", node.ErrInvalid)
+// to, with GPUs of alloc, on the node alloc was made for
+// (Allocator.Inventory).
+func New(cli Client, alloc *allocator.Allocator, opts ...Option) (*Containerizer, error) {
+	if cli == nil || alloc == nil {
+		return nil, fmt.Errorf("docker containerizer: nil client or allocator: %w", node.ErrInvalid)
 	}
 	rt, err := NewRuntime(cli, opts...)
 	if err != nil {
 		return nil, err
 	}
 	lc, err := containerizer.NewLifecycle(containerizer.LifecycleConfig{
-		Runtime: rt, Allocator: alloc, Inventory: inv.Clone(), Volumes: rt.cfg.volumes, MPS: rt.cfg.mps,
+		Runtime: rt, Allocator: alloc, Volumes: rt.cfg.volumes, MPS: rt.cfg.mps,
 		Supervisor: rt.cfg.supervisor, ReconcileAllocator: rt.cfg.reconcile, Logger: rt.cfg.logger,
 	})
 	if err != nil {

@@ -76,7 +76,7 @@ func TestLaunchRefuses(t *testing.T) {
 		"bad-require":  {Env: []string{"NVIDIA_REQUIRE_CUDA=cuda>>1"}},
 		"arch-9":       {Env: []string{"NVIDIA_REQUIRE_ARCH=arch>=9.0"}},
 	}}
-	z, err := docker.New(fake, alloc, inv) // no volume manager
+	z, err := docker.New(fake, alloc) // no volume manager
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -146,12 +146,12 @@ func TestNewRejects(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if z, err := docker.New(fake, alloc, inv, tt.opt); err == nil || z != nil {
+			if z, err := docker.New(fake, alloc, tt.opt); err == nil || z != nil {
 				t.Fatalf("New = %v, %v; want an error", z, err)
 			}
 		})
 	}
-	if _, err := docker.New(nil, alloc, inv); err == nil {
+	if _, err := docker.New(nil, alloc); err == nil {
 		t.Fatal("New without a client succeeded")
 	}
 }

@@ -63,7 +63,7 @@ func (r *rig) restart(t *testing.T, opts ...docker.Option) {
 		t.Fatal(err)
 	}
 	opts = append([]docker.Option{docker.WithVolumes(r.volumes), docker.WithNamespace(r.ns), docker.WithStopTimeout(time.Second), docker.WithReconcileAllocator()}, opts...)
-	r.z, err = docker.New(r.cli, r.alloc, r.inv, opts...)
+	r.z, err = docker.New(r.cli, r.alloc, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}

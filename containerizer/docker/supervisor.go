@@ -47,15 +47,15 @@ func parseSupervisor(v string) (allocator.Holder, bool) {
 }
 
 // Backend builds, for containerizer.Compose, a Docker containerizer on the
-// daemon cli talks to, over the composite's allocator and its node
-// (Allocator.Inventory). WithReconcileAllocator is refused (the composite
+// daemon cli talks to, over the composite's allocator (and the node it was
+// made for). WithReconcileAllocator is refused (the composite
 // reconciles) with an error matching containerizer.ErrAllocatorMismatch.
 func Backend(cli Client, opts ...Option) containerizer.Backend {
 	return func(alloc *allocator.Allocator) (containerizer.Kind, containerizer.Containerizer, error) {
 		if alloc == nil {
 			return containerizer.KindDocker, nil, fmt.Errorf("docker containerizer: nil allocator: %w", containerizer.ErrAllocatorMismatch)
 		}
-		z, err := New(cli, alloc, alloc.Inventory(), opts...)
+		z, err := New(cli, alloc, opts...)
 		if err != nil {
 			return containerizer.KindDocker, nil, err
 		}

@@ -146,7 +146,7 @@ func New(cfg Config) (*Containerizer, error) {
 		rt.parent = p
 	}
 	lc, err := containerizer.NewLifecycle(containerizer.LifecycleConfig{
-		Runtime: rt, Allocator: cfg.Allocator, Inventory: cfg.Inventory, Volumes: cfg.Volumes, MPS: cfg.MPS, SysRoot: cfg.SysRoot,
+		Runtime: rt, Allocator: cfg.Allocator, Volumes: cfg.Volumes, MPS: cfg.MPS, SysRoot: cfg.SysRoot,
 		Supervisor: rt.holder(), ReconcileAllocator: cfg.ReconcileAllocator, Logger: cfg.Logger,
 	})
 	if err != nil {

@@ -162,7 +162,7 @@ func TestEscape(t *testing.T) {
 		n := newNode(t, hostVersion())
 		img := testenv.BuildProbeImage(t, cli, testenv.ProbeImage{Env: map[string]string{"NVIDIA_VISIBLE_DEVICES": "all"}})
 		ns := fmt.Sprintf("test-escape-%d", time.Now().UnixNano())
-		dz, err := docker.New(cli, n.alloc, n.inv, docker.WithVolumes(n.vols), docker.WithNamespace(ns), docker.WithStopTimeout(time.Second))
+		dz, err := docker.New(cli, n.alloc, docker.WithVolumes(n.vols), docker.WithNamespace(ns), docker.WithStopTimeout(time.Second))
 		if err != nil {
 			t.Fatal(err)
 		}

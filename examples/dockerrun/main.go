@@ -154,7 +154,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if vols != nil {
 		opts = append(opts, docker.WithVolumes(vols))
 	}
-	z, err := docker.New(dc, alloc, inv, opts...)
+	z, err := docker.New(dc, alloc, opts...)
 	if err != nil {
 		return fail("%v", err)
 	}

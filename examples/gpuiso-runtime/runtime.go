@@ -104,7 +104,7 @@ func (rt *Runtime) Prepare(ctx context.Context, c CreateArgs) (*prepared, error)
 	if err != nil {
 		return nil, fmt.Errorf("container %s: %w", c.ID, err)
 	}
-	pr := &containerizer.Preparer{Allocator: alloc, Inventory: inv}
+	pr := &containerizer.Preparer{Allocator: alloc}
 	if req.Share != nil && req.Share.Mode == allocator.ShareMemory {
 		// The share's MPS control daemon is started in the prepare step,
 		// its directories under the state directory's mps/.
