@@ -46,6 +46,19 @@ func escape(args []string) {
 	report("write-devices-cgroup.procs", appendTo("/sys/fs/cgroup/devices/cgroup.procs", pid))
 	report("write-devices.allow", appendTo("/sys/fs/cgroup/devices/devices.allow", "a"))
 	report("write-unified-cgroup.procs", appendTo("/sys/fs/cgroup/unified/cgroup.procs", pid))
+	// A cgroup2-only host mounts the one hierarchy at /sys/fs/cgroup: leave
+	// the container's cgroup for the root, make one, enable a controller.
+	// Elsewhere /sys/fs/cgroup is a tmpfs of the container's own.
+	var st syscall.Statfs_t
+	if syscall.Statfs("/sys/fs/cgroup", &st) == nil && st.Type == 0x63677270 { // CGROUP2_SUPER_MAGIC
+		report("write-cgroup2-cgroup.procs", appendTo("/sys/fs/cgroup/cgroup.procs", pid))
+		report("mkdir-cgroup2", syscall.Mkdir("/sys/fs/cgroup/escape", 0o755))
+		report("write-cgroup2-subtree_control", appendTo("/sys/fs/cgroup/cgroup.subtree_control", "+cpuset"))
+	} else {
+		for _, k := range []string{"write-cgroup2-cgroup.procs", "mkdir-cgroup2", "write-cgroup2-subtree_control"} {
+			fmt.Println(k, "n/a")
+		}
+	}
 	report("mkdir-cgroup", syscall.Mkdir("/sys/fs/cgroup/devices/escape", 0o755))
 	report("write-sys", rewrite("/sys/kernel/profiling"))
 	report("umount-dev", syscall.Unmount("/dev", syscall.MNT_DETACH))
