@@ -20,7 +20,8 @@
 // takes an IP given as the host name as the Node's address). Each
 // kubelet runs with the cgroupfs driver under a cgroup root of its own
 // below the cluster's (the directory's name), made beforehand in every
-// cgroup v1 hierarchy. The controller-manager publishes the API server's
+// cgroup v1 hierarchy, or on a cgroup2-only host in the one hierarchy with
+// its controllers enabled down to the roots. The controller-manager publishes the API server's
 // own CA (kube-root-ca.crt), so that pods' service accounts can talk to
 // it; the scheduler runs with Config.SchedulerConfig when given.
 //

@@ -40,7 +40,10 @@ func cgroupMounts() ([]string, error) {
 
 // makeCgroups makes the cluster's cgroup and, below it, each node's
 // kubelet cgroup root in every v1 hierarchy, with the cpuset's cpus and
-// mems copied from the parent.
+// mems copied from the parent; on a cgroup2-only host in the one
+// hierarchy, every controller the root offers enabled down to the nodes'
+// roots (the kubelet enables them further down itself). A hybrid host's
+// cgroup2 holds no controller: the kubelet uses v1 there.
 func (c *Cluster) makeCgroups() error {
 	b, err := os.ReadFile("/proc/self/mounts")
 	if err != nil {
@@ -52,13 +55,22 @@ func (c *Cluster) makeCgroups() error {
 	}
 	for _, l := range strings.Split(string(b), "\n") {
 		f := strings.Fields(l)
-		if len(f) < 3 || f[2] != "cgroup" {
+		unified := len(f) >= 3 && f[2] == "cgroup2" && f[1] == "/sys/fs/cgroup"
+		if len(f) < 3 || f[2] != "cgroup" && !unified {
 			continue
 		}
 		for _, name := range names {
 			dir := filepath.Join(f[1], name)
+			if unified {
+				if err := enableControllers(filepath.Dir(dir)); err != nil {
+					return err
+				}
+			}
 			if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
 				return err
+			}
+			if unified {
+				continue
 			}
 			for _, k := range []string{"cpuset.cpus", "cpuset.mems"} {
 				v, err := os.ReadFile(filepath.Join(filepath.Dir(dir), k))
@@ -69,6 +81,28 @@ func (c *Cluster) makeCgroups() error {
 					return fmt.Errorf("%s: %w", filepath.Join(dir, k), err)
 				}
 			}
+		}
+	}
+	return nil
+}
+
+// enableControllers enables, in the cgroup2 directory dir, every
+// controller it offers for its children.
+func enableControllers(dir string) error {
+	offered, err := os.ReadFile(filepath.Join(dir, "cgroup.controllers"))
+	if err != nil {
+		return err
+	}
+	enabled, err := os.ReadFile(filepath.Join(dir, "cgroup.subtree_control"))
+	if err != nil {
+		return err
+	}
+	for _, ctl := range strings.Fields(string(offered)) {
+		if slices.Contains(strings.Fields(string(enabled)), ctl) {
+			continue
+		}
+		if err := os.WriteFile(filepath.Join(dir, "cgroup.subtree_control"), []byte("+"+ctl), 0o644); err != nil {
+			return fmt.Errorf("enable %s in %s: %w", ctl, dir, err)
 		}
 	}
 	return nil
