@@ -25,11 +25,18 @@
 // The suite ships as a bundle that needs neither Go nor Docker nor a
 // registry on the GPU node: `make hwtest` builds, into hwbundle/, stripped
 // test binaries (go test -c) of this package and of the suites worth running
-// on real hardware, the static probe (testdata/probe), cudacheck built with
-// gcc against libdl alone, run.sh, and a tarball of them all.
-// `bash hwbundle/run.sh` (or `make hwrun`) runs it as root on the GPU node.
-// The test binaries find the probe and cudacheck through GPUISO_PROBE and
-// GPUISO_CUDACHECK, which run.sh sets, or next to themselves.
+// on real hardware (discovery, and the cgroup2 suites: the isolator, the
+// native containerizer, the chain, the agent, gpurun, gpuiso-runtime, the
+// conformance suite), the programs those suites run as scripts over their
+// test binaries, runc, the static probe (testdata/probe), cudacheck built
+// with gcc against libdl alone, run.sh, and a tarball of them all under 64
+// MiB. `bash hwbundle/run.sh` (or `make hwrun`) runs it as root on the GPU
+// node. The test binaries find the probe, cudacheck and the programs through
+// GPUISO_PROBE, GPUISO_CUDACHECK and GPUISO_PROGRAM_DIR, which run.sh sets,
+// or next to themselves.
+//
+// The cgroup2-only VM of internal/vmtest runs the same cgroup2 suites from
+// the same scripts (bundle.sh --vm, run.sh --vm), narrowed to its budget.
 //
 // Without a GPU the tests that can run anyway do: cudacheck is built with
 // gcc and must report a missing driver or device cleanly, the host's driver
