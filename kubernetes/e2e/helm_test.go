@@ -621,6 +621,25 @@ func testModelSelection(t *testing.T, c *cluster.Cluster, products map[string]st
 	checkIsolation(t, c, "default", "h100", probeOf(t, c, "default", "h100"))
 }
 
+// waitNoClaims waits until no ResourceClaim is left from the cases
+// before (a deleted pod's claims go a moment after it), so that a case
+// that counts free GPUs starts from every GPU free.
+func waitNoClaims(t *testing.T, c *cluster.Cluster) {
+	t.Helper()
+	until(t, "the claims of earlier cases to go", func() bool {
+		l, err := c.Client.ResourceV1().ResourceClaims("").List(t.Context(), metav1.ListOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, claim := range l.Items {
+			if claim.Status.Allocation != nil {
+				return false
+			}
+		}
+		return true
+	})
+}
+
 // minorsOn are the whole GPUs' minors of a node.
 func minorsOn(t *testing.T, c *cluster.Cluster, node string) []int {
 	var out []int
@@ -647,6 +666,7 @@ func modelOf(t *testing.T, c *cluster.Cluster, node string) string {
 // different NVLink cliques, the A100 node one, and the H100 node two of
 // its NVSwitch, a claim for two NVLinked GPUs lands on the H100 node.
 func testNVLinkPair(t *testing.T, c *cluster.Cluster) {
+	waitNoClaims(t, c)
 	byNode := slicesByNode(t, c)
 	volta, a100, h100 := c.Nodes[0].Name, c.Nodes[1].Name, c.Nodes[2].Name
 	var cliques []string
@@ -701,6 +721,7 @@ func testNVLinkPair(t *testing.T, c *cluster.Cluster) {
 // scored MostAllocated), six 1-GPU pods fill one node before the next,
 // and a pod asking for eight GPUs still finds a node with all of them.
 func testBinPacking(t *testing.T, c *cluster.Cluster) {
+	waitNoClaims(t, c)
 	var nodes []string
 	used := map[string]int{}
 	for i := range 6 {
@@ -729,6 +750,7 @@ func testBinPacking(t *testing.T, c *cluster.Cluster) {
 // device class's devices) refuses the third GPU there, by either way of
 // asking, while namespace B gets its own.
 func testQuota(t *testing.T, c *cluster.Cluster) {
+	waitNoClaims(t, c)
 	namespace(t, c, "quota-a")
 	namespace(t, c, "quota-b")
 	q := &corev1.ResourceQuota{ObjectMeta: metav1.ObjectMeta{Name: "gpus", Namespace: "quota-a"}, Spec: corev1.ResourceQuotaSpec{

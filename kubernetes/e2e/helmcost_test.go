@@ -119,6 +119,7 @@ func testClusterCost(t *testing.T, c *cluster.Cluster) {
 	if testing.Short() {
 		t.Skip("measurements: not in -short")
 	}
+	waitNoClaims(t, c)
 	const ns = "cost"
 	namespace(t, c, ns)
 	const claims, extended = 10, 10
