@@ -9,6 +9,7 @@ import (
 	"sort"
 
 	"github.com/gpuiso/gpuiso/internal/linux"
+	"github.com/gpuiso/gpuiso/node"
 )
 
 // Holder is what proves an owner alive: a process, named by its pid and
@@ -21,13 +22,14 @@ import (
 // Holders are checked in the proc file system of the allocator (see
 // WithProcRoot): every process sharing a state directory must be in the
 // same pid namespace.
-type Holder struct {
-	Pid   int    `json:"pid"`
-	Start uint64 `json:"start"`
-}
+//
+// A Holder is a node.Process, the module's one process identity (the two
+// convert: node.Process(h), Holder(p)); its text form is
+// node.Process(h).String(), "<pid>.<start>".
+type Holder node.Process
 
 func (h Holder) validate() error {
-	if h.Pid <= 0 || h.Start == 0 {
+	if !node.Process(h).Valid() {
 		return fmt.Errorf("holder pid %d started at %d: %w", h.Pid, h.Start, ErrInvalidRequest)
 	}
 	return nil
@@ -71,7 +73,7 @@ func processGone(procRoot string, pid int) bool {
 // zombie, or names a process started at another time. procRoot "" means
 // /proc; when it cannot be read, nothing is provably dead.
 func (h Holder) Dead(procRoot string) bool {
-	return linux.Process{Pid: h.Pid, Start: h.Start}.Dead(procRoot)
+	return linux.Process(h).Dead(procRoot)
 }
 
 // ReleaseDead releases every owner whose holder is provably dead, in one

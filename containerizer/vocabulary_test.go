@@ -110,6 +110,7 @@ func TestVocabulary(t *testing.T) {
 		"node.ErrInvalid":                           node.ErrInvalid,
 		"node.ErrInvalidBusID":                      node.ErrInvalidBusID,
 		"node.ErrInvalidOwner":                      node.ErrInvalidOwner,
+		"node.ErrInvalidProcess":                    node.ErrInvalidProcess,
 		"node.ErrInvalidTopology":                   node.ErrInvalidTopology,
 		"node.ErrNotFound":                          node.ErrNotFound,
 		"node.ErrNotSupported":                      node.ErrNotSupported,

@@ -23,6 +23,12 @@
 // one owner-id rule that every package obeys, because owner ids become file,
 // cgroup and Docker names. [ParseProcDevices] reads /proc/devices.
 //
+// A [Process] is the module's one process identity: a pid and the start
+// time that tells it from a later process of the same pid, written
+// "<pid>.<start>" ([ParseProcess] reads it back). The allocator's holders,
+// the supervisor label of Docker containers and the names of the native
+// runtime's and the programs' claim and temporary directories all use it.
+//
 // # Errors
 //
 // The package holds the error vocabulary of the whole module:

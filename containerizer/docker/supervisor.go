@@ -2,15 +2,15 @@ package docker
 
 import (
 	"fmt"
-	"strconv"
-	"strings"
 
 	"github.com/gpuiso/gpuiso/allocator"
 	"github.com/gpuiso/gpuiso/containerizer"
+	"github.com/gpuiso/gpuiso/node"
 )
 
 // LabelSupervisor names the process that runs a container and whose death
-// ends it, "<pid>.<start time>" (see WithSupervisor).
+// ends it, in node.Process's text form "<pid>.<start time>" (see
+// WithSupervisor).
 const LabelSupervisor = "io.gpuiso.supervisor"
 
 // WithSupervisor makes h, a process (see allocator.ProcessHolder), the
@@ -23,7 +23,7 @@ const LabelSupervisor = "io.gpuiso.supervisor"
 // they held.
 func WithSupervisor(h allocator.Holder) Option {
 	return func(c *config) error {
-		if h.Pid <= 0 || h.Start == 0 {
+		if !node.Process(h).Valid() {
 			return fmt.Errorf("supervisor pid %d started at %d: %w", h.Pid, h.Start, allocator.ErrInvalidRequest)
 		}
 		c.supervisor = &h
@@ -31,19 +31,12 @@ func WithSupervisor(h allocator.Holder) Option {
 	}
 }
 
-func formatSupervisor(h allocator.Holder) string {
-	return strconv.Itoa(h.Pid) + "." + strconv.FormatUint(h.Start, 10)
-}
+func formatSupervisor(h allocator.Holder) string { return node.Process(h).String() }
 
 // parseSupervisor reads a LabelSupervisor value.
 func parseSupervisor(v string) (allocator.Holder, bool) {
-	p, s, ok := strings.Cut(v, ".")
-	pid, err1 := strconv.Atoi(p)
-	start, err2 := strconv.ParseUint(s, 10, 64)
-	if !ok || err1 != nil || err2 != nil || pid <= 0 || start == 0 {
-		return allocator.Holder{}, false
-	}
-	return allocator.Holder{Pid: pid, Start: start}, true
+	p, err := node.ParseProcess(v)
+	return allocator.Holder(p), err == nil
 }
 
 // Backend builds, for containerizer.Compose, a Docker containerizer on the

@@ -8,13 +8,13 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 
 	"github.com/gpuiso/gpuiso/allocator"
 	"github.com/gpuiso/gpuiso/containerizer"
 	"github.com/gpuiso/gpuiso/internal/linux"
 	"github.com/gpuiso/gpuiso/isolator/cgroups"
+	"github.com/gpuiso/gpuiso/node"
 )
 
 // Several processes may share one state directory (each launching and
@@ -60,7 +60,7 @@ func self(procRoot string) allocator.Holder {
 // holder is this process as the holder of GPUs it allocates, or nil where
 // the proc file system cannot tell.
 func (r *runner) holder() *allocator.Holder {
-	if r.self.Pid <= 0 || r.self.Start == 0 {
+	if !node.Process(r.self).Valid() {
 		return nil
 	}
 	h := r.self
@@ -69,9 +69,15 @@ func (r *runner) holder() *allocator.Holder {
 
 func (r *runner) supPath(id string) string { return filepath.Join(r.dir(id), supervisorFile) }
 
+// claimName is the name of a claim directory of this process for container
+// id: ".new-<id>.<pid>.<start>", the process in node.Process's text form.
+func (r *runner) claimName(id string) string {
+	return claimPrefix + id + "." + node.Process(r.self).String()
+}
+
 // claim makes container id's directory, holding its supervisor record.
 func (r *runner) claim(id string) error {
-	tmp := filepath.Join(r.cfg.StateDir, fmt.Sprintf("%s%s.%d.%d", claimPrefix, id, r.self.Pid, r.self.Start))
+	tmp := filepath.Join(r.cfg.StateDir, r.claimName(id))
 	if err := os.Mkdir(tmp, 0o700); err != nil {
 		return err
 	}
@@ -99,18 +105,17 @@ func (r *runner) deadClaim(name string) bool {
 	if len(f) < 3 {
 		return false
 	}
-	return r.dead(f[len(f)-2], f[len(f)-1])
+	return r.dead(f[len(f)-2] + "." + f[len(f)-1])
 }
 
-// dead tells whether the process of that pid and start time has provably
-// died (and is not this one).
-func (r *runner) dead(pidStr, startStr string) bool {
-	pid, err1 := strconv.Atoi(pidStr)
-	start, err2 := strconv.ParseUint(startStr, 10, 64)
-	if err1 != nil || err2 != nil || pid <= 0 {
+// dead tells whether the process a name holds ("<pid>.<start>",
+// node.Process's text form) has provably died (and is not this one).
+func (r *runner) dead(name string) bool {
+	p, err := node.ParseProcess(name)
+	if err != nil {
 		return false
 	}
-	h := allocator.Holder{Pid: pid, Start: start}
+	h := allocator.Holder(p)
 	return h != r.self && h.Dead(r.cfg.ProcRoot)
 }
 
@@ -127,7 +132,7 @@ func (c *Containerizer) TempDir() (string, error) {
 	if c == nil || c.rt == nil {
 		return "", fmt.Errorf("temporary directory: %w", containerizer.ErrNotMade)
 	}
-	return os.MkdirTemp(c.rt.cfg.StateDir, fmt.Sprintf("%s%d.%d-", tempPrefix, c.rt.self.Pid, c.rt.self.Start))
+	return os.MkdirTemp(c.rt.cfg.StateDir, tempPrefix+node.Process(c.rt.self).String()+"-")
 }
 
 // deadTemp tells whether name is a TempDir of a dead process.
@@ -137,15 +142,14 @@ func (r *runner) deadTemp(name string) bool {
 		return false
 	}
 	id, _, ok := strings.Cut(rest, "-")
-	pid, start, ok2 := strings.Cut(id, ".")
-	return ok && ok2 && r.dead(pid, start)
+	return ok && r.dead(id)
 }
 
 // removeDir removes container id's directory: first renamed to a claim name
 // of this process, so that a crash half way through leaves a directory
 // that Clean and Recover remove, never one without its supervisor record.
 func (r *runner) removeDir(id string) error {
-	tmp := filepath.Join(r.cfg.StateDir, fmt.Sprintf("%s%s.%d.%d", claimPrefix, id, r.self.Pid, r.self.Start))
+	tmp := filepath.Join(r.cfg.StateDir, r.claimName(id))
 	if err := os.Rename(r.dir(id), tmp); err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
 			return nil

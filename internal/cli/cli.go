@@ -13,7 +13,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/gpuiso/gpuiso/allocator"
+	"github.com/gpuiso/gpuiso/internal/linux"
 	"github.com/gpuiso/gpuiso/node"
 	"github.com/gpuiso/gpuiso/node/nvmlnode"
 	"github.com/gpuiso/gpuiso/node/simnode"
@@ -123,14 +123,14 @@ func simulatedErr(name string, err error) error {
 const nodeTempPrefix = "gpuiso-node"
 
 // TempPattern is an os.MkdirTemp pattern for a temporary directory of this
-// process: "<prefix>-<pid>.<start time>-*", so that RemoveDeadTemp can tell
-// when its maker has died.
+// process: "<prefix>-<pid>.<start time>-*" (the process in node.Process's
+// text form), so that RemoveDeadTemp can tell when its maker has died.
 func TempPattern(prefix string) string {
-	h, err := allocator.ProcessHolder("", os.Getpid())
+	p, err := linux.Self("")
 	if err != nil {
 		return prefix + "-"
 	}
-	return fmt.Sprintf("%s-%d.%d-", prefix, h.Pid, h.Start)
+	return prefix + "-" + node.Process(p).String() + "-"
 }
 
 // RemoveDeadTemp removes the temporary directories (named by TempPattern
@@ -158,13 +158,8 @@ func RemoveDeadTempIn(dir, prefix string) ([]string, error) {
 	for _, m := range matches {
 		rest := strings.TrimPrefix(filepath.Base(m), prefix+"-")
 		id, _, ok := strings.Cut(rest, "-")
-		pidStr, startStr, ok2 := strings.Cut(id, ".")
-		pid, err1 := strconv.Atoi(pidStr)
-		start, err2 := strconv.ParseUint(startStr, 10, 64)
-		if !ok || !ok2 || err1 != nil || err2 != nil || pid <= 0 {
-			continue
-		}
-		if !(allocator.Holder{Pid: pid, Start: start}).Dead("") {
+		p, err := node.ParseProcess(id)
+		if !ok || err != nil || !linux.Process(p).Dead("") {
 			continue
 		}
 		if err := os.RemoveAll(m); err != nil {

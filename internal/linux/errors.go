@@ -15,8 +15,8 @@ var ErrUnknownCapability = node.Sentinel(node.ErrInvalid, "unknown capability")
 var ErrNotDirectory = node.Sentinel(node.ErrInvalid, "not a directory of the root")
 
 // ErrInvalidProcess is returned for a process name that is not
-// "<pid>.<start>".
-var ErrInvalidProcess = node.Sentinel(node.ErrInvalid, "invalid process name")
+// "<pid>.<start>". It is node.ErrInvalidProcess.
+var ErrInvalidProcess = node.ErrInvalidProcess
 
 // ErrNotRegular is returned for a file of a root file system that is not a
 // regular file where one is read (a FIFO, a device, a socket, a directory,

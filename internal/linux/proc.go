@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+
+	"github.com/gpuiso/gpuiso/node"
 )
 
 // ProcStat is what gpuiso reads of a process's /proc/<pid>/stat: its state
@@ -59,24 +61,20 @@ func ReadProcStat(procRoot string, pid int) (ProcStat, error) {
 }
 
 // Process names one process for its whole life: its pid and its start
-// time. Written "<pid>.<start>".
+// time. It is node.Process (the two convert), with the checks that read
+// the proc file system. Written "<pid>.<start>".
 type Process struct {
 	Pid   int
 	Start uint64
 }
 
-// String is "<pid>.<start>".
-func (p Process) String() string { return strconv.Itoa(p.Pid) + "." + strconv.FormatUint(p.Start, 10) }
+// String is "<pid>.<start>", node.Process's text form.
+func (p Process) String() string { return node.Process(p).String() }
 
-// ParseProcess reads "<pid>.<start>" as String writes it.
+// ParseProcess reads "<pid>.<start>" as node.ParseProcess does.
 func ParseProcess(s string) (Process, error) {
-	pid, start, ok := strings.Cut(s, ".")
-	p, err1 := strconv.Atoi(pid)
-	st, err2 := strconv.ParseUint(start, 10, 64)
-	if !ok || err1 != nil || err2 != nil || p <= 0 || st == 0 {
-		return Process{}, fmt.Errorf("process %q: want <pid>.<start>: %w", s, ErrInvalidProcess)
-	}
-	return Process{Pid: p, Start: st}, nil
+	p, err := node.ParseProcess(s)
+	return Process(p), err
 }
 
 // Self is the calling process, as procRoot shows it.
