@@ -133,28 +133,74 @@ func (f *flags) nvmlLibrary() (nvml.Interface, error) {
 var libDirs = []string{"usr/lib/x86_64-linux-gnu", "usr/lib64", "usr/lib/aarch64-linux-gnu", "lib/x86_64-linux-gnu", "lib64", "usr/lib"}
 
 // findNVML finds libnvidia-ml.so.1 of the driver installed under root:
-// through root's ld.so cache, else in the usual library directories.
+// through root's ld.so cache, else in the usual library directories. Its
+// links are followed inside root (a distribution's alternatives link
+// absolutely: /usr/lib/.../libnvidia-ml.so.1 -> /etc/alternatives/...).
 func findNVML(root string) (string, error) {
 	const lib = "libnvidia-ml.so.1"
+	var candidates []string
 	if b, err := os.ReadFile(filepath.Join(root, "etc", "ld.so.cache")); err == nil {
 		if c, err := ldcache.Parse(b); err == nil {
 			for _, e := range c.Entries {
 				if e.Key == lib && e.IsELF() && e.Bits() == 64 {
-					p := filepath.Join(root, e.Value)
-					if _, err := os.Stat(p); err == nil {
-						return p, nil
-					}
+					candidates = append(candidates, e.Value)
 				}
 			}
 		}
 	}
 	for _, d := range libDirs {
-		p := filepath.Join(root, d, lib)
-		if _, err := os.Stat(p); err == nil {
+		candidates = append(candidates, filepath.Join("/", d, lib))
+	}
+	for _, c := range candidates {
+		p, err := inRoot(root, c)
+		if err != nil {
+			continue
+		}
+		if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() {
 			return p, nil
 		}
 	}
 	return "", fmt.Errorf("driver root %s: no %s in its ld.so cache or library directories: %w", root, lib, fs.ErrNotExist)
+}
+
+// inRoot resolves p as a process whose root is root would: every link on
+// the way, absolute or relative, is followed inside root, and ".." stops
+// at root. It returns the path on this host.
+func inRoot(root, p string) (string, error) {
+	parts := strings.Split(filepath.Clean("/"+p), "/")
+	cur := "/"
+	for hops := 0; len(parts) > 0; {
+		part := parts[0]
+		parts = parts[1:]
+		switch part {
+		case "", ".":
+			continue
+		case "..":
+			cur = filepath.Dir(cur)
+			continue
+		}
+		next := filepath.Join(cur, part)
+		fi, err := os.Lstat(filepath.Join(root, next))
+		if err != nil {
+			return "", err
+		}
+		if fi.Mode()&fs.ModeSymlink == 0 {
+			cur = next
+			continue
+		}
+		if hops++; hops > 40 {
+			return "", fmt.Errorf("%s in %s: too many links", p, root)
+		}
+		target, err := os.Readlink(filepath.Join(root, next))
+		if err != nil {
+			return "", err
+		}
+		if filepath.IsAbs(target) {
+			cur = "/"
+		}
+		parts = append(strings.Split(target, "/"), parts...)
+	}
+	return filepath.Join(root, cur), nil
 }
 
 // uninstalled reports whether the program's DaemonSet is gone or being

@@ -69,6 +69,39 @@ func TestFindNVML(t *testing.T) {
 	if got, err := findNVML(root); err != nil || got != lib {
 		t.Fatalf("findNVML = %q, %v; want %s", got, err, lib)
 	}
+
+	// Debian's layout: the library directory's name links absolutely
+	// through the alternatives to the driver's directory; resolved on the
+	// host, the links would leave the driver root.
+	root = t.TempDir()
+	real := filepath.Join(root, "usr/lib/x86_64-linux-gnu/nvidia/current/libnvidia-ml.so.535.1")
+	os.MkdirAll(filepath.Dir(real), 0o755)
+	os.WriteFile(real, nil, 0o644)
+	os.Symlink("libnvidia-ml.so.535.1", filepath.Join(filepath.Dir(real), "libnvidia-ml.so.1"))
+	os.MkdirAll(filepath.Join(root, "etc/alternatives"), 0o755)
+	os.Symlink("/usr/lib/x86_64-linux-gnu/nvidia/current/libnvidia-ml.so.1", filepath.Join(root, "etc/alternatives/nvidia--libnvidia-ml.so.1-x86_64-linux-gnu"))
+	os.Symlink("/etc/alternatives/nvidia--libnvidia-ml.so.1-x86_64-linux-gnu", filepath.Join(root, "usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"))
+	if got, err := findNVML(root); err != nil || got != real {
+		t.Fatalf("findNVML through absolute links = %q, %v; want %s", got, err, real)
+	}
+}
+
+// TestInRoot: links resolve inside the root, and ".." stops at it.
+func TestInRoot(t *testing.T) {
+	root := t.TempDir()
+	os.MkdirAll(filepath.Join(root, "a/b"), 0o755)
+	os.WriteFile(filepath.Join(root, "a/b/f"), nil, 0o644)
+	os.Symlink("/a/b", filepath.Join(root, "abs"))
+	os.Symlink("../../../../a", filepath.Join(root, "a/b/up"))
+	os.Symlink("loop", filepath.Join(root, "loop"))
+	for in, want := range map[string]string{"/abs/f": "/a/b/f", "abs/up/b/f": "/a/b/f", "/../../a/b/f": "/a/b/f"} {
+		if got, err := inRoot(root, in); err != nil || got != filepath.Join(root, want) {
+			t.Errorf("inRoot(%q) = %q, %v; want %s", in, got, err, want)
+		}
+	}
+	if _, err := inRoot(root, "loop"); err == nil {
+		t.Error("a link to itself resolved")
+	}
 }
 
 // TestUninstalled: a DaemonSet that is gone, being deleted or no longer
