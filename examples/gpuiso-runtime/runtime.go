@@ -181,6 +181,7 @@ func (rt *Runtime) Prepare(ctx context.Context, c CreateArgs) (*prepared, error)
 	if err := oci.Apply(&spec, p.Plan); err != nil {
 		return nil, errors.Join(err, res.undo(ctx))
 	}
+	ownCgroup(&spec, owner, rt.RuncArgs)
 	out, err := patchSpec(raw, &spec)
 	if err != nil {
 		return nil, errors.Join(fmt.Errorf("container %s: %s: %w", c.ID, configPath, err), res.undo(ctx))

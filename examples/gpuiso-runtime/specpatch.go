@@ -13,15 +13,17 @@ import (
 
 // ownedKeys are the members of config.json that the isolation writes
 // (oci.Apply): the process's environment, the device nodes, the device
-// cgroup rules and the mounts.
-var ownedKeys = [][]string{{"process", "env"}, {"linux", "devices"}, {"linux", "resources", "devices"}, {"mounts"}}
+// cgroup rules and the mounts; and the cgroup's path where the engine left
+// it empty (ownCgroup).
+var ownedKeys = [][]string{{"process", "env"}, {"linux", "devices"}, {"linux", "resources", "devices"}, {"mounts"}, {"linux", "cgroupsPath"}}
 
 // patchSpec returns raw, the config.json an engine wrote, with the members
-// of ownedKeys set to spec's where they differ: every other byte, unknown
-// members included, stays as the engine wrote it. A member that is missing
-// is added at the end of its object.
+// of ownedKeys set to spec's where they differ (an empty cgroup path is
+// left as it is): every other byte, unknown members included, stays as the
+// engine wrote it. A member that is missing is added at the end of its
+// object.
 func patchSpec(raw []byte, spec *specs.Spec) ([]byte, error) {
-	var env, devices, rules, mounts any
+	var env, devices, rules, mounts, cgroup any
 	if spec.Process != nil {
 		env = spec.Process.Env
 	}
@@ -30,10 +32,16 @@ func patchSpec(raw []byte, spec *specs.Spec) ([]byte, error) {
 		if spec.Linux.Resources != nil {
 			rules = spec.Linux.Resources.Devices
 		}
+		if spec.Linux.CgroupsPath != "" {
+			cgroup = spec.Linux.CgroupsPath
+		}
 	}
 	mounts = spec.Mounts
 	out := raw
-	for i, v := range []any{env, devices, rules, mounts} {
+	for i, v := range []any{env, devices, rules, mounts, cgroup} {
+		if i == 4 && v == nil {
+			continue
+		}
 		key := ownedKeys[i]
 		b, err := json.Marshal(v)
 		if err != nil {
@@ -56,6 +64,29 @@ func patchSpec(raw []byte, spec *specs.Spec) ([]byte, error) {
 	return out, nil
 }
 
+// ownCgroup gives spec, whose container owner gpuiso-runtime isolates, a
+// cgroup of its own where the engine named none. runc then names the
+// cgroup after the container's id alone (cgroupfs: the id, under the
+// caller's own cgroup; systemd: the scope runc-ID), so that containers of
+// one id in two runc roots would share one cgroup, and the device rules
+// of the last created would be both containers'. The path given is runc's
+// default with the owner (the id and its root) for the id. runcArgs are
+// runc's global flags (--systemd-cgroup chooses the form).
+func ownCgroup(spec *specs.Spec, owner string, runcArgs []string) {
+	if spec.Linux == nil {
+		spec.Linux = &specs.Linux{}
+	}
+	if spec.Linux.CgroupsPath != "" {
+		return
+	}
+	spec.Linux.CgroupsPath = owner
+	for _, a := range runcArgs {
+		if name, value, _ := strings.Cut(strings.TrimLeft(a, "-"), "="); name == "systemd-cgroup" && value != "false" {
+			spec.Linux.CgroupsPath = ":runc:" + owner // runc's default slice and prefix
+		}
+	}
+}
+
 // sameJSON reports whether the JSON old reads as v (whose encoding is b):
 // old decoded into v's type encodes as b.
 func sameJSON(old, b []byte, v any) bool {
@@ -69,6 +100,8 @@ func sameJSON(old, b []byte, v any) bool {
 		again = new([]specs.LinuxDeviceCgroup)
 	case []specs.Mount:
 		again = new([]specs.Mount)
+	case string:
+		again = new(string)
 	default:
 		return false
 	}
