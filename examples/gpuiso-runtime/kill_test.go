@@ -387,7 +387,8 @@ func (r *rig) waitUnlocked(t *testing.T, owner string) {
 // GPU is refused; once runc is done, the claim is held by the container's
 // init (at once after SIGTERM; after a SIGKILL, by the next create, which is
 // refused), the container opens its GPU, and deleting it gives everything
-// back.
+// back. The conformance suite's sampler sees no GPU allowed to two
+// containers, nor one the allocator does not hold for its container.
 func TestKillCreate(t *testing.T) {
 	for _, tc := range []struct {
 		name string
@@ -400,6 +401,7 @@ func TestKillCreate(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := newRig(t)
+			w := r.watch(t)
 			stop := newStopper(t, tc.at)
 			id := fmt.Sprintf("gpuiso-kill-%d", time.Now().UnixNano())
 			owner := r.owner(t, id, r.root)
@@ -455,6 +457,7 @@ func TestKillCreate(t *testing.T) {
 			}
 			expectDevice(t, r.root, id, 6)
 			r.expectRefused(t, "create", id+"-d", r.root, 6, owner)
+			w.expectSeen(t, 1)
 			if out, err := r.run(t, r.root, "delete", "--force", id); err != nil {
 				t.Fatalf("delete: %v\n%s", err, out)
 			}
@@ -470,6 +473,7 @@ func TestKillCreate(t *testing.T) {
 // the dead one's use of the driver volume is gone.
 func TestKillForegroundRun(t *testing.T) {
 	r := newRig(t)
+	w := r.watch(t)
 	id := fmt.Sprintf("gpuiso-killrun-%d", time.Now().UnixNano())
 	owner := r.owner(t, id, r.root)
 	r.forget(t, id, r.root)
@@ -521,6 +525,7 @@ func TestKillForegroundRun(t *testing.T) {
 	r.expectRefused(t, "create", id+"-b", r.root, 6, owner)
 	r.expectHeld(t, owner, 6, 0)
 	expectDevice(t, r.root, id, 6)
+	w.expectSeen(t, 1)
 
 	// The container ends; runc run deletes it and goes.
 	if out, err := exec.Command("runc", "--root", r.root, "kill", id, "KILL").CombinedOutput(); err != nil {
@@ -571,6 +576,7 @@ func setArgs(t *testing.T, dir string, args ...string) {
 // container opens its GPU.
 func TestRunDetached(t *testing.T) {
 	r := newRig(t)
+	w := r.watch(t)
 	id := fmt.Sprintf("gpuiso-rund-%d", time.Now().UnixNano())
 	owner := r.owner(t, id, r.root)
 	r.forget(t, id, r.root)
@@ -580,6 +586,7 @@ func TestRunDetached(t *testing.T) {
 	r.expectHeld(t, owner, 6, initPid(t, r.root, id))
 	r.expectRefused(t, "run -d", id+"-b", r.root, 6, owner)
 	expectDevice(t, r.root, id, 6)
+	w.expectSeen(t, 1)
 	if out, err := r.run(t, r.root, "delete", "--force", id); err != nil {
 		t.Fatalf("delete: %v\n%s", err, out)
 	}
@@ -593,6 +600,7 @@ func TestRunDetached(t *testing.T) {
 func TestForeignRootDelete(t *testing.T) {
 	r := newRig(t)
 	other := t.TempDir()
+	w := r.watch(t, other)
 	id := fmt.Sprintf("gpuiso-roots-%d", time.Now().UnixNano())
 	mine, theirs := r.owner(t, id, r.root), r.owner(t, id, other)
 	r.forget(t, id, r.root)
@@ -606,6 +614,7 @@ func TestForeignRootDelete(t *testing.T) {
 	if got := owners(t, r.state); !slices.Equal(got[mine], []int{6}) || !slices.Equal(got[theirs], []int{7}) {
 		t.Fatalf("owners %v, want %s holding GPU 6 and %s GPU 7", got, mine, theirs)
 	}
+	w.expectSeen(t, 2)
 	if out, err := r.run(t, other, "delete", "--force", id); err != nil {
 		t.Fatalf("delete in %s: %v\n%s", other, err, out)
 	}
