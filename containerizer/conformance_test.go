@@ -114,7 +114,7 @@ func TestConformance(t *testing.T) {
 	testenv.RequireCgroupV1Devices(t)
 	cli := testenv.RequireDocker(t)
 	testenv.LockDocker(t, false)
-	testenv.RequireMPS(t)
+	testenv.RequireSimulatedMPS(t)
 	sim, host, inv := testenv.SimulatedNode(t, "dgx1-volta")
 	probe := testenv.BuildProbe(t)
 	img := testenv.BuildProbeImage(t, cli, testenv.ProbeImage{})

@@ -55,7 +55,7 @@ func shareLifecycle(t *testing.T, rt containerizer.Runtime, alloc *allocator.All
 
 func shareManager(t *testing.T) *mps.Manager {
 	t.Helper()
-	testenv.RequireMPS(t)
+	testenv.RequireSimulatedMPS(t)
 	m, err := mps.New(filepath.Join(t.TempDir(), "mps"))
 	if err != nil {
 		t.Fatal(err)

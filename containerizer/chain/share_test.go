@@ -22,7 +22,7 @@ import (
 // place and stops a daemon no container explains; Cleanup stops the
 // daemon and frees the share.
 func TestShares(t *testing.T) {
-	testenv.RequireMPS(t)
+	testenv.RequireSimulatedMPS(t)
 	ctx := context.Background()
 	f := newFixture(t)
 	m, err := mps.New(filepath.Join(t.TempDir(), "mps"))

@@ -29,7 +29,7 @@ func BenchmarkShareLaunch(b *testing.B) {
 	testenv.RequireRoot(b)
 	testenv.RequireCgroupV2(b)
 	testenv.RequireNVIDIALibraries(b)
-	testenv.RequireMPS(b)
+	testenv.RequireSimulatedMPS(b)
 	ctx := context.Background()
 	initPath := filepath.Join(b.TempDir(), "gpurun")
 	if out, err := exec.Command("go", "build", "-buildvcs=false", "-o", initPath, "github.com/gpuiso/gpuiso/examples/gpurun").CombinedOutput(); err != nil {

@@ -21,7 +21,7 @@ import (
 // naming it, shares its /dev/shm with that daemon, and cannot reach the
 // daemons' directory on the host, where its neighbour's daemon lives.
 func TestMPSShare(t *testing.T) {
-	testenv.RequireMPS(t)
+	testenv.RequireSimulatedMPS(t)
 	versions(t, func(t *testing.T, n *testNode) {
 		ctx := context.Background()
 		m, err := mps.New(filepath.Join(t.TempDir(), "mps"))

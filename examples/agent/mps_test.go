@@ -21,7 +21,7 @@ import (
 // ends nothing is left: no daemon, daemon directory or allocation.
 func TestShareRecoverAfterKill(t *testing.T) {
 	requireCgroups(t)
-	testenv.RequireMPS(t)
+	testenv.RequireSimulatedMPS(t)
 	bin := buildAgent(t)
 	state := filepath.Join(t.TempDir(), "state")
 	mpsDir := filepath.Join(state, "mps")

@@ -21,7 +21,7 @@ import (
 func TestShares(t *testing.T) {
 	testenv.RequireRoot(t)
 	testenv.RequireCgroupV2(t)
-	testenv.RequireMPS(t)
+	testenv.RequireSimulatedMPS(t)
 	bin := filepath.Join(t.TempDir(), "gpurun")
 	if b, err := exec.Command("go", "build", "-buildvcs=false", "-o", bin, "github.com/gpuiso/gpuiso/examples/gpurun").CombinedOutput(); err != nil {
 		t.Fatalf("build gpurun: %v\n%s", err, b)

@@ -161,7 +161,7 @@ func containerSees(t *testing.T, root, id string) string {
 // newShareRig is newRig for memory shares: the MPS control daemon too.
 func newShareRig(t *testing.T) *rig {
 	t.Helper()
-	testenv.RequireMPS(t)
+	testenv.RequireSimulatedMPS(t)
 	r := newRig(t)
 	stopDaemonsAtEnd(t, r.state)
 	return r

@@ -139,7 +139,7 @@ func TestSwarm(t *testing.T) {
 func TestSwarmShare(t *testing.T) {
 	testenv.RequireRoot(t)
 	testenv.RequireNVIDIALibraries(t)
-	testenv.RequireMPS(t)
+	testenv.RequireSimulatedMPS(t)
 	bin := buildRuntime(t)
 	sim, major, gpus := simNode(t, "dgx1-volta")
 	state := t.TempDir()

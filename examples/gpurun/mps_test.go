@@ -45,7 +45,7 @@ func TestShareUsage(t *testing.T) {
 func TestShareRun(t *testing.T) {
 	testenv.RequireRoot(t)
 	testenv.RequireCgroupV2(t)
-	testenv.RequireMPS(t)
+	testenv.RequireSimulatedMPS(t)
 	dir := t.TempDir()
 	t.Cleanup(func() { killDaemons(dir) })
 	out, errOut, code := gpurun("--simulate", "dgx1-volta", "--state-dir", dir, "--gpu-memory", "4GiB", "--gpu-compute", "25", "--",
@@ -128,7 +128,7 @@ func sharesLeft(t *testing.T, dir string) {
 func TestKilledShareRuns(t *testing.T) {
 	testenv.RequireRoot(t)
 	testenv.RequireCgroupV2(t)
-	testenv.RequireMPS(t)
+	testenv.RequireSimulatedMPS(t)
 	exe, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)

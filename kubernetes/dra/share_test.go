@@ -41,7 +41,7 @@ type shareEnv struct {
 
 func newShareEnv(t *testing.T) *shareEnv {
 	t.Helper()
-	testenv.RequireMPS(t)
+	testenv.RequireSimulatedMPS(t)
 	e := &shareEnv{env: newEnv(t, "dgx1-volta")}
 	e.mpsDir = filepath.Join(filepath.Dir(e.stateDir), "mps")
 	t.Cleanup(func() {

@@ -79,7 +79,7 @@ func shareArgs(major uint32, minors []int, name string) []string {
 // the pods end no daemon, share, CDI spec or checkpoint is left.
 func TestDRAShares(t *testing.T) {
 	c := requireCluster(t)
-	testenv.RequireMPS(t)
+	testenv.RequireSimulatedMPS(t)
 	ensureClasses(t, c)
 	ensureShareClass(t, c)
 	p := startPlugin(t, c, "dgx1-volta", "--device-plugin=false", "--shared-gpus", "0")
