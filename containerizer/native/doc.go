@@ -8,7 +8,9 @@
 //
 //   - its own device cgroup (package isolator/cgroups, v1 or v2) allowing the
 //     runtime's default devices, the driver's control devices and exactly the
-//     GPUs the allocator gave it;
+//     GPUs the allocator gave it; with Spec.CPUAffinity numa, pinned as well
+//     to the CPUs and memory nodes of its GPUs' NUMA nodes (the cpuset
+//     controller, set before its init runs and again after an Update);
 //   - a private /dev: a tmpfs holding the usual pseudo devices, and the
 //     control devices and only its own GPU nodes, bind-mounted from the
 //     host's dev root under their own names;
