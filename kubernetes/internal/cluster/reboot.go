@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -161,35 +160,5 @@ func (c *Cluster) removeNodeCgroups(n *Node) error {
 	if err != nil {
 		return err
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		var dirs []string
-		for _, r := range roots {
-			var tree []string
-			filepath.WalkDir(filepath.Join(r, n.cgroup), func(p string, d fs.DirEntry, err error) error {
-				if err == nil && d.IsDir() {
-					tree = append(tree, p)
-				}
-				return nil
-			})
-			slices.Reverse(tree)
-			dirs = append(dirs, tree...)
-		}
-		if len(dirs) == 0 {
-			return nil
-		}
-		var errs []error
-		for _, d := range dirs {
-			if err := os.Remove(d); err != nil && !errors.Is(err, fs.ErrNotExist) {
-				errs = append(errs, err)
-			}
-		}
-		if len(errs) == 0 {
-			continue
-		}
-		if time.Now().After(deadline) {
-			return errors.Join(errs...)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	return removeCgroupDirs(func() []string { return cgroupTree(roots, n.cgroup) })
 }

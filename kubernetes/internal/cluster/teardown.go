@@ -326,11 +326,16 @@ func (c *Cluster) cgroupDirs() []string {
 		return nil
 	}
 	roots, _ := cgroupMounts()
+	return cgroupTree(roots, c.cgroupName)
+}
+
+// cgroupTree lists the cgroup name and those below it that exist under
+// each of roots, children first.
+func cgroupTree(roots []string, name string) []string {
 	var out []string
 	for _, r := range roots {
-		top := filepath.Join(r, c.cgroupName)
 		var dirs []string
-		filepath.WalkDir(top, func(p string, d fs.DirEntry, err error) error {
+		filepath.WalkDir(filepath.Join(r, name), func(p string, d fs.DirEntry, err error) error {
 			if err == nil && d.IsDir() {
 				dirs = append(dirs, p)
 			}
@@ -344,14 +349,21 @@ func (c *Cluster) cgroupDirs() []string {
 
 // removeCgroups removes the cluster's cgroups, 10 s at most.
 func (c *Cluster) removeCgroups() error {
+	return removeCgroupDirs(c.cgroupDirs)
+}
+
+// removeCgroupDirs removes the cgroups dirs lists, children first, until
+// it lists none, 10 s at most (a cgroup whose last process is exiting is
+// busy for a moment).
+func removeCgroupDirs(dirs func() []string) error {
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		dirs := c.cgroupDirs()
-		if len(dirs) == 0 {
+		list := dirs()
+		if len(list) == 0 {
 			return nil
 		}
 		var errs []error
-		for _, d := range dirs {
+		for _, d := range list {
 			if err := os.Remove(d); err != nil && !errors.Is(err, fs.ErrNotExist) {
 				errs = append(errs, err)
 			}
