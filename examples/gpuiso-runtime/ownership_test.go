@@ -262,6 +262,17 @@ func runtimeOut(t *testing.T, bin string, args ...string) (string, error) {
 // sleeping, with NVIDIA_VISIBLE_DEVICES=env, and returns its directory.
 func sleepBundle(t *testing.T, probe, env string) string {
 	t.Helper()
+	return probeBundle(t, probe, func(proc map[string]any) {
+		proc["args"] = []string{"/probe", "sleep", "600"}
+		proc["env"] = append(proc["env"].([]any), "NVIDIA_VISIBLE_DEVICES="+env)
+	})
+}
+
+// probeBundle makes a runc bundle (runc spec) whose root holds the probe
+// program alone, with no terminal, lets edit change its process (args,
+// env, capabilities) and returns its directory.
+func probeBundle(t *testing.T, probe string, edit func(proc map[string]any)) string {
+	t.Helper()
 	dir := t.TempDir()
 	rootfs := filepath.Join(dir, "rootfs")
 	if err := os.MkdirAll(rootfs, 0o755); err != nil {
@@ -288,8 +299,7 @@ func sleepBundle(t *testing.T, probe, env string) string {
 	}
 	proc := spec["process"].(map[string]any)
 	proc["terminal"] = false
-	proc["args"] = []string{"/probe", "sleep", "600"}
-	proc["env"] = append(proc["env"].([]any), "NVIDIA_VISIBLE_DEVICES="+env)
+	edit(proc)
 	if raw, err = json.Marshal(spec); err != nil {
 		t.Fatal(err)
 	}

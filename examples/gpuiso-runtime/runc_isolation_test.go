@@ -2,11 +2,8 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -31,45 +28,15 @@ func TestRuncIsolation(t *testing.T) {
 	}
 	bin := buildRuntime(t)
 	sim, major, gpus := simNode(t, "dgx1-volta")
-	dir := t.TempDir()
-	rootfs := filepath.Join(dir, "rootfs")
-	probe, err := os.ReadFile(testenv.BuildProbe(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.MkdirAll(rootfs, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(rootfs, "probe"), probe, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if out, err := exec.Command("runc", "spec", "--bundle", dir).CombinedOutput(); err != nil {
-		t.Fatalf("runc spec: %v: %s", err, out)
-	}
-	cfg := filepath.Join(dir, "config.json")
-	raw, err := os.ReadFile(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var spec map[string]any
-	if err := json.Unmarshal(raw, &spec); err != nil {
-		t.Fatal(err)
-	}
-	proc := spec["process"].(map[string]any)
-	proc["terminal"] = false
-	proc["args"] = append([]string{"/probe"}, probeArgs(major, gpus)...)
-	proc["env"] = append(proc["env"].([]any), "NVIDIA_VISIBLE_DEVICES=2,3")
-	// The probe makes device nodes of its own.
-	caps := proc["capabilities"].(map[string]any)
-	for _, set := range []string{"bounding", "effective", "permitted"} {
-		caps[set] = append(caps[set].([]any), "CAP_MKNOD")
-	}
-	if raw, err = json.Marshal(spec); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(cfg, raw, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	dir := probeBundle(t, testenv.BuildProbe(t), func(proc map[string]any) {
+		proc["args"] = append([]string{"/probe"}, probeArgs(major, gpus)...)
+		proc["env"] = append(proc["env"].([]any), "NVIDIA_VISIBLE_DEVICES=2,3")
+		// The probe makes device nodes of its own.
+		caps := proc["capabilities"].(map[string]any)
+		for _, set := range []string{"bounding", "effective", "permitted"} {
+			caps[set] = append(caps[set].([]any), "CAP_MKNOD")
+		}
+	})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	id := fmt.Sprintf("gpuiso-isolation-%d", time.Now().UnixNano())

@@ -2,9 +2,7 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -56,41 +54,11 @@ func TestRuncMIG(t *testing.T) {
 	}
 	minor := inv.Devices[parent].Node.Minor
 
-	dir := t.TempDir()
-	rootfs := filepath.Join(dir, "rootfs")
-	probe, err := os.ReadFile(testenv.BuildProbe(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.MkdirAll(rootfs, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(rootfs, "probe"), probe, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if out, err := exec.Command("runc", "spec", "--bundle", dir).CombinedOutput(); err != nil {
-		t.Fatalf("runc spec: %v: %s", err, out)
-	}
-	cfg := filepath.Join(dir, "config.json")
-	raw, err := os.ReadFile(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var spec map[string]any
-	if err := json.Unmarshal(raw, &spec); err != nil {
-		t.Fatal(err)
-	}
-	proc := spec["process"].(map[string]any)
-	proc["terminal"] = false
-	proc["args"] = []string{"/probe", "do", "ls", "/dev", "--", "ls", "/dev/nvidia-caps", "--",
-		"open", fmt.Sprintf("/dev/nvidia%d", minor), "/dev/nvidia-caps/" + giCap, "/dev/nvidia-caps/" + ciCap, "--", "env", "NVIDIA_VISIBLE_DEVICES"}
-	proc["env"] = append(proc["env"].([]any), "NVIDIA_VISIBLE_DEVICES="+mig)
-	if raw, err = json.Marshal(spec); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(cfg, raw, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	dir := probeBundle(t, testenv.BuildProbe(t), func(proc map[string]any) {
+		proc["args"] = []string{"/probe", "do", "ls", "/dev", "--", "ls", "/dev/nvidia-caps", "--",
+			"open", fmt.Sprintf("/dev/nvidia%d", minor), "/dev/nvidia-caps/" + giCap, "/dev/nvidia-caps/" + ciCap, "--", "env", "NVIDIA_VISIBLE_DEVICES"}
+		proc["env"] = append(proc["env"].([]any), "NVIDIA_VISIBLE_DEVICES="+mig)
+	})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	id := fmt.Sprintf("gpuiso-mig-%d", time.Now().UnixNano())
