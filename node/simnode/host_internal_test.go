@@ -189,3 +189,32 @@ func TestHostPathsRefused(t *testing.T) {
 		t.Errorf("Remove of a Host without a Root = %v, want ErrInvalid", err)
 	}
 }
+
+// TestClaimableEntriesRaces: a directory listed just after another process
+// marked it, or while another process removed its tree (the marker last),
+// is not taken for a user's; a user's file still is.
+func TestClaimableEntriesRaces(t *testing.T) {
+	markedDir := t.TempDir()
+	if _, err := mark(markedDir); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name    string
+		root    string
+		listed  []string
+		refused bool
+	}{
+		{"marker listed, gone since (a tree being removed)", t.TempDir(), []string{markerName}, false},
+		{"marker and dev listed, marked since (a tree being made)", markedDir, []string{markerName, "dev"}, false},
+		{"nothing listed", t.TempDir(), nil, false},
+		{"a user's file", t.TempDir(), []string{"notes.txt"}, true},
+		{"a user's file beside a vanished marker", t.TempDir(), []string{markerName, "notes.txt"}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := claimableEntries(tc.root, tc.listed)
+			if refused := errors.Is(err, ErrNotOwned); refused != tc.refused {
+				t.Errorf("claimableEntries(%v) = %v, want refused %v", tc.listed, err, tc.refused)
+			}
+		})
+	}
+}

@@ -196,10 +196,20 @@ func claimable(root string) error {
 	if err != nil {
 		return err
 	}
-	if len(names) > 0 {
-		return &NotOwnedError{Dir: root, Entries: names}
+	return claimableEntries(root, names)
+}
+
+// claimableEntries refuses root, listed as names after marked(root) was
+// found false, unless the listing holds nothing of anyone else's. Another
+// process may have marked root since (the listing then holds the marker
+// and what it made after it), or be removing its tree (the marker goes
+// last, so it may be all that was listed): neither is a user's directory.
+func claimableEntries(root string, names []string) error {
+	others := slices.DeleteFunc(slices.Clone(names), func(n string) bool { return n == markerName })
+	if len(others) == 0 || marked(root) {
+		return nil
 	}
-	return nil
+	return &NotOwnedError{Dir: root, Entries: names}
 }
 
 // owned refuses a root not marked as gpuiso's.
