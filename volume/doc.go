@@ -26,6 +26,8 @@
 // gives. Vendor-neutral libGL, libEGL
 // and libGLES* are taken only when the file needs NVIDIA's GL core or GLVND's
 // dispatcher, never Mesa's. Programs are looked up on the binary directories.
+// [Manager.Library] finds one library of the driver root the same way (the
+// file a program loads NVML from, for a driver installed under another root).
 // Every host path (driver root, ld.so cache, binary and library directories,
 // proc root, volume root) can be moved, with the real one as the default.
 //
