@@ -22,9 +22,9 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/gpuiso/gpuiso/allocator"
-	"github.com/gpuiso/gpuiso/internal/ldcache"
 	"github.com/gpuiso/gpuiso/isolator/cdi"
 	"github.com/gpuiso/gpuiso/node/simnode"
+	"github.com/gpuiso/gpuiso/volume"
 )
 
 // deployFlags are the flags of the program run as a DaemonSet (the
@@ -117,11 +117,11 @@ func (f *flags) resolveSimulate(ctx context.Context, client kubernetes.Interface
 // nvmlLibrary returns the NVML library to load: the default (dlopen of
 // libnvidia-ml.so.1 by the program's own library path), or the one the
 // driver root's ld.so cache names, as a path under the driver root.
-func (f *flags) nvmlLibrary() (nvml.Interface, error) {
+func (f *flags) nvmlLibrary(ctx context.Context) (nvml.Interface, error) {
 	if f.deploy.driverRoot == "" {
 		return nvml.New(), nil
 	}
-	p, err := findNVML(f.deploy.driverRoot)
+	p, err := findNVML(ctx, f.deploy.driverRoot)
 	if err != nil {
 		return nil, err
 	}
@@ -133,26 +133,19 @@ func (f *flags) nvmlLibrary() (nvml.Interface, error) {
 var libDirs = []string{"usr/lib/x86_64-linux-gnu", "usr/lib64", "usr/lib/aarch64-linux-gnu", "lib/x86_64-linux-gnu", "lib64", "usr/lib"}
 
 // findNVML finds libnvidia-ml.so.1 of the driver installed under root:
-// through root's ld.so cache, else in the usual library directories. Its
-// links are followed inside root (a distribution's alternatives link
-// absolutely: /usr/lib/.../libnvidia-ml.so.1 -> /etc/alternatives/...).
-func findNVML(root string) (string, error) {
+// through root's ld.so cache (volume.Manager.Library), else in the usual
+// library directories. Its links are followed inside root (a
+// distribution's alternatives link absolutely:
+// /usr/lib/.../libnvidia-ml.so.1 -> /etc/alternatives/...).
+func findNVML(ctx context.Context, root string) (string, error) {
 	const lib = "libnvidia-ml.so.1"
-	var candidates []string
-	if b, err := os.ReadFile(filepath.Join(root, "etc", "ld.so.cache")); err == nil {
-		if c, err := ldcache.Parse(b); err == nil {
-			for _, e := range c.Entries {
-				if e.Key == lib && e.IsELF() && e.Bits() == 64 {
-					candidates = append(candidates, e.Value)
-				}
-			}
+	if m, err := volume.New(volume.WithDriverRoot(root)); err == nil {
+		if p, err := m.Library(ctx, lib); err == nil {
+			return p, nil
 		}
 	}
 	for _, d := range libDirs {
-		candidates = append(candidates, filepath.Join("/", d, lib))
-	}
-	for _, c := range candidates {
-		p, err := inRoot(root, c)
+		p, err := inRoot(root, filepath.Join("/", d, lib))
 		if err != nil {
 			continue
 		}

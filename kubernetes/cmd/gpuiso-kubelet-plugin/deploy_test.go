@@ -60,13 +60,13 @@ func TestDeployFlags(t *testing.T) {
 // library directories, and a root without it is an error.
 func TestFindNVML(t *testing.T) {
 	root := t.TempDir()
-	if _, err := findNVML(root); err == nil {
+	if _, err := findNVML(context.Background(), root); err == nil {
 		t.Fatal("found NVML in an empty root")
 	}
 	lib := filepath.Join(root, "usr/lib64/libnvidia-ml.so.1")
 	os.MkdirAll(filepath.Dir(lib), 0o755)
 	os.WriteFile(lib, nil, 0o644)
-	if got, err := findNVML(root); err != nil || got != lib {
+	if got, err := findNVML(context.Background(), root); err != nil || got != lib {
 		t.Fatalf("findNVML = %q, %v; want %s", got, err, lib)
 	}
 
@@ -81,7 +81,7 @@ func TestFindNVML(t *testing.T) {
 	os.MkdirAll(filepath.Join(root, "etc/alternatives"), 0o755)
 	os.Symlink("/usr/lib/x86_64-linux-gnu/nvidia/current/libnvidia-ml.so.1", filepath.Join(root, "etc/alternatives/nvidia--libnvidia-ml.so.1-x86_64-linux-gnu"))
 	os.Symlink("/etc/alternatives/nvidia--libnvidia-ml.so.1-x86_64-linux-gnu", filepath.Join(root, "usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"))
-	if got, err := findNVML(root); err != nil || got != real {
+	if got, err := findNVML(context.Background(), root); err != nil || got != real {
 		t.Fatalf("findNVML through absolute links = %q, %v; want %s", got, err, real)
 	}
 }

@@ -166,7 +166,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 // library the health monitor watches and the sys root for PCIe roots.
 func openNode(ctx context.Context, f *flags) (*node.Inventory, nvml.Interface, string, error) {
 	if f.simulate == "" {
-		lib, err := f.nvmlLibrary()
+		lib, err := f.nvmlLibrary(ctx)
 		if err != nil {
 			return nil, nil, "", err
 		}
