@@ -97,7 +97,7 @@ func (a *Allocator) shareable() uint64 {
 // placeExclusive chooses c.count GPUs; held are GPUs the owner keeps (a
 // resize), which count toward c.count.
 func (a *Allocator) placeExclusive(c compiled, held uint64) (uint64, error) {
-	free := a.usable() & c.match
+	free := (a.usable() | a.emptyMIGParents()&c.must) & c.match
 	for _, p := range a.positions(c.must &^ held) {
 		if free&(1<<p) == 0 {
 			return 0, fmt.Errorf("%s: %s: %w", a.name(p), a.why(p, c), ErrDeviceUnavailable)

@@ -69,7 +69,7 @@ func (a *Allocator) claim(ctx context.Context, owner string, devices []node.Devi
 		return Allocation{Owner: owner}, nil
 	}
 	h := &holding{shared: -1, devices: want.devices, mig: want.mig}
-	usable := a.usable()
+	usable := a.usable() | a.emptyMIGParents()
 	for _, p := range a.positions(want.devices) {
 		if usable&(1<<p) == 0 {
 			return Allocation{}, fmt.Errorf("%s: %s: %w", a.name(p), a.why(p, compiled{match: ^uint64(0)}), ErrDeviceUnavailable)

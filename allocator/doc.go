@@ -45,6 +45,12 @@
 // simnode provides one for simulated nodes) a profile the layout cannot serve
 // gets MIG devices created on GPUs with MIG enabled and room, destroyed again
 // on release; a request that fails part way destroys what it created.
+// [Allocator.AllocateMIGAt] creates one at a placement the caller chose (a
+// scheduler that counts each GPU's memory slices decides where it goes),
+// with a manager that is a [MIGPlacer]. With a MIG manager, a GPU with MIG
+// enabled and no MIG device at all may also be held whole by a request
+// that names it; no MIG device is created on it meanwhile, and it is not
+// handed out whole while it has one.
 //
 // # Shares
 //

@@ -406,8 +406,8 @@ func (a *Allocator) checkMIGInvariants() error {
 		if len(h.mig) > 0 && (h.devices != 0 || h.shared >= 0) {
 			return fmt.Errorf("owner %s holds MIG devices beside whole or shared GPUs", o)
 		}
-		if h.devices&a.mig.parents != 0 {
-			return fmt.Errorf("owner %s holds a GPU with MIG enabled whole", o)
+		if h.devices&a.mig.parents != 0 && (a.cfg.migManager == nil || h.devices&a.migParentsOf(a.liveUnits()) != 0) {
+			return fmt.Errorf("owner %s holds a GPU with MIG enabled whole, beside its MIG devices", o)
 		}
 		if h.shared >= 0 && a.mig.parents&(1<<h.shared) != 0 {
 			return fmt.Errorf("owner %s shares a GPU with MIG enabled", o)

@@ -51,7 +51,7 @@ func (a *Allocator) createMIG(ctx context.Context, m migMatch, need int) ([]int,
 	}
 	var parents []int
 	for p := range a.n {
-		if a.mig.parents&(1<<p) != 0 && m.parents&(1<<p) != 0 && a.health[p].Healthy {
+		if a.mig.parents&(1<<p) != 0 && m.parents&(1<<p) != 0 && a.health[p].Healthy && a.exclusive[p] == "" {
 			if _, ok := a.inv.Devices[p].MIGProfile(m.profile); ok {
 				parents = append(parents, p)
 			}

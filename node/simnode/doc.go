@@ -3,7 +3,7 @@
 //
 // A [Node] is built from a topology description ([Spec]); the shipped ones
 // (see [Names]) are dgx1-volta, dgx1-pascal, dgx-a100, dgx-a100-mig,
-// hgx-h100, hgx-h100-mig, dgx2, rtx8000x4 and pcie8. Its [Node.NVML] answers as the node's driver would,
+// hgx-h100, hgx-h100-mig, hgx-h100-dynmig, dgx2, rtx8000x4 and pcie8. Its [Node.NVML] answers as the node's driver would,
 // through go-nvml's mock types: stable UUIDs and bus ids, PCIe topology,
 // NVLinks (NVSwitch systems link every GPU to the switches), memory and
 // fingerprint attributes, and event sets. What a real driver could not
@@ -53,12 +53,15 @@
 // ids follow the placement (0 for the whole GPU, 1-2 halves, 3-6 quarters,
 // 7-13 single slices); UUIDs derive from the topology, GPU and instance
 // ([Node.MIGUUID]), so they are the same in every run. hgx-h100-mig and
-// dgx-a100-mig split GPUs 0-3 in mixed layouts and leave 4-7 whole.
+// dgx-a100-mig split GPUs 0-3 in mixed layouts and leave 4-7 whole;
+// hgx-h100-dynmig has MIG enabled on GPU 0 with no instance and on GPU 1
+// with one 3g.40gb, for dynamic MIG.
 // [Node.InjectMIGXID] delivers an XID the driver attributes to one instance.
 // [Node.MIGManager] creates and destroys MIG devices on GPUs with MIG
 // enabled (dynamic MIG, in simulation only; each call all or nothing, with
 // the host tree's capability nodes kept in step), for
-// allocator.WithMIGManager.
+// allocator.WithMIGManager; [MIGManager.CreateMIGAt] creates one at a
+// placement the caller chose.
 //
 // On a MIG-capable node MakeHost adds the nvidia-caps side: a third free
 // major (Host.CapsMajor, the "nvidia-caps" line of /proc/devices),

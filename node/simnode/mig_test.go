@@ -197,3 +197,44 @@ func TestMIGManagerHost(t *testing.T) {
 		t.Fatalf("second destroy: %v", err)
 	}
 }
+
+// TestMIGManagerCreateAt creates MIG devices at chosen placements: at the
+// start asked for, refused where an instance overlaps it or the profile has
+// no such placement, and beside a user's instance that stays as it was.
+func TestMIGManagerCreateAt(t *testing.T) {
+	ctx := context.Background()
+	sim, err := simnode.New("hgx-h100-dynmig")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !sim.MIGEnabled(0) || len(sim.MIGDevices(0)) != 0 || len(sim.MIGDevices(1)) != 1 {
+		t.Fatalf("GPU 0: MIG %v with %v; GPU 1: %v", sim.MIGEnabled(0), sim.MIGDevices(0), sim.MIGDevices(1))
+	}
+	m := sim.MIGManager(nil)
+	d, err := m.CreateMIGAt(ctx, sim.UUID(0), "1g.10gb", 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Placement != (node.MIGPlacement{Start: 3, Size: 1}) || d.GI != 10 || d.Parent != 0 {
+		t.Fatalf("created %+v", d)
+	}
+	if _, err := m.CreateMIGAt(ctx, sim.UUID(0), "2g.20gb", 2); !errors.Is(err, node.ErrInsufficient) {
+		t.Fatalf("2g.20gb over the 1g.10gb at 3: %v", err)
+	}
+	if _, err := m.CreateMIGAt(ctx, sim.UUID(0), "4g.40gb", 4); !errors.Is(err, simnode.ErrMIGLayout) {
+		t.Fatalf("4g.40gb at 4, not a placement of the profile: %v", err)
+	}
+	if _, err := m.CreateMIGAt(ctx, sim.UUID(1), "1g.10gb", 2); !errors.Is(err, node.ErrInsufficient) {
+		t.Fatalf("1g.10gb inside the user's 3g.40gb: %v", err)
+	}
+	user := sim.MIGDevices(1)[0]
+	if _, err := m.CreateMIGAt(ctx, sim.UUID(1), "3g.40gb", 4); err != nil {
+		t.Fatal(err)
+	}
+	if got := sim.MIGDevices(1); len(got) != 2 || got[0] != user {
+		t.Fatalf("GPU 1 after a 3g.40gb at 4: %+v", got)
+	}
+	if err := m.DestroyMIG(ctx, sim.UUID(0), d.UUID); err != nil || len(sim.MIGDevices(0)) != 0 {
+		t.Fatalf("destroy: %v, left %v", err, sim.MIGDevices(0))
+	}
+}

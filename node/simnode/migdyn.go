@@ -40,6 +40,18 @@ func (m *MIGManager) FailAfter(k int) { m.failAfter = k }
 // at the first free placement the profile allows, with one compute instance
 // spanning it, and returns the new MIG device as discovery would read it.
 func (m *MIGManager) CreateMIG(ctx context.Context, parent, profile string) (node.MIGDevice, error) {
+	return m.create(ctx, parent, profile, nil)
+}
+
+// CreateMIGAt is CreateMIG at the placement that starts at memory slice
+// start: an error matching node.ErrInsufficient when an instance overlaps
+// it or the GPU holds no more of the profile, ErrMIGLayout when the
+// profile has no such placement.
+func (m *MIGManager) CreateMIGAt(ctx context.Context, parent, profile string, start int) (node.MIGDevice, error) {
+	return m.create(ctx, parent, profile, &start)
+}
+
+func (m *MIGManager) create(ctx context.Context, parent, profile string, at *int) (node.MIGDevice, error) {
 	if err := ctx.Err(); err != nil {
 		return node.MIGDevice{}, err
 	}
@@ -73,7 +85,10 @@ func (m *MIGManager) CreateMIG(ctx context.Context, parent, profile string) (nod
 	for _, in := range st.instances {
 		have = append(have, placed{in.profile, in.start})
 	}
-	start, err := placeOne(p, have, nil)
+	if at != nil && !slices.Contains(p.starts, *at) {
+		return node.MIGDevice{}, fmt.Errorf("create %s on GPU %d at %d: not one of the profile's placements %v: %w", profile, i, *at, p.starts, ErrMIGLayout)
+	}
+	start, err := placeOne(p, have, at)
 	if err != nil {
 		return node.MIGDevice{}, fmt.Errorf("create %s on GPU %d: %w: %w", profile, i, ErrMIGFull, err)
 	}

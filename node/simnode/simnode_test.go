@@ -19,7 +19,7 @@ import (
 )
 
 func TestShippedTopologies(t *testing.T) {
-	want := []string{"dgx-a100", "dgx-a100-mig", "dgx1-pascal", "dgx1-volta", "dgx2", "hgx-h100", "hgx-h100-mig", "pcie8", "rtx8000x4"}
+	want := []string{"dgx-a100", "dgx-a100-mig", "dgx1-pascal", "dgx1-volta", "dgx2", "hgx-h100", "hgx-h100-dynmig", "hgx-h100-mig", "pcie8", "rtx8000x4"}
 	if got := simnode.Names(); !slices.Equal(got, want) {
 		t.Fatalf("Names() = %v, want %v", got, want)
 	}
