@@ -83,6 +83,18 @@ func (a *Allocator) usable() uint64 {
 	return m
 }
 
+// acceptable is the mask of the devices of sick that may be handed out
+// exclusively but for their health (Request.AcceptUnhealthy).
+func (a *Allocator) acceptable(sick uint64) uint64 {
+	var m uint64
+	for _, p := range a.positions(sick) {
+		if a.exclusive[p] == "" && len(a.shares[p]) == 0 && a.mig.parents&(1<<p) == 0 {
+			m |= 1 << p
+		}
+	}
+	return m
+}
+
 // shareable is the mask of GPUs configured for shares.
 func (a *Allocator) shareable() uint64 {
 	var m uint64
@@ -97,7 +109,7 @@ func (a *Allocator) shareable() uint64 {
 // placeExclusive chooses c.count GPUs; held are GPUs the owner keeps (a
 // resize), which count toward c.count.
 func (a *Allocator) placeExclusive(c compiled, held uint64) (uint64, error) {
-	free := (a.usable() | a.emptyMIGParents()&c.must) & c.match
+	free := (a.usable() | a.acceptable(c.sick) | a.emptyMIGParents()&c.must) & c.match
 	for _, p := range a.positions(c.must &^ held) {
 		if free&(1<<p) == 0 {
 			return 0, fmt.Errorf("%s: %s: %w", a.name(p), a.why(p, c), ErrDeviceUnavailable)

@@ -132,6 +132,7 @@ type migMatch struct {
 	profile string
 	memory  uint64
 	must    []int  // units named by UUID
+	sick    []int  // units of must that may be unhealthy (AcceptUnhealthy)
 	parents uint64 // positions whose GPU matches model and constraints
 }
 
@@ -165,6 +166,13 @@ func (a *Allocator) compileMIG(r Request) (migMatch, error) {
 			return m, fmt.Errorf("device %q: %w", ref, ErrDuplicateDevice)
 		}
 		m.must = append(m.must, k)
+	}
+	for _, ref := range r.AcceptUnhealthy {
+		k, ok := a.migUnitOf(ref)
+		if !ok || !slices.Contains(m.must, k) {
+			return m, fmt.Errorf("device %q accepted unhealthy is not one the request names: %w", ref, ErrInvalidRequest)
+		}
+		m.sick = append(m.sick, k)
 	}
 	if m.count == 0 {
 		m.count = max(len(m.must), 1)
@@ -223,7 +231,8 @@ func (a *Allocator) fits(k int, m migMatch) bool {
 func (a *Allocator) placeMIG(m migMatch) ([]int, error) {
 	chosen := slices.Clone(m.must)
 	for _, k := range m.must {
-		if !a.migUsable(k) || !a.fits(k, m) {
+		usable := a.migUsable(k) || slices.Contains(m.sick, k) && !a.mig.units[k].gone && a.mig.owner[k] == ""
+		if !usable || !a.fits(k, m) {
 			return nil, fmt.Errorf("MIG device %s: %s: %w", a.mig.units[k].dev.UUID, a.whyMIG(k, m), ErrDeviceUnavailable)
 		}
 	}

@@ -44,6 +44,14 @@ type Request struct {
 	// Holder, when set, is the process whose life the allocation lasts:
 	// ReleaseDead frees it once that process is provably gone.
 	Holder *Holder `json:"holder,omitempty"`
+	// AcceptUnhealthy names devices of Devices (in the same form) that
+	// may be handed out although marked unhealthy (MarkUnhealthy): the
+	// caller knows and takes them as they are, as an operator's
+	// diagnostic of a failed GPU does. Every other device, and every
+	// device the allocator chooses itself, is a healthy one, as without
+	// it; a device held by another owner is refused all the same. A
+	// device named here and not in Devices is an ErrInvalidRequest.
+	AcceptUnhealthy []string `json:"acceptUnhealthy,omitempty"`
 }
 
 // Allocation is what an owner holds.
@@ -109,6 +117,7 @@ type compiled struct {
 	group    string
 	share    *Share
 	holder   *Holder
+	sick     uint64 // devices of must that may be unhealthy (AcceptUnhealthy)
 }
 
 func (a *Allocator) compile(r Request) (compiled, error) {
@@ -137,6 +146,16 @@ func (a *Allocator) compile(r Request) (compiled, error) {
 			return c, fmt.Errorf("device %q: %w", ref, ErrDuplicateDevice)
 		}
 		c.must |= 1 << p
+	}
+	for _, ref := range r.AcceptUnhealthy {
+		p, err := a.resolve(ref)
+		if err != nil {
+			return c, err
+		}
+		if c.must&(1<<p) == 0 {
+			return c, fmt.Errorf("device %q accepted unhealthy is not one the request names: %w", ref, ErrInvalidRequest)
+		}
+		c.sick |= 1 << p
 	}
 	c.count = r.Count
 	if c.count == 0 {

@@ -161,8 +161,8 @@ func (a *Allocator) timeSliceLimit() int {
 }
 
 // fitsShare says why GPU p cannot take share s of a request matching
-// match, or "" when it can.
-func (a *Allocator) fitsShare(p int, s Share, match uint64) string {
+// match, or "" when it can; a GPU of sick may be unhealthy.
+func (a *Allocator) fitsShare(p int, s Share, match, sick uint64) string {
 	switch {
 	case a.mig.parents&(1<<p) != 0:
 		return "MIG enabled: handed out by MIG device, never shared"
@@ -170,7 +170,7 @@ func (a *Allocator) fitsShare(p int, s Share, match uint64) string {
 		return "not shareable"
 	case a.exclusive[p] != "":
 		return "owned by " + a.exclusive[p]
-	case !a.health[p].Healthy:
+	case !a.health[p].Healthy && sick&(1<<p) == 0:
 		return a.health[p].String()
 	case match&(1<<p) == 0:
 		return "does not match the request's model or constraints"
@@ -205,7 +205,7 @@ func (a *Allocator) placeShare(c compiled, s Share) (int, error) {
 		if c.must != 0 && c.must&(1<<p) == 0 {
 			continue
 		}
-		if why := a.fitsShare(p, s, c.match); why != "" {
+		if why := a.fitsShare(p, s, c.match, c.sick); why != "" {
 			if c.must != 0 {
 				return 0, fmt.Errorf("%s: %s: %w", a.name(p), why, ErrDeviceUnavailable)
 			}
@@ -233,7 +233,7 @@ func (a *Allocator) placeShare(c compiled, s Share) (int, error) {
 	e := &ShareError{Share: s}
 	for p := range a.n {
 		d := a.inv.Devices[p]
-		f := ShareFit{Index: d.Index, UUID: d.UUID, Reason: a.fitsShare(p, s, c.match)}
+		f := ShareFit{Index: d.Index, UUID: d.UUID, Reason: a.fitsShare(p, s, c.match, c.sick)}
 		if a.shares[p] != nil && a.exclusive[p] == "" && a.shareMode(p) != ShareTime {
 			f.FreeBytes = a.freeMemory(p)
 		}
@@ -349,7 +349,7 @@ func (a *Allocator) claimShare(ctx context.Context, owner string, device node.De
 	if restore {
 		a.shares[p] = map[string]uint64{}
 	}
-	if why := a.fitsShare(p, s, ^uint64(0)); why != "" {
+	if why := a.fitsShare(p, s, ^uint64(0), 0); why != "" {
 		if restore {
 			a.shares[p] = nil
 		}

@@ -113,12 +113,9 @@ func (rt *Runtime) Prepare(ctx context.Context, c CreateArgs) (*prepared, error)
 		}
 	}
 	if wantsVolume {
-		vols, err := volume.New()
-		if err == nil {
-			_, err = vols.Build(ctx)
-		}
-		if err != nil {
-			return nil, fmt.Errorf("container %s asks for the driver volume (%s): %w", c.ID, req.Source, err)
+		vols, note := cli.DriverVolume(ctx)
+		if vols == nil {
+			return nil, fmt.Errorf("container %s asks for the driver volume (%s): %s", c.ID, req.Source, note)
 		}
 		pr.Volumes = vols
 	}

@@ -87,7 +87,6 @@ import (
 	"github.com/gpuiso/gpuiso/isolator/cgroups"
 	"github.com/gpuiso/gpuiso/isolator/mps"
 	"github.com/gpuiso/gpuiso/node/simnode"
-	"github.com/gpuiso/gpuiso/volume"
 )
 
 func main() {
@@ -310,13 +309,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	if err != nil {
 		return fail("%v", err)
 	}
-	vols, err := volume.New()
-	if err == nil {
-		_, err = vols.Build(ctx)
-	}
-	if err != nil {
-		vols = nil // no driver: containers that ask for its volume are refused
-	}
+	vols, _ := cli.DriverVolume(ctx)
 	c, err := native.New(native.Config{Allocator: alloc, Inventory: inv, Isolator: iso, Volumes: vols, MPS: daemons, StateDir: state})
 	if err != nil {
 		return fail("%v", err)
