@@ -34,6 +34,7 @@ import (
 	"github.com/gpuiso/gpuiso/containerizer/docker"
 	"github.com/gpuiso/gpuiso/internal/cli"
 	"github.com/gpuiso/gpuiso/node/simnode"
+	"github.com/gpuiso/gpuiso/volume"
 )
 
 func main() {
@@ -147,11 +148,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	defer alloc.Close()
 	id := fmt.Sprintf("dockerrun-%d", os.Getpid())
 	ns := namespace(state)
-	vols, volNote := cli.DriverVolume(ctx)
+	vols, volErr := volume.New()
+	if volErr == nil {
+		_, volErr = vols.Build(ctx)
+	}
 	// This process supervises its container: once it is dead, the next
 	// run's Clean removes what it left.
 	opts := []docker.Option{docker.WithNamespace(ns), docker.WithSupervisor(self)}
-	if vols != nil {
+	if volErr == nil {
 		opts = append(opts, docker.WithVolumes(vols))
 	}
 	z, err := docker.New(dc, alloc, opts...)
@@ -185,7 +189,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	if err != nil {
 		if errors.Is(err, docker.ErrNoVolume) {
-			err = fmt.Errorf("%w (%s)", err, volNote)
+			err = fmt.Errorf("%w (no driver volume (%v))", err, volErr)
 		}
 		if code, ok := cli.StartStatus(err); ok {
 			fmt.Fprintf(stderr, "dockerrun: %v\n", err)

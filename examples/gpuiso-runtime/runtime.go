@@ -113,9 +113,12 @@ func (rt *Runtime) Prepare(ctx context.Context, c CreateArgs) (*prepared, error)
 		}
 	}
 	if wantsVolume {
-		vols, note := cli.DriverVolume(ctx)
-		if vols == nil {
-			return nil, fmt.Errorf("container %s asks for the driver volume (%s): %s", c.ID, req.Source, note)
+		vols, err := volume.New()
+		if err == nil {
+			_, err = vols.Build(ctx)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("container %s asks for the driver volume (%s): %w", c.ID, req.Source, err)
 		}
 		pr.Volumes = vols
 	}

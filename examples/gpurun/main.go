@@ -87,6 +87,7 @@ import (
 	"github.com/gpuiso/gpuiso/isolator/cgroups"
 	"github.com/gpuiso/gpuiso/isolator/mps"
 	"github.com/gpuiso/gpuiso/node/simnode"
+	"github.com/gpuiso/gpuiso/volume"
 )
 
 func main() {
@@ -309,7 +310,13 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	if err != nil {
 		return fail("%v", err)
 	}
-	vols, _ := cli.DriverVolume(ctx)
+	vols, err := volume.New()
+	if err == nil {
+		_, err = vols.Build(ctx)
+	}
+	if err != nil {
+		vols = nil // no driver: containers that ask for its volume are refused
+	}
 	c, err := native.New(native.Config{Allocator: alloc, Inventory: inv, Isolator: iso, Volumes: vols, MPS: daemons, StateDir: state})
 	if err != nil {
 		return fail("%v", err)

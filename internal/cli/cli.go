@@ -1,5 +1,11 @@
 // Package cli holds what gpuiso's example programs share: the node they run
-// on (real or simulated), the driver volume, and the lines a person reads.
+// on (real or simulated), their temporary directories, their command line's
+// conventions and the lines a person reads.
+//
+// It serves the programs and sits below the library they use: it imports
+// node (and its nvmlnode and simnode), internal/linux and the standard
+// library, never allocator, volume, isolator or containerizer, whose
+// results the programs combine themselves (TestLayer keeps it so).
 package cli
 
 import (
@@ -17,7 +23,6 @@ import (
 	"github.com/gpuiso/gpuiso/node"
 	"github.com/gpuiso/gpuiso/node/nvmlnode"
 	"github.com/gpuiso/gpuiso/node/simnode"
-	"github.com/gpuiso/gpuiso/volume"
 )
 
 // ExplainDiscover turns a discovery error into one line naming the cause
@@ -177,19 +182,6 @@ func (n *Node) Close() error {
 		return nil
 	}
 	return os.RemoveAll(n.dir)
-}
-
-// DriverVolume builds (or finds) the host's driver volume. Without a driver
-// there is none, and the note says why.
-func DriverVolume(ctx context.Context) (*volume.Manager, string) {
-	m, err := volume.New()
-	if err == nil {
-		_, err = m.Build(ctx)
-	}
-	if err != nil {
-		return nil, "no driver volume (" + err.Error() + ")"
-	}
-	return m, ""
 }
 
 // DescribeGPUs writes GPUs as the programs report them: "GPUs 1,3 (GPU-...,GPU-...)".
