@@ -82,11 +82,11 @@ type Store[T any] struct {
 	o   Options[T]
 }
 
-// New returns the store of dir (which New neither reads nor makes).
-// Options without a format, or with a version below 1, are an error
-// matching ErrInvalidOptions.
+// New returns the store of dir (which New neither reads nor makes; ""
+// is the working directory). Options without a format, or with a version
+// below 1, are an error matching ErrInvalidOptions.
 func New[T any](dir string, o Options[T]) (*Store[T], error) {
-	if o.Format == "" || o.Version < 1 || dir == "" {
+	if o.Format == "" || o.Version < 1 {
 		return nil, fmt.Errorf("record store %q: format %q, version %d: %w", dir, o.Format, o.Version, ErrInvalidOptions)
 	}
 	if o.Name != "" && (strings.ContainsAny(o.Name, `/\`) || o.Name == "." || o.Name == "..") {

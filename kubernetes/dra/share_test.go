@@ -2,9 +2,6 @@ package dra_test
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
@@ -461,48 +458,6 @@ func kept2(t *testing.T, d *dra.Driver, c *resourceapi.ResourceClaim) []kubeletp
 	return devs
 }
 
-// TestShareCheckpointVersions: a checkpoint that records a share is of
-// version 2, and one of version 1 with a share (what a driver that knows
-// no shares would roll back without its daemon) or of version 2 without
-// one is corrupt.
-func TestShareCheckpointVersions(t *testing.T) {
-	dir := t.TempDir()
-	cp := dra.Checkpoint{UID: "v", State: dra.StatePrepareCompleted, Owner: "claim-v",
-		Devices: []dra.PreparedDevice{{Device: "share-0", UUID: "GPU-x", ShareID: "id"}}, Share: &dra.PreparedShare{MemoryBytes: gib}}
-	if err := dra.WriteCheckpoint(dir, cp); err != nil {
-		t.Fatal(err)
-	}
-	b, err := os.ReadFile(filepath.Join(dir, "v.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	got, err := dra.ParseCheckpoint(b)
-	if err != nil || got.Version != 2 || got.Share == nil || got.Share.MemoryBytes != gib || got.Devices[0].ShareID != "id" {
-		t.Fatalf("parse = %+v, %v", got, err)
-	}
-	resum := func(c dra.Checkpoint) []byte {
-		c.Checksum = ""
-		raw, _ := json.Marshal(c)
-		c.Checksum = sha(raw)
-		out, _ := json.Marshal(c)
-		return out
-	}
-	v1 := got
-	v1.Version = 1
-	noShare := got
-	noShare.Share = nil
-	twoDevs := got
-	twoDevs.Devices = append(slices.Clone(got.Devices), dra.PreparedDevice{Device: "gpu-1"})
-	for name, c := range map[string]dra.Checkpoint{"v1 with a share": v1, "v2 without": noShare, "a share of two devices": twoDevs} {
-		if _, err := dra.ParseCheckpoint(resum(c)); err == nil {
-			t.Errorf("%s: parsed", name)
-		}
-	}
-	if _, err := dra.ParseCheckpoint(resum(got)); err != nil {
-		t.Errorf("the re-summed original: %v", err)
-	}
-}
-
 // until polls cond; the test's deadline bounds it.
 func until(t *testing.T, cond func() bool) {
 	t.Helper()
@@ -512,9 +467,4 @@ func until(t *testing.T, cond func() bool) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-}
-
-func sha(b []byte) string {
-	h := sha256.Sum256(b)
-	return hex.EncodeToString(h[:])
 }
