@@ -48,3 +48,10 @@ var (
 	// driver has no MPS daemon manager.
 	ErrNoMPS = node.Sentinel(node.ErrNotSupported, "GPU shares need an MPS daemon manager")
 )
+
+var (
+	// ErrInvalidDeviceConfig: an opaque configuration of the driver does
+	// not read as a GPUConfig or a ShareConfig, or does not hold for the
+	// devices its request was allocated (a *ConfigError).
+	ErrInvalidDeviceConfig = node.Sentinel(node.ErrInvalid, "invalid device configuration")
+)

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"strings"
 
 	resourceapi "k8s.io/api/resource/v1"
 )
@@ -23,8 +22,9 @@ import (
 // The configurations that apply to a share's request (those naming no
 // request, or naming it or its main request) are applied in the order the
 // allocation lists them, the class's before the claim's: a later one's
-// field overrides an earlier one's. Configurations of requests that are
-// not shares are not read.
+// field overrides an earlier one's. It is read as the GPUConfig it means
+// (sharing.mps.computePercent), beside the driver's versioned GPUConfig
+// (see ParseDeviceConfig).
 type ShareConfig struct {
 	APIVersion string `json:"apiVersion,omitempty"`
 	Kind       string `json:"kind,omitempty"`
@@ -58,11 +58,11 @@ func ParseShareConfig(b []byte) (ShareConfig, error) {
 	return c, nil
 }
 
-// shareOf is the memory share of r, a result allocating a share device of
-// claim: the memory the scheduler gave it (its consumed capacity, the
-// request rounded up by the request policy) and the compute percentage of
-// the configurations that apply to its request.
-func (d *Driver) shareOf(claim *resourceapi.ResourceClaim, r resourceapi.DeviceRequestAllocationResult) (PreparedShare, error) {
+// shareOf is the memory share of r, a result allocating a share device:
+// the memory the scheduler gave it (its consumed capacity, the request
+// rounded up by the request policy) and the compute percentage of cfg,
+// the configurations that apply to its request (configOf).
+func (d *Driver) shareOf(r resourceapi.DeviceRequestAllocationResult, cfg GPUConfig) (PreparedShare, error) {
 	if r.ShareID == nil || *r.ShareID == "" {
 		return PreparedShare{}, fmt.Errorf("a share allocated without a share id: %w", ErrInvalidShare)
 	}
@@ -74,24 +74,7 @@ func (d *Driver) shareOf(claim *resourceapi.ResourceClaim, r resourceapi.DeviceR
 	if !ok || mem < 1<<20 {
 		return PreparedShare{}, fmt.Errorf("a share of %s %s, want at least 1Mi: %w", q.String(), CapMemory, ErrInvalidShare)
 	}
-	s := PreparedShare{MemoryBytes: uint64(mem)}
-	parent, _, _ := strings.Cut(r.Request, "/")
-	for _, c := range claim.Status.Allocation.Devices.Config {
-		if c.Opaque == nil || c.Opaque.Driver != d.cfg.DriverName {
-			continue
-		}
-		if len(c.Requests) > 0 && !containsAny(c.Requests, r.Request, parent) {
-			continue
-		}
-		sc, err := ParseShareConfig(c.Opaque.Parameters.Raw)
-		if err != nil {
-			return PreparedShare{}, fmt.Errorf("%s configuration of request %s: %w", strings.ToLower(string(c.Source)), r.Request, err)
-		}
-		if sc.ComputePercent != nil {
-			s.ComputePercent = *sc.ComputePercent
-		}
-	}
-	return s, nil
+	return PreparedShare{MemoryBytes: uint64(mem), ComputePercent: cfg.computePercent()}, nil
 }
 
 func containsAny(list []string, vals ...string) bool {

@@ -27,6 +27,7 @@ func TestVocabulary(t *testing.T) {
 		"dra.ErrInvalidShare":           dra.ErrInvalidShare,
 		"dra.ErrShareClaim":             dra.ErrShareClaim,
 		"dra.ErrNoMPS":                  dra.ErrNoMPS,
+		"dra.ErrInvalidDeviceConfig":    dra.ErrInvalidDeviceConfig,
 		"cluster.ErrStart":              cluster.ErrStart,
 		"cluster.ErrNotStarted":         cluster.ErrNotStarted,
 	} {

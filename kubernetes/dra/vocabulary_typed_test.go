@@ -26,6 +26,7 @@ func TestVocabularyTypedErrors(t *testing.T) {
 		sentinel, kind error
 	}{
 		"dra.CheckpointError": {&dra.CheckpointError{Path: "/var/lib/x/claim.json", Err: errors.New("records claim \"y\"")}, dra.ErrCorruptCheckpoint, node.ErrCorrupt},
+		"dra.ConfigError":     {&dra.ConfigError{Kind: dra.GPUConfigKind, Field: "sharing.strategy", Err: errors.New("\"x\"")}, dra.ErrInvalidDeviceConfig, node.ErrInvalid},
 	}
 	var found []string
 	err := filepath.WalkDir("..", func(p string, d fs.DirEntry, err error) error {

@@ -110,7 +110,7 @@ func TestCost(t *testing.T) {
 	t.Logf("ResourceSlice of 16 GPUs (dgx2): program start to the slice in the API %v; plugin memory VmRSS %d KiB, VmHWM %d KiB", took, rss, hwm)
 
 	p16.stop()
-	pBoth := startPlugin(t, c, "dgx2")
+	pBoth := startPlugin(t, c, "dgx2", "--device-plugin", "--extended-resource-name=")
 	until(t, "16 allocatable GPUs", func() bool { return allocatable(t, c, gpuResource) == 16 })
 	until(t, "the slice of 16 GPUs", func() bool { return len(sliceDevices(t, c)) == 16 })
 	rss, hwm = pBoth.rss()
