@@ -1,18 +1,10 @@
 package dra
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io/fs"
-	"os"
-	"path/filepath"
-	"sort"
-	"strings"
 
-	"github.com/gpuiso/gpuiso/internal/linux"
+	"github.com/gpuiso/gpuiso/containerizer/record"
 )
 
 // Checkpoint states: a claim whose preparation started but did not finish
@@ -22,24 +14,31 @@ const (
 	StatePrepareCompleted = "PrepareCompleted"
 )
 
-// A checkpoint is of version 1, or of version 2 when it records a share:
-// a driver that knows no shares refuses such a file as corrupt rather than
-// roll back a claim without stopping its share's MPS daemon.
+// A checkpoint is an entry of a record store (package
+// containerizer/record) of format "gpuiso-dra-claim", version 3: the
+// claim's uid is its key, its state the entry's phase. Versions 1 and 2
+// were files of their own shape (version 2 when the claim holds a share,
+// so that a driver that knew no shares refused it rather than roll back a
+// claim without stopping its share's MPS daemon); they are read still
+// (see checkpoint_legacy.go), and a driver that knows only them refuses
+// version 3 as corrupt.
 const (
 	checkpointFormat  = "gpuiso-dra-claim"
 	checkpointVersion = 1
 	shareVersion      = 2
+	recordVersion     = 3
 )
 
 // Checkpoint is what the driver records of one prepared claim, in its own
 // file, so that a restart keeps every prepared claim.
 type Checkpoint struct {
-	Format    string `json:"format"`
-	Version   int    `json:"version"`
-	UID       string `json:"uid"`
+	// UID is the claim's uid, the key of its record.
+	UID       string `json:"-"`
 	Namespace string `json:"namespace,omitempty"`
 	Name      string `json:"name,omitempty"`
-	State     string `json:"state"`
+	// State is StatePrepareStarted or StatePrepareCompleted: the phase of
+	// its record (record.Started, record.Completed).
+	State string `json:"-"`
 	// Owner is the claim's owner id in the allocator and its CDI spec.
 	Owner string `json:"owner"`
 	// Devices are the claim's devices of this driver.
@@ -48,8 +47,6 @@ type Checkpoint struct {
 	// the memory share the allocator holds for it and its MPS daemon
 	// enforces.
 	Share *PreparedShare `json:"share,omitempty"`
-	// Checksum is the SHA-256 of the record with Checksum empty.
-	Checksum string `json:"checksum,omitempty"`
 }
 
 // PreparedDevice is one device of a prepared claim.
@@ -74,73 +71,72 @@ type PreparedShare struct {
 	ComputePercent int    `json:"computePercent,omitempty"`
 }
 
-func (cp Checkpoint) sum() (string, error) {
-	cp.Checksum = ""
-	b, err := json.Marshal(cp)
-	if err != nil {
-		return "", err
-	}
-	h := sha256.Sum256(b)
-	return hex.EncodeToString(h[:]), nil
-}
-
 // ownerOf is claim uid's owner id in the allocator and its CDI spec.
 func ownerOf(uid string) string { return "claim-" + uid }
 
-// checkpoints is a directory of one file per claim, "<uid>.json".
+// checkpoints is a directory of one file per claim, "<uid>.json": a
+// record store of Checkpoints.
 type checkpoints struct{ dir string }
 
-func (s checkpoints) path(uid string) (string, error) {
-	if uid == "" || strings.ContainsAny(uid, "/\\") || uid == "." || uid == ".." {
-		return "", fmt.Errorf("claim uid %q: %w", uid, ErrInvalidConfig)
-	}
-	return filepath.Join(s.dir, uid+".json"), nil
+func checkpointOptions() record.Options[Checkpoint] {
+	return record.Options[Checkpoint]{Format: checkpointFormat, Version: recordVersion, Legacy: parseLegacy}
 }
 
-// write records c atomically: temp file, sync, rename, sync the directory.
+// store is the record store of the directory (its options are valid).
+func (s checkpoints) store() *record.Store[Checkpoint] {
+	st, _ := record.New(s.dir, checkpointOptions())
+	return st
+}
+
+func (s checkpoints) key(uid string) error {
+	if err := record.ValidKey(uid); err != nil {
+		return fmt.Errorf("claim uid %q: %w: %w", uid, ErrInvalidConfig, err)
+	}
+	return nil
+}
+
+// phases maps a checkpoint's state to its record's phase.
+var phases = map[string]record.Phase{StatePrepareStarted: record.Started, StatePrepareCompleted: record.Completed}
+
+// write records c atomically (temp file, sync, rename, sync the
+// directory).
 func (s checkpoints) write(c Checkpoint) error {
-	p, err := s.path(c.UID)
-	if err != nil {
+	if err := s.key(c.UID); err != nil {
 		return err
 	}
-	c.Format, c.Version = checkpointFormat, checkpointVersion
-	if c.Share != nil {
-		c.Version = shareVersion
+	ph, ok := phases[c.State]
+	if !ok {
+		return fmt.Errorf("claim %s: state %q: %w", c.UID, c.State, ErrInvalidConfig)
 	}
-	if c.Checksum, err = c.sum(); err != nil {
-		return err
-	}
-	b, err := json.MarshalIndent(c, "", "  ")
-	if err != nil {
-		return err
-	}
-	if err := linux.WriteFileAtomic(p, "", append(b, '\n'), 0o600, nil); err != nil {
+	if err := s.store().Write(record.Entry[Checkpoint]{Key: c.UID, Phase: ph, Data: c}); err != nil {
 		return fmt.Errorf("write claim checkpoint: %w", err)
 	}
 	return nil
 }
 
 // read returns the checkpoint of uid; ok is false when there is none. A
-// file that does not parse, is of another format or version, or fails its
-// checksum gives a *CheckpointError.
+// file that does not parse, is of another format or version, fails its
+// checksum, records another claim or an owner not its own gives a
+// *CheckpointError.
 func (s checkpoints) read(uid string) (Checkpoint, bool, error) {
-	p, err := s.path(uid)
-	if err != nil {
+	if err := s.key(uid); err != nil {
 		return Checkpoint{}, false, err
 	}
-	b, err := os.ReadFile(p)
-	if errors.Is(err, fs.ErrNotExist) {
+	st := s.store()
+	e, err := st.Read(uid)
+	if errors.Is(err, record.ErrNoRecord) {
 		return Checkpoint{}, false, nil
 	}
+	p, _ := st.Path(uid)
+	if errors.Is(err, record.ErrCorrupt) {
+		return Checkpoint{}, false, &CheckpointError{Path: p, Err: err}
+	}
 	if err != nil {
 		return Checkpoint{}, false, err
 	}
-	c, err := ParseCheckpoint(b)
+	c, err := checkpointOf(e)
 	if err != nil {
 		return Checkpoint{}, false, &CheckpointError{Path: p, Err: err}
-	}
-	if c.UID != uid {
-		return Checkpoint{}, false, &CheckpointError{Path: p, Err: fmt.Errorf("records claim %q", c.UID)}
 	}
 	// The owner names what a rollback releases and which CDI spec it
 	// removes: a claim's is always its own.
@@ -150,68 +146,41 @@ func (s checkpoints) read(uid string) (Checkpoint, bool, error) {
 	return c, true, nil
 }
 
-// ParseCheckpoint reads a checkpoint file's content and checks its format,
-// version and checksum.
+// ParseCheckpoint reads a checkpoint file's content, of any version this
+// driver wrote, and checks its format, version, checksum and share.
 func ParseCheckpoint(b []byte) (Checkpoint, error) {
-	var c Checkpoint
-	if err := json.Unmarshal(b, &c); err != nil {
-		return Checkpoint{}, err
-	}
-	if c.Format != checkpointFormat || (c.Version != checkpointVersion && c.Version != shareVersion) {
-		return Checkpoint{}, fmt.Errorf("format %q version %d, want %q %d or %d", c.Format, c.Version, checkpointFormat, checkpointVersion, shareVersion)
-	}
-	if (c.Share != nil) != (c.Version == shareVersion) {
-		return Checkpoint{}, fmt.Errorf("version %d with share %v", c.Version, c.Share)
-	}
-	if sh := c.Share; sh != nil && (sh.MemoryBytes == 0 || sh.ComputePercent < 0 || sh.ComputePercent > 100 || len(c.Devices) != 1) {
-		return Checkpoint{}, fmt.Errorf("share of %d bytes, %d%% compute, on %d devices", sh.MemoryBytes, sh.ComputePercent, len(c.Devices))
-	}
-	sum, err := c.sum()
+	e, err := checkpoints{}.store().Parse(b)
 	if err != nil {
 		return Checkpoint{}, err
 	}
-	if sum != c.Checksum {
-		return Checkpoint{}, errors.New("checksum mismatch")
+	return checkpointOf(e)
+}
+
+// checkpointOf is the checkpoint an entry holds, its share checked.
+func checkpointOf(e record.Entry[Checkpoint]) (Checkpoint, error) {
+	c := e.Data
+	c.UID = e.Key
+	switch e.Phase {
+	case record.Started:
+		c.State = StatePrepareStarted
+	case record.Completed:
+		c.State = StatePrepareCompleted
 	}
-	if c.State != StatePrepareStarted && c.State != StatePrepareCompleted {
-		return Checkpoint{}, fmt.Errorf("unknown state %q", c.State)
+	if sh := c.Share; sh != nil && (sh.MemoryBytes == 0 || sh.ComputePercent < 0 || sh.ComputePercent > 100 || len(c.Devices) != 1) {
+		return Checkpoint{}, fmt.Errorf("share of %d bytes, %d%% compute, on %d devices", sh.MemoryBytes, sh.ComputePercent, len(c.Devices))
 	}
 	return c, nil
 }
 
 func (s checkpoints) remove(uid string) error {
-	p, err := s.path(uid)
-	if err != nil {
+	if err := s.key(uid); err != nil {
 		return err
 	}
-	if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return err
-	}
-	return linux.SyncDir(s.dir)
+	return s.store().Remove(uid)
 }
 
 // exists reports whether uid has a checkpoint file, whatever its content.
-func (s checkpoints) exists(uid string) bool {
-	p, err := s.path(uid)
-	if err != nil {
-		return false
-	}
-	_, err = os.Lstat(p)
-	return err == nil
-}
+func (s checkpoints) exists(uid string) bool { return s.store().Exists(uid) }
 
 // list returns the uids with a checkpoint file, sorted.
-func (s checkpoints) list() ([]string, error) {
-	entries, err := os.ReadDir(s.dir)
-	if err != nil {
-		return nil, err
-	}
-	var out []string
-	for _, e := range entries {
-		if uid, ok := strings.CutSuffix(e.Name(), ".json"); ok && !strings.HasPrefix(e.Name(), ".") {
-			out = append(out, uid)
-		}
-	}
-	sort.Strings(out)
-	return out, nil
-}
+func (s checkpoints) list() ([]string, error) { return s.store().List() }
