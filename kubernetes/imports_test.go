@@ -30,11 +30,12 @@ var harness = []string{
 	module + "/internal/cluster",
 }
 
-// imports returns the core internal packages that the non-test files of
-// the module under root import, by importing package and file position.
-func imports(t *testing.T, root string) map[string][]string {
+// imports returns where the non-test files of the module under root
+// import the core's internal packages, and where they import a harness
+// package, by importing package: "file:line:col: import path".
+func imports(t *testing.T, root string) (core, harnessUsers map[string][]string) {
 	t.Helper()
-	found := map[string][]string{}
+	core, harnessUsers = map[string][]string{}, map[string][]string{}
 	fset := token.NewFileSet()
 	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
@@ -66,8 +67,12 @@ func imports(t *testing.T, root string) map[string][]string {
 		pkg := path.Join(module, filepath.ToSlash(rel))
 		for _, spec := range f.Imports {
 			imp, _ := strconv.Unquote(spec.Path.Value)
+			where := fset.Position(spec.Pos()).String() + ": " + imp
 			if imp == coreInternal || strings.HasPrefix(imp, coreInternal+"/") {
-				found[pkg] = append(found[pkg], fset.Position(spec.Pos()).String()+": "+imp)
+				core[pkg] = append(core[pkg], where)
+			}
+			if slices.Contains(harness, imp) {
+				harnessUsers[pkg] = append(harnessUsers[pkg], where)
 			}
 		}
 		return nil
@@ -75,15 +80,25 @@ func imports(t *testing.T, root string) map[string][]string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return found
+	return core, harnessUsers
 }
 
 // TestNoCoreInternal: no package of the module but the harness imports one
 // of the core's internal packages (its tests may: they are not part of
-// what an importer builds), and each harness package listed still needs
-// its place on the list.
+// what an importer builds); only the module's own internal packages (the
+// tools that build the suites' images) import the harness, so that the
+// plugin and the library packages never link it; and each harness package
+// listed still needs its place on the list.
 func TestNoCoreInternal(t *testing.T) {
-	found := imports(t, ".")
+	found, users := imports(t, ".")
+	for pkg, where := range users {
+		if strings.HasPrefix(pkg, module+"/internal/") {
+			continue
+		}
+		for _, w := range where {
+			t.Errorf("%s: %s imports the test harness, which links the core's internal packages", w, pkg)
+		}
+	}
 	for pkg, where := range found {
 		if slices.Contains(harness, pkg) {
 			continue
@@ -99,8 +114,9 @@ func TestNoCoreInternal(t *testing.T) {
 	}
 }
 
-// TestImportsFinds: the walk sees an import of a core internal package in
-// a package's file, and not in a test file.
+// TestImportsFinds: the walk sees an import of a core internal package or
+// of the harness in a package's file, and not in a test file or another
+// module.
 func TestImportsFinds(t *testing.T) {
 	root := t.TempDir()
 	write := func(p, src string) {
@@ -115,10 +131,15 @@ func TestImportsFinds(t *testing.T) {
 	write("dra/a.go", "package dra\n\nimport (\n\t\"os\"\n\n\t\"github.com/gpuiso/gpuiso/internal/linux\"\n\t\"github.com/gpuiso/gpuiso/node\"\n)\n")
 	write("dra/a_test.go", "package dra\n\nimport \"github.com/gpuiso/gpuiso/internal/testenv\"\n")
 	write("labels/l.go", "package labels\n\nimport \"github.com/gpuiso/gpuiso/internalx\"\n")
+	write("cmd/p/main.go", "package main\n\nimport \"github.com/gpuiso/gpuiso/kubernetes/internal/cluster\"\n")
+	write("cmd/p/main_test.go", "package main\n\nimport \"github.com/gpuiso/gpuiso/kubernetes/internal/cluster\"\n")
 	write("other/go.mod", "module other\n")
 	write("other/o.go", "package other\n\nimport \"github.com/gpuiso/gpuiso/internal/linux\"\n")
-	found := imports(t, root)
+	found, users := imports(t, root)
 	if len(found) != 1 || len(found[module+"/dra"]) != 1 || !strings.HasSuffix(found[module+"/dra"][0], "github.com/gpuiso/gpuiso/internal/linux") {
 		t.Errorf("imports = %q; want dra's import of internal/linux alone", found)
+	}
+	if len(users) != 1 || len(users[module+"/cmd/p"]) != 1 {
+		t.Errorf("harness users = %q; want cmd/p's main.go alone", users)
 	}
 }
