@@ -46,6 +46,9 @@ type Config struct {
 	MPS *mps.Manager
 	// Logger, when set, receives the driver's events.
 	Logger *slog.Logger
+	// Observer, when set, is told of every prepare and unprepare with
+	// its timings (metrics).
+	Observer Observer
 }
 
 // Driver prepares and unprepares resource claims for the kubelet (it is a
@@ -132,11 +135,15 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 // A claim already prepared gets the recorded answer again; one whose
 // preparation was cut short is rolled back first. A failure rolls back what
 // this call did and leaves no checkpoint.
-func (d *Driver) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim) ([]kubeletplugin.Device, error) {
+func (d *Driver) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim) (devs []kubeletplugin.Device, err error) {
+	t := startOp(OpPrepare, string(claim.UID))
+	defer func() { d.endPrepare(ctx, t, claim, devs, err) }()
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	t.step(StepWait)
 	uid := string(claim.UID)
 	cp, ok, err := d.cps.read(uid)
+	t.step(StepRead)
 	if err != nil {
 		return nil, fmt.Errorf("prepare claim %s: %w", uid, err)
 	}
@@ -144,13 +151,18 @@ func (d *Driver) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim) 
 		// The spec lives in a directory emptied at boot (and anyone with
 		// root may have changed it): it is written again when it is
 		// missing or differs from what the claim's devices give now.
-		if _, err := d.restore(ctx, cp); err != nil {
+		_, err := d.restore(ctx, cp)
+		t.step(StepRestore)
+		if err != nil {
 			return nil, fmt.Errorf("prepare claim %s/%s: %w", claim.Namespace, claim.Name, err)
 		}
+		t.ev.Recorded = true
 		return cp.result(), nil
 	}
 	if ok {
-		if err := d.rollback(ctx, cp); err != nil {
+		err := d.rollback(ctx, cp)
+		t.step(StepRollback)
+		if err != nil {
 			return nil, fmt.Errorf("prepare claim %s: roll back the cut-short preparation: %w", uid, err)
 		}
 	}
@@ -163,9 +175,15 @@ func (d *Driver) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim) 
 		if r.Driver != d.cfg.DriverName {
 			continue
 		}
-		pd, err := d.resultDevice(claim, r, byName, shares, &cp)
-		if err != nil {
-			return nil, fmt.Errorf("prepare claim %s/%s: device %q: %w", claim.Namespace, claim.Name, r.Device, err)
+		pd := PreparedDevice{Requests: []string{r.Request}, Pool: r.Pool, Device: r.Device}
+		if uuid, ok := shares[r.Device]; ok {
+			s, err := d.shareOf(claim, r)
+			if err != nil {
+				return nil, fmt.Errorf("prepare claim %s/%s: device %q: %w", claim.Namespace, claim.Name, r.Device, err)
+			}
+			pd.UUID, pd.ShareID, cp.Share = uuid, string(*r.ShareID), &s
+		} else if pd.UUID, ok = byName[r.Device]; !ok {
+			return nil, fmt.Errorf("prepare claim %s/%s: device %q: %w", claim.Namespace, claim.Name, r.Device, ErrUnknownDevice)
 		}
 		cp.Devices = append(cp.Devices, pd)
 	}
@@ -180,26 +198,39 @@ func (d *Driver) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim) 
 	if cp.Share != nil && d.cfg.MPS == nil {
 		return nil, fmt.Errorf("prepare claim %s/%s: %w", claim.Namespace, claim.Name, ErrNoMPS)
 	}
-	if err := d.cps.write(cp); err != nil {
+	err = d.cps.write(cp)
+	t.step(StepStarted)
+	if err != nil {
 		return nil, fmt.Errorf("prepare claim %s: %w", uid, err)
 	}
-	if err := d.prepare(ctx, &cp); err != nil {
+	if err := d.prepare(ctx, &cp, t); err != nil {
 		err = fmt.Errorf("prepare claim %s/%s: %w", claim.Namespace, claim.Name, err)
 		if rerr := d.rollback(ctx, cp); rerr != nil {
 			err = errors.Join(err, fmt.Errorf("roll back: %w", rerr))
 		}
+		t.step(StepRollback)
 		return nil, err
 	}
-	d.cfg.Logger.Info("prepared claim", "claim", claim.Namespace+"/"+claim.Name, "uid", uid, "devices", len(cp.Devices))
 	return cp.result(), nil
 }
 
-func (d *Driver) prepare(ctx context.Context, cp *Checkpoint) error {
-	al, err := d.hold(ctx, cp)
+func (d *Driver) prepare(ctx context.Context, cp *Checkpoint, t *opTimer) error {
+	uuids := make([]string, len(cp.Devices))
+	for i, pd := range cp.Devices {
+		uuids[i] = pd.UUID
+	}
+	req := allocator.Request{Devices: uuids}
+	if cp.Share != nil {
+		req.Share = cp.Share.share()
+	}
+	al, err := d.alloc.Allocate(ctx, cp.Owner, req)
+	t.step(StepAllocate)
 	if err != nil {
 		return err
 	}
-	if _, err := d.writeSpec(ctx, cp.Owner, al); err != nil {
+	_, err = d.writeSpec(ctx, cp.Owner, al)
+	t.step(StepSpec)
+	if err != nil {
 		return err
 	}
 	// The claim's one CDI device carries every node and the environment
@@ -207,7 +238,9 @@ func (d *Driver) prepare(ctx context.Context, cp *Checkpoint) error {
 	// runtime given the same CDI device twice would apply it twice).
 	cp.Devices[0].CDIDeviceIDs = []string{d.kind + "=" + cdi.AllocationDevice(cp.Owner)}
 	cp.State = StatePrepareCompleted
-	return d.cps.write(*cp)
+	err = d.cps.write(*cp)
+	t.step(StepCompleted)
+	return err
 }
 
 // writeSpec writes owner's CDI spec for al: the isolator.Plan of its
@@ -252,7 +285,17 @@ func (d *Driver) writeSpec(ctx context.Context, owner string, al allocator.Alloc
 // and their spec is written when the file is missing or differs. It
 // reports whether it wrote the file. The caller holds d.mu.
 func (d *Driver) restore(ctx context.Context, cp Checkpoint) (bool, error) {
-	al, err := d.reclaim(ctx, cp)
+	refs := make([]node.DeviceRef, len(cp.Devices))
+	for i, pd := range cp.Devices {
+		refs[i] = node.DeviceRef{UUID: pd.UUID}
+	}
+	var al allocator.Allocation
+	var err error
+	if cp.Share != nil {
+		al, err = d.alloc.ClaimShare(ctx, cp.Owner, refs[0], *cp.Share.share())
+	} else {
+		al, err = d.alloc.Claim(ctx, cp.Owner, refs)
+	}
 	if err != nil {
 		return false, fmt.Errorf("hold the prepared devices again: %w", err)
 	}
@@ -414,20 +457,27 @@ func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletpl
 // Unprepare releases a claim's devices, removes its CDI spec and then its
 // checkpoint. A claim with no checkpoint (never prepared here, or already
 // unprepared) is not an error: the kubelet may ask again after a restart.
-func (d *Driver) Unprepare(ctx context.Context, uid string) error {
+func (d *Driver) Unprepare(ctx context.Context, uid string) (err error) {
+	t := startOp(OpUnprepare, uid)
+	msg := ""
+	defer func() { d.end(ctx, t, err, msg) }()
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	t.step(StepWait)
 	cp, ok, err := d.cps.read(uid)
+	t.step(StepRead)
 	if err != nil {
 		return fmt.Errorf("unprepare claim %s: %w", uid, err)
 	}
 	if !ok {
 		return nil
 	}
-	if err := d.rollback(ctx, cp); err != nil {
+	err = d.rollback(ctx, cp)
+	t.step(StepRollback)
+	if err != nil {
 		return fmt.Errorf("unprepare claim %s: %w", uid, err)
 	}
-	d.cfg.Logger.Info("unprepared claim", "uid", uid)
+	msg = "unprepared claim"
 	return nil
 }
 

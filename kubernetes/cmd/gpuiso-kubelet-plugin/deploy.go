@@ -7,8 +7,6 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
-	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -21,7 +19,6 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
-	"github.com/gpuiso/gpuiso/allocator"
 	"github.com/gpuiso/gpuiso/isolator/cdi"
 	"github.com/gpuiso/gpuiso/node/simnode"
 	"github.com/gpuiso/gpuiso/volume"
@@ -282,54 +279,5 @@ func afterExit(f *flags, log *slog.Logger) {
 	log.Info("uninstalled: removing what the plugin left on the node", "why", why)
 	if err := f.cleanNode(ctx, log); err != nil {
 		log.Warn("clean the node", "err", err)
-	}
-}
-
-// serveMetrics serves /metrics (Prometheus text format) and /healthz on
-// addr until ctx ends.
-func serveMetrics(ctx context.Context, addr string, alloc *allocator.Allocator, prepared func() int, log *slog.Logger) error {
-	l, err := net.Listen("tcp", addr)
-	if err != nil {
-		return fmt.Errorf("metrics: %w", err)
-	}
-	mux := http.NewServeMux()
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
-	mux.HandleFunc("/metrics", func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "text/plain; version=0.0.4")
-		writeMetrics(w, alloc, prepared)
-	})
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	go func() {
-		<-ctx.Done()
-		srv.Close()
-	}()
-	go func() {
-		if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			log.Warn("metrics server stopped", "err", err)
-		}
-	}()
-	return nil
-}
-
-func writeMetrics(w interface{ Write([]byte) (int, error) }, alloc *allocator.Allocator, prepared func() int) {
-	healthy, unhealthy := 0, 0
-	for _, d := range alloc.Devices() {
-		if d.Health.Healthy {
-			healthy++
-		} else {
-			unhealthy++
-		}
-	}
-	held := 0
-	for _, a := range alloc.Allocations() {
-		held += len(a.Devices)
-	}
-	fmt.Fprintf(w, "# HELP gpuiso_gpus The node's GPUs by health.\n# TYPE gpuiso_gpus gauge\n")
-	fmt.Fprintf(w, "gpuiso_gpus{health=\"healthy\"} %d\ngpuiso_gpus{health=\"unhealthy\"} %d\n", healthy, unhealthy)
-	fmt.Fprintf(w, "# HELP gpuiso_devices_held Devices (GPUs, MIG devices) held by pods and claims.\n# TYPE gpuiso_devices_held gauge\n")
-	fmt.Fprintf(w, "gpuiso_devices_held %d\n", held)
-	if prepared != nil {
-		fmt.Fprintf(w, "# HELP gpuiso_claims_prepared DRA claims prepared on the node.\n# TYPE gpuiso_claims_prepared gauge\n")
-		fmt.Fprintf(w, "gpuiso_claims_prepared %d\n", prepared())
 	}
 }

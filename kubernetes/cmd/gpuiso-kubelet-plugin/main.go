@@ -5,8 +5,7 @@
 //	        [--cdi-dir DIR] [--state-dir DIR]
 //	        [--kubelet-plugins-dir DIR] [--kubelet-registry-dir DIR]
 //	        [--device-plugin-dir DIR] [--driver-name NAME] [--resource-name NAME]
-//	        [--device-plugin[=false]] [--dra=false] [--device-specs]
-//	        [--extended-resource-name NAME]
+//	        [--device-plugin=false] [--dra=false] [--device-specs]
 //	        [--simulate NAME --dev-root DIR]
 //	        [--in-cluster] [--simulate-label KEY] [--driver-root DIR]
 //	        [--daemonset NAMESPACE/NAME] [--metrics-address ADDR]
@@ -19,11 +18,7 @@
 // the device plugin (nvidia.com/gpu and one resource per MIG profile) with
 // the kubelet and, given --kubeconfig, starts the DRA kubelet plugin (which
 // publishes the node's ResourceSlice) and labels the Node. It watches the
-// GPUs' health. Given credentials, it serves through DRA only unless
-// --device-plugin asks for the device plugin too: the DRA driver's
-// DeviceClass serves pods' resources.limits of nvidia.com/gpu
-// (--extended-resource-name), and one name served from both sides is
-// refused at start. A GPU found lost turns Unhealthy in ListAndWatch and leaves
+// GPUs' health: a GPU found lost turns Unhealthy in ListAndWatch and leaves
 // the slice. It runs until SIGINT or SIGTERM.
 //
 // The GPUs --shared-gpus names are handed out in parts, never whole: the
@@ -87,7 +82,6 @@ type flags struct {
 	pluginsDir, registryDir, devicePluginDir    string
 	driverName, resourceName, simulate, devRoot string
 	devicePlugin, dra, deviceSpecs              bool
-	extendedResource                            string
 	refresh                                     time.Duration
 	deploy                                      deployFlags
 	share                                       shareFlags
@@ -112,13 +106,12 @@ func parse(args []string, stderr io.Writer) (*flags, int, bool) {
 	fs.StringVar(&f.resourceName, "resource-name", "nvidia.com/gpu", "the device plugin's resource for whole GPUs")
 	fs.StringVar(&f.simulate, "simulate", "", "simulate a node: "+strings.Join(simnode.Names(), ", "))
 	fs.StringVar(&f.devRoot, "dev-root", "", "with --simulate: the directory of the simulated host tree (made when missing, reused otherwise); else the device-node directory (default /dev)")
-	fs.BoolVar(&f.devicePlugin, "device-plugin", true, "serve the device plugin (default false with credentials and the DRA driver: DRA serves --extended-resource-name)")
+	fs.BoolVar(&f.devicePlugin, "device-plugin", true, "serve the device plugin")
 	fs.BoolVar(&f.dra, "dra", true, "serve the DRA driver (needs --kubeconfig)")
 	fs.BoolVar(&f.deviceSpecs, "device-specs", false, "device plugin: answer Allocate with device nodes too, for runtimes without CDI")
 	fs.DurationVar(&f.refresh, "health-refresh", 30*time.Second, "how often to read health from the allocator's state again (GPUs marked healthy or unhealthy by others)")
 	f.deploy.register(fs)
 	f.share.register(fs)
-	f.registerExtendedResource(fs)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			fs.SetOutput(stderr)
@@ -138,12 +131,6 @@ func parse(args []string, stderr io.Writer) (*flags, int, bool) {
 	}
 	if f.nodeName == "" {
 		fmt.Fprintln(stderr, "gpuiso-kubelet-plugin: --node-name is empty")
-		return nil, 2, true
-	}
-	set := map[string]bool{}
-	fs.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
-	if why := f.resolveServing(set); why != "" {
-		fmt.Fprintln(stderr, "gpuiso-kubelet-plugin: "+why)
 		return nil, 2, true
 	}
 	if !f.devicePlugin && !f.dra {
@@ -303,6 +290,7 @@ func serve(ctx context.Context, f *flags, log *slog.Logger) error {
 		})
 	}
 	var prepared func() int
+	ops := newDRAMetrics()
 	if client != nil {
 		if want, err := labels.Labels(inv); err != nil {
 			log.Warn("node labels", "err", err)
@@ -312,7 +300,7 @@ func serve(ctx context.Context, f *flags, log *slog.Logger) error {
 			log.Info("node labels", "changed", changed)
 		}
 		if f.dra {
-			publish, count, stop, err := startDRA(ctx, f, inv, alloc, shared, client, sysRoot, log)
+			publish, count, stop, err := startDRA(ctx, f, inv, alloc, shared, client, sysRoot, ops, log)
 			if err != nil {
 				return err
 			}
@@ -324,7 +312,14 @@ func serve(ctx context.Context, f *flags, log *slog.Logger) error {
 		log.Info("no --kubeconfig: the DRA driver and node labels are off")
 	}
 	if f.deploy.metricsAddr != "" {
-		if err := serveMetrics(ctx, f.deploy.metricsAddr, alloc, prepared, log); err != nil {
+		if prepared == nil {
+			ops = nil // no DRA driver: no operations to count
+		}
+		reg, err := metricsRegistry(alloc, prepared, ops)
+		if err != nil {
+			return err
+		}
+		if err := serveMetrics(ctx, f.deploy.metricsAddr, metricsHandler(reg), log); err != nil {
 			return err
 		}
 	}
@@ -361,7 +356,7 @@ func serve(ctx context.Context, f *flags, log *slog.Logger) error {
 // startDRA starts the DRA kubelet plugin and publishes the node's slice; it
 // returns the function that publishes it again, one that counts the
 // prepared claims, and one that stops the plugin (its sockets go).
-func startDRA(ctx context.Context, f *flags, inv *node.Inventory, alloc *allocator.Allocator, shared []string, client kubernetes.Interface, sysRoot string, log *slog.Logger) (func(), func() int, func(), error) {
+func startDRA(ctx context.Context, f *flags, inv *node.Inventory, alloc *allocator.Allocator, shared []string, client kubernetes.Interface, sysRoot string, obs dra.Observer, log *slog.Logger) (func(), func() int, func(), error) {
 	pcieRoot := func(busID string) (string, bool) {
 		a, err := deviceattribute.GetPCIeRootAttributeByPCIBusID(busID, deviceattribute.WithFSFromRoot(sysRoot))
 		if err != nil || a.Value.StringValue == nil {
@@ -388,6 +383,7 @@ func startDRA(ctx context.Context, f *flags, inv *node.Inventory, alloc *allocat
 	d, err := dra.New(inv, alloc, dra.Config{
 		DriverName: f.driverName, CDIDir: f.cdiDir, StateDir: filepath.Join(f.stateDir, "claims"),
 		Slice: dra.SliceOptions{PCIeRoot: pcieRoot, Shared: shared, ShareMin: least, ShareStep: step}, MPS: daemons, Logger: log,
+		Observer: obs,
 	})
 	if err != nil {
 		closeMPS()
