@@ -31,19 +31,25 @@ import (
 //
 // On error nothing changes. Claiming no devices for an owner that holds
 // nothing succeeds with an empty allocation and holds nothing. The holder
-// of an allocation that already existed is kept.
-func (a *Allocator) Claim(ctx context.Context, owner string, devices []node.DeviceRef) (Allocation, error) {
+// of an allocation that already existed is kept, unless HeldBy names
+// another: then the one change on disk (or the only one, for an allocation
+// that existed) makes it the holder too.
+func (a *Allocator) Claim(ctx context.Context, owner string, devices []node.DeviceRef, opts ...ClaimOption) (Allocation, error) {
 	if a.inv == nil {
 		return Allocation{}, ErrNotMade
 	}
-	al, err := a.claim(ctx, owner, devices)
+	o, err := claimOptionsOf(opts)
+	if err != nil {
+		return Allocation{}, fmt.Errorf("claim %d gpus for %s: %w", len(devices), owner, err)
+	}
+	al, err := a.claim(ctx, owner, devices, o)
 	if err != nil {
 		return Allocation{}, fmt.Errorf("claim %d gpus for %s: %w", len(devices), owner, err)
 	}
 	return al, nil
 }
 
-func (a *Allocator) claim(ctx context.Context, owner string, devices []node.DeviceRef) (Allocation, error) {
+func (a *Allocator) claim(ctx context.Context, owner string, devices []node.DeviceRef, o claimOptions) (Allocation, error) {
 	if err := ctx.Err(); err != nil {
 		return Allocation{}, err
 	}
@@ -63,12 +69,12 @@ func (a *Allocator) claim(ctx context.Context, owner string, devices []node.Devi
 		if !a.holds(h, want) {
 			return Allocation{}, &ClaimError{Owner: owner, Held: refNames(a.allocation(owner, h).Devices), Claimed: refNames(devices)}
 		}
-		return a.allocation(owner, h), nil
+		return a.rehold(ctx, owner, h, o.holder)
 	}
 	if len(want.mig) == 0 && want.devices == 0 {
 		return Allocation{Owner: owner}, nil
 	}
-	h := &holding{shared: -1, devices: want.devices, mig: want.mig}
+	h := &holding{shared: -1, devices: want.devices, mig: want.mig, holder: o.holder}
 	usable := a.usable() | a.emptyMIGParents()
 	for _, p := range a.positions(want.devices) {
 		if usable&(1<<p) == 0 {
@@ -95,6 +101,58 @@ func (a *Allocator) claim(ctx context.Context, owner string, devices []node.Devi
 		a.cfg.logger.Debug("claimed", "owner", owner, "devices", a.positions(h.devices), "mig", a.migUUIDs(h.mig))
 	}
 	return a.allocation(owner, h), nil
+}
+
+// ClaimOption changes what Claim and ClaimShare do.
+type ClaimOption func(*claimOptions) error
+
+type claimOptions struct {
+	holder *Holder
+}
+
+// HeldBy makes h the holder of the claimed allocation (as Request.Holder
+// makes it that of an allocation): of one the claim makes, and of one the
+// owner held already, in the claim's one change on disk (none when h
+// holds it already). A recovery that takes a container over, or claims
+// the GPUs of another live process's container, so persists once.
+func HeldBy(h Holder) ClaimOption {
+	return func(o *claimOptions) error {
+		if err := h.validate(); err != nil {
+			return err
+		}
+		o.holder = &h
+		return nil
+	}
+}
+
+func claimOptionsOf(opts []ClaimOption) (claimOptions, error) {
+	var o claimOptions
+	for _, opt := range opts {
+		if opt == nil {
+			return o, fmt.Errorf("nil claim option: %w", ErrInvalidRequest)
+		}
+		if err := opt(&o); err != nil {
+			return o, err
+		}
+	}
+	return o, nil
+}
+
+// rehold returns owner's allocation h, which a claim found as claimed,
+// first made held by holder where holder names another (one change on
+// disk). The caller holds a.mu.
+func (a *Allocator) rehold(ctx context.Context, owner string, h *holding, holder *Holder) (Allocation, error) {
+	if holder == nil || (h.holder != nil && *h.holder == *holder) {
+		return a.allocation(owner, h), nil
+	}
+	next := *h
+	next.holder = holder
+	next.mig = slices.Clone(h.mig)
+	a.apply(owner, &next)
+	if err := a.persist(ctx, func() { a.apply(owner, h) }); err != nil {
+		return Allocation{}, err
+	}
+	return a.allocation(owner, &next), nil
 }
 
 // claimSet is a claim's devices: whole GPUs by position, or MIG devices by

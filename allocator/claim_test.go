@@ -332,3 +332,57 @@ func TestSetHolder(t *testing.T) {
 		})
 	}
 }
+
+// TestClaimHeldBy: a claim names the holder of what it claims: of a new
+// allocation, and of one the owner held already with another holder or
+// none, in the same change (kept after a reload of the state); a claim that
+// is refused, or a holder that is no process, changes nothing.
+func TestClaimHeldBy(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	a := newAlloc(t, "dgx1-volta", allocator.WithStateDir(dir))
+	defer a.Close()
+	h1 := allocator.Holder{Pid: os.Getpid(), Start: 42}
+	h2 := allocator.Holder{Pid: os.Getpid(), Start: 43}
+	if al, err := a.Claim(ctx, "new", refs(a, 0, 1), allocator.HeldBy(h1)); err != nil || al.Holder == nil || *al.Holder != h1 {
+		t.Fatalf("new claim: %+v, %v", al, err)
+	}
+	allocOK(t, a, "bare", allocator.Request{Devices: []string{"2"}})
+	if al, err := a.Claim(ctx, "bare", refs(a, 2), allocator.HeldBy(h2)); err != nil || al.Holder == nil || *al.Holder != h2 {
+		t.Fatalf("claim of an allocation without holder: %+v, %v", al, err)
+	}
+	if al, err := a.Claim(ctx, "new", refs(a, 1, 0), allocator.HeldBy(h2)); err != nil || al.Holder == nil || *al.Holder != h2 {
+		t.Fatalf("claim of an allocation of another holder: %+v, %v", al, err)
+	}
+	if al, err := a.Claim(ctx, "new", refs(a, 0, 1)); err != nil || al.Holder == nil || *al.Holder != h2 {
+		t.Fatalf("claim without HeldBy changed the holder: %+v, %v", al, err)
+	}
+	gpu := a.Devices()[3].Ref()
+	if al, err := a.ClaimShare(ctx, "share", gpu, allocator.Share{Mode: allocator.ShareTime}, allocator.HeldBy(h1)); err != nil || al.Holder == nil || *al.Holder != h1 {
+		t.Fatalf("share claim: %+v, %v", al, err)
+	}
+	before := a.Allocations()
+	for name, claim := range map[string]func() error{
+		"mismatch":       func() error { _, err := a.Claim(ctx, "new", refs(a, 0), allocator.HeldBy(h1)); return err },
+		"invalid holder": func() error { _, err := a.Claim(ctx, "new", refs(a, 0, 1), allocator.HeldBy(allocator.Holder{})); return err },
+		"nil option":     func() error { _, err := a.Claim(ctx, "other", refs(a, 4), nil); return err },
+		"share mismatch": func() error {
+			_, err := a.ClaimShare(ctx, "share", a.Devices()[4].Ref(), allocator.Share{Mode: allocator.ShareTime}, allocator.HeldBy(h2))
+			return err
+		},
+	} {
+		if err := claim(); err == nil {
+			t.Errorf("%s: claimed", name)
+		}
+		if after := a.Allocations(); !reflect.DeepEqual(before, after) {
+			t.Fatalf("%s changed %+v to %+v", name, before, after)
+		}
+	}
+	b := newAlloc(t, "dgx1-volta", allocator.WithStateDir(dir))
+	defer b.Close()
+	for owner, want := range map[string]allocator.Holder{"new": h2, "bare": h2, "share": h1} {
+		if al, err := b.Allocation(owner); err != nil || al.Holder == nil || *al.Holder != want {
+			t.Errorf("%s after a reload: %+v, %v; want held by %+v", owner, al, err, want)
+		}
+	}
+}

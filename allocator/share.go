@@ -301,18 +301,23 @@ var ErrShareNotSupported = node.Sentinel(node.ErrNotSupported, "cannot be shared
 //
 // A GPU not configured shareable in this allocator takes the share all the
 // same (as New does for the shares it loads): the container uses it so.
-func (a *Allocator) ClaimShare(ctx context.Context, owner string, device node.DeviceRef, s Share) (Allocation, error) {
+// HeldBy makes a holder hold it, as for Claim.
+func (a *Allocator) ClaimShare(ctx context.Context, owner string, device node.DeviceRef, s Share, opts ...ClaimOption) (Allocation, error) {
 	if a.inv == nil {
 		return Allocation{}, ErrNotMade
 	}
-	al, err := a.claimShare(ctx, owner, device, s)
+	o, err := claimOptionsOf(opts)
+	if err != nil {
+		return Allocation{}, fmt.Errorf("claim a share of %s for %s: %w", s, owner, err)
+	}
+	al, err := a.claimShare(ctx, owner, device, s, o)
 	if err != nil {
 		return Allocation{}, fmt.Errorf("claim a share of %s for %s: %w", s, owner, err)
 	}
 	return al, nil
 }
 
-func (a *Allocator) claimShare(ctx context.Context, owner string, device node.DeviceRef, s Share) (Allocation, error) {
+func (a *Allocator) claimShare(ctx context.Context, owner string, device node.DeviceRef, s Share, o claimOptions) (Allocation, error) {
 	if err := ctx.Err(); err != nil {
 		return Allocation{}, err
 	}
@@ -343,7 +348,7 @@ func (a *Allocator) claimShare(ctx context.Context, owner string, device node.De
 		if h.shared != p || h.mode != s.Mode || h.memory != s.MemoryBytes || h.compute != s.ComputePercent {
 			return Allocation{}, &ClaimError{Owner: owner, Held: refNames(a.allocation(owner, h).Devices), Claimed: refNames([]node.DeviceRef{a.inv.Devices[p].Ref()})}
 		}
-		return a.allocation(owner, h), nil
+		return a.rehold(ctx, owner, h, o.holder)
 	}
 	restore := a.shares[p] == nil && a.mig.parents&(1<<p) == 0
 	if restore {
@@ -355,7 +360,7 @@ func (a *Allocator) claimShare(ctx context.Context, owner string, device node.De
 		}
 		return Allocation{}, fmt.Errorf("%s: %s: %w", a.name(p), why, ErrDeviceUnavailable)
 	}
-	h := &holding{shared: p, memory: s.MemoryBytes, mode: s.Mode, compute: s.ComputePercent}
+	h := &holding{shared: p, memory: s.MemoryBytes, mode: s.Mode, compute: s.ComputePercent, holder: o.holder}
 	if err := a.checkQuota(owner, h); err != nil {
 		if restore {
 			a.shares[p] = nil

@@ -20,42 +20,50 @@ import (
 // held by another owner). It is left alone.
 var ErrNotAdopted = node.Sentinel(node.ErrInvalid, "container cannot be adopted")
 
-// LifecycleConfig is what a Lifecycle works with. Runtime and Allocator
-// are required; zero values of the rest mean their defaults.
+// LifecycleConfig is what a Lifecycle works with. Allocator and a
+// runtime (Runtime or Runtimes) are required; zero values of the rest mean
+// their defaults.
 type LifecycleConfig struct {
-	// Runtime runs the containers.
+	// Runtime runs the containers: the one runtime of a Lifecycle over one.
+	// Every spec goes to it (its Image refuses what it cannot run).
 	Runtime Runtime
-	// Allocator hands out the GPUs, taken once: the Lifecycle builds its
-	// prepare step on it.
+	// Runtimes run the containers of a Lifecycle over several, at most one
+	// per Kind (Runtime, when set too, is one of them): each spec goes to
+	// the runtime of its kind (Route: Docker when it names an image,
+	// native otherwise), and a spec of a kind none runs is refused with
+	// ErrNotSupported. Container ids are unique across them.
+	Runtimes []Runtime
+	// Allocator hands out the GPUs, taken once: every runtime's containers
+	// draw on it (so no GPU is handed out twice), the Lifecycle builds its
+	// prepare step on it, and Recover reconciles it. See Recover for what
+	// the Lifecycle assumes of its other users.
 	Allocator *allocator.Allocator
 	// Volumes provides the driver volume; nil means containers get none.
 	Volumes *volume.Manager
 	// MPS starts, stops and recovers the MPS control daemons of memory
 	// shares (package isolator/mps); nil means memory shares are refused
-	// (ErrNoMPS). Back ends over one allocator share one manager.
+	// (ErrNoMPS).
 	MPS *mps.Manager
 	// SysRoot is the host's sysfs, for the CPUs local to a spec's GPUs
 	// (Spec.CPUAffinity; default /sys).
 	SysRoot string
 	// Supervisor, when set, is the process that runs the containers and
 	// whose death ends them: runtimes record it, and the GPUs are held with
-	// it as holder (unless a spec's request names another). See Clean.
+	// it as holder (unless a spec's request names another). See Clean. A
+	// runtime that names the supervisor of its containers itself
+	// (Supervised) keeps its own, which must then agree with this one.
 	Supervisor *allocator.Holder
-	// ReconcileAllocator says the allocator serves this Lifecycle alone:
-	// Recover then also releases the allocations of owners it has no
-	// container for. Leave it false when the allocator is shared (a
-	// Composite reconciles against every back end's containers).
-	ReconcileAllocator bool
 	// Logger receives what the Lifecycle does (default: nothing).
 	Logger *slog.Logger
 }
 
-// Lifecycle is the one implementation of a container's life over a
-// Runtime: its states and the launches in progress (a Table), the prepare
-// step, the allocator and the recovery. It implements Containerizer and is
-// safe for concurrent use.
+// Lifecycle is the one implementation of a container's life over one or
+// several Runtimes: its states and the launches in progress (one Table
+// across the runtimes), the prepare step, the one allocator and the
+// recovery. It implements Containerizer and is safe for concurrent use.
 type Lifecycle struct {
 	cfg  LifecycleConfig
+	rts  []*routed // in the order given; one per kind
 	prep *Preparer
 	log  *slog.Logger
 
@@ -65,16 +73,31 @@ type Lifecycle struct {
 
 var _ Containerizer = (*Lifecycle)(nil)
 
-// lifeEntry is what the Lifecycle knows of one container.
+// routed is one runtime of a Lifecycle, with the supervisor of its
+// containers.
+type routed struct {
+	Runtime
+	sup *allocator.Holder
+}
+
+// lifeEntry is what the Lifecycle knows of one container: its runtime and
+// its record.
 type lifeEntry struct {
+	rt   *routed
 	rec  Record
 	exit *ExitStatus
 }
 
-// NewLifecycle returns a Lifecycle over cfg.Runtime and cfg.Allocator.
+// NewLifecycle returns a Lifecycle over cfg's runtimes and cfg.Allocator.
+// Two runtimes of one kind, or a runtime whose own supervisor (Supervised)
+// is not cfg.Supervisor, are refused with an error matching node.ErrInvalid.
 func NewLifecycle(cfg LifecycleConfig) (*Lifecycle, error) {
-	if cfg.Runtime == nil || cfg.Allocator == nil {
-		return nil, fmt.Errorf("lifecycle: Runtime and Allocator are required: %w", node.ErrInvalid)
+	rts := slices.Clone(cfg.Runtimes)
+	if cfg.Runtime != nil && !slices.Contains(rts, cfg.Runtime) {
+		rts = append([]Runtime{cfg.Runtime}, rts...)
+	}
+	if len(rts) == 0 || cfg.Allocator == nil {
+		return nil, fmt.Errorf("lifecycle: a runtime and the Allocator are required: %w", node.ErrInvalid)
 	}
 	if cfg.Supervisor != nil {
 		h := *cfg.Supervisor
@@ -83,15 +106,34 @@ func NewLifecycle(cfg LifecycleConfig) (*Lifecycle, error) {
 		}
 		cfg.Supervisor = &h
 	}
-	log := cfg.Logger
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
+	l := &Lifecycle{cfg: cfg}
+	for _, rt := range rts {
+		if rt == nil {
+			return nil, fmt.Errorf("lifecycle: nil runtime: %w", node.ErrInvalid)
+		}
+		if slices.ContainsFunc(l.rts, func(o *routed) bool { return o.Kind() == rt.Kind() }) {
+			return nil, fmt.Errorf("lifecycle: two %s runtimes: %w", rt.Kind(), node.ErrInvalid)
+		}
+		r := &routed{Runtime: rt, sup: cfg.Supervisor}
+		if s, ok := rt.(Supervised); ok {
+			own := s.Supervisor()
+			if cfg.Supervisor != nil && (own == nil || *own != *cfg.Supervisor) {
+				return nil, fmt.Errorf("lifecycle: the %s runtime has a supervisor of its own, not %v: %w", rt.Kind(), *cfg.Supervisor, node.ErrInvalid)
+			}
+			if own != nil {
+				h := *own
+				r.sup = &h
+			}
+		}
+		l.rts = append(l.rts, r)
 	}
-	return &Lifecycle{
-		cfg:  cfg,
-		prep: &Preparer{Allocator: cfg.Allocator, Volumes: cfg.Volumes, MPS: cfg.MPS, SysRoot: cfg.SysRoot},
-		log:  log,
-	}, nil
+	l.cfg.Runtime, l.cfg.Runtimes = nil, nil
+	l.log = cfg.Logger
+	if l.log == nil {
+		l.log = slog.New(slog.DiscardHandler)
+	}
+	l.prep = &Preparer{Allocator: cfg.Allocator, Volumes: cfg.Volumes, MPS: cfg.MPS, SysRoot: cfg.SysRoot}
+	return l, nil
 }
 
 func (l *Lifecycle) made() bool { return l != nil && l.prep != nil }
@@ -104,19 +146,41 @@ func (l *Lifecycle) Allocator() *allocator.Allocator {
 	return l.cfg.Allocator
 }
 
-// ReconcilesAllocator tells whether Recover reconciles the allocator on its
-// own (LifecycleConfig.ReconcileAllocator).
-func (l *Lifecycle) ReconcilesAllocator() bool { return l.made() && l.cfg.ReconcileAllocator }
+// Route returns the kind of runtime a spec goes to in a Lifecycle over
+// several: Docker when it names an image, native otherwise.
+func Route(spec Spec) Kind {
+	if spec.Image != "" {
+		return KindDocker
+	}
+	return KindNative
+}
+
+// route returns the runtime spec goes to: the one runtime, or that of its
+// kind (Route).
+func (l *Lifecycle) route(spec Spec) (*routed, error) {
+	if len(l.rts) == 1 {
+		return l.rts[0], nil
+	}
+	kind := Route(spec)
+	for _, rt := range l.rts {
+		if rt.Kind() == kind {
+			return rt, nil
+		}
+	}
+	return nil, fmt.Errorf("no %s runtime: %w", kind, ErrNotSupported)
+}
 
 // cleanupCtx is a context for undoing work after ctx may have ended.
 func cleanupCtx(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 }
 
-// Launch reserves spec.ID (launching), asks the runtime about the image,
-// runs the prepare step, and has the runtime create and start the
-// container (running). On error nothing is left: no container, no
-// allocation, no volume use, and the id is free again.
+// Launch checks spec.ID (node.ValidateOwner: the one check of the owner
+// on the launch path; the runtimes and the prepare step trust it),
+// reserves it (launching) across every runtime, asks spec's runtime (see
+// Route) about the image, runs the prepare step, and has the runtime
+// create and start the container (running). On error nothing is left: no
+// container, no allocation, no volume use, and the id is free again.
 func (l *Lifecycle) Launch(ctx context.Context, spec Spec) (c Container, err error) {
 	if !l.made() {
 		return c, fmt.Errorf("launch %s: %w", spec.ID, ErrNotMade)
@@ -124,11 +188,14 @@ func (l *Lifecycle) Launch(ctx context.Context, spec Spec) (c Container, err err
 	if err := node.ValidateOwner(spec.ID); err != nil {
 		return c, fmt.Errorf("launch %q: %w: %w", spec.ID, ErrInvalidSpec, err)
 	}
-	e := &lifeEntry{}
+	rt, err := l.route(spec)
+	if err != nil {
+		return c, fmt.Errorf("launch %s: %w", spec.ID, err)
+	}
+	e := &lifeEntry{rt: rt}
 	if err := l.table.Begin(spec.ID, e); err != nil {
 		return c, fmt.Errorf("launch: %w", err)
 	}
-	rt := l.cfg.Runtime
 	var p *Prepared
 	var rec Record
 	created, reserved := false, false
@@ -143,7 +210,7 @@ func (l *Lifecycle) Launch(ctx context.Context, spec Spec) (c Container, err err
 				p.Undo(cctx)
 			}
 			if reserved {
-				rt.(Reserver).Unreserve(cctx, spec.ID)
+				rt.Runtime.(Reserver).Unreserve(cctx, spec.ID)
 			}
 		}
 		l.table.Settle(spec.ID, err == nil) // a Destroy waiting goes on
@@ -152,7 +219,7 @@ func (l *Lifecycle) Launch(ctx context.Context, spec Spec) (c Container, err err
 	if err != nil {
 		return c, fmt.Errorf("launch %s: %w", spec.ID, err)
 	}
-	if r, ok := rt.(Reserver); ok {
+	if r, ok := rt.Runtime.(Reserver); ok {
 		// Before anything is held: a kill from here on leaves a
 		// reservation that the next recovery cleans up.
 		if err = r.Reserve(ctx, spec); err != nil {
@@ -160,8 +227,8 @@ func (l *Lifecycle) Launch(ctx context.Context, spec Spec) (c Container, err err
 		}
 		reserved = true
 	}
-	if l.cfg.Supervisor != nil && spec.GPUs.Holder == nil {
-		h := *l.cfg.Supervisor
+	if rt.sup != nil && spec.GPUs.Holder == nil {
+		h := *rt.sup
 		spec.GPUs.Holder = &h
 	}
 	if p, err = l.prep.Prepare(ctx, spec, img); err != nil {
@@ -171,7 +238,7 @@ func (l *Lifecycle) Launch(ctx context.Context, spec Spec) (c Container, err err
 		return c, fmt.Errorf("launch %s: %w", spec.ID, err)
 	}
 	created = true
-	rec.ID, rec.GPUs, rec.Supervisor = spec.ID, slices.Clone(p.Allocation.Devices), l.cfg.Supervisor
+	rec.ID, rec.GPUs, rec.Supervisor = spec.ID, slices.Clone(p.Allocation.Devices), rt.sup
 	if s := p.Allocation.Share; s != nil {
 		sh := *s
 		rec.Share = &sh
@@ -186,11 +253,11 @@ func (l *Lifecycle) Launch(ctx context.Context, spec Spec) (c Container, err err
 	e.rec = rec
 	l.mu.Unlock()
 	l.log.InfoContext(ctx, "launched", "id", spec.ID, "kind", rt.Kind(), "runtime id", rec.RuntimeID, "gpus", len(rec.GPUs), "volume", rec.Volume)
-	return l.describe(rec, StateRunning), nil
+	return describe(rt, rec, StateRunning), nil
 }
 
-func (l *Lifecycle) describe(rec Record, st State) Container {
-	c := Container{ID: rec.ID, Kind: l.cfg.Runtime.Kind(), GPUs: slices.Clone(rec.GPUs), Volume: rec.Volume, Pid: rec.Pid, RuntimeID: rec.RuntimeID, State: st}
+func describe(rt *routed, rec Record, st State) Container {
+	c := Container{ID: rec.ID, Kind: rt.Kind(), GPUs: slices.Clone(rec.GPUs), Volume: rec.Volume, Pid: rec.Pid, RuntimeID: rec.RuntimeID, State: st}
 	if rec.Share != nil {
 		s := *rec.Share
 		c.Share = &s
@@ -224,7 +291,7 @@ func (l *Lifecycle) Wait(ctx context.Context, id string) (ExitStatus, error) {
 	if exit != nil {
 		return *exit, nil
 	}
-	st, err := l.cfg.Runtime.Wait(ctx, rec)
+	st, err := e.rt.Wait(ctx, rec)
 	if err != nil {
 		return st, fmt.Errorf("wait %s: %w", id, err)
 	}
@@ -245,21 +312,21 @@ func (l *Lifecycle) Update(ctx context.Context, id string, gpus int) (Container,
 	if err != nil {
 		return Container{}, fmt.Errorf("update: %w", err)
 	}
-	u, ok := l.cfg.Runtime.(Updater)
+	u, ok := e.rt.Runtime.(Updater)
 	if !ok {
-		return Container{}, fmt.Errorf("update %s to %d gpus: a %s container: %w", id, gpus, l.cfg.Runtime.Kind(), ErrNotSupported)
+		return Container{}, fmt.Errorf("update %s to %d gpus: a %s container: %w", id, gpus, e.rt.Kind(), ErrNotSupported)
 	}
 	if st != StateRunning {
 		return Container{}, fmt.Errorf("update %s: container has exited: %w", id, ErrNotSupported)
 	}
-	rec, err = u.Update(ctx, rec, gpus)
+	rec, err = u.Update(ctx, l.cfg.Allocator, rec, gpus)
 	if err != nil {
 		return Container{}, fmt.Errorf("update %s to %d gpus: %w", id, gpus, err)
 	}
 	l.mu.Lock()
 	e.rec = rec
 	l.mu.Unlock()
-	return l.describe(rec, st), nil
+	return describe(e.rt, rec, st), nil
 }
 
 // Destroy stops and removes the container and gives back its GPUs and its
@@ -285,7 +352,7 @@ func (l *Lifecycle) Destroy(ctx context.Context, id string) error {
 	l.mu.Lock()
 	rec, exited := e.rec, e.exit != nil
 	l.mu.Unlock()
-	if err := l.teardown(ctx, rec, !exited); err != nil {
+	if err := l.teardown(ctx, e.rt, rec, !exited); err != nil {
 		return errors.Join(fmt.Errorf("destroy %s: %w", id, err), l.table.Restore(id, exited))
 	}
 	l.log.InfoContext(ctx, "destroyed", "id", id, "runtime id", rec.RuntimeID)
@@ -294,25 +361,25 @@ func (l *Lifecycle) Destroy(ctx context.Context, id string) error {
 
 // teardown stops (when kill) and removes rec's container, then gives back
 // what it held.
-func (l *Lifecycle) teardown(ctx context.Context, rec Record, kill bool) error {
+func (l *Lifecycle) teardown(ctx context.Context, rt *routed, rec Record, kill bool) error {
 	if kill {
-		if err := l.cfg.Runtime.Kill(ctx, rec); err != nil {
+		if err := rt.Kill(ctx, rec); err != nil {
 			return err
 		}
 	}
-	if err := l.cfg.Runtime.Remove(ctx, rec); err != nil {
+	if err := rt.Remove(ctx, rec); err != nil {
 		return err
 	}
 	if err := l.release(ctx, rec.ID, rec.VolumeVersion, false); err != nil {
 		return err
 	}
-	return l.unreserve(ctx, rec.ID)
+	return unreserve(ctx, rt, rec.ID)
 }
 
 // unreserve drops id's reservation where the runtime is a Reserver: the
 // last step of a teardown, once what the container held is given back.
-func (l *Lifecycle) unreserve(ctx context.Context, id string) error {
-	if r, ok := l.cfg.Runtime.(Reserver); ok {
+func unreserve(ctx context.Context, rt *routed, id string) error {
+	if r, ok := rt.Runtime.(Reserver); ok {
 		return r.Unreserve(ctx, id)
 	}
 	return nil
@@ -348,7 +415,8 @@ func (l *Lifecycle) release(ctx context.Context, owner, version string, every bo
 	return errors.Join(errs...)
 }
 
-// Containers lists the containers, by id (launches in progress aside).
+// Containers lists the containers of every runtime, by id (launches in
+// progress aside).
 func (l *Lifecycle) Containers() []Container {
 	if !l.made() {
 		return nil
@@ -358,7 +426,7 @@ func (l *Lifecycle) Containers() []Container {
 		l.mu.Lock()
 		rec := x.Value.rec
 		l.mu.Unlock()
-		out = append(out, l.describe(rec, x.State))
+		out = append(out, describe(x.Value.rt, rec, x.State))
 	}
 	return out
 }

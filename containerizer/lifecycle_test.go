@@ -17,6 +17,10 @@ import (
 // fakeRuntime runs nothing: it keeps records, and a container's command
 // ends when the test says (end) or when it is killed.
 type fakeRuntime struct {
+	// kind is its Kind ("fake" when empty).
+	kind containerizer.Kind
+	// failList, when set, is what List returns.
+	failList error
 	// gate, when set, holds every Create until it is closed; entered is
 	// told when a Create reaches it.
 	gate, entered chan struct{}
@@ -36,7 +40,12 @@ type fakeCtr struct {
 
 func newFakeRuntime() *fakeRuntime { return &fakeRuntime{ctrs: map[string]*fakeCtr{}} }
 
-func (f *fakeRuntime) Kind() containerizer.Kind { return "fake" }
+func (f *fakeRuntime) Kind() containerizer.Kind {
+	if f.kind == "" {
+		return "fake"
+	}
+	return f.kind
+}
 
 func (f *fakeRuntime) Image(_ context.Context, spec containerizer.Spec) (containerizer.Image, error) {
 	if len(spec.Command) == 0 {
@@ -122,6 +131,9 @@ func (f *fakeRuntime) Remove(_ context.Context, rec containerizer.Record) error 
 func (f *fakeRuntime) List(context.Context) ([]containerizer.Record, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if f.failList != nil {
+		return nil, f.failList
+	}
 	var out []containerizer.Record
 	for _, c := range f.ctrs {
 		r := c.rec
@@ -329,10 +341,11 @@ func TestLifecycleRecover(t *testing.T) {
 			if _, err := alloc.Allocation("thief"); !errors.Is(err, allocator.ErrUnknownOwner) {
 				t.Errorf("the thief holds GPUs: %v", err)
 			}
+			// The second's reconciliation released it: no runtime lists it.
+			if _, err := alloc.Allocation("gone"); !errors.Is(err, allocator.ErrUnknownOwner) {
+				t.Errorf("the vanished container's GPUs: %v, want released", err)
+			}
 			if !lost {
-				if _, err := alloc.Allocation("gone"); err != nil {
-					t.Fatalf("before the first recovers, gone holds its GPUs: %v", err)
-				}
 				if _, err := l.Recover(ctx); !errors.Is(err, containerizer.ErrNotAdopted) {
 					t.Fatalf("the first's recover: %v", err)
 				}
@@ -349,38 +362,91 @@ func TestLifecycleRecover(t *testing.T) {
 	}
 }
 
-// TestLifecycleReconcile: with ReconcileAllocator, Recover releases the
-// allocations of owners without a container.
+// TestLifecycleReconcile: Recover releases the allocations of owners
+// without a container, unless another live process holds them (it never
+// releases another process's GPUs); the Lifecycle's own supervisor's and a
+// dead process's go. A Recover whose runtime cannot list releases nothing.
 func TestLifecycleReconcile(t *testing.T) {
 	ctx := context.Background()
-	_, alloc := simAllocator(t, "dgx1-volta")
-	if _, err := alloc.Allocate(ctx, "orphan", allocator.Request{Count: 1}); err != nil {
+	self, err := allocator.ProcessHolder("", os.Getpid())
+	if err != nil {
 		t.Fatal(err)
 	}
-	rt := newFakeRuntime()
-	for _, reconcile := range []bool{false, true} {
-		l := newLifecycle(t, rt, alloc, func(c *containerizer.LifecycleConfig) { c.ReconcileAllocator = reconcile })
-		if _, err := l.Recover(ctx); err != nil {
-			t.Fatal(err)
-		}
-		_, err := alloc.Allocation("orphan")
-		if held := err == nil; held == reconcile {
-			t.Fatalf("reconcile=%v: orphan held=%v", reconcile, held)
-		}
+	parent, err := allocator.ProcessHolder("", os.Getppid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := allocator.Holder{Pid: self.Pid, Start: self.Start + 1}
+	cases := []struct {
+		name   string
+		holder *allocator.Holder
+		kept   bool
+	}{
+		{"no holder", nil, false},
+		{"the lifecycle's supervisor", &self, false},
+		{"a dead process", &dead, false},
+		{"another live process", &parent, true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, alloc := simAllocator(t, "dgx1-volta")
+			if _, err := alloc.Allocate(ctx, "orphan", allocator.Request{Count: 1, Holder: tc.holder}); err != nil {
+				t.Fatal(err)
+			}
+			rt := newFakeRuntime()
+			rt.failList = errors.New("cannot list")
+			l := newLifecycle(t, rt, alloc, func(c *containerizer.LifecycleConfig) { c.Supervisor = &self })
+			if _, err := l.Recover(ctx); err == nil {
+				t.Fatal("recover succeeded with a runtime that cannot list")
+			}
+			if _, err := alloc.Allocation("orphan"); err != nil {
+				t.Fatalf("released by a recovery that could not list: %v", err)
+			}
+			rt.failList = nil
+			if _, err := l.Recover(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := alloc.Allocation("orphan"); (err == nil) != tc.kept {
+				t.Fatalf("orphan held=%v, want %v", err == nil, tc.kept)
+			}
+		})
 	}
 }
 
 // TestNewLifecycleRejects: a Lifecycle needs a runtime, an allocator and a
-// real supervisor.
+// real supervisor, at most one runtime of a kind, and a supervisor that a
+// runtime naming its own agrees with.
 func TestNewLifecycleRejects(t *testing.T) {
 	_, alloc := simAllocator(t, "dgx1-volta")
+	self, err := allocator.ProcessHolder("", os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	parent, err := allocator.ProcessHolder("", os.Getppid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	native := &fakeRuntime{kind: containerizer.KindNative}
 	for name, cfg := range map[string]containerizer.LifecycleConfig{
-		"no runtime":     {Allocator: alloc},
-		"no allocator":   {Runtime: newFakeRuntime()},
-		"bad supervisor": {Runtime: newFakeRuntime(), Allocator: alloc, Supervisor: &allocator.Holder{Pid: 1}},
+		"no runtime":           {Allocator: alloc},
+		"no allocator":         {Runtime: newFakeRuntime()},
+		"bad supervisor":       {Runtime: newFakeRuntime(), Allocator: alloc, Supervisor: &allocator.Holder{Pid: 1}},
+		"nil runtime":          {Runtimes: []containerizer.Runtime{newFakeRuntime(), nil}, Allocator: alloc},
+		"two of a kind":        {Runtimes: []containerizer.Runtime{native, &fakeRuntime{kind: containerizer.KindNative}}, Allocator: alloc},
+		"one given twice":      {Runtime: newFakeRuntime(), Runtimes: []containerizer.Runtime{newFakeRuntime()}, Allocator: alloc},
+		"another supervisor":   {Runtime: supervisedRuntime{newFakeRuntime(), &self}, Allocator: alloc, Supervisor: &parent},
+		"a runtime's own none": {Runtime: supervisedRuntime{newFakeRuntime(), nil}, Allocator: alloc, Supervisor: &parent},
 	} {
 		if l, err := containerizer.NewLifecycle(cfg); !errors.Is(err, node.ErrInvalid) || l != nil {
 			t.Errorf("%s: %v, %v", name, l, err)
 		}
 	}
 }
+
+// supervisedRuntime is a runtime that names its containers' supervisor.
+type supervisedRuntime struct {
+	*fakeRuntime
+	sup *allocator.Holder
+}
+
+func (s supervisedRuntime) Supervisor() *allocator.Holder { return s.sup }

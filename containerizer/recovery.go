@@ -43,11 +43,12 @@ const (
 	supDead
 )
 
-func (l *Lifecycle) supervision(h *allocator.Holder) supervision {
+// supervision classes h, a container's supervisor, for a container of rt.
+func (rt *routed) supervision(h *allocator.Holder) supervision {
 	switch {
 	case h == nil:
 		return supNone
-	case l.cfg.Supervisor != nil && *h == *l.cfg.Supervisor:
+	case rt.sup != nil && *h == *rt.sup:
 		return supSelf
 	case h.Dead(""):
 		return supDead
@@ -56,15 +57,18 @@ func (l *Lifecycle) supervision(h *allocator.Holder) supervision {
 }
 
 // claim makes the allocator hold rec's GPUs (or its share) for its owner,
-// and a memory share's MPS daemon run; holder, where they had to be
-// claimed again, holds them.
+// and a memory share's MPS daemon run; holder, when set, holds them
+// afterwards, in the claim's one change on disk (allocator.HeldBy).
 func (l *Lifecycle) claim(ctx context.Context, rec Record, holder *allocator.Holder) error {
-	var al allocator.Allocation
+	var opts []allocator.ClaimOption
+	if holder != nil {
+		opts = append(opts, allocator.HeldBy(*holder))
+	}
 	var err error
 	if rec.Share != nil && len(rec.GPUs) == 1 {
-		al, err = l.cfg.Allocator.ClaimShare(ctx, rec.ID, rec.GPUs[0], *rec.Share)
+		_, err = l.cfg.Allocator.ClaimShare(ctx, rec.ID, rec.GPUs[0], *rec.Share, opts...)
 	} else {
-		al, err = l.cfg.Allocator.Claim(ctx, rec.ID, rec.GPUs)
+		_, err = l.cfg.Allocator.Claim(ctx, rec.ID, rec.GPUs, opts...)
 	}
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrNotAdopted, err)
@@ -76,118 +80,72 @@ func (l *Lifecycle) claim(ctx context.Context, rec Record, holder *allocator.Hol
 			return err
 		}
 	}
-	if holder != nil && al.Holder == nil && len(al.Devices) > 0 {
-		return l.cfg.Allocator.SetHolder(ctx, rec.ID, holder)
-	}
 	return nil
 }
 
-// Recover adopts the containers the runtime still has, with their GPUs
-// and volume uses, and gives back what was held for the known containers
-// that vanished; with ReconcileAllocator it also releases the allocations
-// of owners that have no container. A container that cannot be adopted is
-// left alone and reported in the joined error (matching ErrNotAdopted);
-// the others are adopted all the same. It returns every container known
-// afterwards.
-func (l *Lifecycle) Recover(ctx context.Context) ([]Container, error) {
-	cs, _, err := l.recoverHolding(ctx)
-	return cs, err
-}
-
-// holdingRecoverer is a back end whose recovery also tells every owner
-// that may hold GPUs through it: its containers, those of other live
-// supervisors and the launches in progress (a Lifecycle). A Composite
-// reconciles the allocator against them.
-type holdingRecoverer interface {
-	recoverHolding(ctx context.Context) ([]Container, []string, error)
-}
-
-var _ holdingRecoverer = (*Lifecycle)(nil)
-
-// recoverHolding is Recover; it also returns the owners that may hold
-// GPUs through this Lifecycle, which ReconcileAllocator keeps.
-func (l *Lifecycle) recoverHolding(ctx context.Context) ([]Container, []string, error) {
-	if !l.made() {
-		return nil, nil, fmt.Errorf("recover: %w", ErrNotMade)
+// claimLive claims the GPUs of another live supervisor's container: held
+// by that supervisor where the allocator had lost them (or held them with
+// no holder); a holder the allocator names is kept.
+func (l *Lifecycle) claimLive(ctx context.Context, rec Record) error {
+	holder := rec.Supervisor
+	if al, err := l.cfg.Allocator.Allocation(rec.ID); err == nil && al.Holder != nil {
+		holder = nil
 	}
-	records, err := l.cfg.Runtime.List(ctx)
-	if err != nil {
-		return nil, nil, fmt.Errorf("recover: %w", err)
+	return l.claim(ctx, rec, holder)
+}
+
+// Recover adopts the containers every runtime still has, with their GPUs
+// and volume uses, and gives back what was held for the known containers
+// that vanished. A container that cannot be adopted is left alone and
+// reported in the joined error (matching ErrNotAdopted); the others are
+// adopted all the same; a runtime that cannot list its containers does not
+// keep the others from being recovered. It returns every container known
+// afterwards.
+//
+// When every runtime listed its containers, Recover then reconciles the
+// allocator once (allocator.Reconcile) against the union of what they
+// list: every container, adopted or another live supervisor's, every
+// launch in progress, and every allocation held by a live process
+// (Request.Holder, allocator.SetHolder) other than this Lifecycle's
+// supervisors. Every other allocation is released: the Lifecycle assumes
+// that an allocation with no live holder is one of its runtimes' (a
+// container that vanished while no process ran). A program that shares the
+// allocator with something outside the Lifecycle (another Lifecycle with
+// other runtimes, the chain isolator, a program of its own) keeps its
+// allocations safe by holding them with a live process, or gives the
+// Lifecycle an allocator of its own (a state directory of its own).
+func (l *Lifecycle) Recover(ctx context.Context) ([]Container, error) {
+	if !l.made() {
+		return nil, fmt.Errorf("recover: %w", ErrNotMade)
 	}
 	var errs []error
+	listedAll := true
 	found := map[string]*lifeEntry{}
 	listed := map[string]bool{} // owners with a container, adopted or not
-	for _, r := range records {
-		if r.Err != nil {
-			errs = append(errs, fmt.Errorf("recover container %s: %w: %w", r.RuntimeID, ErrNotAdopted, r.Err))
+	failed := map[*routed]bool{}
+	for _, rt := range l.rts {
+		records, err := rt.List(ctx)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("recover %s: %w", rt.Kind(), err))
+			listedAll, failed[rt] = false, true
 			continue
 		}
-		if r.Reserved {
-			// A launch in progress (another live process's, or this
-			// Lifecycle's), or one a dead process left, which goes.
-			if _, _, err := l.table.Get(r.ID); err == nil || l.supervision(r.Supervisor) == supLive {
-				listed[r.ID] = true
-			} else if err := l.unlaunch(ctx, r); err != nil {
-				listed[r.ID] = true
-				errs = append(errs, fmt.Errorf("recover %s: %w", r.ID, err))
-			}
-			continue
-		}
-		sup := l.supervision(r.Supervisor)
-		if sup == supDead && r.Exit != nil && r.ID != "" {
-			// Ended with its supervisor gone: no one is left to take its
-			// exit status, and what it held goes back.
-			if _, _, err := l.table.Get(r.ID); err != nil {
-				if err := l.unlaunch(ctx, r); err != nil {
-					listed[r.ID] = true
-					errs = append(errs, fmt.Errorf("recover %s: %w", r.ID, err))
-				}
-				continue
-			}
-		}
-		listed[r.ID] = true
-		if sup == supLive {
-			// Another live process's: its GPUs stay held, it stays its.
-			if err := l.claim(ctx, r, r.Supervisor); err != nil {
-				errs = append(errs, fmt.Errorf("recover container %s: %w", r.RuntimeID, err))
-			}
-			continue
-		}
-		if _, dup := found[r.ID]; dup {
-			errs = append(errs, fmt.Errorf("recover container %s: %w: owner %s has another container", r.RuntimeID, ErrNotAdopted, r.ID))
-			continue
-		}
-		if err := l.claim(ctx, r, nil); err != nil {
-			errs = append(errs, fmt.Errorf("recover container %s: %w", r.RuntimeID, err))
-			continue
-		}
-		if sup == supDead && l.cfg.Supervisor != nil {
-			var err error
-			if r, err = l.takeOver(ctx, r); err != nil {
-				errs = append(errs, fmt.Errorf("recover container %s: %w: %w", r.RuntimeID, ErrNotAdopted, err))
-				continue
-			}
-		}
-		if r.VolumeVersion != "" && l.cfg.Volumes != nil {
-			if err := l.cfg.Volumes.Acquire(ctx, r.VolumeVersion, r.ID); err != nil {
-				errs = append(errs, fmt.Errorf("recover %s: %w", r.ID, err))
-			}
-		}
-		found[r.ID] = &lifeEntry{rec: r, exit: r.Exit}
+		errs = append(errs, l.adopt(ctx, rt, records, found, listed)...)
 	}
 
-	// The table: containers gone from the runtime leave it (and give back
-	// what they held, unless another container of their owner is listed);
-	// launches in flight and destructions at work are left to finish.
+	// The table: containers gone from their runtime leave it (and give
+	// back what they held, unless another container of their owner is
+	// listed); launches in flight, destructions at work and the containers
+	// of a runtime that did not list are left as they are.
 	var vanished []Record
 	for _, x := range l.table.List(false) {
-		if x.State == StateDestroying {
+		if x.State == StateDestroying || failed[x.Value.rt] {
 			continue
 		}
 		l.mu.Lock()
 		rec := x.Value.rec
 		l.mu.Unlock()
-		if f, ok := found[x.ID]; !ok || f.rec.RuntimeID != rec.RuntimeID {
+		if f, ok := found[x.ID]; !ok || f.rt != x.Value.rt || f.rec.RuntimeID != rec.RuntimeID {
 			if !listed[x.ID] {
 				vanished = append(vanished, rec)
 			}
@@ -198,7 +156,7 @@ func (l *Lifecycle) recoverHolding(ctx context.Context) ([]Container, []string, 
 		f := found[id]
 		if old, _, err := l.table.Get(id); err == nil {
 			l.mu.Lock()
-			same := old.rec.RuntimeID == f.rec.RuntimeID
+			same := old.rt == f.rt && old.rec.RuntimeID == f.rec.RuntimeID
 			if same {
 				// Known already: keep what it has, take the record's news.
 				old.rec.GPUs, old.rec.Volume, old.rec.VolumeVersion = f.rec.GPUs, f.rec.Volume, f.rec.VolumeVersion
@@ -225,28 +183,124 @@ func (l *Lifecycle) recoverHolding(ctx context.Context) ([]Container, []string, 
 			errs = append(errs, fmt.Errorf("recover: release vanished %s: %w", rec.ID, err))
 		}
 	}
+	if !listedAll {
+		// What the runtime that did not list holds is not known: nothing
+		// is released, nothing swept.
+		return l.Containers(), errors.Join(errs...)
+	}
+	if _, err := l.cfg.Allocator.Reconcile(ctx, l.live(listed)); err != nil {
+		errs = append(errs, fmt.Errorf("recover: %w", err))
+	}
+	errs = append(errs, l.sweep(ctx, true, len(errs) > 0), l.sweepDaemons(ctx))
+	return l.Containers(), errors.Join(errs...)
+}
+
+// adopt deals with the records rt listed: reservations and ended
+// containers no one is left for are removed, the containers of other live
+// supervisors claimed, and the others adopted into found. Every owner with
+// a container goes into listed.
+func (l *Lifecycle) adopt(ctx context.Context, rt *routed, records []Record, found map[string]*lifeEntry, listed map[string]bool) []error {
+	var errs []error
+	for _, r := range records {
+		if r.Err != nil {
+			// Left alone, with what its owner holds.
+			if r.ID != "" {
+				listed[r.ID] = true
+			}
+			errs = append(errs, fmt.Errorf("recover container %s: %w: %w", r.RuntimeID, ErrNotAdopted, r.Err))
+			continue
+		}
+		if r.Reserved {
+			// A launch in progress (another live process's, or this
+			// Lifecycle's), or one a dead process left, which goes.
+			if _, _, err := l.table.Get(r.ID); err == nil || rt.supervision(r.Supervisor) == supLive {
+				listed[r.ID] = true
+			} else if err := l.unlaunch(ctx, rt, r); err != nil {
+				listed[r.ID] = true
+				errs = append(errs, fmt.Errorf("recover %s: %w", r.ID, err))
+			}
+			continue
+		}
+		sup := rt.supervision(r.Supervisor)
+		if sup == supDead && r.Exit != nil && r.ID != "" {
+			// Ended with its supervisor gone: no one is left to take its
+			// exit status, and what it held goes back.
+			if _, _, err := l.table.Get(r.ID); err != nil {
+				if err := l.unlaunch(ctx, rt, r); err != nil {
+					listed[r.ID] = true
+					errs = append(errs, fmt.Errorf("recover %s: %w", r.ID, err))
+				}
+				continue
+			}
+		}
+		listed[r.ID] = true
+		if sup == supLive {
+			// Another live process's: its GPUs stay held, it stays its.
+			if err := l.claimLive(ctx, r); err != nil {
+				errs = append(errs, fmt.Errorf("recover container %s: %w", r.RuntimeID, err))
+			}
+			continue
+		}
+		if other, dup := found[r.ID]; dup {
+			errs = append(errs, fmt.Errorf("recover %s container %s: %w: owner %s has another container (%s): %w", rt.Kind(), r.RuntimeID, ErrNotAdopted, r.ID, other.rt.Kind(), ErrContainerExists))
+			continue
+		}
+		// A dead supervisor's container is taken over, in the claim: its
+		// GPUs held by this Lifecycle's supervisor in one change on disk.
+		var holder *allocator.Holder
+		if sup == supDead && rt.sup != nil {
+			holder = rt.sup
+		}
+		if err := l.claim(ctx, r, holder); err != nil {
+			errs = append(errs, fmt.Errorf("recover container %s: %w", r.RuntimeID, err))
+			continue
+		}
+		if holder != nil {
+			var err error
+			if r, err = l.takeOver(ctx, rt, r); err != nil {
+				errs = append(errs, fmt.Errorf("recover container %s: %w: %w", r.RuntimeID, ErrNotAdopted, err))
+				continue
+			}
+		}
+		if r.VolumeVersion != "" && l.cfg.Volumes != nil {
+			if err := l.cfg.Volumes.Acquire(ctx, r.VolumeVersion, r.ID); err != nil {
+				errs = append(errs, fmt.Errorf("recover %s: %w", r.ID, err))
+			}
+		}
+		found[r.ID] = &lifeEntry{rt: rt, rec: r, exit: r.Exit}
+	}
+	return errs
+}
+
+// live is every owner the Lifecycle's reconciliation of the allocator
+// keeps: those with a container listed, the launches in flight, and the
+// allocations a live process other than the Lifecycle's supervisors holds.
+func (l *Lifecycle) live(listed map[string]bool) []string {
 	live := slices.Collect(maps.Keys(listed))
 	for _, x := range l.table.List(true) {
 		live = append(live, x.ID) // a launch in flight holds its GPUs
 	}
-	slices.Sort(live)
-	live = slices.Compact(live)
-	if l.cfg.ReconcileAllocator {
-		if _, err := l.cfg.Allocator.Reconcile(ctx, live); err != nil {
-			errs = append(errs, fmt.Errorf("recover: %w", err))
+	for _, al := range l.cfg.Allocator.Allocations() {
+		if h := al.Holder; h != nil && !l.supervises(*h) && !h.Dead("") {
+			live = append(live, al.Owner) // another process's
 		}
 	}
-	errs = append(errs, l.sweep(ctx, true, len(errs) > 0), l.sweepDaemons(ctx))
-	return l.Containers(), live, errors.Join(errs...)
+	slices.Sort(live)
+	return slices.Compact(live)
 }
 
-// takeOver makes this Lifecycle's supervisor that of rec's container,
-// whose supervisor died: on the runtime's side (Adopter) and as the holder
-// of its GPUs, so that a Clean of another process does not take the
-// container for a dead one's.
-func (l *Lifecycle) takeOver(ctx context.Context, rec Record) (Record, error) {
-	sup := *l.cfg.Supervisor
-	if a, ok := l.cfg.Runtime.(Adopter); ok {
+// supervises tells whether h is the supervisor of one of the runtimes.
+func (l *Lifecycle) supervises(h allocator.Holder) bool {
+	return slices.ContainsFunc(l.rts, func(rt *routed) bool { return rt.sup != nil && *rt.sup == h })
+}
+
+// takeOver records this Lifecycle's supervisor as that of rec's
+// container, whose supervisor died, on the runtime's side (Adopter), so
+// that a Clean of another process does not take the container for a dead
+// one's; the claim made it the holder of its GPUs.
+func (l *Lifecycle) takeOver(ctx context.Context, rt *routed, rec Record) (Record, error) {
+	sup := *rt.sup
+	if a, ok := rt.Runtime.(Adopter); ok {
 		r, err := a.Adopt(ctx, rec, sup)
 		if err != nil {
 			return rec, err
@@ -254,30 +308,27 @@ func (l *Lifecycle) takeOver(ctx context.Context, rec Record) (Record, error) {
 		rec = r
 	}
 	rec.Supervisor = &sup
-	if len(rec.GPUs) == 0 {
-		return rec, nil
-	}
-	return rec, l.cfg.Allocator.SetHolder(ctx, rec.ID, &sup)
+	return rec, nil
 }
 
 // unlaunch removes what a launch that did not finish left (a reservation,
 // perhaps a container), or an ended container whose supervisor died, and
 // gives back what was held for its owner.
-func (l *Lifecycle) unlaunch(ctx context.Context, rec Record) error {
-	l.log.InfoContext(ctx, "removing a container no one can use", "id", rec.ID, "reserved", rec.Reserved)
-	if err := l.cfg.Runtime.Remove(ctx, rec); err != nil {
+func (l *Lifecycle) unlaunch(ctx context.Context, rt *routed, rec Record) error {
+	l.log.InfoContext(ctx, "removing a container no one can use", "id", rec.ID, "kind", rt.Kind(), "reserved", rec.Reserved)
+	if err := rt.Remove(ctx, rec); err != nil {
 		return err
 	}
 	if err := l.release(ctx, rec.ID, rec.VolumeVersion, rec.VolumeVersion == ""); err != nil {
 		return err
 	}
-	return l.unreserve(ctx, rec.ID)
+	return unreserve(ctx, rt, rec.ID)
 }
 
 // sweepDaemons stops the MPS daemons of owners that hold no memory share
 // in the allocator and have no container or launch: daemons whose share
 // was released past the Lifecycle (an allocator reconciliation, a holder's
-// death), or whose starter was killed. The runtime's containers are listed
+// death), or whose starter was killed. The runtimes' containers are listed
 // under the daemons' lock, so a launch of another process whose daemon
 // runs is listed (its reservation came first).
 func (l *Lifecycle) sweepDaemons(ctx context.Context) error {
@@ -293,13 +344,16 @@ func (l *Lifecycle) sweepDaemons(ctx context.Context) error {
 			return true
 		}
 		if listed == nil {
-			recs, err := l.cfg.Runtime.List(ctx)
-			if err != nil {
-				return true // cannot tell: kept
-			}
 			listed = map[string]bool{}
-			for _, r := range recs {
-				listed[r.ID] = true
+			for _, rt := range l.rts {
+				recs, err := rt.List(ctx)
+				if err != nil {
+					listed = nil
+					return true // cannot tell: kept
+				}
+				for _, r := range recs {
+					listed[r.ID] = true
+				}
 			}
 		}
 		return listed[owner]
@@ -311,17 +365,20 @@ func (l *Lifecycle) sweepDaemons(ctx context.Context) error {
 	return nil
 }
 
-// sweep has a Cleaner runtime remove its leftovers, after Recover
+// sweep has every Cleaner runtime remove its leftovers, after Recover
 // (adopting) or Clean.
 func (l *Lifecycle) sweep(ctx context.Context, adopting, failed bool) error {
-	c, ok := l.cfg.Runtime.(Cleaner)
-	if !ok {
-		return nil
+	var errs []error
+	for _, rt := range l.rts {
+		c, ok := rt.Runtime.(Cleaner)
+		if !ok {
+			continue
+		}
+		if err := c.Sweep(ctx, Sweep{Adopting: adopting, Failed: failed}); err != nil {
+			errs = append(errs, fmt.Errorf("sweep %s: %w", rt.Kind(), err))
+		}
 	}
-	if err := c.Sweep(ctx, Sweep{Adopting: adopting, Failed: failed}); err != nil {
-		return fmt.Errorf("sweep: %w", err)
-	}
-	return nil
+	return errors.Join(errs...)
 }
 
 // Clean is the recovery of programs that run their containers only while
@@ -355,42 +412,26 @@ func (l *Lifecycle) Clean(ctx context.Context) ([]string, error) {
 			dead[al.Owner] = true
 		}
 	}
-	records, err := l.cfg.Runtime.List(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("clean: %w", err)
+	// Every runtime lists first: while one cannot, a dead owner may still
+	// have a container there, and nothing is done.
+	type listing struct {
+		rt      *routed
+		records []Record
+	}
+	var all []listing
+	for _, rt := range l.rts {
+		records, err := rt.List(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("clean %s: %w", rt.Kind(), err)
+		}
+		all = append(all, listing{rt, records})
 	}
 	var cleaned []string
 	var errs []error
 	failed := false // a dead supervisor's container is left
-	for _, r := range records {
-		switch sup := l.supervision(r.Supervisor); {
-		case sup == supDead || (r.ID != "" && dead[r.ID]):
-			l.log.InfoContext(ctx, "removing a container whose supervisor died", "id", r.ID, "runtime id", r.RuntimeID)
-			if err := l.cfg.Runtime.Remove(ctx, r); err != nil {
-				failed, errs = true, append(errs, fmt.Errorf("clean %s: %w", r.ID, err))
-				continue
-			}
-			if r.ID == "" {
-				continue
-			}
-			delete(dead, r.ID)
-			if err := l.release(ctx, r.ID, r.VolumeVersion, r.VolumeVersion == ""); err != nil {
-				failed, errs = true, append(errs, fmt.Errorf("clean %s: %w", r.ID, err))
-				continue
-			}
-			if err := l.unreserve(ctx, r.ID); err != nil {
-				failed, errs = true, append(errs, fmt.Errorf("clean %s: %w", r.ID, err))
-			}
-			cleaned = append(cleaned, r.ID)
-		case r.Reserved:
-			// A launch in progress: its GPUs are held by its supervisor.
-		case sup == supLive && r.Err == nil:
-			if err := l.claim(ctx, r, r.Supervisor); err != nil {
-				errs = append(errs, fmt.Errorf("clean: container %s: %w", r.RuntimeID, err))
-			}
-		case sup == supLive:
-			errs = append(errs, fmt.Errorf("clean: container %s: %w: %w", r.RuntimeID, ErrNotAdopted, r.Err))
-		}
+	for _, x := range all {
+		cs, ok, es := l.clean(ctx, x.rt, x.records, dead)
+		cleaned, failed, errs = append(cleaned, cs...), failed || !ok, append(errs, es...)
 	}
 	for _, owner := range slices.Sorted(maps.Keys(dead)) {
 		if err := l.release(ctx, owner, "", true); err != nil {
@@ -402,4 +443,42 @@ func (l *Lifecycle) Clean(ctx context.Context) ([]string, error) {
 	errs = append(errs, l.sweep(ctx, false, failed), l.sweepDaemons(ctx))
 	slices.Sort(cleaned)
 	return slices.Compact(cleaned), errors.Join(errs...)
+}
+
+// clean is Clean's second and third steps over the records rt listed: it
+// returns the owners it cleaned up, whether it removed every container of
+// a dead supervisor, and its errors. The owners it cleaned up leave dead.
+func (l *Lifecycle) clean(ctx context.Context, rt *routed, records []Record, dead map[string]bool) (cleaned []string, ok bool, errs []error) {
+	failed := false
+	for _, r := range records {
+		switch sup := rt.supervision(r.Supervisor); {
+		case sup == supDead || (r.ID != "" && dead[r.ID]):
+			l.log.InfoContext(ctx, "removing a container whose supervisor died", "id", r.ID, "kind", rt.Kind(), "runtime id", r.RuntimeID)
+			if err := rt.Remove(ctx, r); err != nil {
+				failed, errs = true, append(errs, fmt.Errorf("clean %s: %w", r.ID, err))
+				continue
+			}
+			if r.ID == "" {
+				continue
+			}
+			delete(dead, r.ID)
+			if err := l.release(ctx, r.ID, r.VolumeVersion, r.VolumeVersion == ""); err != nil {
+				failed, errs = true, append(errs, fmt.Errorf("clean %s: %w", r.ID, err))
+				continue
+			}
+			if err := unreserve(ctx, rt, r.ID); err != nil {
+				failed, errs = true, append(errs, fmt.Errorf("clean %s: %w", r.ID, err))
+			}
+			cleaned = append(cleaned, r.ID)
+		case r.Reserved:
+			// A launch in progress: its GPUs are held by its supervisor.
+		case sup == supLive && r.Err == nil:
+			if err := l.claimLive(ctx, r); err != nil {
+				errs = append(errs, fmt.Errorf("clean: container %s: %w", r.RuntimeID, err))
+			}
+		case sup == supLive:
+			errs = append(errs, fmt.Errorf("clean: container %s: %w: %w", r.RuntimeID, ErrNotAdopted, r.Err))
+		}
+	}
+	return cleaned, !failed, errs
 }

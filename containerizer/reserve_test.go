@@ -219,7 +219,7 @@ func TestLifecycleRecoversReservations(t *testing.T) {
 			if _, err := alloc.Allocate(ctx, "left", allocator.Request{Count: 2, Holder: tc.sup}); err != nil {
 				t.Fatal(err)
 			}
-			l := newLifecycle(t, rt, alloc, func(c *containerizer.LifecycleConfig) { c.ReconcileAllocator = true })
+			l := newLifecycle(t, rt, alloc, nil)
 			var cleaned []string
 			if tc.recover {
 				_, err = l.Recover(ctx)
@@ -248,7 +248,7 @@ func TestLifecycleRecoversReservations(t *testing.T) {
 		_, alloc := simAllocator(t, "dgx1-volta")
 		rt := newReservingRuntime(alloc, nil)
 		rt.gate, rt.entered = make(chan struct{}), make(chan struct{}, 1)
-		l := newLifecycle(t, rt, alloc, func(c *containerizer.LifecycleConfig) { c.ReconcileAllocator = true })
+		l := newLifecycle(t, rt, alloc, nil)
 		launched := make(chan error, 1)
 		go func() {
 			_, err := l.Launch(ctx, containerizer.Spec{ID: "a", Command: []string{"x"}, GPUs: allocator.Request{Count: 1}})
@@ -381,12 +381,12 @@ func TestLifecycleRecoverEndedOfDead(t *testing.T) {
 	}
 }
 
-// TestCompositeKeepsLiveSupervisors: a Composite's reconciliation keeps
-// the GPUs of the containers a Lifecycle back end's runtime lists for
-// another live supervisor, and of launches in progress elsewhere
-// (reservations), though neither is a container of the Composite; GPUs of
-// an owner nothing explains are released.
-func TestCompositeKeepsLiveSupervisors(t *testing.T) {
+// TestLifecycleKeepsLiveSupervisors: a Lifecycle's reconciliation keeps
+// the GPUs of the containers its runtime lists for another live
+// supervisor, of launches in progress elsewhere (reservations), and of
+// owners another live process holds though nothing here explains them;
+// GPUs of an owner with no live holder and no container are released.
+func TestLifecycleKeepsLiveSupervisors(t *testing.T) {
 	ctx := context.Background()
 	parent, err := allocator.ProcessHolder("", os.Getppid())
 	if err != nil {
@@ -400,20 +400,16 @@ func TestCompositeKeepsLiveSupervisors(t *testing.T) {
 	if _, err := alloc.Claim(ctx, "other", gpu); err != nil {
 		t.Fatal(err)
 	}
-	for owner, n := range map[string]int{"launching": 1, "ghost": 1} {
-		if _, err := alloc.Allocate(ctx, owner, allocator.Request{Count: n, Holder: &parent}); err != nil {
+	for owner, h := range map[string]*allocator.Holder{"launching": &parent, "elsewhere": &parent, "ghost": nil} {
+		if _, err := alloc.Allocate(ctx, owner, allocator.Request{Count: 1, Holder: h}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	l := newLifecycle(t, rt, alloc, nil)
-	c, err := containerizer.NewComposite(alloc, l, nil)
-	if err != nil {
+	if _, err := l.Recover(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.Recover(ctx); err != nil {
-		t.Fatal(err)
-	}
-	for owner, want := range map[string]bool{"other": true, "launching": true, "ghost": false} {
+	for owner, want := range map[string]bool{"other": true, "launching": true, "elsewhere": true, "ghost": false} {
 		if _, err := alloc.Allocation(owner); (err == nil) != want {
 			t.Errorf("%s holds gpus: %v, want %v", owner, err == nil, want)
 		}

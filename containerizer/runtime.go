@@ -38,9 +38,21 @@ type Runtime interface {
 // Updater is a Runtime that can change a running container's GPUs; a
 // Lifecycle over another refuses Update with ErrNotSupported.
 type Updater interface {
-	// Update changes rec's container to gpus GPUs, the allocation with it,
-	// and returns its record; on error it keeps what it had.
-	Update(ctx context.Context, rec Record, gpus int) (Record, error)
+	// Update changes rec's container to gpus GPUs, the allocation in alloc
+	// (the Lifecycle's one allocator) with it, and returns its record; on
+	// error it keeps what it had.
+	Update(ctx context.Context, alloc *allocator.Allocator, rec Record, gpus int) (Record, error)
+}
+
+// Supervised is a Runtime that names the supervisor of its containers
+// itself (the process whose death ends them; nil for none): the native
+// runtime, whose containers' inits are children of the process that runs
+// it. A Lifecycle records it for the runtime's containers, holds their
+// GPUs with it and recovers them by it, in place of
+// LifecycleConfig.Supervisor (which, when set, must be the same).
+type Supervised interface {
+	// Supervisor is the supervisor of the runtime's containers, or nil.
+	Supervisor() *allocator.Holder
 }
 
 // Reserver is a Runtime that durably reserves a container's id before the

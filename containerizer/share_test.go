@@ -46,7 +46,7 @@ func (p *planRuntime) plan(id string) *isolator.Plan {
 
 func shareLifecycle(t *testing.T, rt containerizer.Runtime, alloc *allocator.Allocator, m *mps.Manager) *containerizer.Lifecycle {
 	t.Helper()
-	l, err := containerizer.NewLifecycle(containerizer.LifecycleConfig{Runtime: rt, Allocator: alloc, MPS: m, ReconcileAllocator: true})
+	l, err := containerizer.NewLifecycle(containerizer.LifecycleConfig{Runtime: rt, Allocator: alloc, MPS: m})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -54,7 +54,6 @@ func TestVocabulary(t *testing.T) {
 		"allocator.ErrUnknownDevice":                allocator.ErrUnknownDevice,
 		"allocator.ErrUnknownMIGProfile":            allocator.ErrUnknownMIGProfile,
 		"allocator.ErrUnknownOwner":                 allocator.ErrUnknownOwner,
-		"containerizer.ErrAllocatorMismatch":        containerizer.ErrAllocatorMismatch,
 		"containerizer.ErrContainerExists":          containerizer.ErrContainerExists,
 		"containerizer.ErrInvalidSpec":              containerizer.ErrInvalidSpec,
 		"containerizer.ErrNoVolume":                 containerizer.ErrNoVolume,

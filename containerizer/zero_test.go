@@ -16,7 +16,7 @@ import (
 // TestZeroValues: the containerizers' zero values refuse every call with an
 // error instead of panicking.
 func TestZeroValues(t *testing.T) {
-	testenv.ZeroValueSafe(t, []any{&containerizer.Composite{}, &containerizer.Preparer{}, &containerizer.Prepared{}, &containerizer.Lifecycle{},
+	testenv.ZeroValueSafe(t, []any{&containerizer.Preparer{}, &containerizer.Prepared{}, &containerizer.Lifecycle{},
 		&native.Containerizer{}, &docker.Containerizer{}})
 }
 
@@ -24,7 +24,7 @@ func TestZeroValues(t *testing.T) {
 // refused with ErrNotMade.
 func TestZeroValueLaunch(t *testing.T) {
 	for name, c := range map[string]containerizer.Containerizer{
-		"composite": &containerizer.Composite{}, "native": &native.Containerizer{}, "docker": &docker.Containerizer{},
+		"native": &native.Containerizer{}, "docker": &docker.Containerizer{},
 		"lifecycle": &containerizer.Lifecycle{},
 	} {
 		for _, spec := range []containerizer.Spec{

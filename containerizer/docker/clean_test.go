@@ -244,30 +244,40 @@ func TestRecoverSupervised(t *testing.T) {
 	}
 }
 
-// TestBackend: Backend builds a Docker containerizer over the composite's
-// allocator and refuses WithReconcileAllocator. No daemon needed.
-func TestBackend(t *testing.T) {
+// TestRuntimeInLifecycle: the Docker Runtime names its containers'
+// supervisor (WithSupervisor) to a Lifecycle over it, which refuses
+// another; New is a Lifecycle over one Runtime and its allocator. No
+// daemon needed.
+func TestRuntimeInLifecycle(t *testing.T) {
 	sim, _ := simnode.New("pcie8")
 	inv, err := nvmlnode.Discover(context.Background(), nvmlnode.WithNVML(sim.NVML()))
 	if err != nil {
 		t.Fatal(err)
 	}
 	alloc, _ := allocator.New(inv)
-	other, _ := allocator.New(inv)
-	kind, z, err := docker.Backend(&listDaemon{}, docker.WithNamespace("ns"))(alloc)
-	if err != nil || kind != containerizer.KindDocker {
-		t.Fatalf("backend: %q, %v", kind, err)
+	self, err := allocator.ProcessHolder("", os.Getpid())
+	if err != nil {
+		t.Fatal(err)
 	}
-	if got := z.(*docker.Containerizer).Allocator(); got != alloc {
-		t.Fatalf("built over %p, want %p", got, alloc)
+	parent, err := allocator.ProcessHolder("", os.Getppid())
+	if err != nil {
+		t.Fatal(err)
 	}
-	if _, err := containerizer.NewComposite(other, nil, z); !errors.Is(err, containerizer.ErrAllocatorMismatch) {
-		t.Fatalf("a composite over another allocator: %v", err)
+	rt, err := docker.NewRuntime(&listDaemon{}, docker.WithNamespace("ns"), docker.WithSupervisor(self))
+	if err != nil {
+		t.Fatal(err)
 	}
-	if _, _, err := docker.Backend(&listDaemon{}, docker.WithReconcileAllocator())(alloc); !errors.Is(err, containerizer.ErrAllocatorMismatch) {
-		t.Fatalf("WithReconcileAllocator in a composite: %v", err)
+	if sup := rt.Supervisor(); sup == nil || *sup != self {
+		t.Fatalf("supervisor %+v, want %+v", sup, self)
 	}
-	if _, _, err := docker.Backend(&listDaemon{})(nil); !errors.Is(err, containerizer.ErrAllocatorMismatch) {
-		t.Fatalf("no allocator: %v", err)
+	if _, err := containerizer.NewLifecycle(containerizer.LifecycleConfig{Runtime: rt, Allocator: alloc, Supervisor: &self}); err != nil {
+		t.Fatalf("a lifecycle with the same supervisor: %v", err)
+	}
+	if _, err := containerizer.NewLifecycle(containerizer.LifecycleConfig{Runtime: rt, Allocator: alloc, Supervisor: &parent}); !errors.Is(err, node.ErrInvalid) {
+		t.Fatalf("a lifecycle with another supervisor: %v", err)
+	}
+	z, err := docker.New(&listDaemon{}, alloc, docker.WithNamespace("ns"))
+	if err != nil || z.Allocator() != alloc {
+		t.Fatalf("new: %v", err)
 	}
 }

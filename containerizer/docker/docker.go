@@ -58,7 +58,6 @@ type config struct {
 	volumes     *volume.Manager
 	namespace   string
 	stopTimeout time.Duration
-	reconcile   bool
 	logger      *slog.Logger
 	cdiKind     string // WithCDI; "" for device mappings always
 	labels      map[string]string
@@ -129,18 +128,6 @@ func WithStopTimeout(d time.Duration) Option {
 	}
 }
 
-// WithReconcileAllocator says that the allocator serves this containerizer
-// alone: Recover then also releases the allocations of owners it has no
-// container for (those that vanished while no containerizer ran). Leave it
-// out when the allocator is shared: containerizer.Composite reconciles
-// against every back end's containers.
-func WithReconcileAllocator() Option {
-	return func(c *config) error {
-		c.reconcile = true
-		return nil
-	}
-}
-
 // WithLogger sets the logger (default: none).
 func WithLogger(l *slog.Logger) Option {
 	return func(c *config) error {
@@ -164,7 +151,10 @@ var _ containerizer.Containerizer = (*Containerizer)(nil)
 
 // New returns a containerizer that runs containers on the daemon cli talks
 // to, with GPUs of alloc, on the node alloc was made for
-// (Allocator.Inventory).
+// (Allocator.Inventory): a containerizer.Lifecycle over one Runtime. For
+// Docker containers beside others (native ones) under one Lifecycle and
+// one allocator, give NewRuntime's Runtime to containerizer.NewLifecycle
+// with the others.
 func New(cli Client, alloc *allocator.Allocator, opts ...Option) (*Containerizer, error) {
 	if cli == nil || alloc == nil {
 		return nil, fmt.Errorf("docker containerizer: nil client or allocator: %w", node.ErrInvalid)
@@ -174,8 +164,7 @@ func New(cli Client, alloc *allocator.Allocator, opts ...Option) (*Containerizer
 		return nil, err
 	}
 	lc, err := containerizer.NewLifecycle(containerizer.LifecycleConfig{
-		Runtime: rt, Allocator: alloc, Volumes: rt.cfg.volumes, MPS: rt.cfg.mps,
-		Supervisor: rt.cfg.supervisor, ReconcileAllocator: rt.cfg.reconcile, Logger: rt.cfg.logger,
+		Runtime: rt, Allocator: alloc, Volumes: rt.cfg.volumes, MPS: rt.cfg.mps, Logger: rt.cfg.logger,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("docker containerizer: %w", err)

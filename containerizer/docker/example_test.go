@@ -36,7 +36,7 @@ func Example() {
 		fmt.Println(err)
 		return
 	}
-	z, err := docker.New(cli, alloc, docker.WithVolumes(vols), docker.WithReconcileAllocator())
+	z, err := docker.New(cli, alloc, docker.WithVolumes(vols))
 	if err != nil {
 		fmt.Println(err)
 		return

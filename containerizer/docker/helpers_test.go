@@ -62,7 +62,7 @@ func (r *rig) restart(t *testing.T, opts ...docker.Option) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	opts = append([]docker.Option{docker.WithVolumes(r.volumes), docker.WithNamespace(r.ns), docker.WithStopTimeout(time.Second), docker.WithReconcileAllocator()}, opts...)
+	opts = append([]docker.Option{docker.WithVolumes(r.volumes), docker.WithNamespace(r.ns), docker.WithStopTimeout(time.Second)}, opts...)
 	r.z, err = docker.New(r.cli, r.alloc, opts...)
 	if err != nil {
 		t.Fatal(err)

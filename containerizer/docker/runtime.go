@@ -40,7 +40,10 @@ type Runtime struct {
 // The Runtime is no containerizer.Updater: the Docker daemon cannot change
 // the device rules of a created container (moby #42255), so the Lifecycle
 // refuses Update with containerizer.ErrNotSupported.
-var _ containerizer.Runtime = (*Runtime)(nil)
+var (
+	_ containerizer.Runtime    = (*Runtime)(nil)
+	_ containerizer.Supervised = (*Runtime)(nil)
+)
 
 // stream is a container's attached output, copied onto the spec's writers.
 type stream struct {
@@ -48,7 +51,12 @@ type stream struct {
 	done chan struct{} // closed when the output is copied
 }
 
-// NewRuntime returns the runtime of the daemon cli talks to.
+// NewRuntime returns the runtime of the daemon cli talks to, for a
+// containerizer.Lifecycle alone (what New builds) or beside other runtimes
+// over one allocator. Of the options, the Lifecycle takes the driver
+// volume manager and the MPS manager from its own configuration: give it
+// the manager given WithVolumes (where the runtime finds a container's
+// volume again); WithMPS matters only to New.
 func NewRuntime(cli Client, opts ...Option) (*Runtime, error) {
 	if cli == nil {
 		return nil, fmt.Errorf("docker runtime: nil client: %w", node.ErrInvalid)

@@ -4,7 +4,6 @@ import (
 	"fmt"
 
 	"github.com/gpuiso/gpuiso/allocator"
-	"github.com/gpuiso/gpuiso/containerizer"
 	"github.com/gpuiso/gpuiso/node"
 )
 
@@ -39,22 +38,13 @@ func parseSupervisor(v string) (allocator.Holder, bool) {
 	return allocator.Holder(p), err == nil
 }
 
-// Backend builds, for containerizer.Compose, a Docker containerizer on the
-// daemon cli talks to, over the composite's allocator (and the node it was
-// made for). WithReconcileAllocator is refused (the composite
-// reconciles) with an error matching containerizer.ErrAllocatorMismatch.
-func Backend(cli Client, opts ...Option) containerizer.Backend {
-	return func(alloc *allocator.Allocator) (containerizer.Kind, containerizer.Containerizer, error) {
-		if alloc == nil {
-			return containerizer.KindDocker, nil, fmt.Errorf("docker containerizer: nil allocator: %w", containerizer.ErrAllocatorMismatch)
-		}
-		z, err := New(cli, alloc, opts...)
-		if err != nil {
-			return containerizer.KindDocker, nil, err
-		}
-		if z.ReconcilesAllocator() {
-			return containerizer.KindDocker, nil, fmt.Errorf("docker containerizer: WithReconcileAllocator in a composite: %w", containerizer.ErrAllocatorMismatch)
-		}
-		return containerizer.KindDocker, z, nil
+// Supervisor is the supervisor of the runtime's containers (WithSupervisor),
+// or nil: a containerizer.Lifecycle records it and holds their GPUs with
+// it (containerizer.Supervised).
+func (r *Runtime) Supervisor() *allocator.Holder {
+	if r == nil || r.cfg.supervisor == nil {
+		return nil
 	}
+	h := *r.cfg.supervisor
+	return &h
 }

@@ -18,13 +18,15 @@ import (
 	"github.com/gpuiso/gpuiso/volume"
 )
 
-// Config is what a Containerizer works with. Allocator, Inventory and
-// Isolator are required; zero values of the rest mean their defaults.
+// Config is what a Containerizer (New) or a Runtime (NewRuntime) works
+// with. Isolator is required, and Allocator for New; zero values of the
+// rest mean their defaults.
 type Config struct {
-	// Allocator hands out the GPUs; share it with any other containerizer
-	// on the node.
+	// Allocator hands out the GPUs (New). A Runtime takes none: the
+	// containerizer.Lifecycle it runs under has the one allocator.
 	Allocator *allocator.Allocator
-	// Inventory is the node the allocator was made for.
+	// Inventory is the node the allocator was made for (default: the
+	// Allocator's; required by NewRuntime).
 	Inventory *node.Inventory
 	// Isolator confines each container to its devices: a
 	// *cgroups.Isolator, in practice. One on the package default parent
@@ -34,11 +36,12 @@ type Config struct {
 	// parent. Only in its own parent does Recover remove cgroups no record
 	// explains, and the parent itself once its last container is gone.
 	Isolator Isolator
-	// Volumes provides the driver volume; nil means containers get none.
+	// Volumes provides the driver volume (New); nil means containers get
+	// none. A Runtime takes none: its Lifecycle's manager provides it.
 	Volumes *volume.Manager
 	// MPS runs the MPS control daemons of memory shares (package
-	// isolator/mps); nil means memory shares are refused. Give every
-	// containerizer on the allocator the same one.
+	// isolator/mps); nil means memory shares are refused. A Runtime masks
+	// its directory in every container: give its Lifecycle the same one.
 	MPS *mps.Manager
 	// NVML reports the containers' GPU usage (see Usage); nil means usage
 	// is not supported.
@@ -53,11 +56,6 @@ type Config struct {
 	// InitPath is the binary started as each container's init; it must call
 	// Init first thing (default: this process's own binary).
 	InitPath string
-	// ReconcileAllocator says the allocator serves this containerizer alone:
-	// Recover then also releases allocations of owners it has no container
-	// for. Leave it false when the allocator is shared (containerizer.Composite
-	// reconciles against every back end's containers).
-	ReconcileAllocator bool
 	// Logger receives what the containerizer does (default: nothing).
 	Logger *slog.Logger
 }
@@ -101,13 +99,56 @@ func (hostDevices) addNode(dir string, n isolator.DeviceNode) error       { retu
 func (hostDevices) removeNode(dir string, n isolator.DeviceNode) error    { return removeNode(dir, n) }
 func (hostDevices) removeDev(dir string) error                            { return removeDev(dir) }
 
-// New returns a containerizer. Call Recover (an agent) or Clean (a program
-// that runs its containers only while it lives) before launching
-// containers when the state directory may hold containers of an earlier
-// process.
+// New returns a containerizer: a containerizer.Lifecycle over one native
+// Runtime of cfg, with cfg.Allocator, cfg.Volumes and cfg.MPS. Call
+// Recover (an agent) or Clean (a program that runs its containers only
+// while it lives) before launching containers when the state directory may
+// hold containers of an earlier process. For native containers beside
+// others (Docker ones) under one Lifecycle and one allocator, give
+// NewRuntime's Runtime to containerizer.NewLifecycle with the others.
 func New(cfg Config) (*Containerizer, error) {
-	if cfg.Allocator == nil || cfg.Inventory == nil || cfg.Isolator == nil {
-		return nil, fmt.Errorf("native containerizer: Allocator, Inventory and Isolator are required: %w", node.ErrInvalid)
+	if cfg.Allocator == nil || cfg.Isolator == nil {
+		return nil, fmt.Errorf("native containerizer: Allocator and Isolator are required: %w", node.ErrInvalid)
+	}
+	if cfg.Inventory == nil {
+		cfg.Inventory = cfg.Allocator.Inventory()
+	}
+	alloc, vols := cfg.Allocator, cfg.Volumes
+	cfg.Allocator, cfg.Volumes = nil, nil
+	rt, err := NewRuntime(cfg)
+	if err != nil {
+		return nil, err
+	}
+	lc, err := containerizer.NewLifecycle(containerizer.LifecycleConfig{
+		Runtime: rt, Allocator: alloc, Volumes: vols, MPS: cfg.MPS, SysRoot: cfg.SysRoot, Logger: cfg.Logger,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("native containerizer: %w", err)
+	}
+	return &Containerizer{Lifecycle: lc, rt: rt.runner}, nil
+}
+
+// Runtime is the native containerizer.Runtime: it reserves each
+// container's directory in the state directory, makes its private /dev,
+// its cgroup and its init, lists the containers from their records, takes
+// over those of dead supervisors, sweeps its leftovers and resizes a
+// running container's GPUs (containerizer's Reserver, Adopter, Cleaner and
+// Updater). This process supervises its containers (Supervised). A
+// containerizer.Lifecycle decides the rest.
+type Runtime struct {
+	*runner
+}
+
+// NewRuntime returns the native runtime of cfg, for a
+// containerizer.Lifecycle alone (what New builds) or beside other runtimes
+// over one allocator. cfg.Isolator and cfg.Inventory are required;
+// cfg.Allocator and cfg.Volumes must be nil: they are the Lifecycle's.
+func NewRuntime(cfg Config) (*Runtime, error) {
+	switch {
+	case cfg.Isolator == nil || cfg.Inventory == nil:
+		return nil, fmt.Errorf("native runtime: Isolator and Inventory are required: %w", node.ErrInvalid)
+	case cfg.Allocator != nil || cfg.Volumes != nil:
+		return nil, fmt.Errorf("native runtime: an Allocator or Volumes: give them to the Lifecycle: %w", node.ErrInvalid)
 	}
 	if cfg.ProcRoot == "" {
 		cfg.ProcRoot = node.DefaultProcRoot
@@ -118,7 +159,7 @@ func New(cfg Config) (*Containerizer, error) {
 	if cfg.InitPath == "" {
 		exe, err := os.Executable()
 		if err != nil {
-			return nil, fmt.Errorf("native containerizer: own binary for the init: %w", err)
+			return nil, fmt.Errorf("native runtime: own binary for the init: %w", err)
 		}
 		cfg.InitPath = exe
 	}
@@ -127,32 +168,35 @@ func New(cfg Config) (*Containerizer, error) {
 	}
 	for _, p := range []string{cfg.ProcRoot, cfg.StateDir, cfg.InitPath} {
 		if !filepath.IsAbs(p) {
-			return nil, fmt.Errorf("native containerizer: %q must be an absolute path", p)
+			return nil, fmt.Errorf("native runtime: %q must be an absolute path: %w", p, node.ErrInvalid)
 		}
 	}
 	own := CgroupParent(cfg.StateDir)
 	if iso, ok := cfg.Isolator.(*cgroups.Isolator); ok && iso.Parent() == cgroups.DefaultParent {
 		moved, err := iso.InParent(own)
 		if err != nil {
-			return nil, fmt.Errorf("native containerizer: %w", err)
+			return nil, fmt.Errorf("native runtime: %w", err)
 		}
 		cfg.Isolator = moved
 	}
 	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
-		return nil, fmt.Errorf("native containerizer: %w", err)
+		return nil, fmt.Errorf("native runtime: %w", err)
 	}
 	rt := &runner{cfg: cfg, dev: hostDevices{}, self: self(cfg.ProcRoot)}
 	if p, ok := cfg.Isolator.(parented); ok && p.Parent() == own {
 		rt.parent = p
 	}
-	lc, err := containerizer.NewLifecycle(containerizer.LifecycleConfig{
-		Runtime: rt, Allocator: cfg.Allocator, Volumes: cfg.Volumes, MPS: cfg.MPS, SysRoot: cfg.SysRoot,
-		Supervisor: rt.holder(), ReconcileAllocator: cfg.ReconcileAllocator, Logger: cfg.Logger,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("native containerizer: %w", err)
+	return &Runtime{runner: rt}, nil
+}
+
+// Isolator is the isolator the runtime works with: Config.Isolator, or the
+// same on the state directory's own cgroup parent when Config.Isolator was
+// on the package default.
+func (r *Runtime) Isolator() Isolator {
+	if r == nil || r.runner == nil {
+		return nil
 	}
-	return &Containerizer{Lifecycle: lc, rt: rt}, nil
+	return r.cfg.Isolator
 }
 
 // parented is what an isolator tells of its cgroup parent;
@@ -170,31 +214,4 @@ func (c *Containerizer) Isolator() Isolator {
 		return nil
 	}
 	return c.rt.cfg.Isolator
-}
-
-// Backend builds, for containerizer.Compose, a native containerizer of cfg
-// over the composite's allocator: cfg.Allocator must be nil or that
-// allocator, cfg.Inventory defaults to its inventory, and
-// cfg.ReconcileAllocator must be false (the composite reconciles), or the
-// error matches containerizer.ErrAllocatorMismatch.
-func Backend(cfg Config) containerizer.Backend {
-	return func(alloc *allocator.Allocator) (containerizer.Kind, containerizer.Containerizer, error) {
-		switch {
-		case alloc == nil:
-			return containerizer.KindNative, nil, fmt.Errorf("native containerizer: nil allocator: %w", containerizer.ErrAllocatorMismatch)
-		case cfg.Allocator != nil && cfg.Allocator != alloc:
-			return containerizer.KindNative, nil, fmt.Errorf("native containerizer: Config.Allocator is another allocator: %w", containerizer.ErrAllocatorMismatch)
-		case cfg.ReconcileAllocator:
-			return containerizer.KindNative, nil, fmt.Errorf("native containerizer: ReconcileAllocator in a composite: %w", containerizer.ErrAllocatorMismatch)
-		}
-		cfg.Allocator = alloc
-		if cfg.Inventory == nil {
-			cfg.Inventory = alloc.Inventory()
-		}
-		c, err := New(cfg)
-		if err != nil {
-			return containerizer.KindNative, nil, err
-		}
-		return containerizer.KindNative, c, nil
-	}
 }

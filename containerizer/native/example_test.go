@@ -29,7 +29,7 @@ func ExampleContainerizer_Launch() {
 	iso, _ := cgroups.New() // New moves it to the state directory's own cgroup parent
 	vols, _ := volume.New()
 	c, err := native.New(native.Config{Allocator: a, Inventory: inv, Isolator: iso, Volumes: vols,
-		StateDir: "/run/gpuiso/agent-7", ReconcileAllocator: true})
+		StateDir: "/run/gpuiso/agent-7"})
 	if err != nil {
 		fmt.Println(err)
 		return

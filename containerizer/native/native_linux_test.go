@@ -121,7 +121,7 @@ func open(d dirs, v cgroups.Version, parent string, makeHost bool) (*testNode, e
 	if n.vols, err = volume.New(volume.WithRoot(d.Volumes)); err != nil {
 		return nil, err
 	}
-	n.c, err = native.New(native.Config{Allocator: n.alloc, Inventory: n.inv, Isolator: n.iso, Volumes: n.vols, NVML: n.sim.NVML(), StateDir: d.State, ReconcileAllocator: true})
+	n.c, err = native.New(native.Config{Allocator: n.alloc, Inventory: n.inv, Isolator: n.iso, Volumes: n.vols, NVML: n.sim.NVML(), StateDir: d.State})
 	return n, err
 }
 

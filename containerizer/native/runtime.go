@@ -50,11 +50,12 @@ type runner struct {
 }
 
 var (
-	_ containerizer.Runtime  = (*runner)(nil)
-	_ containerizer.Reserver = (*runner)(nil)
-	_ containerizer.Adopter  = (*runner)(nil)
-	_ containerizer.Cleaner  = (*runner)(nil)
-	_ containerizer.Updater  = (*runner)(nil)
+	_ containerizer.Runtime    = (*runner)(nil)
+	_ containerizer.Reserver   = (*runner)(nil)
+	_ containerizer.Adopter    = (*runner)(nil)
+	_ containerizer.Cleaner    = (*runner)(nil)
+	_ containerizer.Updater    = (*runner)(nil)
+	_ containerizer.Supervised = (*runner)(nil)
 )
 
 // proc is what the runtime knows of one container in this process.
@@ -547,3 +548,8 @@ func (r *runner) Adopt(_ context.Context, rec containerizer.Record, sup allocato
 	rec.Supervisor = &sup
 	return rec, nil
 }
+
+// Supervisor is this process, the supervisor of the containers the
+// runtime launches (containerizer.Supervised), or nil where the proc file
+// system cannot tell.
+func (r *runner) Supervisor() *allocator.Holder { return r.holder() }

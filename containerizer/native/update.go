@@ -11,12 +11,12 @@ import (
 	"github.com/gpuiso/gpuiso/node"
 )
 
-// Update changes a running container's GPUs to n. Growing allocates first,
+// Update changes a running container's GPUs to n, in alloc. Growing allocates first,
 // then adds the nodes and the cgroup rules; shrinking keeps the GPUs the
 // allocator chooses (healthy first, then by its placement policy), denies the
 // others (rules, then nodes) and only then
 // frees them. On error the container keeps the GPUs it had.
-func (r *runner) Update(ctx context.Context, rec containerizer.Record, n int) (containerizer.Record, error) {
+func (r *runner) Update(ctx context.Context, alloc *allocator.Allocator, rec containerizer.Record, n int) (containerizer.Record, error) {
 	if n <= 0 {
 		return rec, fmt.Errorf("%w: %d GPUs (destroy the container to give all back)", containerizer.ErrInvalidSpec, n)
 	}
@@ -31,7 +31,7 @@ func (r *runner) Update(ctx context.Context, rec containerizer.Record, n int) (c
 		return rec, fmt.Errorf("container has exited: %w", containerizer.ErrNotSupported)
 	default:
 	}
-	if err := r.update(ctx, rec.ID, pr, n); err != nil {
+	if err := r.update(ctx, alloc, rec.ID, pr, n); err != nil {
 		return rec, err
 	}
 	r.mu.Lock()
@@ -40,11 +40,10 @@ func (r *runner) Update(ctx context.Context, rec containerizer.Record, n int) (c
 	return rec, nil
 }
 
-func (r *runner) update(ctx context.Context, id string, pr *proc, n int) error {
+func (r *runner) update(ctx context.Context, alloc *allocator.Allocator, id string, pr *proc, n int) error {
 	r.mu.Lock()
 	have := slices.Clone(pr.rec.GPUs)
 	r.mu.Unlock()
-	alloc := r.cfg.Allocator
 	switch {
 	case n == len(have):
 		return nil

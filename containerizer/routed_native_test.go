@@ -28,13 +28,13 @@ func TestMain(m *testing.M) {
 	testenv.Main(m)
 }
 
-// TestCompositeNativeAndDocker runs real native and Docker containers side
-// by side through one Composite over one allocator on a simulated 8-GPU
-// node: their GPUs are disjoint, each sees exactly its own GPU nodes, the
-// node's ninth GPU request fails, and a restarted Composite (new allocator
-// over the same state, new containerizers over the same state directory and
-// daemon) recovers all of them with their GPUs.
-func TestCompositeNativeAndDocker(t *testing.T) {
+// TestLifecycleNativeAndDocker runs real native and Docker containers side
+// by side through one Lifecycle over both runtimes and one allocator on a
+// simulated 8-GPU node: their GPUs are disjoint, each sees exactly its own
+// GPU nodes, the node's ninth GPU request fails, and a restarted Lifecycle
+// (new allocator over the same state, new runtimes over the same state
+// directory and daemon) recovers all of them with their GPUs.
+func TestLifecycleNativeAndDocker(t *testing.T) {
 	testenv.RequireRoot(t)
 	testenv.RequireCgroupV1Devices(t)
 	cli := testenv.RequireDocker(t)
@@ -50,7 +50,7 @@ func TestCompositeNativeAndDocker(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 
-	build := func() (*containerizer.Composite, *allocator.Allocator, *cgroups.Isolator) {
+	build := func() (*containerizer.Lifecycle, *allocator.Allocator, *cgroups.Isolator) {
 		t.Helper()
 		alloc, err := allocator.New(inv, allocator.WithStateDir(allocState))
 		if err != nil {
@@ -60,15 +60,15 @@ func TestCompositeNativeAndDocker(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		nz, err := native.New(native.Config{Allocator: alloc, Inventory: inv, Isolator: iso, StateDir: nativeState})
+		nrt, err := native.NewRuntime(native.Config{Inventory: inv, Isolator: iso, StateDir: nativeState})
 		if err != nil {
 			t.Fatal(err)
 		}
-		dz, err := docker.New(cli, alloc, docker.WithNamespace(ns), docker.WithStopTimeout(time.Second))
+		drt, err := docker.NewRuntime(cli, docker.WithNamespace(ns), docker.WithStopTimeout(time.Second))
 		if err != nil {
 			t.Fatal(err)
 		}
-		c, err := containerizer.NewComposite(alloc, nz, dz)
+		c, err := containerizer.NewLifecycle(containerizer.LifecycleConfig{Runtimes: []containerizer.Runtime{nrt, drt}, Allocator: alloc})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -154,7 +154,7 @@ func TestCompositeNativeAndDocker(t *testing.T) {
 	for _, ct := range cs {
 		ids = append(ids, string(ct.Kind)+":"+ct.ID)
 	}
-	// The exited containers of both back ends are adopted as exited, with
+	// The exited containers of both runtimes are adopted as exited, with
 	// their GPUs, until destroyed.
 	if want := []string{"docker:docker-long", "docker:docker-look", "native:native-long", "native:native-look"}; !slices.Equal(ids, want) {
 		t.Fatalf("recovered %v, want %v", ids, want)

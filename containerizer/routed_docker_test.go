@@ -18,45 +18,42 @@ import (
 	"github.com/gpuiso/gpuiso/node"
 )
 
-// TestCompositeWithDocker runs a native container (the in-test back end)
-// and a Docker container side by side through one Composite over one
-// allocator: their GPUs are disjoint, the Docker container sees only its
-// own, and a restarted Composite recovers both.
-func TestCompositeWithDocker(t *testing.T) {
+// TestLifecycleWithDocker runs a native container (an in-test runtime) and
+// a Docker container side by side through one Lifecycle over both
+// runtimes and one allocator: their GPUs are disjoint, the Docker
+// container sees only its own, and a restarted Lifecycle recovers both.
+func TestLifecycleWithDocker(t *testing.T) {
 	testenv.RequireRoot(t)
 	cli := testenv.RequireDocker(t)
 	testenv.LockDocker(t, false)
 	sim, _, inv := testenv.SimulatedNode(t, "pcie8")
 	img := testenv.BuildProbeImage(t, cli, testenv.ProbeImage{})
-	ns := fmt.Sprintf("test-composite-%d", time.Now().UnixNano())
+	ns := fmt.Sprintf("test-routed-%d", time.Now().UnixNano())
 	t.Cleanup(func() { removeNamespace(cli, ns) })
 	stateDir := t.TempDir()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 
-	build := func(native *fakeBackend) (*containerizer.Composite, *allocator.Allocator, *fakeBackend) {
+	// The native containers outlive a restart: the in-test runtime keeps them.
+	native := &fakeRuntime{kind: containerizer.KindNative, ctrs: map[string]*fakeCtr{}}
+	build := func() (*containerizer.Lifecycle, *allocator.Allocator) {
 		t.Helper()
 		alloc, err := allocator.New(inv, allocator.WithStateDir(stateDir))
 		if err != nil {
 			t.Fatal(err)
 		}
-		// The allocator is given once: both back ends are built from it.
-		nativeOver := func(a *allocator.Allocator) (containerizer.Kind, containerizer.Containerizer, error) {
-			if native == nil {
-				native = newFake(containerizer.KindNative, a)
-			} else {
-				native = native.restarted(a)
-			}
-			return containerizer.KindNative, native, nil
-		}
-		c, err := containerizer.Compose(alloc, nativeOver,
-			docker.Backend(cli, docker.WithNamespace(ns), docker.WithStopTimeout(time.Second)))
+		drt, err := docker.NewRuntime(cli, docker.WithNamespace(ns), docker.WithStopTimeout(time.Second))
 		if err != nil {
 			t.Fatal(err)
 		}
-		return c, alloc, native
+		// The allocator is given once, to the Lifecycle over both runtimes.
+		c, err := containerizer.NewLifecycle(containerizer.LifecycleConfig{Runtimes: []containerizer.Runtime{native, drt}, Allocator: alloc})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c, alloc
 	}
-	c, _, native := build(nil)
+	c, _ := build()
 
 	n1, err := c.Launch(ctx, containerizer.Spec{ID: "n1", Command: []string{"sleep", "60"}, GPUs: allocator.Request{Count: 4}})
 	if err != nil {
@@ -93,9 +90,9 @@ func TestCompositeWithDocker(t *testing.T) {
 		t.Fatalf("d1 answered %d opens, want %d:\n%s", n, len(all), out.String())
 	}
 
-	// Restarted: a new allocator over the same state, a new Docker
-	// containerizer over the same daemon, the native containers as they were.
-	c2, alloc2, _ := build(native)
+	// Restarted: a new allocator over the same state, a new Docker runtime
+	// over the same daemon, the native containers as they were.
+	c2, alloc2 := build()
 	cs, err := c2.Recover(ctx)
 	if err != nil {
 		t.Fatal(err)
