@@ -2,15 +2,12 @@ package chain
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -19,6 +16,7 @@ import (
 
 	"github.com/gpuiso/gpuiso/allocator"
 	"github.com/gpuiso/gpuiso/containerizer"
+	"github.com/gpuiso/gpuiso/containerizer/record"
 	"github.com/gpuiso/gpuiso/internal/linux"
 	"github.com/gpuiso/gpuiso/isolator"
 	"github.com/gpuiso/gpuiso/isolator/cgroups"
@@ -91,6 +89,7 @@ type Isolator struct {
 	inv    *node.Inventory
 	vols   *volume.Manager
 	dir    string
+	recs   *record.Store[held]
 	parent string
 	dev    devices
 	nvml   nvml.Interface
@@ -107,16 +106,11 @@ type Isolator struct {
 
 // CgroupParent is the device cgroup parent of the isolator whose state
 // directory is stateDir, relative to the hierarchy's mount: under
-// cgroups.DefaultParent, named by a hash of the directory's absolute path,
-// so that two agents (or an agent and a native containerizer) never share
-// one.
+// cgroups.DefaultParent, named by a hash of the directory's absolute path
+// (containerizer.CgroupParent, "a" and "chain"), so that two agents (or
+// an agent and a native containerizer) never share one.
 func CgroupParent(stateDir string) string {
-	abs, err := filepath.Abs(stateDir)
-	if err != nil {
-		abs = stateDir
-	}
-	sum := sha256.Sum256([]byte("chain\x00" + filepath.Clean(abs)))
-	return cgroups.DefaultParent + "/a" + hex.EncodeToString(sum[:6])
+	return containerizer.CgroupParent("a", "chain", stateDir)
 }
 
 // New returns the isolator cfg describes, holding its state directory
@@ -207,7 +201,7 @@ func newIsolator(cfg Config, dir, parent string, dev devices) *Isolator {
 		prep:  containerizer.Preparer{Allocator: cfg.Allocator, Volumes: cfg.Volumes, SysRoot: cfg.SysRoot, MPS: cfg.MPS},
 		mps:   cfg.MPS,
 		alloc: cfg.Allocator, inv: cfg.Inventory, vols: cfg.Volumes,
-		dir: dir, parent: parent, dev: dev, nvml: cfg.NVML, log: log,
+		dir: dir, recs: records(dir), parent: parent, dev: dev, nvml: cfg.NVML, log: log,
 		affinity: cfg.CPUAffinity, opts: opts,
 	}
 }
@@ -256,7 +250,7 @@ func (i *Isolator) Prepare(ctx context.Context, id string, req allocator.Request
 	}
 	// The record comes first: a crash from here on leaves what Prepare
 	// took findable by Recover.
-	if err := i.write(record{ID: id, Phase: phasePreparing}); err != nil {
+	if err := i.write(held{ID: id, Phase: phasePreparing}); err != nil {
 		return nil, fmt.Errorf("prepare %s: %w", id, err)
 	}
 	defer func() {
@@ -268,7 +262,7 @@ func (i *Isolator) Prepare(ctx context.Context, id string, req allocator.Request
 	if err != nil {
 		return nil, fmt.Errorf("prepare %s: %w", id, err)
 	}
-	rec := record{ID: id, Phase: phasePrepared, GPUs: uuids(p.Allocation.Devices), Share: p.Allocation.Share}
+	rec := held{ID: id, Phase: phasePrepared, GPUs: uuids(p.Allocation.Devices), Share: p.Allocation.Share}
 	if p.Volume != nil {
 		rec.Volume = p.Volume.Version
 	}
@@ -384,7 +378,7 @@ func validCgroup(cgroup string) error {
 
 // target is where rec's rules are enforced: the agent's cgroup, or the
 // isolator's own.
-func (i *Isolator) target(rec record) (parent, name string) {
+func (i *Isolator) target(rec held) (parent, name string) {
 	if rec.Cgroup != "" {
 		return filepath.Dir(rec.Cgroup), filepath.Base(rec.Cgroup)
 	}
@@ -392,16 +386,16 @@ func (i *Isolator) target(rec record) (parent, name string) {
 }
 
 // prepared returns id's record, which Prepare must have completed.
-func (i *Isolator) prepared(id string) (record, error) {
+func (i *Isolator) prepared(id string) (held, error) {
 	if err := node.ValidateOwner(id); err != nil {
-		return record{}, err
+		return held{}, err
 	}
 	rec, err := i.read(id)
 	if err != nil {
-		return record{}, err
+		return held{}, err
 	}
 	if rec.Phase != phasePrepared {
-		return record{}, ErrUnknownContainer
+		return held{}, ErrUnknownContainer
 	}
 	return rec, nil
 }
@@ -463,63 +457,21 @@ func (i *Isolator) update(ctx context.Context, id string, gpus int) (allocator.A
 	if err != nil {
 		return allocator.Allocation{}, err
 	}
-	cur, err := i.allocation(id)
-	if err != nil {
-		return allocator.Allocation{}, err
-	}
 	parent, name := i.target(rec)
-	enforce := func(gpus []node.DeviceRef) error {
-		plan, err := i.planFor(id, gpus)
-		if err != nil {
-			return err
-		}
-		return i.enforce(ctx, parent, name, plan, rec.Cgroup != "")
-	}
-	have := len(cur.Devices)
-	var next allocator.Allocation
-	switch {
-	case gpus == have:
-		return cur, nil
-	case gpus < have:
-		var keep []node.DeviceRef
-		if gpus > 0 {
-			if keep, err = i.alloc.Shrink(id, gpus); err != nil {
-				return allocator.Allocation{}, err
+	step := containerizer.Resize{Allocator: i.alloc, Owner: id,
+		Enforce: func(ctx context.Context, gpus []node.DeviceRef) error {
+			plan, err := i.planFor(id, gpus)
+			if err != nil {
+				return err
 			}
-		}
-		if err := enforce(keep); err != nil {
-			return allocator.Allocation{}, err
-		}
-		if gpus == 0 {
-			err = i.alloc.Release(ctx, id)
-			next = allocator.Allocation{Owner: id}
-		} else {
-			next, err = i.alloc.Retain(ctx, id, uuids(keep))
-		}
-		if err != nil {
-			// The GPUs stay held; allow them again.
-			return allocator.Allocation{}, errors.Join(err, enforce(cur.Devices))
-		}
-	default:
-		if have == 0 {
-			next, err = i.alloc.Allocate(ctx, id, allocator.Request{Count: gpus})
-		} else {
-			next, err = i.alloc.Resize(ctx, id, gpus)
-		}
-		if err != nil {
-			return allocator.Allocation{}, err
-		}
+			return i.enforce(ctx, parent, name, plan, rec.Cgroup != "")
+		},
+		Commit: func(al allocator.Allocation) error {
+			rec.GPUs = uuids(al.Devices)
+			return i.write(rec)
+		},
 	}
-	rec.GPUs = uuids(next.Devices)
-	if err := i.write(rec); err != nil {
-		return allocator.Allocation{}, err
-	}
-	if gpus > have {
-		if err := enforce(next.Devices); err != nil {
-			return allocator.Allocation{}, err
-		}
-	}
-	return next, nil
+	return step.To(ctx, gpus)
 }
 
 // Usage reports what container id's processes use of its GPUs, as NVML
@@ -631,25 +583,15 @@ func (i *Isolator) cleanup(ctx context.Context, id string) error {
 // releaseVolume gives back id's driver volume use: the one its record
 // names, or, for a record Prepare did not complete (or one that cannot be
 // read), any volume that lists id as a user.
-func (i *Isolator) releaseVolume(ctx context.Context, id string, rec record) error {
-	if i.vols == nil {
+func (i *Isolator) releaseVolume(ctx context.Context, id string, rec held) error {
+	if rec.Phase == phasePrepared && rec.Volume == "" {
 		return nil
 	}
+	version := ""
 	if rec.Phase == phasePrepared {
-		if rec.Volume == "" {
-			return nil
-		}
-		return i.vols.Release(ctx, rec.Volume, id)
+		version = rec.Volume
 	}
-	vols, err := i.vols.List(ctx)
-	var errs []error
-	errs = append(errs, err)
-	for _, v := range vols {
-		if slices.Contains(v.Users, id) {
-			errs = append(errs, i.vols.Release(ctx, v.Version, id))
-		}
-	}
-	return errors.Join(errs...)
+	return containerizer.ReleaseVolume(ctx, i.vols, id, version)
 }
 
 func uuids(refs []node.DeviceRef) []string {

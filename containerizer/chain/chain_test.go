@@ -312,7 +312,7 @@ func TestRecover(t *testing.T) {
 				launches = append(launches, l)
 			}
 			// A Prepare cut short: its record says preparing.
-			if err := iso.write(record{ID: "half", Phase: phasePreparing}); err != nil {
+			if err := iso.write(held{ID: "half", Phase: phasePreparing}); err != nil {
 				t.Fatal(err)
 			}
 			if _, err := a.Allocate(ctx, "half", allocator.Request{Count: 1}); err != nil {

@@ -123,7 +123,7 @@ func (i *Isolator) Recover(ctx context.Context, known []string) (Recovered, erro
 }
 
 // readopt holds rec's GPUs again and enforces its rules again.
-func (i *Isolator) readopt(ctx context.Context, rec record) error {
+func (i *Isolator) readopt(ctx context.Context, rec held) error {
 	claim := make([]node.DeviceRef, len(rec.GPUs))
 	for k, u := range rec.GPUs {
 		claim[k] = node.DeviceRef{UUID: u}
