@@ -175,15 +175,9 @@ func (d *Driver) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim) 
 		if r.Driver != d.cfg.DriverName {
 			continue
 		}
-		pd := PreparedDevice{Requests: []string{r.Request}, Pool: r.Pool, Device: r.Device}
-		if uuid, ok := shares[r.Device]; ok {
-			s, err := d.shareOf(claim, r)
-			if err != nil {
-				return nil, fmt.Errorf("prepare claim %s/%s: device %q: %w", claim.Namespace, claim.Name, r.Device, err)
-			}
-			pd.UUID, pd.ShareID, cp.Share = uuid, string(*r.ShareID), &s
-		} else if pd.UUID, ok = byName[r.Device]; !ok {
-			return nil, fmt.Errorf("prepare claim %s/%s: device %q: %w", claim.Namespace, claim.Name, r.Device, ErrUnknownDevice)
+		pd, err := d.resultDevice(claim, r, byName, shares, &cp)
+		if err != nil {
+			return nil, fmt.Errorf("prepare claim %s/%s: device %q: %w", claim.Namespace, claim.Name, r.Device, err)
 		}
 		cp.Devices = append(cp.Devices, pd)
 	}
@@ -215,15 +209,7 @@ func (d *Driver) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim) 
 }
 
 func (d *Driver) prepare(ctx context.Context, cp *Checkpoint, t *opTimer) error {
-	uuids := make([]string, len(cp.Devices))
-	for i, pd := range cp.Devices {
-		uuids[i] = pd.UUID
-	}
-	req := allocator.Request{Devices: uuids}
-	if cp.Share != nil {
-		req.Share = cp.Share.share()
-	}
-	al, err := d.alloc.Allocate(ctx, cp.Owner, req)
+	al, err := d.hold(ctx, cp)
 	t.step(StepAllocate)
 	if err != nil {
 		return err
@@ -285,17 +271,7 @@ func (d *Driver) writeSpec(ctx context.Context, owner string, al allocator.Alloc
 // and their spec is written when the file is missing or differs. It
 // reports whether it wrote the file. The caller holds d.mu.
 func (d *Driver) restore(ctx context.Context, cp Checkpoint) (bool, error) {
-	refs := make([]node.DeviceRef, len(cp.Devices))
-	for i, pd := range cp.Devices {
-		refs[i] = node.DeviceRef{UUID: pd.UUID}
-	}
-	var al allocator.Allocation
-	var err error
-	if cp.Share != nil {
-		al, err = d.alloc.ClaimShare(ctx, cp.Owner, refs[0], *cp.Share.share())
-	} else {
-		al, err = d.alloc.Claim(ctx, cp.Owner, refs)
-	}
+	al, err := d.reclaim(ctx, cp)
 	if err != nil {
 		return false, fmt.Errorf("hold the prepared devices again: %w", err)
 	}

@@ -5,7 +5,8 @@
 //	        [--cdi-dir DIR] [--state-dir DIR]
 //	        [--kubelet-plugins-dir DIR] [--kubelet-registry-dir DIR]
 //	        [--device-plugin-dir DIR] [--driver-name NAME] [--resource-name NAME]
-//	        [--device-plugin=false] [--dra=false] [--device-specs]
+//	        [--device-plugin[=false]] [--dra=false] [--device-specs]
+//	        [--extended-resource-name NAME]
 //	        [--simulate NAME --dev-root DIR]
 //	        [--in-cluster] [--simulate-label KEY] [--driver-root DIR]
 //	        [--daemonset NAMESPACE/NAME] [--metrics-address ADDR]
@@ -18,7 +19,11 @@
 // the device plugin (nvidia.com/gpu and one resource per MIG profile) with
 // the kubelet and, given --kubeconfig, starts the DRA kubelet plugin (which
 // publishes the node's ResourceSlice) and labels the Node. It watches the
-// GPUs' health: a GPU found lost turns Unhealthy in ListAndWatch and leaves
+// GPUs' health. Given credentials, it serves through DRA only unless
+// --device-plugin asks for the device plugin too: the DRA driver's
+// DeviceClass serves pods' resources.limits of nvidia.com/gpu
+// (--extended-resource-name), and one name served from both sides is
+// refused at start. A GPU found lost turns Unhealthy in ListAndWatch and leaves
 // the slice. It runs until SIGINT or SIGTERM.
 //
 // The GPUs --shared-gpus names are handed out in parts, never whole: the
@@ -82,6 +87,7 @@ type flags struct {
 	pluginsDir, registryDir, devicePluginDir    string
 	driverName, resourceName, simulate, devRoot string
 	devicePlugin, dra, deviceSpecs              bool
+	extendedResource                            string
 	refresh                                     time.Duration
 	deploy                                      deployFlags
 	share                                       shareFlags
@@ -106,12 +112,13 @@ func parse(args []string, stderr io.Writer) (*flags, int, bool) {
 	fs.StringVar(&f.resourceName, "resource-name", "nvidia.com/gpu", "the device plugin's resource for whole GPUs")
 	fs.StringVar(&f.simulate, "simulate", "", "simulate a node: "+strings.Join(simnode.Names(), ", "))
 	fs.StringVar(&f.devRoot, "dev-root", "", "with --simulate: the directory of the simulated host tree (made when missing, reused otherwise); else the device-node directory (default /dev)")
-	fs.BoolVar(&f.devicePlugin, "device-plugin", true, "serve the device plugin")
+	fs.BoolVar(&f.devicePlugin, "device-plugin", true, "serve the device plugin (default false with credentials and the DRA driver: DRA serves --extended-resource-name)")
 	fs.BoolVar(&f.dra, "dra", true, "serve the DRA driver (needs --kubeconfig)")
 	fs.BoolVar(&f.deviceSpecs, "device-specs", false, "device plugin: answer Allocate with device nodes too, for runtimes without CDI")
 	fs.DurationVar(&f.refresh, "health-refresh", 30*time.Second, "how often to read health from the allocator's state again (GPUs marked healthy or unhealthy by others)")
 	f.deploy.register(fs)
 	f.share.register(fs)
+	f.registerExtendedResource(fs)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			fs.SetOutput(stderr)
@@ -131,6 +138,12 @@ func parse(args []string, stderr io.Writer) (*flags, int, bool) {
 	}
 	if f.nodeName == "" {
 		fmt.Fprintln(stderr, "gpuiso-kubelet-plugin: --node-name is empty")
+		return nil, 2, true
+	}
+	set := map[string]bool{}
+	fs.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
+	if why := f.resolveServing(set); why != "" {
+		fmt.Fprintln(stderr, "gpuiso-kubelet-plugin: "+why)
 		return nil, 2, true
 	}
 	if !f.devicePlugin && !f.dra {
