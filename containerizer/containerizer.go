@@ -13,8 +13,8 @@ import (
 
 // Containerizer runs containers with GPUs. Implementations: package native
 // (a process in its own mount namespace and device cgroup) and package docker
-// (a container of the Docker daemon); Composite puts both behind this one
-// interface.
+// (a container of the Docker daemon); one Lifecycle over both runtimes puts
+// both behind this one interface.
 type Containerizer interface {
 	// Launch allocates the container's GPUs, prepares its isolation and
 	// starts it. On error nothing is left: no allocation, no cgroup, no

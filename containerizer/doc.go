@@ -7,11 +7,11 @@
 // processes in their own mount namespace and device cgroup (Mesos'
 // cgroups/devices + gpu/nvidia isolation); package docker with containers of
 // the Docker daemon, whose devices and driver volume gpuiso injects itself.
-// [Composite] puts both behind the one interface: a [Spec] naming an image
-// goes to Docker, any other to the native back end, and both draw on one
-// allocator, so no GPU is ever handed out twice: [Compose] takes the
-// allocator once and builds the back ends from it ([Backend]), and
-// [NewComposite] refuses back ends over another one ([ErrAllocatorMismatch]).
+// One [Lifecycle] runs both at once (LifecycleConfig.Runtimes, at most one
+// runtime per kind): a [Spec] naming an image goes to Docker, any other to
+// the native runtime ([Route]), ids are unique across them, and both draw
+// on the one allocator the Lifecycle is given, so no GPU is ever handed
+// out twice.
 //
 // # One prepare step
 //
@@ -33,7 +33,7 @@
 //
 // A container is launching (its id reserved while its launch runs),
 // running, exited (its command ended; it keeps what it holds), or
-// destroying. Every back end, and Composite, keeps its containers in a
+// destroying. A Lifecycle keeps the containers of all its runtimes in one
 // [Table], which allows only the changes of that life and refuses any other
 // with a [*TransitionError] (matching [ErrTransition]). Destroy of a
 // launching container is decided there, once: it waits for the launch to
@@ -42,20 +42,23 @@
 // transition error; a Destroy that fails leaves the container as it was,
 // to be destroyed again.
 //
-// [Lifecycle] is that life over a [Runtime], which only creates, starts,
-// waits for, kills, removes and lists containers with their records: the
-// Lifecycle owns the states, the launches in progress, the prepare step, the
-// allocator (taken once) and the one recovery, which serves both an agent
-// that restarted ([Lifecycle.Recover]: adopt what runs, claim its GPUs
-// with allocator.Claim, give back what vanished) and a short-lived runner
-// that died ([Lifecycle.Clean]: remove the containers of dead supervisors,
-// claim those of live ones). A runtime can do more through optional
+// [Lifecycle] is that life over one or several [Runtime]s, which only
+// create, start, wait for, kill, remove and list containers with their
+// records: the Lifecycle owns the states, the launches in progress, the
+// prepare step, the allocator (taken once) and the one recovery, which
+// serves both an agent that restarted ([Lifecycle.Recover]: adopt what
+// every runtime runs, claim its GPUs with allocator.Claim, give back what
+// vanished, then reconcile the allocator once against the union of their
+// containers, keeping what another live process holds) and a short-lived
+// runner that died ([Lifecycle.Clean]: remove the containers of dead
+// supervisors, claim those of live ones). A runtime can do more through optional
 // interfaces: [Reserver] reserves the id durably before the prepare step
 // (so that a process killed at any point leaves a reservation the next
 // recovery removes with what its owner held), [Adopter] records the
 // supervisor that takes over a dead one's container, [Cleaner] sweeps
-// leftovers of its own after a recovery, and [Updater] resizes a running
-// container's GPUs. The containerizers of packages docker and native are
+// leftovers of its own after a recovery, [Updater] resizes a running
+// container's GPUs, and [Supervised] names the supervisor of its
+// containers itself (the native runtime: the process that runs it). The containerizers of packages docker and native are
 // Lifecycles over their runtimes (Docker containers and their labels; a
 // state directory of records, cgroups and inits), so both recover the
 // same way.

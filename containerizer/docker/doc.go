@@ -53,10 +53,12 @@
 // same daemon and allocator state, lists the containers of its namespace,
 // re-adopts each with its GPUs (allocator.Claim: its recorded devices again
 // where the allocator lost them), and releases what
-// it held for containers that vanished; when the allocator serves it alone
-// ([WithReconcileAllocator]) it also reconciles the allocator against the
-// live containers, releasing the GPUs of containers that vanished while no
-// containerizer ran. Output writers are not re-attached.
+// it held for containers that vanished; it also reconciles the allocator
+// against the live containers, releasing the GPUs of containers that
+// vanished while no containerizer ran, but never those another live
+// process holds (see containerizer.Lifecycle.Recover). Output writers are
+// not re-attached. [NewRuntime] is the runtime alone, for a Lifecycle over
+// it and other runtimes (native ones) and one allocator.
 //
 // A program that runs containers only while it lives (dockerrun) names
 // itself their supervisor with [WithSupervisor]: each container carries

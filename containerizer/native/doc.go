@@ -127,7 +127,10 @@
 // containers from their records, records the supervisor that takes one
 // over (containerizer.Adopter), sweeps its own leftovers
 // (containerizer.Cleaner) and resizes a running container's GPUs
-// (containerizer.Updater).
+// (containerizer.Updater); it names this process the supervisor of its
+// containers (containerizer.Supervised). [NewRuntime] returns that runtime
+// alone, for one Lifecycle over it and other runtimes (Docker's) and one
+// allocator; [New] is a Lifecycle over it alone.
 //
 // Each container has a directory under the state directory (default
 // /run/gpuiso/native) holding its supervisor, its record (written
