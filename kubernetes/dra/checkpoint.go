@@ -61,6 +61,9 @@ type PreparedDevice struct {
 	// Admin marks a device allocated with admin access: the claim's CDI
 	// spec has it, the allocator does not hold it for the claim.
 	Admin bool `json:"admin,omitempty"`
+	// tolerations are the allocation's tolerations of the device, read
+	// when it is unhealthy (not recorded).
+	tolerations deviceTolerations
 }
 
 // PreparedShare is the memory share of a claim: the memory the scheduler

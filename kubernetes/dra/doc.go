@@ -5,7 +5,7 @@
 // # The slice
 //
 // Devices computes, as plain data, the devices of the node's ResourceSlice:
-// every healthy whole GPU ("gpu-<index>") and every healthy MIG device of a
+// every whole GPU ("gpu-<index>") and every MIG device of a
 // GPU split by MIG ("mig-<index>-<gi>-<ci>"; its parent is then not
 // published whole, as the allocator hands such a GPU out only by its MIG
 // devices). Each carries attributes a CEL selector can use, in the driver's
@@ -17,8 +17,8 @@
 // multiprocessors for MIG devices). nvlinkClique partitions the whole GPUs
 // into groups that are NVLinked pairwise (NVLinkCliques), so that a claim
 // for several GPUs with a matchAttribute constraint on it gets directly
-// connected GPUs. An unhealthy device is left out: the slice changes when
-// health does, and the caller publishes it again.
+// connected GPUs. An unhealthy device carries a taint (see Health); the
+// slice changes when health does, and the caller publishes it again.
 //
 // # Shares of a GPU
 //
@@ -59,7 +59,8 @@
 //
 // A Driver prepares a claim's devices of this driver by holding them in the
 // node's allocator under the owner "claim-<uid>" (so a GPU is never
-// prepared for two claims, and an unhealthy one never), computing their
+// prepared for two claims, and an unhealthy one only for a claim that
+// tolerates its taint), computing their
 // isolator.Plan, and writing it as the claim's own CDI spec
 // (cdi.Render, Writer.WriteAllocation): one CDI device,
 // "<driver>/claim=alloc-claim-<uid>", with every device node and the
@@ -77,6 +78,17 @@
 // reported (ErrCorruptCheckpoint) and left as it is; so is one that names
 // an owner other than "claim-<uid>", whose rollback would release another
 // owner's GPUs.
+//
+// # Metrics
+//
+// A Driver tells Config.Observer of every prepare and unprepare of a
+// claim as it ends (Event): its result, its duration from the call (the
+// wait for another claim's operation included: the driver does one at a
+// time) and the duration of each step (StepWait, StepRead, StepRestore,
+// StepStarted, StepAllocate, StepSpec, StepCompleted, StepRollback). The
+// package does not depend on a metrics library; the program turns events
+// into Prometheus counters and histograms. The same timings go to the
+// logger with each "prepared claim" and "unprepared claim" line.
 //
 // # Reboots
 //
@@ -101,7 +113,43 @@
 // daemon that no checkpoint explains. A share cut short (PrepareStarted)
 // is rolled back, daemon first, by its next Prepare or Unprepare.
 //
-// The driver does not report health through the kubelet's health service;
-// it withdraws an unhealthy device from the slice. It never logs unless
-// given a *slog.Logger.
+// # Health
+//
+// An unhealthy GPU or MIG device (as the allocator has it: marked by the
+// NVML health monitor or by any gpuiso program of the node) stays in the
+// slice with a taint (KEP-5055) of key TaintKey ("gpu.gpuiso.io/unhealthy"),
+// whose value is a short form of the reason and whose effect says whether
+// the work on it is dead (HealthTaint):
+//
+//	XID 48, 62, 64, 79, 95, 119, 120 (NoExecuteXIDs)   xid-<n>          NoExecute
+//	a double-bit ECC event                              ecc-double-bit   NoExecute
+//	the GPU lost (fallen off the bus)                   gpu-lost         NoExecute
+//	any other XID (63, 74, 92, 94, ...)                 xid-<n>          NoSchedule
+//	any other reason                                    the reason       NoSchedule
+//
+// A MIG device of an unhealthy GPU carries its parent's taint, a shared
+// GPU's share device the GPU's. The scheduler allocates a tainted device
+// to no claim that does not tolerate the taint, and the cluster's device
+// taint eviction controller evicts the pods whose claims hold a NoExecute
+// one. The taint goes when the device is healthy again.
+// Config.LeaveOutUnhealthy leaves unhealthy devices out of the slice
+// instead, for a cluster without device taints.
+//
+// Prepare hands an unhealthy device to a claim only when the claim's
+// allocation tolerates every taint the device has now (the result's
+// tolerations: an operator's diagnostic claim): it asks the allocator for
+// exactly those devices although unhealthy (allocator.Request's
+// AcceptUnhealthy), and for the others as always. A claim holding an
+// unhealthy device it does not tolerate is refused (ErrUntolerated),
+// and every unhealthy device is refused with LeaveOutUnhealthy.
+//
+// WatchHealthStatus reports health to the kubelet (KEP-4680): a first
+// report of every device in the node's pool (Config.NodeName), Healthy or
+// Unhealthy with the reasons as message, then one whenever NotifyHealth
+// finds it changed and the same again every Config.HealthResend (default
+// 10 s, within the kubelet's 30 s health timeout). The kubelet shows it in
+// the pod's status.containerStatuses[].allocatedResourcesStatus, by the
+// claim's CDI device.
+//
+// The driver never logs unless given a *slog.Logger.
 package dra

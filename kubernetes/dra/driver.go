@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -49,6 +50,17 @@ type Config struct {
 	// Observer, when set, is told of every prepare and unprepare with
 	// its timings (metrics).
 	Observer Observer
+	// NodeName is the node's name, the pool of its slice: the health
+	// reports of WatchHealthStatus name it (without it the driver reports
+	// no health).
+	NodeName string
+	// HealthResend is how often WatchHealthStatus sends the devices'
+	// health again when it did not change (default DefaultHealthResend).
+	HealthResend time.Duration
+	// LeaveOutUnhealthy leaves unhealthy devices out of the slice instead
+	// of publishing them with a taint (Slice.TaintKey, default
+	// TaintKey(DriverName)), for a cluster without device taints.
+	LeaveOutUnhealthy bool
 }
 
 // Driver prepares and unprepares resource claims for the kubelet (it is a
@@ -63,6 +75,8 @@ type Driver struct {
 	cdiw  cdi.Writer
 
 	mu sync.Mutex // serialises prepare and unprepare
+
+	health healthWaiters // WatchHealthStatus calls waiting for NotifyHealth
 }
 
 var _ kubeletplugin.DRAPlugin = (*Driver)(nil)
@@ -88,6 +102,9 @@ func New(inv *node.Inventory, alloc *allocator.Allocator, cfg Config) (*Driver, 
 	kind := cfg.DriverName + "/claim"
 	if err := cdi.ValidateKind(kind); err != nil {
 		return nil, fmt.Errorf("driver name %q: %w: %w", cfg.DriverName, ErrInvalidConfig, err)
+	}
+	if err := cfg.healthDefaults(); err != nil {
+		return nil, err
 	}
 	if len(cfg.Slice.Shared) > 0 && cfg.MPS == nil {
 		return nil, fmt.Errorf("shared GPUs without an MPS daemon manager: %w", ErrInvalidConfig)
@@ -179,6 +196,7 @@ func (d *Driver) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim) 
 		if err != nil {
 			return nil, fmt.Errorf("prepare claim %s/%s: device %q: %w", claim.Namespace, claim.Name, r.Device, err)
 		}
+		pd.tolerations = r.Tolerations
 		cp.Devices = append(cp.Devices, pd)
 	}
 	if len(cp.Devices) == 0 {
@@ -210,6 +228,9 @@ func (d *Driver) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim) 
 
 func (d *Driver) prepare(ctx context.Context, cp *Checkpoint, t *opTimer) error {
 	al, err := d.hold(ctx, cp)
+	if errors.Is(err, allocator.ErrDeviceUnavailable) {
+		al, err = d.holdTolerated(ctx, cp, err)
+	}
 	t.step(StepAllocate)
 	if err != nil {
 		return err
@@ -460,10 +481,4 @@ func (d *Driver) Unprepare(ctx context.Context, uid string) (err error) {
 // HandleError logs errors of the helper's background work.
 func (d *Driver) HandleError(_ context.Context, err error, msg string) {
 	d.cfg.Logger.Warn(msg, "err", err)
-}
-
-// WatchHealthStatus is not supported: health reaches the scheduler through
-// the published slice (an unhealthy device is withdrawn from it).
-func (d *Driver) WatchHealthStatus(context.Context, chan<- kubeletplugin.DeviceHealthReport) error {
-	return kubeletplugin.ErrHealthNotSupported
 }

@@ -55,3 +55,8 @@ var (
 	// devices its request was allocated (a *ConfigError).
 	ErrInvalidDeviceConfig = node.Sentinel(node.ErrInvalid, "invalid device configuration")
 )
+
+// ErrUntolerated: a claim's device is unhealthy and the claim does not
+// tolerate its taint (or the driver publishes no taints), so it is not
+// prepared.
+var ErrUntolerated = node.Sentinel(node.ErrUnavailable, "unhealthy device, its taint not tolerated")

@@ -69,6 +69,12 @@ type SliceOptions struct {
 	// a claim gets (and what it gets when it asks for no memory), and the
 	// steps above it.
 	ShareMin, ShareStep uint64
+	// TaintKey, when set, is the key of the taint an unhealthy device is
+	// published with (HealthTaint gives its value and effect): it stays in
+	// the slice, and only a claim that tolerates the taint is allocated
+	// it. Empty leaves unhealthy devices out of the slice, as a cluster
+	// without device taints needs.
+	TaintKey string
 }
 
 func (o SliceOptions) sharePolicy() (lo, step uint64) {
@@ -99,8 +105,10 @@ func MIGDeviceName(m node.MIGDevice) string {
 // GPU of devs and every healthy MIG device of a GPU split by MIG (whose
 // parent is not published whole), with their attributes and capacity. devs
 // are inv's devices with their current health (the allocator's view); inv
-// gives the driver, CUDA version and topology. A GPU that is unhealthy, or
-// without a UUID, is left out: no claim can be allocated it. A GPU that
+// gives the driver, CUDA version and topology. A GPU without a UUID is left
+// out. An unhealthy GPU or MIG device (a MIG device of an unhealthy GPU
+// too) carries the taints of opts.TaintKey, or is left out when it is
+// empty: no claim that does not tolerate them can be allocated it. A GPU that
 // opts.Shared names is published as shares only (shareDevice), never
 // whole; one whose memory cannot hold the least share and one step is
 // left out.
@@ -108,12 +116,13 @@ func Devices(inv *node.Inventory, devs []node.Device, opts SliceOptions) []resou
 	cliques := NVLinkCliques(inv)
 	var out []resourceapi.Device
 	for p, d := range devs {
-		if !d.Health.Healthy || d.UUID == "" {
+		if d.UUID == "" || !d.Health.Healthy && opts.TaintKey == "" {
 			continue
 		}
 		common := commonAttributes(inv, d, opts)
 		if !d.MIGSplit() && slices.Contains(opts.Shared, d.UUID) {
 			if dev, ok := shareDevice(d, common, opts); ok {
+				dev.Taints = opts.taints(d.Health)
 				out = append(out, dev)
 			}
 			continue
@@ -126,7 +135,7 @@ func Devices(inv *node.Inventory, devs []node.Device, opts SliceOptions) []resou
 			if c, ok := cliques[p]; ok {
 				attrs[AttrNVLinkClique] = str(c)
 			}
-			dev := resourceapi.Device{Name: DeviceName(d), Attributes: attrs}
+			dev := resourceapi.Device{Name: DeviceName(d), Attributes: attrs, Taints: opts.taints(d.Health)}
 			if d.MemoryBytes > 0 {
 				dev.Capacity = map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{
 					CapMemory: {Value: *resource.NewQuantity(int64(d.MemoryBytes), resource.BinarySI)},
@@ -136,7 +145,7 @@ func Devices(inv *node.Inventory, devs []node.Device, opts SliceOptions) []resou
 			continue
 		}
 		for _, m := range d.MIGDevices {
-			if !m.Health.Healthy || m.UUID == "" {
+			if m.UUID == "" || !(m.Health.Healthy && d.Health.Healthy) && opts.TaintKey == "" {
 				continue
 			}
 			attrs := copyAttrs(common)
@@ -153,7 +162,7 @@ func Devices(inv *node.Inventory, devs []node.Device, opts SliceOptions) []resou
 			if m.SMs > 0 {
 				capacity[CapMultiprocessors] = resourceapi.DeviceCapacity{Value: *resource.NewQuantity(int64(m.SMs), resource.DecimalSI)}
 			}
-			out = append(out, resourceapi.Device{Name: MIGDeviceName(m), Attributes: attrs, Capacity: capacity})
+			out = append(out, resourceapi.Device{Name: MIGDeviceName(m), Attributes: attrs, Capacity: capacity, Taints: opts.taints(m.Health, d.Health)})
 		}
 	}
 	return out

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -13,7 +14,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/gpuiso/gpuiso/allocator"
 	"github.com/gpuiso/gpuiso/kubernetes/internal/cluster"
 )
 
@@ -120,7 +120,8 @@ func allocated(t *testing.T, c *cluster.Cluster, podName string, slice map[strin
 // claims made from templates are allocated by the scheduler from the
 // published slice, prepared by the plugin as CDI specs that containerd
 // applies, and each pod is checked from inside for exactly its devices: one
-// GPU; two of one NVLink clique; every GPU but a lost one; a claim that
+// GPU; two of one NVLink clique; seven GPUs beside a lost one, which
+// stays in the slice tainted NoExecute; a claim that
 // waits (Pending) while another pod holds every GPU and runs when it ends;
 // a claim kept over a restart of the plugin and unprepared after it.
 func TestDRA(t *testing.T) {
@@ -163,35 +164,38 @@ func TestDRA(t *testing.T) {
 	})
 
 	t.Run("lost GPU", func(t *testing.T) {
+		// A lost GPU stays in the slice with a NoExecute taint: a
+		// claim that does not tolerate it is never allocated it.
 		lost := inv.Devices[5]
-		a, err := allocator.New(inv, allocator.WithStateDir(filepath.Join(p.stateDir, "allocator")))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer a.Close()
-		if _, err := a.MarkUnhealthy(t.Context(), lost.UUID, "xid 79"); err != nil {
-			t.Fatal(err)
-		}
-		defer a.MarkHealthy(context.Background(), lost.UUID)
-		until(t, "the lost GPU to leave the slice", func() bool { return len(sliceDevices(t, c)) == 7 })
-		for _, d := range sliceByName(t, c) {
+		name := ""
+		for n, d := range slice {
 			if d.uuid == lost.UUID {
-				t.Fatalf("the lost GPU %s is still published", lost.UUID)
+				name = n
 			}
 		}
-		// A claim for every GPU gets the seven others.
-		claimTemplate(t, c, "every-gpu", "gpu.gpuiso.io", 0, "")
-		createPod(t, c, withClaim(probePod("every", isolationArgs(major, all, false)), "every-gpu"))
-		s := parseSeen(podOutput(t, c, "every"))
-		_, uuids, minors := allocated(t, c, "every", sliceByName(t, c))
+		markHealth(t, p, inv, lost.UUID, "xid 79")
+		defer markHealth(t, p, inv, lost.UUID, "")
+		until(t, "the lost GPU tainted in the slice", func() bool {
+			return tainted(sliceTaints(t, c)[name], "xid-79", resourceapi.DeviceTaintEffectNoExecute)
+		})
+		if n := len(sliceDevices(t, c)); n != 8 {
+			t.Errorf("%d devices published, want 8 (the lost one tainted)", n)
+		}
+		// A claim for seven GPUs gets the seven others.
+		claimTemplate(t, c, "seven-gpus", "gpu.gpuiso.io", 7, "")
+		createPod(t, c, withClaim(probePod("seven", isolationArgs(major, all, false)), "seven-gpus"))
+		s := parseSeen(podOutput(t, c, "seven"))
+		_, uuids, minors := allocated(t, c, "seven", slice)
 		if len(uuids) != 7 || slices.Contains(minors, lost.Minor) {
-			t.Errorf("a claim for every GPU got minors %v (GPU %d is lost)", minors, lost.Minor)
+			t.Errorf("a claim for seven GPUs got minors %v (GPU %d is lost)", minors, lost.Minor)
 		}
 		s.check(t, all, minors, uuids)
 	})
 
 	t.Run("waits for a free GPU", func(t *testing.T) {
-		until(t, "the slice's 8 GPUs again", func() bool { return len(sliceDevices(t, c)) == 8 })
+		until(t, "the lost GPU's taint to go", func() bool {
+			return !slices.ContainsFunc(slices.Collect(maps.Values(sliceTaints(t, c))), func(ts []resourceapi.DeviceTaint) bool { return len(ts) > 0 })
+		})
 		claimTemplate(t, c, "all-gpus", "gpu.gpuiso.io", 0, "")
 		claimTemplate(t, c, "one-gpu-w", "gpu.gpuiso.io", 1, "")
 		createPod(t, c, withClaim(probePod("holder", isolationArgs(major, all, true)), "all-gpus"))

@@ -6,7 +6,7 @@
 //	        [--kubelet-plugins-dir DIR] [--kubelet-registry-dir DIR]
 //	        [--device-plugin-dir DIR] [--driver-name NAME] [--resource-name NAME]
 //	        [--device-plugin[=false]] [--dra=false] [--device-specs]
-//	        [--extended-resource-name NAME]
+//	        [--extended-resource-name NAME] [--health-taints=false]
 //	        [--simulate NAME --dev-root DIR]
 //	        [--in-cluster] [--simulate-label KEY] [--driver-root DIR]
 //	        [--daemonset NAMESPACE/NAME] [--metrics-address ADDR]
@@ -23,8 +23,11 @@
 // --device-plugin asks for the device plugin too: the DRA driver's
 // DeviceClass serves pods' resources.limits of nvidia.com/gpu
 // (--extended-resource-name), and one name served from both sides is
-// refused at start. A GPU found lost turns Unhealthy in ListAndWatch and leaves
-// the slice. It runs until SIGINT or SIGTERM.
+// refused at start. A GPU found lost turns Unhealthy in ListAndWatch; in the
+// slice it carries a taint (NoExecute for a lost GPU: the cluster evicts
+// its pods; --health-taints=false leaves it out instead), and the kubelet's
+// health stream reports it Unhealthy in its pods' status. It runs until
+// SIGINT or SIGTERM.
 //
 // The GPUs --shared-gpus names are handed out in parts, never whole: the
 // DRA driver publishes each as memory shares (consumable memory capacity;
@@ -89,6 +92,7 @@ type flags struct {
 	devicePlugin, dra, deviceSpecs              bool
 	extendedResource                            string
 	refresh                                     time.Duration
+	healthTaints                                bool
 	deploy                                      deployFlags
 	share                                       shareFlags
 }
@@ -116,6 +120,7 @@ func parse(args []string, stderr io.Writer) (*flags, int, bool) {
 	fs.BoolVar(&f.dra, "dra", true, "serve the DRA driver (needs --kubeconfig)")
 	fs.BoolVar(&f.deviceSpecs, "device-specs", false, "device plugin: answer Allocate with device nodes too, for runtimes without CDI")
 	fs.DurationVar(&f.refresh, "health-refresh", 30*time.Second, "how often to read health from the allocator's state again (GPUs marked healthy or unhealthy by others)")
+	fs.BoolVar(&f.healthTaints, "health-taints", true, "DRA: publish an unhealthy device with a taint (<driver-name>/unhealthy); false leaves it out of the slice, for a cluster without device taints")
 	f.deploy.register(fs)
 	f.share.register(fs)
 	f.registerExtendedResource(fs)
@@ -397,6 +402,7 @@ func startDRA(ctx context.Context, f *flags, inv *node.Inventory, alloc *allocat
 		DriverName: f.driverName, CDIDir: f.cdiDir, StateDir: filepath.Join(f.stateDir, "claims"),
 		Slice: dra.SliceOptions{PCIeRoot: pcieRoot, Shared: shared, ShareMin: least, ShareStep: step}, MPS: daemons, Logger: log,
 		Observer: obs,
+		NodeName: f.nodeName, LeaveOutUnhealthy: !f.healthTaints,
 	})
 	if err != nil {
 		closeMPS()
@@ -447,6 +453,8 @@ func startDRA(ctx context.Context, f *flags, inv *node.Inventory, alloc *allocat
 		if err := helper.PublishResources(ctx, d.Resources(f.nodeName)); err != nil {
 			log.Warn("publish the ResourceSlice", "err", err)
 		}
+		// The kubelet's health stream (WatchHealthStatus) follows.
+		d.NotifyHealth()
 	}
 	publish()
 	if uids, err := d.Prepared(); err == nil && len(uids) > 0 {

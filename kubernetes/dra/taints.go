@@ -1,0 +1,174 @@
+package dra
+
+import (
+	"context"
+	"fmt"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/dynamic-resource-allocation/resourceclaim"
+
+	"github.com/gpuiso/gpuiso/allocator"
+	"github.com/gpuiso/gpuiso/node"
+)
+
+// TaintKeyName is the name part of the key of the taint an unhealthy
+// device carries: "<driver>/unhealthy" (TaintKey).
+const TaintKeyName = "unhealthy"
+
+// TaintKey is the key of the taint an unhealthy device of driver carries:
+// "gpu.gpuiso.io/unhealthy" for the default driver.
+func TaintKey(driver string) string { return driver + "/" + TaintKeyName }
+
+// NoExecuteXIDs are the XIDs after which the work on a GPU is dead, or the
+// GPU unusable until it is reset: a GPU marked unhealthy for one of them
+// is tainted NoExecute, so that the cluster evicts the pods whose claims
+// hold it. Every other XID that marks a GPU (an application's own XIDs
+// never do, see nvmlnode.ApplicationXID) leaves it degraded: NoSchedule,
+// no new claim gets it and the running ones go on. Among those: 63 (a
+// row remap or page retirement recorded, applied at the next reset), 74
+// (an NVLink error), 92 (a high single-bit ECC rate), 94 (a contained ECC
+// error: the process that touched the memory was killed, others run on).
+var NoExecuteXIDs = map[uint64]string{
+	48:  "double-bit ECC error",
+	62:  "internal micro-controller halt",
+	64:  "row remapping or page retirement failed",
+	79:  "fallen off the bus",
+	95:  "uncontained ECC error",
+	119: "GSP RPC timeout",
+	120: "GSP error",
+}
+
+var xidReason = regexp.MustCompile(`^xid[ _-]?([0-9]+)\b`)
+
+// HealthTaint is the taint that health h gives a device, keyed key, and
+// false for a healthy device. The value is a short form of h's reason and
+// the effect follows it:
+//
+//	reason (as nvmlnode's monitor writes it)   value            effect
+//	"XID <n>", n in NoExecuteXIDs               xid-<n>          NoExecute
+//	"XID <n>", any other n                      xid-<n>          NoSchedule
+//	"double-bit ECC error"                      ecc-double-bit   NoExecute
+//	"GPU is lost" (fallen off the bus)          gpu-lost         NoExecute
+//	anything else (an operator's reason)        the reason as a  NoSchedule
+//	                                            label value, or
+//	                                            "unhealthy"
+//
+// Reasons are read without regard to case.
+func HealthTaint(key string, h node.Health) (resourceapi.DeviceTaint, bool) {
+	if h.Healthy {
+		return resourceapi.DeviceTaint{}, false
+	}
+	value, effect := taintOf(h.Reason)
+	return resourceapi.DeviceTaint{Key: key, Value: value, Effect: effect}, true
+}
+
+func taintOf(reason string) (string, resourceapi.DeviceTaintEffect) {
+	r := strings.ToLower(strings.TrimSpace(reason))
+	if m := xidReason.FindStringSubmatch(r); m != nil {
+		if xid, err := strconv.ParseUint(m[1], 10, 64); err == nil {
+			if _, dead := NoExecuteXIDs[xid]; dead {
+				return "xid-" + m[1], resourceapi.DeviceTaintEffectNoExecute
+			}
+			return "xid-" + m[1], resourceapi.DeviceTaintEffectNoSchedule
+		}
+	}
+	switch {
+	case strings.Contains(r, "double-bit ecc"):
+		return "ecc-double-bit", resourceapi.DeviceTaintEffectNoExecute
+	case strings.Contains(r, "gpu is lost") || strings.Contains(r, "fallen off the bus"):
+		return "gpu-lost", resourceapi.DeviceTaintEffectNoExecute
+	}
+	if v := allocator.LabelValue(r); v != "" {
+		return v, resourceapi.DeviceTaintEffectNoSchedule
+	}
+	return TaintKeyName, resourceapi.DeviceTaintEffectNoSchedule
+}
+
+// taints are the taints of a device whose health (and, for a MIG device,
+// its parent's) is hs: one per unhealthy one, none twice. None when
+// o.TaintKey is empty.
+func (o SliceOptions) taints(hs ...node.Health) []resourceapi.DeviceTaint {
+	if o.TaintKey == "" {
+		return nil
+	}
+	var out []resourceapi.DeviceTaint
+	for _, h := range hs {
+		if t, ok := HealthTaint(o.TaintKey, h); ok && !slices.Contains(out, t) {
+			out = append(out, t)
+		}
+	}
+	return out
+}
+
+// untolerated is the first taint of taints, of an effect that keeps a
+// device from a claim (NoSchedule, NoExecute), that no toleration of tols
+// tolerates.
+func untolerated(taints []resourceapi.DeviceTaint, tols []resourceapi.DeviceToleration) (resourceapi.DeviceTaint, bool) {
+	for _, t := range taints {
+		if t.Effect != resourceapi.DeviceTaintEffectNoSchedule && t.Effect != resourceapi.DeviceTaintEffectNoExecute {
+			continue
+		}
+		if !slices.ContainsFunc(tols, func(tol resourceapi.DeviceToleration) bool { return resourceclaim.ToleratesTaint(tol, t) }) {
+			return t, true
+		}
+	}
+	return resourceapi.DeviceTaint{}, false
+}
+
+// deviceTolerations are the tolerations a claim's allocation recorded
+// for one device (DeviceRequestAllocationResult.Tolerations).
+type deviceTolerations = []resourceapi.DeviceToleration
+
+// holdTolerated is hold for a claim the allocator refused (refused, its
+// error): when some of cp's devices are unhealthy and the claim tolerates
+// every taint each has now, as an operator's diagnostic claim does, the
+// allocator is asked again to hand out exactly those although unhealthy
+// (allocator.Request.AcceptUnhealthy). A device unhealthy and not
+// tolerated is an ErrUntolerated, and so is every unhealthy device when
+// the driver publishes no taints (Config.LeaveOutUnhealthy). Otherwise
+// refused stands.
+func (d *Driver) holdTolerated(ctx context.Context, cp *Checkpoint, refused error) (allocator.Allocation, error) {
+	health := map[string][]node.Health{} // by UUID: the device's, then its parent's
+	for _, dev := range d.alloc.Devices() {
+		health[dev.UUID] = []node.Health{dev.Health}
+		for _, m := range dev.MIGDevices {
+			health[m.UUID] = []node.Health{m.Health, dev.Health}
+		}
+	}
+	var uuids, accept []string
+	for _, pd := range cp.Devices {
+		if pd.Admin {
+			continue
+		}
+		uuids = append(uuids, pd.UUID)
+		hs := health[pd.UUID]
+		if !slices.ContainsFunc(hs, func(h node.Health) bool { return !h.Healthy }) {
+			continue
+		}
+		taints := d.cfg.Slice.taints(hs...)
+		if len(taints) == 0 {
+			return allocator.Allocation{}, fmt.Errorf("device %s: %s: %w", pd.Device, hs[0], ErrUntolerated)
+		}
+		if t, ok := untolerated(taints, pd.tolerations); ok {
+			return allocator.Allocation{}, fmt.Errorf("device %s: its taint %s=%s:%s is not tolerated: %w", pd.Device, t.Key, t.Value, t.Effect, ErrUntolerated)
+		}
+		accept = append(accept, pd.UUID)
+	}
+	if len(accept) == 0 {
+		return allocator.Allocation{}, refused
+	}
+	req := allocator.Request{Devices: uuids, AcceptUnhealthy: accept}
+	if cp.Share != nil {
+		req.Share = cp.Share.share()
+	}
+	al, err := d.alloc.Allocate(ctx, cp.Owner, req)
+	if err != nil {
+		return allocator.Allocation{}, err
+	}
+	d.cfg.Logger.Info("holding unhealthy devices for a claim that tolerates their taints", "claim", cp.Namespace+"/"+cp.Name, "devices", accept)
+	return d.withAdmin(al, *cp)
+}

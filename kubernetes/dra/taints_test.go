@@ -1,0 +1,212 @@
+package dra_test
+
+import (
+	"errors"
+	"os"
+	"testing"
+
+	resourceapi "k8s.io/api/resource/v1"
+
+	"github.com/gpuiso/gpuiso/allocator"
+	"github.com/gpuiso/gpuiso/kubernetes/dra"
+	"github.com/gpuiso/gpuiso/node"
+	"github.com/gpuiso/gpuiso/node/nvmlnode"
+)
+
+// TestHealthTaint: the table of health reasons to taints, as
+// nvmlnode's monitor and an operator write reasons.
+func TestHealthTaint(t *testing.T) {
+	const key = "gpu.gpuiso.io/unhealthy"
+	noExec, noSched := resourceapi.DeviceTaintEffectNoExecute, resourceapi.DeviceTaintEffectNoSchedule
+	tests := []struct {
+		reason, value string
+		effect        resourceapi.DeviceTaintEffect
+	}{
+		{"XID 79", "xid-79", noExec},
+		{"xid 79", "xid-79", noExec},
+		{"XID 48", "xid-48", noExec},
+		{"XID 95", "xid-95", noExec},
+		{"XID 64", "xid-64", noExec},
+		{"XID 119", "xid-119", noExec},
+		{"XID 94", "xid-94", noSched},
+		{"XID 63", "xid-63", noSched},
+		{"XID 74", "xid-74", noSched},
+		{"XID 92", "xid-92", noSched},
+		{"double-bit ECC error", "ecc-double-bit", noExec},
+		{"GPU is lost", "gpu-lost", noExec},
+		{"fallen off the bus", "gpu-lost", noExec},
+		{"maintenance: fan replaced", "maintenance--fan-replaced", noSched},
+		{"", "unhealthy", noSched},
+		{"!!!", "unhealthy", noSched},
+	}
+	for _, tt := range tests {
+		got, ok := dra.HealthTaint(key, node.Unhealthy(tt.reason))
+		want := resourceapi.DeviceTaint{Key: key, Value: tt.value, Effect: tt.effect}
+		if !ok || got != want {
+			t.Errorf("HealthTaint(%q) = %+v, %v; want %+v", tt.reason, got, ok, want)
+		}
+	}
+	if _, ok := dra.HealthTaint(key, node.Healthy()); ok {
+		t.Error("a healthy device has a taint")
+	}
+	for xid := range dra.NoExecuteXIDs {
+		if nvmlnode.ApplicationXID(xid) {
+			t.Errorf("XID %d of the NoExecute table is an application's, which never marks a GPU", xid)
+		}
+	}
+}
+
+// TestSliceTaints: with a taint key, an unhealthy GPU, MIG device (or a
+// MIG device of an unhealthy GPU) and shared GPU stay in the slice with
+// their taints, healthy ones have none, and the taint goes with the
+// health; without a key they are left out as before.
+func TestSliceTaints(t *testing.T) {
+	const key = "gpu.gpuiso.io/unhealthy"
+	taintsOf := func(devs []resourceapi.Device) map[string][]resourceapi.DeviceTaint {
+		out := map[string][]resourceapi.DeviceTaint{}
+		for _, d := range devs {
+			out[d.Name] = d.Taints
+		}
+		return out
+	}
+	_, inv := inventory(t, "dgx1-volta")
+	a, err := allocator.New(inv, allocator.WithShared(inv.Devices[3].UUID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range []struct{ dev, why string }{{inv.Devices[2].UUID, "XID 79"}, {inv.Devices[3].UUID, "XID 94"}} {
+		if _, err := a.MarkUnhealthy(t.Context(), m.dev, m.why); err != nil {
+			t.Fatal(err)
+		}
+	}
+	opts := dra.SliceOptions{Shared: []string{inv.Devices[3].UUID}, TaintKey: key}
+	got := taintsOf(dra.Devices(inv, a.Devices(), opts))
+	if len(got) != 8 {
+		t.Errorf("%d devices published, want 8: %v", len(got), got)
+	}
+	want := map[string][]resourceapi.DeviceTaint{
+		"gpu-2":   {{Key: key, Value: "xid-79", Effect: resourceapi.DeviceTaintEffectNoExecute}},
+		"share-3": {{Key: key, Value: "xid-94", Effect: resourceapi.DeviceTaintEffectNoSchedule}},
+	}
+	for name, taints := range got {
+		if len(taints) != len(want[name]) || len(taints) > 0 && taints[0] != want[name][0] {
+			t.Errorf("%s: taints %+v, want %+v", name, taints, want[name])
+		}
+	}
+	opts.TaintKey = ""
+	if got := taintsOf(dra.Devices(inv, a.Devices(), opts)); len(got) != 6 || got["gpu-2"] != nil || got["share-3"] != nil {
+		t.Errorf("without a taint key: %v, want the 6 healthy devices", got)
+	}
+	opts.TaintKey = key
+	if err := a.MarkHealthy(t.Context(), inv.Devices[2].UUID); err != nil {
+		t.Fatal(err)
+	}
+	if got := taintsOf(dra.Devices(inv, a.Devices(), opts)); len(got["gpu-2"]) != 0 {
+		t.Errorf("gpu-2 healthy again keeps taints %+v", got["gpu-2"])
+	}
+
+	_, inv = inventory(t, "hgx-h100-mig")
+	a, err = allocator.New(inv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var parent node.Device
+	for _, d := range inv.Devices {
+		if d.MIGSplit() && len(d.MIGDevices) >= 2 {
+			parent = d
+			break
+		}
+	}
+	one := parent.MIGDevices[0]
+	if _, err := a.MarkUnhealthy(t.Context(), one.UUID, "XID 48"); err != nil {
+		t.Fatal(err)
+	}
+	got = taintsOf(dra.Devices(inv, a.Devices(), dra.SliceOptions{TaintKey: key}))
+	if ts := got[dra.MIGDeviceName(one)]; len(ts) != 1 || ts[0].Value != "xid-48" || ts[0].Effect != resourceapi.DeviceTaintEffectNoExecute {
+		t.Errorf("unhealthy MIG device: taints %+v", ts)
+	}
+	if ts := got[dra.MIGDeviceName(parent.MIGDevices[1])]; len(ts) != 0 {
+		t.Errorf("its healthy sibling: taints %+v", ts)
+	}
+	if _, err := a.MarkUnhealthy(t.Context(), parent.UUID, "GPU is lost"); err != nil {
+		t.Fatal(err)
+	}
+	got = taintsOf(dra.Devices(inv, a.Devices(), dra.SliceOptions{TaintKey: key}))
+	for _, m := range parent.MIGDevices {
+		if ts := got[dra.MIGDeviceName(m)]; len(ts) == 0 || ts[len(ts)-1].Value != "gpu-lost" {
+			t.Errorf("MIG device %s of a lost GPU: taints %+v", dra.MIGDeviceName(m), ts)
+		}
+	}
+}
+
+// tolerating is claim with tols on each of its results.
+func tolerating(c *resourceapi.ResourceClaim, tols ...resourceapi.DeviceToleration) *resourceapi.ResourceClaim {
+	for i := range c.Status.Allocation.Devices.Results {
+		c.Status.Allocation.Devices.Results[i].Tolerations = tols
+	}
+	return c
+}
+
+// TestPrepareTainted: Prepare refuses an unhealthy device to a claim that
+// does not tolerate its taint (ErrUntolerated, nothing held), and
+// prepares it for one that does; a driver that publishes no taints
+// refuses every unhealthy device.
+func TestPrepareTainted(t *testing.T) {
+	e := newEnv(t, "dgx1-volta")
+	d, a := e.driver(t)
+	lost := e.inv.Devices[1]
+	if _, err := a.MarkUnhealthy(t.Context(), lost.UUID, "XID 79"); err != nil {
+		t.Fatal(err)
+	}
+	exists := resourceapi.DeviceToleration{Key: "gpu.gpuiso.io/unhealthy", Operator: resourceapi.DeviceTolerationOpExists}
+	noSchedule := exists
+	noSchedule.Effect = resourceapi.DeviceTaintEffectNoSchedule
+	otherValue := resourceapi.DeviceToleration{Key: "gpu.gpuiso.io/unhealthy", Value: "xid-48"}
+	for name, c := range map[string]*resourceapi.ResourceClaim{
+		"no toleration":          claim("u1", "gpu-1"),
+		"NoSchedule only":        tolerating(claim("u2", "gpu-1"), noSchedule),
+		"another value":          tolerating(claim("u3", "gpu-1"), otherValue),
+		"one of two tolerated":   tolerating(claim("u4", "gpu-1", "gpu-2"), noSchedule),
+		"another driver's taint": tolerating(claim("u5", "gpu-1"), resourceapi.DeviceToleration{Key: "example.com/unhealthy", Operator: resourceapi.DeviceTolerationOpExists}),
+	} {
+		if _, err := d.Prepare(t.Context(), c); !errors.Is(err, dra.ErrUntolerated) || !errors.Is(err, node.ErrUnavailable) {
+			t.Errorf("%s: %v, want ErrUntolerated", name, err)
+		}
+		e.checkGone(t, d, a, string(c.UID))
+	}
+	c := tolerating(claim("diag", "gpu-1", "gpu-2"), exists)
+	devs, err := d.Prepare(t.Context(), c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.checkPrepared(t, d, a, "diag", devs, []string{lost.UUID, e.inv.Devices[2].UUID})
+	if h := a.Devices()[1].Health; h.Healthy {
+		t.Error("preparing the tolerating claim made the GPU healthy")
+	}
+	if err := d.Unprepare(t.Context(), "diag"); err != nil {
+		t.Fatal(err)
+	}
+	exact := tolerating(claim("exact", "gpu-1"), resourceapi.DeviceToleration{Key: "gpu.gpuiso.io/unhealthy", Value: "xid-79", Effect: resourceapi.DeviceTaintEffectNoExecute})
+	if _, err := d.Prepare(t.Context(), exact); err != nil {
+		t.Errorf("a toleration of exactly the taint: %v", err)
+	}
+	if err := d.Unprepare(t.Context(), "exact"); err != nil {
+		t.Fatal(err)
+	}
+
+	if err := os.MkdirAll(e.cdiDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	old, err := dra.New(e.inv, a, dra.Config{CDIDir: e.cdiDir, StateDir: e.stateDir, LeaveOutUnhealthy: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := old.Prepare(t.Context(), tolerating(claim("u6", "gpu-1"), exists)); !errors.Is(err, dra.ErrUntolerated) {
+		t.Errorf("no taints published, a tolerating claim: %v, want ErrUntolerated", err)
+	}
+	for _, dev := range old.Resources("node-1").Pools["node-1"].Slices[0].Devices {
+		if dev.Name == "gpu-1" {
+			t.Error("LeaveOutUnhealthy publishes the unhealthy gpu-1")
+		}
+	}
+}
