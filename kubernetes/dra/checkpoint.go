@@ -58,6 +58,9 @@ type PreparedDevice struct {
 	CDIDeviceIDs []string `json:"cdiDeviceIDs,omitempty"`
 	// ShareID is the allocation's share id, for a share of a GPU.
 	ShareID string `json:"shareID,omitempty"`
+	// MIG, for a dynamic MIG device, is the MIG device made for the
+	// claim at the placement it was allocated.
+	MIG *PreparedMIG `json:"mig,omitempty"`
 	// Admin marks a device allocated with admin access: the claim's CDI
 	// spec has it, the allocator does not hold it for the claim.
 	Admin bool `json:"admin,omitempty"`

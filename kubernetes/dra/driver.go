@@ -74,7 +74,8 @@ type Driver struct {
 	cps   checkpoints
 	cdiw  cdi.Writer
 
-	mu sync.Mutex // serialises prepare and unprepare
+	mu  sync.Mutex // serialises prepare and unprepare
+	mig madeMIG    // MIG devices made for claims (dynamic MIG)
 
 	health healthWaiters // WatchHealthStatus calls waiting for NotifyHealth
 }
@@ -114,6 +115,9 @@ func New(inv *node.Inventory, alloc *allocator.Allocator, cfg Config) (*Driver, 
 			return nil, fmt.Errorf("shared GPU %q: not a whole GPU of the node: %w", u, ErrInvalidConfig)
 		}
 	}
+	if err := checkDynamicMIG(inv, cfg.Slice); err != nil {
+		return nil, err
+	}
 	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
 		return nil, fmt.Errorf("DRA state directory: %w", err)
 	}
@@ -128,7 +132,7 @@ func (d *Driver) CDIKind() string { return d.kind }
 // view (unhealthy devices left out).
 func (d *Driver) Resources(nodeName string) resourceslice.DriverResources {
 	return resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{
-		nodeName: {Slices: []resourceslice.Slice{{Devices: Devices(d.inv, d.alloc.Devices(), d.cfg.Slice)}}},
+		nodeName: {Slices: d.poolSlices()},
 	}}
 }
 
@@ -192,6 +196,13 @@ func (d *Driver) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim) 
 		if r.Driver != d.cfg.DriverName {
 			continue
 		}
+		if pd, ok, err := d.placementDevice(r); ok {
+			if err != nil {
+				return nil, fmt.Errorf("prepare claim %s/%s: device %q: %w", claim.Namespace, claim.Name, r.Device, err)
+			}
+			cp.Devices = append(cp.Devices, pd)
+			continue
+		}
 		pd, err := d.resultDevice(claim, r, byName, shares, &cp)
 		if err != nil {
 			return nil, fmt.Errorf("prepare claim %s/%s: device %q: %w", claim.Namespace, claim.Name, r.Device, err)
@@ -227,7 +238,7 @@ func (d *Driver) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim) 
 }
 
 func (d *Driver) prepare(ctx context.Context, cp *Checkpoint, t *opTimer) error {
-	al, err := d.hold(ctx, cp)
+	al, err := d.holdMIG(ctx, cp, d.hold)
 	if errors.Is(err, allocator.ErrDeviceUnavailable) {
 		al, err = d.holdTolerated(ctx, cp, err)
 	}
@@ -274,7 +285,7 @@ func (d *Driver) writeSpec(ctx context.Context, owner string, al allocator.Alloc
 			}
 		}
 	}
-	plan, err := isolator.NewPlan(owner, d.inv, al.Devices, nil, env, opts...)
+	plan, err := isolator.NewPlan(owner, d.planInventory(al), al.Devices, nil, env, opts...)
 	if err != nil {
 		return cdi.Result{}, err
 	}
@@ -348,6 +359,9 @@ func (d *Driver) Restore(ctx context.Context) ([]string, error) {
 			written = append(written, uid)
 			d.cfg.Logger.Info("wrote a prepared claim's CDI spec again", "claim", cp.Namespace+"/"+cp.Name, "uid", uid)
 		}
+	}
+	if err := d.restoreMIG(ctx, uids); err != nil {
+		errs = append(errs, fmt.Errorf("restore prepared claims: %w", err))
 	}
 	if d.cfg.MPS != nil && ctx.Err() == nil {
 		// Daemons no checkpoint explains: a claim unprepared while the

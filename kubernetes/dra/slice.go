@@ -69,6 +69,16 @@ type SliceOptions struct {
 	// a claim gets (and what it gets when it asks for no memory), and the
 	// steps above it.
 	ShareMin, ShareStep uint64
+	// DynamicMIG are the UUIDs of the GPUs with MIG enabled that are
+	// partitioned on demand (KEP-4815): each is published as a counter
+	// set of its memory and compute slices and every placement of every
+	// MIG profile, with the GPU whole, as devices that consume them; the
+	// MIG device of a placement is made when a claim allocated it is
+	// prepared (see partitionDevices, CounterSets).
+	DynamicMIG []string
+	// made are the MIG devices the driver made for claims (by UUID): a
+	// partitioned GPU's others are a user's, published as they are.
+	made map[string]bool
 	// TaintKey, when set, is the key of the taint an unhealthy device is
 	// published with (HealthTaint gives its value and effect): it stays in
 	// the slice, and only a claim that tolerates the taint is allocated
@@ -120,6 +130,10 @@ func Devices(inv *node.Inventory, devs []node.Device, opts SliceOptions) []resou
 			continue
 		}
 		common := commonAttributes(inv, d, opts)
+		if opts.partitioned(d) {
+			out = append(out, partitionDevices(d, common, opts)...)
+			continue
+		}
 		if !d.MIGSplit() && slices.Contains(opts.Shared, d.UUID) {
 			if dev, ok := shareDevice(d, common, opts); ok {
 				dev.Taints = opts.taints(d.Health)

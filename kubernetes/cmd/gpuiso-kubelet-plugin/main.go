@@ -95,6 +95,7 @@ type flags struct {
 	healthTaints                                bool
 	deploy                                      deployFlags
 	share                                       shareFlags
+	mig                                         migFlags
 }
 
 func parse(args []string, stderr io.Writer) (*flags, int, bool) {
@@ -123,6 +124,7 @@ func parse(args []string, stderr io.Writer) (*flags, int, bool) {
 	fs.BoolVar(&f.healthTaints, "health-taints", true, "DRA: publish an unhealthy device with a taint (<driver-name>/unhealthy); false leaves it out of the slice, for a cluster without device taints")
 	f.deploy.register(fs)
 	f.share.register(fs)
+	f.mig.register(fs)
 	f.registerExtendedResource(fs)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -160,6 +162,10 @@ func parse(args []string, stderr io.Writer) (*flags, int, bool) {
 		return nil, 2, true
 	}
 	if why := f.share.check(); why != "" {
+		fmt.Fprintln(stderr, "gpuiso-kubelet-plugin: "+why)
+		return nil, 2, true
+	}
+	if why := f.mig.check(f); why != "" {
 		fmt.Fprintln(stderr, "gpuiso-kubelet-plugin: "+why)
 		return nil, 2, true
 	}
@@ -212,6 +218,7 @@ func openNode(ctx context.Context, f *flags) (*node.Inventory, nvml.Interface, s
 		}
 	}
 	inv, err := nvmlnode.Discover(ctx, sim.DiscoverOptions(host)...)
+	f.mig.manager = sim.MIGManager(host)
 	return inv, sim.NVML(), host.SysRoot, err
 }
 
@@ -250,8 +257,8 @@ func serve(ctx context.Context, f *flags, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	alloc, err := allocator.New(inv, allocator.WithStateDir(allocDir), allocator.WithLogger(log),
-		allocator.WithShared(shared...), allocator.WithTimeSlices(f.share.timeSlices))
+	alloc, err := allocator.New(inv, append(f.mig.options(), allocator.WithStateDir(allocDir), allocator.WithLogger(log),
+		allocator.WithShared(shared...), allocator.WithTimeSlices(f.share.timeSlices))...)
 	if err != nil {
 		return err
 	}
@@ -400,7 +407,7 @@ func startDRA(ctx context.Context, f *flags, inv *node.Inventory, alloc *allocat
 	least, step := f.share.sizes()
 	d, err := dra.New(inv, alloc, dra.Config{
 		DriverName: f.driverName, CDIDir: f.cdiDir, StateDir: filepath.Join(f.stateDir, "claims"),
-		Slice: dra.SliceOptions{PCIeRoot: pcieRoot, Shared: shared, ShareMin: least, ShareStep: step}, MPS: daemons, Logger: log,
+		Slice: dra.SliceOptions{PCIeRoot: pcieRoot, Shared: shared, ShareMin: least, ShareStep: step, DynamicMIG: f.mig.gpus(inv)}, MPS: daemons, Logger: log,
 		Observer: obs,
 		NodeName: f.nodeName, LeaveOutUnhealthy: !f.healthTaints,
 	})

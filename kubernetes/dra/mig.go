@@ -1,0 +1,236 @@
+package dra
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+
+	resourceapi "k8s.io/api/resource/v1"
+
+	"github.com/gpuiso/gpuiso/allocator"
+	"github.com/gpuiso/gpuiso/node"
+)
+
+var (
+	// ErrMIGClaim: a claim allocated a dynamic MIG device (a placement of
+	// a GPU partitioned on demand) beside other devices of this driver, or
+	// with admin access: a claim's MIG device is made for it alone.
+	ErrMIGClaim = node.Sentinel(node.ErrNotSupported, "a claim of a dynamic MIG device holds no other device of the driver")
+	// ErrNoMIGManager: a dynamic MIG device is to be made, and the
+	// allocator has no MIG manager that places devices
+	// (allocator.WithMIGManager with an allocator.MIGPlacer).
+	ErrNoMIGManager = node.Sentinel(node.ErrNotSupported, "dynamic MIG needs a MIG manager")
+)
+
+// PreparedMIG is the MIG device a claim's placement device was made as:
+// profile at memory slice Start (Size slices) of GPU Parent, recorded
+// before it is made (so a preparation cut short knows what it may have
+// made) and, once made, with its instance ids; PreparedDevice.UUID is then
+// its "MIG-" UUID.
+type PreparedMIG struct {
+	Parent  string `json:"parent"`
+	Profile string `json:"profile"`
+	Start   int    `json:"start"`
+	Size    int    `json:"size"`
+	GI      int    `json:"gi,omitempty"`
+	CI      int    `json:"ci,omitempty"`
+}
+
+// madeMIG are the MIG devices the driver made for claims, by UUID.
+type madeMIG struct {
+	mu    sync.Mutex
+	uuids map[string]bool
+}
+
+func (m *madeMIG) add(uuid string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.uuids == nil {
+		m.uuids = map[string]bool{}
+	}
+	m.uuids[uuid] = true
+}
+
+// held keeps of the made devices those that held says are held (a
+// released one was destroyed) and returns them.
+func (m *madeMIG) held(held map[string]bool) map[string]bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := map[string]bool{}
+	for u := range m.uuids {
+		if held[u] {
+			out[u] = true
+		} else {
+			delete(m.uuids, u)
+		}
+	}
+	return out
+}
+
+// sliceOptions are the driver's slice options with the MIG devices it
+// made for claims, which a partitioned GPU's placements stand for.
+func (d *Driver) sliceOptions() SliceOptions {
+	opts := d.cfg.Slice
+	if len(opts.DynamicMIG) == 0 {
+		return opts
+	}
+	held := map[string]bool{}
+	for _, al := range d.alloc.Allocations() {
+		if !strings.HasPrefix(al.Owner, "claim-") {
+			continue
+		}
+		for _, r := range al.Devices {
+			if r.MIG != nil {
+				held[r.UUID] = true
+			}
+		}
+	}
+	opts.made = d.mig.held(held)
+	return opts
+}
+
+// checkDynamicMIG checks that every GPU opts.DynamicMIG names is one of
+// inv with MIG enabled.
+func checkDynamicMIG(inv *node.Inventory, opts SliceOptions) error {
+	for _, u := range opts.DynamicMIG {
+		if !slices.ContainsFunc(inv.Devices, func(d node.Device) bool { return d.UUID == u && d.MIGSplit() && len(d.MIGProfiles) > 0 }) {
+			return fmt.Errorf("dynamic MIG GPU %q: not a GPU of the node with MIG enabled: %w", u, ErrInvalidConfig)
+		}
+		if slices.Contains(opts.Shared, u) {
+			return fmt.Errorf("GPU %q both shared and partitioned by dynamic MIG: %w", u, ErrInvalidConfig)
+		}
+	}
+	return nil
+}
+
+// placementDevice reads r when it is a device of a GPU partitioned by
+// dynamic MIG that does not exist yet: a placement (its MIG device made
+// in hold) or the GPU whole. ok is false for any other device.
+func (d *Driver) placementDevice(r resourceapi.DeviceRequestAllocationResult) (pd PreparedDevice, ok bool, err error) {
+	for _, dev := range d.inv.Devices {
+		if !d.cfg.Slice.partitioned(dev) {
+			continue
+		}
+		pd = PreparedDevice{Requests: []string{r.Request}, Pool: r.Pool, Device: r.Device}
+		if r.Device == DeviceName(dev) {
+			pd.UUID = dev.UUID
+			ok = true
+		}
+		for _, pl := range placements(dev) {
+			if r.Device == PlacementDeviceName(dev, pl.profile.Name, pl.at.Start) {
+				pd.MIG = &PreparedMIG{Parent: dev.UUID, Profile: pl.profile.Name, Start: pl.at.Start, Size: pl.at.Size}
+				ok = true
+			}
+		}
+		if !ok {
+			continue
+		}
+		if r.AdminAccess != nil && *r.AdminAccess {
+			return PreparedDevice{}, true, fmt.Errorf("admin access to a device of a GPU partitioned on demand: %w", ErrMIGClaim)
+		}
+		return pd, true, nil
+	}
+	return PreparedDevice{}, false, nil
+}
+
+// holdMIG makes the allocator hold cp's devices: a claim of a dynamic MIG
+// device gets it made at its placement and held (allocator.AllocateMIGAt,
+// which refuses a GPU held whole), and its checkpoint records the made
+// device's UUID and instance ids before anything else happens; any other
+// claim is held by hold. The caller holds d.mu.
+func (d *Driver) holdMIG(ctx context.Context, cp *Checkpoint, hold func(context.Context, *Checkpoint) (allocator.Allocation, error)) (allocator.Allocation, error) {
+	i := slices.IndexFunc(cp.Devices, func(pd PreparedDevice) bool { return pd.MIG != nil })
+	if i < 0 {
+		return hold(ctx, cp)
+	}
+	if len(cp.Devices) > 1 || cp.Share != nil {
+		return allocator.Allocation{}, fmt.Errorf("%d devices of this driver with a dynamic MIG device: %w", len(cp.Devices), ErrMIGClaim)
+	}
+	pm := cp.Devices[i].MIG
+	al, err := d.alloc.AllocateMIGAt(ctx, cp.Owner, allocator.MIGAt{Parent: pm.Parent, Profile: pm.Profile, Start: pm.Start})
+	if errors.Is(err, node.ErrNotSupported) {
+		err = fmt.Errorf("%w: %w", ErrNoMIGManager, err)
+	}
+	if err != nil {
+		return allocator.Allocation{}, err
+	}
+	ref := al.Devices[0]
+	cp.Devices[i].UUID = ref.UUID
+	if ref.MIG != nil {
+		pm.GI, pm.CI = ref.MIG.GI, ref.MIG.CI
+	}
+	d.mig.add(ref.UUID)
+	if err := d.cps.write(*cp); err != nil {
+		return allocator.Allocation{}, err
+	}
+	return al, nil
+}
+
+// planInventory is the inventory a plan of al is checked against: the
+// allocator's, which has the MIG devices made since the driver started,
+// when al holds one the driver's does not.
+func (d *Driver) planInventory(al allocator.Allocation) *node.Inventory {
+	for _, r := range al.Devices {
+		if r.MIG != nil && !slices.ContainsFunc(d.inv.Devices, func(dev node.Device) bool {
+			return slices.ContainsFunc(dev.MIGDevices, func(m node.MIGDevice) bool { return m.UUID == r.UUID })
+		}) {
+			return d.alloc.Inventory()
+		}
+	}
+	return d.inv
+}
+
+// restoreMIG brings the MIG devices made for claims in line with the
+// checkpoints, at start: the devices of prepared claims are the driver's
+// (their placements stand for them in the slice); a preparation cut short
+// that recorded a dynamic MIG device is rolled back now, destroying the
+// device if it was made; and a claim's owner that the allocator still has
+// with no checkpoint left is released, destroying what was made for it.
+// MIG devices of anyone else are never touched. The caller holds d.mu.
+func (d *Driver) restoreMIG(ctx context.Context, uids []string) error {
+	if len(d.cfg.Slice.DynamicMIG) == 0 {
+		return nil
+	}
+	var errs []error
+	for _, uid := range uids {
+		cp, ok, err := d.cps.read(uid)
+		if err != nil || !ok || !slices.ContainsFunc(cp.Devices, func(pd PreparedDevice) bool { return pd.MIG != nil }) {
+			continue // a corrupt one is reported by Restore
+		}
+		if cp.State == StatePrepareCompleted {
+			for _, pd := range cp.Devices {
+				if pd.MIG != nil && pd.UUID != "" {
+					d.mig.add(pd.UUID)
+				}
+			}
+			continue
+		}
+		if err := d.rollback(ctx, cp); err != nil {
+			errs = append(errs, fmt.Errorf("roll back claim %s with a dynamic MIG device: %w", uid, err))
+		}
+	}
+	partitioned := map[string]bool{}
+	for _, dev := range d.inv.Devices {
+		if d.cfg.Slice.partitioned(dev) {
+			partitioned[dev.UUID] = true
+		}
+	}
+	for _, al := range d.alloc.Allocations() {
+		uid, ok := strings.CutPrefix(al.Owner, "claim-")
+		if !ok || d.cps.exists(uid) {
+			continue
+		}
+		if !slices.ContainsFunc(al.Devices, func(r node.DeviceRef) bool { return r.MIG != nil && partitioned[r.MIG.ParentUUID] }) {
+			continue
+		}
+		if err := d.alloc.Release(ctx, al.Owner); err != nil && !errors.Is(err, allocator.ErrUnknownOwner) {
+			errs = append(errs, fmt.Errorf("release %s, which no claim explains: %w", al.Owner, err))
+			continue
+		}
+		d.cfg.Logger.Info("released MIG devices of no prepared claim", "owner", al.Owner)
+	}
+	return errors.Join(errs...)
+}

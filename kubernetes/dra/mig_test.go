@@ -1,0 +1,349 @@
+package dra_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	resourceapi "k8s.io/api/resource/v1"
+
+	"github.com/gpuiso/gpuiso/allocator"
+	"github.com/gpuiso/gpuiso/internal/testenv"
+	"github.com/gpuiso/gpuiso/kubernetes/dra"
+	"github.com/gpuiso/gpuiso/node"
+	"github.com/gpuiso/gpuiso/node/nvmlnode"
+	"github.com/gpuiso/gpuiso/node/simnode"
+)
+
+// dynEnv is an hgx-h100-dynmig node with its host tree (GPU 0: MIG
+// enabled, no instance; GPU 1: a user's 3g.40gb at slice 0), both GPUs
+// partitioned by dynamic MIG.
+type dynEnv struct {
+	*env
+	host *simnode.Host
+}
+
+func newDynEnv(t *testing.T) *dynEnv {
+	t.Helper()
+	sim, host, inv := testenv.SimulatedNode(t, "hgx-h100-dynmig")
+	dir := t.TempDir()
+	return &dynEnv{env: &env{sim: sim, inv: inv, stateDir: filepath.Join(dir, "claims"), allocDir: filepath.Join(dir, "alloc"), cdiDir: filepath.Join(dir, "cdi")}, host: host}
+}
+
+// driver starts a driver as a (re)started plugin would: the node
+// discovered again (the MIG devices made before are there now), a new
+// allocator on the same state with the node's MIG manager, and Restore.
+func (e *dynEnv) driver(t *testing.T) (*dra.Driver, *allocator.Allocator) {
+	t.Helper()
+	for _, d := range []string{e.allocDir, e.cdiDir} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	inv, err := nvmlnode.Discover(context.Background(), e.sim.DiscoverOptions(e.host)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := allocator.New(inv, allocator.WithStateDir(e.allocDir), allocator.WithMIGManager(e.sim.MIGManager(e.host)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Close() })
+	d, err := dra.New(inv, a, dra.Config{CDIDir: e.cdiDir, StateDir: e.stateDir, Slice: dra.SliceOptions{DynamicMIG: []string{e.sim.UUID(0), e.sim.UUID(1)}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.Restore(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return d, a
+}
+
+// inventory is the node discovered without a host tree, for slice tests.
+func dynInventory(t *testing.T) (*simnode.Node, *node.Inventory) {
+	t.Helper()
+	sim, err := simnode.New("hgx-h100-dynmig", simnode.WithDriverVersion("580.159.04"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	inv, err := nvmlnode.Discover(context.Background(), nvmlnode.WithNVML(sim.NVML()), nvmlnode.WithDevRoot(dir), nvmlnode.WithProcRoot(dir), nvmlnode.WithSysRoot(dir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sim, inv
+}
+
+func counterValues(cs map[string]resourceapi.Counter) map[string]int64 {
+	out := map[string]int64{}
+	for k, c := range cs {
+		out[k] = c.Value.Value()
+	}
+	return out
+}
+
+// TestPartitionSlice: a GPU partitioned by dynamic MIG is published as
+// its counter set (memory slices, compute slices, the one "+me" instance)
+// and every placement of every profile plus the GPU whole, each consuming
+// what it takes; a GPU with a user's MIG device keeps it as it is, loses
+// the slices it covers, and is not published whole. Without DynamicMIG
+// neither GPU is partitioned.
+func TestPartitionSlice(t *testing.T) {
+	sim, inv := dynInventory(t)
+	opts := dra.SliceOptions{DynamicMIG: []string{sim.UUID(0), sim.UUID(1)}}
+	devs := dra.Devices(inv, inv.Devices, opts)
+	byName := map[string]resourceapi.Device{}
+	var gpu0, gpu1 []string
+	for _, d := range devs {
+		byName[d.Name] = d
+		switch {
+		case strings.HasPrefix(d.Name, "mig-0-") || d.Name == "gpu-0":
+			gpu0 = append(gpu0, d.Name)
+		case strings.HasPrefix(d.Name, "mig-1-") || d.Name == "gpu-1":
+			gpu1 = append(gpu1, d.Name)
+		}
+	}
+	// H100 80GB: 7 + 7 (+me) + 4 + 3 + 2 + 1 + 1 placements, and the GPU.
+	if len(gpu0) != 26 || !slices.Contains(gpu0, "gpu-0") || !slices.Contains(gpu0, "mig-0-1g-10gb-3") || !slices.Contains(gpu0, "mig-0-1g-10gb-me-6") {
+		t.Fatalf("GPU 0 published %d devices: %v", len(gpu0), gpu0)
+	}
+	for _, name := range gpu0 {
+		d := byName[name]
+		if len(d.ConsumesCounters) != 1 || d.ConsumesCounters[0].CounterSet != "gpu-0" {
+			t.Fatalf("%s consumes %+v", name, d.ConsumesCounters)
+		}
+	}
+	p := byName["mig-0-2g-20gb-2"]
+	want := map[string]int64{"memory-slice-2": 1, "memory-slice-3": 1, "compute-slices": 2}
+	if got := counterValues(p.ConsumesCounters[0].Counters); !mapsEqual(got, want) {
+		t.Errorf("2g.20gb at 2 consumes %v, want %v", got, want)
+	}
+	if a := p.Attributes; *a["profile"].StringValue != "2g.20gb" || *a["type"].StringValue != "mig" || *a["placementStart"].IntValue != 2 || *a["parentUUID"].StringValue != sim.UUID(0) || a["uuid"].StringValue != nil {
+		t.Errorf("2g.20gb at 2: attributes %v", a)
+	}
+	if got := counterValues(byName["mig-0-1g-10gb-me-0"].ConsumesCounters[0].Counters); got["profile-20"] != 1 {
+		t.Errorf("1g.10gb+me consumes %v", got)
+	}
+	whole := counterValues(byName["gpu-0"].ConsumesCounters[0].Counters)
+	if len(whole) != 10 || whole["compute-slices"] != 7 || whole["memory-slice-7"] != 1 {
+		t.Errorf("the whole GPU consumes %v", whole)
+	}
+	// GPU 1: its user's 3g.40gb (GI 1) as it is; of the placements only
+	// those in slices 4-7 (3 + 3 + 2 + 1 + 1).
+	user := sim.MIGDevices(1)[0]
+	if len(gpu1) != 11 || slices.Contains(gpu1, "gpu-1") || !slices.Contains(gpu1, "mig-1-1-0") || slices.Contains(gpu1, "mig-1-1g-10gb-3") || !slices.Contains(gpu1, "mig-1-3g-40gb-4") {
+		t.Fatalf("GPU 1 published %v", gpu1)
+	}
+	if d := byName["mig-1-1-0"]; len(d.ConsumesCounters) != 0 || *d.Attributes["uuid"].StringValue != user.UUID {
+		t.Errorf("the user's MIG device: %+v", d)
+	}
+	sets := dra.CounterSets(inv.Devices, opts)
+	if len(sets) != 2 || sets[0].Name != "gpu-0" || sets[1].Name != "gpu-1" {
+		t.Fatalf("counter sets %+v", sets)
+	}
+	if got := counterValues(sets[0].Counters); !mapsEqual(got, whole) {
+		t.Errorf("GPU 0's counters %v, want what the whole GPU consumes, %v", got, whole)
+	}
+	want = map[string]int64{"memory-slice-4": 1, "memory-slice-5": 1, "memory-slice-6": 1, "memory-slice-7": 1, "compute-slices": 4, "profile-20": 1}
+	if got := counterValues(sets[1].Counters); !mapsEqual(got, want) {
+		t.Errorf("GPU 1's counters %v, want %v", got, want)
+	}
+	slicesOf := dra.PoolSlices(devs, sets)
+	if len(slicesOf) != 2 || len(slicesOf[0].Devices) != len(devs) || len(slicesOf[1].SharedCounters) != 2 || slicesOf[1].Devices != nil {
+		t.Errorf("pool slices: %d", len(slicesOf))
+	}
+
+	plain := dra.Devices(inv, inv.Devices, dra.SliceOptions{})
+	if slices.ContainsFunc(plain, func(d resourceapi.Device) bool { return len(d.ConsumesCounters) > 0 || d.Name == "gpu-0" }) || len(plain) != 7 {
+		t.Errorf("without dynamic MIG: %d devices", len(plain))
+	}
+	if len(dra.CounterSets(inv.Devices, dra.SliceOptions{})) != 0 {
+		t.Error("counter sets without dynamic MIG")
+	}
+}
+
+func mapsEqual(a, b map[string]int64) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if w, ok := b[k]; !ok || w != v {
+			return false
+		}
+	}
+	return true
+}
+
+// TestPoolSlices: devices in slices of at most 128, 64 where one consumes
+// counters or has taints; counter sets apart, 8 a slice.
+func TestPoolSlices(t *testing.T) {
+	devs := func(n int, counters bool) []resourceapi.Device {
+		out := make([]resourceapi.Device, n)
+		for i := range out {
+			out[i].Name = "d" + string(rune('a'+i%26))
+		}
+		if counters && n > 0 {
+			out[n-1].ConsumesCounters = []resourceapi.DeviceCounterConsumption{{CounterSet: "s"}}
+		}
+		return out
+	}
+	sets := func(n int) []resourceapi.CounterSet { return make([]resourceapi.CounterSet, n) }
+	tests := []struct {
+		name     string
+		devs     []resourceapi.Device
+		sets     []resourceapi.CounterSet
+		devSizes []int
+		setSizes []int
+	}{
+		{"none", nil, nil, []int{0}, []int{0}},
+		{"130 plain", devs(130, false), nil, []int{128, 2}, []int{0, 0}},
+		{"70 with counters", devs(70, true), sets(9), []int{64, 6, 0, 0}, []int{0, 0, 8, 1}},
+		{"tainted", append(devs(65, false), resourceapi.Device{Taints: []resourceapi.DeviceTaint{{Key: "k", Effect: resourceapi.DeviceTaintEffectNoSchedule}}}), nil, []int{64, 2}, []int{0, 0}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := dra.PoolSlices(tt.devs, tt.sets)
+			var ds, ss []int
+			for _, s := range got {
+				ds, ss = append(ds, len(s.Devices)), append(ss, len(s.SharedCounters))
+			}
+			if !slices.Equal(ds, tt.devSizes) || !slices.Equal(ss, tt.setSizes) {
+				t.Errorf("devices %v counter sets %v, want %v %v", ds, ss, tt.devSizes, tt.setSizes)
+			}
+		})
+	}
+}
+
+// TestDynamicMIGPrepare: a claim for a 1g.10gb placement of a GPU with no
+// instance gets one made at that placement, held, recorded in its
+// checkpoint and in its CDI spec (the parent's node, the instance's
+// capability nodes); the GPU cannot be prepared whole meanwhile, and the
+// made device is not published as a MIG device of its own; Unprepare
+// destroys it, after which the whole GPU can be prepared. The user's
+// MIG device on GPU 1 is never touched.
+func TestDynamicMIGPrepare(t *testing.T) {
+	ctx := context.Background()
+	e := newDynEnv(t)
+	d, a := e.driver(t)
+	user := e.sim.MIGDevices(1)
+	devs, err := d.Prepare(ctx, claim("mig", "mig-0-1g-10gb-3"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	made := e.sim.MIGDevices(0)
+	if len(made) != 1 || made[0].Start != 3 || made[0].Profile != "1g.10gb" {
+		t.Fatalf("GPU 0 holds %+v", made)
+	}
+	e.checkPrepared(t, d, a, "mig", devs, []string{made[0].UUID})
+	cp, err := dra.ReadCheckpoint(e.stateDir, "mig")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pd := cp.Devices[0]; pd.UUID != made[0].UUID || pd.MIG == nil || *pd.MIG != (dra.PreparedMIG{Parent: e.sim.UUID(0), Profile: "1g.10gb", Start: 3, Size: 1, GI: made[0].GI, CI: made[0].CI}) {
+		t.Fatalf("checkpoint records %+v %+v", cp.Devices[0], cp.Devices[0].MIG)
+	}
+	_, spec := e.specOf(t, d, "mig")
+	gi := e.host.DevRoot + "/nvidia-caps/nvidia-cap"
+	if !strings.Contains(string(spec), e.host.DevRoot+"/nvidia0") || strings.Count(string(spec), gi) < 2 || strings.Contains(string(spec), e.host.DevRoot+"/nvidia1\"") {
+		t.Errorf("CDI spec of the made device:\n%s", spec)
+	}
+	for _, s := range d.Resources("n").Pools["n"].Slices {
+		for _, dev := range s.Devices {
+			if strings.HasPrefix(dev.Name, "mig-0-") && len(dev.ConsumesCounters) == 0 {
+				t.Errorf("the made device is published as %s", dev.Name)
+			}
+		}
+	}
+	if _, err := d.Prepare(ctx, claim("whole", "gpu-0")); !errors.Is(err, allocator.ErrDeviceUnavailable) {
+		t.Fatalf("the whole GPU while its MIG device exists: %v", err)
+	}
+	e.checkGone(t, d, a, "whole")
+	if _, err := d.Prepare(ctx, claim("two", "mig-0-1g-10gb-5", "gpu-2")); !errors.Is(err, dra.ErrMIGClaim) {
+		t.Fatalf("a dynamic MIG device beside a GPU: %v", err)
+	}
+	if err := d.Unprepare(ctx, "mig"); err != nil {
+		t.Fatal(err)
+	}
+	e.checkGone(t, d, a, "mig")
+	if n := len(e.sim.MIGDevices(0)); n != 0 {
+		t.Fatalf("GPU 0 holds %d MIG devices after the unprepare", n)
+	}
+	devs, err = d.Prepare(ctx, claim("whole", "gpu-0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.checkPrepared(t, d, a, "whole", devs, []string{e.sim.UUID(0)})
+	if _, err := d.Prepare(ctx, claim("mig2", "mig-0-7g-80gb-0")); !errors.Is(err, allocator.ErrDeviceUnavailable) || len(e.sim.MIGDevices(0)) != 0 {
+		t.Fatalf("a MIG device while the GPU is prepared whole: %v", err)
+	}
+	if err := d.Unprepare(ctx, "whole"); err != nil {
+		t.Fatal(err)
+	}
+	if got := e.sim.MIGDevices(1); !slices.Equal(got, user) {
+		t.Errorf("the user's MIG devices changed: %+v, were %+v", got, user)
+	}
+}
+
+// TestDynamicMIGRestore: a restart keeps the MIG device of a prepared
+// claim (held again, not published as a device of its own) and destroys
+// the ones no claim explains: one made by a preparation cut short, one of
+// an owner whose checkpoint is gone. The user's stays.
+func TestDynamicMIGRestore(t *testing.T) {
+	ctx := context.Background()
+	e := newDynEnv(t)
+	d, a := e.driver(t)
+	if _, err := d.Prepare(ctx, claim("kept", "mig-0-3g-40gb-4")); err != nil {
+		t.Fatal(err)
+	}
+	// A preparation cut short after its device was made: the checkpoint
+	// says started.
+	if _, err := a.AllocateMIGAt(ctx, "claim-cut", allocator.MIGAt{Parent: e.sim.UUID(0), Profile: "1g.10gb", Start: 0}); err != nil {
+		t.Fatal(err)
+	}
+	cut := dra.Checkpoint{UID: "cut", State: dra.StatePrepareStarted, Owner: "claim-cut", Devices: []dra.PreparedDevice{{
+		Requests: []string{"r0"}, Pool: "n", Device: "mig-0-1g-10gb-0", MIG: &dra.PreparedMIG{Parent: e.sim.UUID(0), Profile: "1g.10gb", Start: 0, Size: 1},
+	}}}
+	if err := dra.WriteCheckpoint(e.stateDir, cut); err != nil {
+		t.Fatal(err)
+	}
+	// An owner of no claim.
+	if _, err := a.AllocateMIGAt(ctx, "claim-gone", allocator.MIGAt{Parent: e.sim.UUID(1), Profile: "1g.10gb", Start: 5}); err != nil {
+		t.Fatal(err)
+	}
+	if len(e.sim.MIGDevices(0)) != 2 || len(e.sim.MIGDevices(1)) != 2 {
+		t.Fatalf("before the restart: %v, %v", e.sim.MIGDevices(0), e.sim.MIGDevices(1))
+	}
+	a.Close()
+
+	d, a = e.driver(t)
+	kept := e.sim.MIGDevices(0)
+	if len(kept) != 1 || kept[0].Profile != "3g.40gb" || kept[0].Start != 4 {
+		t.Fatalf("GPU 0 after the restart: %+v", kept)
+	}
+	if got := e.sim.MIGDevices(1); len(got) != 1 || got[0].Profile != "3g.40gb" || got[0].Start != 0 {
+		t.Fatalf("GPU 1 after the restart: %+v", got)
+	}
+	if _, err := os.Stat(filepath.Join(e.stateDir, "cut.json")); !os.IsNotExist(err) {
+		t.Errorf("the cut-short claim's checkpoint: %v", err)
+	}
+	if al, err := a.Allocation("claim-kept"); err != nil || len(al.Devices) != 1 || al.Devices[0].UUID != kept[0].UUID {
+		t.Fatalf("the kept claim's hold: %+v, %v", al, err)
+	}
+	for _, s := range d.Resources("n").Pools["n"].Slices {
+		for _, dev := range s.Devices {
+			if dev.Name == dra.MIGDeviceName(node.MIGDevice{Parent: 0, GI: kept[0].GI, CI: kept[0].CI}) {
+				t.Errorf("the kept claim's device is published as %s after the restart", dev.Name)
+			}
+		}
+	}
+	if err := d.Unprepare(ctx, "kept"); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(e.sim.MIGDevices(0)); n != 0 {
+		t.Fatalf("GPU 0 holds %d after the kept claim's unprepare", n)
+	}
+}
