@@ -79,12 +79,23 @@
 // an owner other than "claim-<uid>", whose rollback would release another
 // owner's GPUs.
 //
+// # Concurrency
+//
+// The kubelet's calls are not serialised (kubeletplugin.Serialize(false)
+// in the program): the driver orders them itself. One operation at a time
+// works on a claim; the node's state (the allocator's hold, MIG devices
+// made, MPS daemons, the claim's CDI spec, rollbacks) is changed by one
+// claim at a time, under one lock, while the claims' checkpoint writes
+// (the started and completed marks, each synced to disk) run outside it
+// and overlap. The order of each claim's steps, and so what a crash
+// leaves, is the same as before: the started mark is on disk before the
+// hold, the completed mark after the spec.
+//
 // # Metrics
 //
 // A Driver tells Config.Observer of every prepare and unprepare of a
-// claim as it ends (Event): its result, its duration from the call (the
-// wait for another claim's operation included: the driver does one at a
-// time) and the duration of each step (StepWait, StepRead, StepRestore,
+// claim as it ends (Event): its result, its duration from the call
+// (waits for other operations included) and the duration of each step (StepWait, StepRead, StepRestore,
 // StepStarted, StepAllocate, StepSpec, StepCompleted, StepRollback). The
 // package does not depend on a metrics library; the program turns events
 // into Prometheus counters and histograms. The same timings go to the

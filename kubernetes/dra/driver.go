@@ -74,8 +74,9 @@ type Driver struct {
 	cps   checkpoints
 	cdiw  cdi.Writer
 
-	mu  sync.Mutex // serialises prepare and unprepare
-	mig madeMIG    // MIG devices made for claims (dynamic MIG)
+	mu     sync.Mutex // held while an operation changes the node's state (see claims)
+	claims claimLocks // one operation at a time on each claim
+	mig    madeMIG    // MIG devices made for claims (dynamic MIG)
 
 	health healthWaiters // WatchHealthStatus calls waiting for NotifyHealth
 }
@@ -159,8 +160,7 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 func (d *Driver) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim) (devs []kubeletplugin.Device, err error) {
 	t := startOp(OpPrepare, string(claim.UID))
 	defer func() { d.endPrepare(ctx, t, claim, devs, err) }()
-	d.mu.Lock()
-	defer d.mu.Unlock()
+	defer d.claims.lock(string(claim.UID))()
 	t.step(StepWait)
 	uid := string(claim.UID)
 	cp, ok, err := d.cps.read(uid)
@@ -172,7 +172,9 @@ func (d *Driver) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim) 
 		// The spec lives in a directory emptied at boot (and anyone with
 		// root may have changed it): it is written again when it is
 		// missing or differs from what the claim's devices give now.
+		t.lock(&d.mu)
 		_, err := d.restore(ctx, cp)
+		d.mu.Unlock()
 		t.step(StepRestore)
 		if err != nil {
 			return nil, fmt.Errorf("prepare claim %s/%s: %w", claim.Namespace, claim.Name, err)
@@ -181,7 +183,9 @@ func (d *Driver) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim) 
 		return cp.result(), nil
 	}
 	if ok {
+		t.lock(&d.mu)
 		err := d.rollback(ctx, cp)
+		d.mu.Unlock()
 		t.step(StepRollback)
 		if err != nil {
 			return nil, fmt.Errorf("prepare claim %s: roll back the cut-short preparation: %w", uid, err)
@@ -237,7 +241,27 @@ func (d *Driver) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim) 
 	return cp.result(), nil
 }
 
+// prepare holds cp's devices and writes their CDI spec, holding d.mu,
+// then records cp completed.
 func (d *Driver) prepare(ctx context.Context, cp *Checkpoint, t *opTimer) error {
+	t.lock(&d.mu)
+	if err := d.holdAndWrite(ctx, cp, t); err != nil {
+		return err
+	}
+	// The claim's one CDI device carries every node and the environment
+	// naming all of them; the first device of the claim names it (a
+	// runtime given the same CDI device twice would apply it twice).
+	cp.Devices[0].CDIDeviceIDs = []string{d.kind + "=" + cdi.AllocationDevice(cp.Owner)}
+	cp.State = StatePrepareCompleted
+	err := d.cps.write(*cp)
+	t.step(StepCompleted)
+	return err
+}
+
+// holdAndWrite holds cp's devices and writes their CDI spec; the caller
+// holds d.mu, which it unlocks.
+func (d *Driver) holdAndWrite(ctx context.Context, cp *Checkpoint, t *opTimer) error {
+	defer d.mu.Unlock()
 	al, err := d.holdMIG(ctx, cp, d.hold)
 	if errors.Is(err, allocator.ErrDeviceUnavailable) {
 		al, err = d.holdTolerated(ctx, cp, err)
@@ -251,14 +275,7 @@ func (d *Driver) prepare(ctx context.Context, cp *Checkpoint, t *opTimer) error 
 	if err != nil {
 		return err
 	}
-	// The claim's one CDI device carries every node and the environment
-	// naming all of them; the first device of the claim names it (a
-	// runtime given the same CDI device twice would apply it twice).
-	cp.Devices[0].CDIDeviceIDs = []string{d.kind + "=" + cdi.AllocationDevice(cp.Owner)}
-	cp.State = StatePrepareCompleted
-	err = d.cps.write(*cp)
-	t.step(StepCompleted)
-	return err
+	return nil
 }
 
 // writeSpec writes owner's CDI spec for al: the isolator.Plan of its
@@ -472,8 +489,7 @@ func (d *Driver) Unprepare(ctx context.Context, uid string) (err error) {
 	t := startOp(OpUnprepare, uid)
 	msg := ""
 	defer func() { d.end(ctx, t, err, msg) }()
-	d.mu.Lock()
-	defer d.mu.Unlock()
+	defer d.claims.lock(uid)()
 	t.step(StepWait)
 	cp, ok, err := d.cps.read(uid)
 	t.step(StepRead)
@@ -483,7 +499,9 @@ func (d *Driver) Unprepare(ctx context.Context, uid string) (err error) {
 	if !ok {
 		return nil
 	}
+	t.lock(&d.mu)
 	err = d.rollback(ctx, cp)
+	d.mu.Unlock()
 	t.step(StepRollback)
 	if err != nil {
 		return fmt.Errorf("unprepare claim %s: %w", uid, err)

@@ -3,6 +3,7 @@ package dra
 import (
 	"context"
 	"log/slog"
+	"sync"
 	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
@@ -22,8 +23,10 @@ const (
 // The steps of an operation, in the order they run (Event.Steps). A step
 // that did not run is absent.
 const (
-	// StepWait is the wait for another claim's prepare or unprepare (the
-	// driver does one at a time).
+	// StepWait is a wait for another operation: on the same claim, or on
+	// the node's state (the allocator's hold, the CDI spec and rollbacks
+	// are made one claim at a time; the claims' checkpoint writes
+	// overlap). An operation may wait several times; Event.Step sums them.
 	StepWait = "wait"
 	// StepRead reads the claim's checkpoint.
 	StepRead = "read"
@@ -154,4 +157,10 @@ func (d *Driver) endPrepare(ctx context.Context, t *opTimer, claim *resourceapi.
 		msg = ""
 	}
 	d.end(ctx, t, err, msg, "claim", claim.Namespace+"/"+claim.Name, "devices", len(devs))
+}
+
+// lock locks mu; the time it waited counts as StepWait.
+func (t *opTimer) lock(mu *sync.Mutex) {
+	mu.Lock()
+	t.step(StepWait)
 }

@@ -440,6 +440,10 @@ func startDRA(ctx context.Context, f *flags, inv *node.Inventory, alloc *allocat
 		kubeletplugin.RegistrarDirectoryPath(f.registryDir),
 		kubeletplugin.PluginListener(unixsock.Listen),
 		kubeletplugin.RegistrarListener(unixsock.Listen),
+		// The driver orders the operations itself (one at a time on a
+		// claim, the node's state held one claim at a time), so that
+		// the checkpoint writes of pods starting together overlap.
+		kubeletplugin.Serialize(false),
 	)
 	if err != nil {
 		closeMPS()

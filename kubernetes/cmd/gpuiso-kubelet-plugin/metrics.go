@@ -58,8 +58,13 @@ func (m *draMetrics) Observe(ev dra.Event) {
 	op := string(ev.Op)
 	m.ops.WithLabelValues(op, result).Inc()
 	m.latency.WithLabelValues(op).Observe(ev.Took.Seconds())
+	// A step that ran several times (waits) is observed once, summed.
+	seen := map[string]bool{}
 	for _, s := range ev.Steps {
-		m.steps.WithLabelValues(op, s.Name).Observe(s.Took.Seconds())
+		if !seen[s.Name] {
+			seen[s.Name] = true
+			m.steps.WithLabelValues(op, s.Name).Observe(ev.Step(s.Name).Seconds())
+		}
 	}
 }
 

@@ -1,0 +1,80 @@
+package dra_test
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"testing"
+
+	"github.com/gpuiso/gpuiso/kubernetes/dra"
+)
+
+// TestPrepareConcurrent: claims prepared and unprepared at once (the
+// kubelet's calls are not serialised), each twice at the same time, end
+// as one at a time would: every claim its own GPU and the same answer to
+// both calls, then nothing held and no checkpoint or CDI spec left.
+func TestPrepareConcurrent(t *testing.T) {
+	e := newEnv(t, "dgx1-volta")
+	d, a := e.driver(t)
+	var names []string
+	for _, dev := range dra.Devices(e.inv, a.Devices(), dra.SliceOptions{}) {
+		names = append(names, dev.Name)
+	}
+	n := len(names)
+	ctx := t.Context()
+	answers := make([][]string, 2*n)
+	errs := make([]error, 2*n)
+	var wg sync.WaitGroup
+	for i := range 2 * n {
+		wg.Go(func() {
+			devs, err := d.Prepare(ctx, claim(fmt.Sprint("c", i%n), names[i%n]))
+			errs[i] = err
+			for _, dv := range devs {
+				answers[i] = append(answers[i], dv.CDIDeviceIDs...)
+			}
+		})
+	}
+	wg.Wait()
+	for i := range n {
+		if errs[i] != nil || errs[i+n] != nil {
+			t.Fatalf("claim c%d: %v, %v", i, errs[i], errs[i+n])
+		}
+		if len(answers[i]) != 1 || !slices.Equal(answers[i], answers[i+n]) {
+			t.Errorf("claim c%d: answers %v and %v", i, answers[i], answers[i+n])
+		}
+	}
+	held := map[string]string{}
+	for _, al := range a.Allocations() {
+		for _, ref := range al.Devices {
+			if o, ok := held[ref.UUID]; ok {
+				t.Errorf("GPU %s held by %s and %s", ref.UUID, o, al.Owner)
+			}
+			held[ref.UUID] = al.Owner
+		}
+	}
+	if len(held) != n {
+		t.Errorf("%d GPUs held, want %d", len(held), n)
+	}
+	for i := range 2 * n {
+		wg.Go(func() { errs[i] = d.Unprepare(ctx, fmt.Sprint("c", i%n)) })
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("unprepare c%d: %v", i%n, err)
+		}
+	}
+	if als := a.Allocations(); len(als) != 0 {
+		t.Errorf("held after unprepare: %v", als)
+	}
+	for _, dir := range []string{e.stateDir, e.cdiDir} {
+		left, _ := filepath.Glob(filepath.Join(dir, "*"))
+		for _, f := range left {
+			if fi, err := os.Stat(f); err == nil && !fi.IsDir() {
+				t.Errorf("left: %s", f)
+			}
+		}
+	}
+}
