@@ -601,13 +601,17 @@ func TestBareUnreadableRecord(t *testing.T) {
 
 // TestRecordReplaced: a record is replaced whole, leaving no temporary file.
 func TestRecordReplaced(t *testing.T) {
-	p := filepath.Join(t.TempDir(), "container.json")
-	for _, v := range []record{{ID: "a", Pid: 1}, {ID: "b", Pid: 2}} {
-		if err := writeJSON(p, v); err != nil {
+	r := &runner{cfg: Config{StateDir: t.TempDir()}}
+	p := filepath.Join(r.dir("a"), recordFile)
+	if err := os.Mkdir(r.dir("a"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range []record{{ID: "a", Pid: 1, Start: 1}, {ID: "a", Pid: 2, Start: 2}} {
+		if err := r.writeRecord(v); err != nil {
 			t.Fatal(err)
 		}
-		var got record
-		if err := readJSON(p, &got); err != nil || got.ID != v.ID || got.Pid != v.Pid {
+		got, err := r.readRecord("a")
+		if err != nil || got.ID != v.ID || got.Pid != v.Pid {
 			t.Fatalf("read %+v, %v after writing %+v", got, err, v)
 		}
 	}

@@ -49,20 +49,20 @@ func (r *runner) List(ctx context.Context) ([]containerizer.Record, error) {
 }
 
 func (r *runner) listOne(ctx context.Context, id string, sup *allocator.Holder) containerizer.Record {
-	var rec record
-	err := readJSON(r.recPath(id), &rec)
+	rec, err := r.readRecord(id)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
 		return containerizer.Record{ID: id, Supervisor: sup, Reserved: true}
-	case err != nil:
+	case torn(err):
 		if procs, perr := r.cfg.Isolator.Processes(ctx, id); perr == nil && len(procs) > 0 {
 			return containerizer.Record{ID: id, RuntimeID: id, Supervisor: sup, Err: err}
 		}
 		r.cfg.Logger.Info("a container whose record is unreadable and whose cgroup is empty is gone", "id", id, "err", err)
 		return containerizer.Record{ID: id, Supervisor: sup, Reserved: true}
-	case rec.Version != recordVersion || rec.ID != id:
-		return containerizer.Record{ID: id, RuntimeID: id, Supervisor: sup,
-			Err: fmt.Errorf("record %s: version %d, id %q: not a record this containerizer wrote", r.recPath(id), rec.Version, rec.ID)}
+	case err != nil:
+		// Whole, but not a record this containerizer can trust (another
+		// version's, another container's, a failed checksum).
+		return containerizer.Record{ID: id, RuntimeID: id, Supervisor: sup, Err: err}
 	}
 	out := r.public(rec)
 	out.Supervisor = sup

@@ -79,7 +79,6 @@ type proc struct {
 func (r *runner) dir(id string) string     { return filepath.Join(r.cfg.StateDir, id) }
 func (r *runner) rootDir(id string) string { return filepath.Join(r.dir(id), "root") }
 func (r *runner) devDir(id string) string  { return filepath.Join(r.dir(id), "dev") }
-func (r *runner) recPath(id string) string { return filepath.Join(r.dir(id), "container.json") }
 func (r *runner) exitPath(id string) string {
 	return filepath.Join(r.dir(id), "exit.json")
 }
@@ -334,7 +333,7 @@ func (r *runner) startInit(ctx context.Context, spec containerizer.Spec, pr *pro
 		return err
 	}
 	pr.rec.Pid, pr.rec.Start = cmd.Process.Pid, start
-	if err := writeJSON(r.recPath(id), pr.rec); err != nil {
+	if err := r.writeRecord(pr.rec); err != nil {
 		kill()
 		return fmt.Errorf("record: %w", err)
 	}
@@ -399,12 +398,9 @@ func (r *runner) entry(id string) (*proc, error) {
 	if pr, ok := r.procs[id]; ok {
 		return pr, nil
 	}
-	var rec record
-	if err := readJSON(r.recPath(id), &rec); err != nil {
+	rec, err := r.readRecord(id)
+	if err != nil {
 		return nil, err
-	}
-	if rec.Version != recordVersion || rec.ID != id {
-		return nil, fmt.Errorf("record %s: version %d, id %q: not a record this containerizer wrote", r.recPath(id), rec.Version, rec.ID)
 	}
 	opts, err := r.planOptions(rec.CPUAffinity)
 	if err != nil {

@@ -1,8 +1,6 @@
 package native
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -13,7 +11,6 @@ import (
 	"github.com/gpuiso/gpuiso/allocator"
 	"github.com/gpuiso/gpuiso/containerizer"
 	"github.com/gpuiso/gpuiso/internal/linux"
-	"github.com/gpuiso/gpuiso/isolator/cgroups"
 	"github.com/gpuiso/gpuiso/node"
 )
 
@@ -39,12 +36,7 @@ const (
 // distinct state directories then never see each other's cgroups, and
 // Recover's removal of cgroups no record explains stays within its own.
 func CgroupParent(stateDir string) string {
-	abs, err := filepath.Abs(stateDir)
-	if err != nil {
-		abs = stateDir
-	}
-	sum := sha256.Sum256([]byte(filepath.Clean(abs)))
-	return cgroups.DefaultParent + "/i" + hex.EncodeToString(sum[:6])
+	return containerizer.CgroupParent("i", "", stateDir)
 }
 
 // self names this process as a supervisor; the zero Holder where the proc

@@ -40,48 +40,14 @@ func (r *runner) Update(ctx context.Context, alloc *allocator.Allocator, rec con
 	return rec, nil
 }
 
+// update is the one grow/shrink step (containerizer.Resize) over the
+// container's nodes and rules (enforce).
 func (r *runner) update(ctx context.Context, alloc *allocator.Allocator, id string, pr *proc, n int) error {
-	r.mu.Lock()
-	have := slices.Clone(pr.rec.GPUs)
-	r.mu.Unlock()
-	switch {
-	case n == len(have):
-		return nil
-	case n > len(have):
-		// A container launched without GPUs holds nothing yet.
-		grow := func() (allocator.Allocation, error) { return alloc.Resize(ctx, id, n) }
-		if len(have) == 0 {
-			grow = func() (allocator.Allocation, error) {
-				return alloc.Allocate(ctx, id, allocator.Request{Count: n, Holder: r.holder()})
-			}
-		}
-		al, err := grow()
-		if err != nil {
-			return err
-		}
-		if err := r.enforce(ctx, id, pr, al.Devices); err != nil {
-			if len(have) == 0 {
-				alloc.Release(context.WithoutCancel(ctx), id)
-			} else {
-				alloc.Retain(context.WithoutCancel(ctx), id, uuids(have))
-			}
-			return err
-		}
-	default:
-		keep, err := alloc.Shrink(id, n)
-		if err != nil {
-			return err
-		}
-		if err := r.enforce(ctx, id, pr, keep); err != nil {
-			return err
-		}
-		if _, err := alloc.Retain(ctx, id, uuids(keep)); err != nil {
-			// Still allocated: give the container its GPUs back.
-			r.enforce(context.WithoutCancel(ctx), id, pr, have)
-			return err
-		}
+	step := containerizer.Resize{Allocator: alloc, Owner: id, Holder: r.holder(),
+		Enforce: func(ctx context.Context, gpus []node.DeviceRef) error { return r.enforce(ctx, id, pr, gpus) },
 	}
-	return nil
+	_, err := step.To(ctx, n)
+	return err
 }
 
 // enforce moves the container's isolation from the GPUs old to gpus. Nodes
@@ -121,19 +87,11 @@ func (r *runner) enforce(ctx context.Context, id string, pr *proc, gpus []node.D
 		}
 	}
 	rec.GPUs = gpus
-	if err := writeJSON(r.recPath(id), rec); err != nil {
+	if err := r.writeRecord(rec); err != nil {
 		return fmt.Errorf("record: %w", err)
 	}
 	r.mu.Lock()
 	pr.rec, pr.plan = rec, plan
 	r.mu.Unlock()
 	return nil
-}
-
-func uuids(refs []node.DeviceRef) []string {
-	out := make([]string, len(refs))
-	for i, r := range refs {
-		out[i] = r.UUID
-	}
-	return out
 }

@@ -48,7 +48,7 @@
 // connect), and writes the claim's CDI spec with the GPU's nodes, the
 // daemon's pipe directory at /tmp/nvidia-mps and its /dev/shm
 // (isolator.WithMPS), CUDA_MPS_PIPE_DIRECTORY and the limits in the
-// environment. The checkpoint (version 2) records the share and its id.
+// environment. The checkpoint records the share and its id.
 // Unprepare stops the daemon, then releases the share. A claim holds one
 // share and no other device of the driver (ErrShareClaim). What a share
 // enforces, and what it does not, is isolator/mps's to say: the memory
@@ -67,8 +67,12 @@
 // environment naming exactly the claim's devices.
 //
 // Each prepared claim has its own checkpoint file in the state directory,
-// "<uid>.json", written atomically (temporary file, sync, rename, directory
-// sync), versioned and checksummed. It is written PrepareStarted before
+// "<uid>.json": an entry of the core's record store (package
+// containerizer/record, the one every runtime of the core uses), written
+// atomically (temporary file, sync, rename, directory sync), versioned
+// (format "gpuiso-dra-claim", version 3; the files of versions 1 and 2,
+// written before the store, are read still) and checksummed. It is
+// written PrepareStarted (the record's phase Started) before
 // anything is done and PrepareCompleted after. A completed claim is
 // answered from its checkpoint (prepare is idempotent and survives a
 // restart); a started one was cut short by a crash and is rolled back
