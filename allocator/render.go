@@ -3,15 +3,15 @@ package allocator
 import (
 	"math/bits"
 	"strconv"
-	"strings"
 
 	"github.com/gpuiso/gpuiso/node"
 )
 
 // allocation renders what owner holds as the Allocation callers see: its
 // devices (whole GPUs in inventory order, its MIG devices, or the one GPU
-// it shares) and the environment its container gets: NVIDIA_VISIBLE_DEVICES
-// naming every device and, for a memory share, the MPS client limits.
+// it shares). The environment that names them is the isolation plan's
+// (isolator.NewPlan); a memory share's MPS client limits are
+// Share.ClientEnv.
 func (a *Allocator) allocation(owner string, h *holding) Allocation {
 	al := Allocation{Owner: owner, Group: h.group}
 	if h.holder != nil {
@@ -33,24 +33,23 @@ func (a *Allocator) allocation(owner string, h *holding) Allocation {
 			al.Devices = append(al.Devices, a.inv.Devices[bits.TrailingZeros64(m)].Ref())
 		}
 	}
-	var visible strings.Builder
-	for i, d := range al.Devices {
-		if i > 0 {
-			visible.WriteByte(',')
-		}
-		if d.UUID != "" {
-			visible.WriteString(d.UUID)
-		} else {
-			visible.WriteString(strconv.Itoa(d.Index))
-		}
-	}
-	al.Env = map[string]string{"NVIDIA_VISIBLE_DEVICES": visible.String()}
-	if al.Shared {
-		mib := max(h.memory>>20, 1)
-		al.Env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = "0=" + strconv.FormatUint(mib, 10) + "M"
-		if h.compute > 0 {
-			al.Env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = strconv.Itoa(h.compute)
-		}
-	}
 	return al
+}
+
+// ClientEnv is what the container of memory share s must carry, sorted
+// ("KEY=value"): the MPS client limits CUDA_MPS_PINNED_DEVICE_MEM_LIMIT
+// (and CUDA_MPS_ACTIVE_THREAD_PERCENTAGE with a compute percentage). A
+// client can only lower these below its MPS control daemon's; the
+// daemon's are what holds (see package isolator/mps). A time slice needs
+// none.
+func (s Share) ClientEnv() []string {
+	if s.mode() != ShareMemory {
+		return nil
+	}
+	var env []string
+	if s.ComputePercent > 0 {
+		env = append(env, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE="+strconv.Itoa(s.ComputePercent))
+	}
+	mib := max(s.MemoryBytes>>20, 1)
+	return append(env, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0="+strconv.FormatUint(mib, 10)+"M")
 }

@@ -72,13 +72,6 @@ type Allocation struct {
 	Share *Share `json:"share,omitempty"`
 	// Holder is the request's Holder, if it had one.
 	Holder *Holder `json:"holder,omitempty"`
-	// Env is what the container's environment should carry:
-	// NVIDIA_VISIBLE_DEVICES and, for a memory share, the MPS client limits
-	// CUDA_MPS_PINNED_DEVICE_MEM_LIMIT (and
-	// CUDA_MPS_ACTIVE_THREAD_PERCENTAGE with a compute percentage). A
-	// client can only lower these below its MPS control daemon's; the
-	// daemon's are what holds (see package isolator/mps).
-	Env map[string]string `json:"env,omitempty"`
 }
 
 // resolve turns a device reference into a position.

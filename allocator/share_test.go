@@ -7,6 +7,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -56,8 +57,8 @@ func TestSharesPackAndKeepWholeGPUs(t *testing.T) {
 		if al.Shared || al.Share == nil || al.Share.Mode != allocator.ShareTime || al.MemoryBytes != 0 {
 			t.Fatalf("time slice %d = %+v", i, al)
 		}
-		if _, ok := al.Env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"]; ok {
-			t.Fatalf("time slice with an MPS limit: %v", al.Env)
+		if env := al.Share.ClientEnv(); env != nil {
+			t.Fatalf("time slice with an MPS limit: %v", env)
 		}
 		if gpus[al.Devices[0].Index] > 0 {
 			t.Fatalf("time slice on GPU %d, which holds memory shares", al.Devices[0].Index)
@@ -146,7 +147,7 @@ func TestShareRequests(t *testing.T) {
 		}
 	}
 	al := allocOK(t, a, "c", allocator.Request{Share: &allocator.Share{MemoryBytes: 3 * gib, ComputePercent: 25}})
-	if al.Share.Mode != allocator.ShareMemory || al.Env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] != "25" || al.Env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] != "0=3072M" {
+	if al.Share.Mode != allocator.ShareMemory || !slices.Equal(al.Share.ClientEnv(), []string{"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=3072M"}) {
 		t.Fatalf("share with compute = %+v", al)
 	}
 	old := allocOK(t, a, "old", allocator.Request{MemoryBytes: gib, Share: memShare(gib)})

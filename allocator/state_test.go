@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -80,7 +81,7 @@ func TestStateSurvivesRestart(t *testing.T) {
 func equalAllocations(x, y []allocator.Allocation) bool {
 	return slices.EqualFunc(x, y, func(a, b allocator.Allocation) bool {
 		return a.Owner == b.Owner && a.Group == b.Group && a.Shared == b.Shared && a.MemoryBytes == b.MemoryBytes &&
-			slices.Equal(allocIndexes(a), allocIndexes(b)) && maps.Equal(a.Env, b.Env)
+			slices.Equal(allocIndexes(a), allocIndexes(b)) && reflect.DeepEqual(a.Share, b.Share)
 	})
 }
 

@@ -205,18 +205,13 @@ func TestConformance(t *testing.T) {
 				t.Fatal(err)
 			}
 			al, err := b.alloc.Allocation("slice")
-			if err != nil || !al.Shared || len(al.Env) == 0 {
+			if err != nil || !al.Shared || al.Share == nil || len(al.Share.ClientEnv()) == 0 {
 				t.Fatalf("%s: allocation %+v, %v", b.kind, al, err)
 			}
 			if err := b.c.Destroy(ctx, "slice"); err != nil {
 				t.Fatal(err)
 			}
-			var keys []string
-			for k, v := range al.Env {
-				if k != "NVIDIA_VISIBLE_DEVICES" {
-					keys = append(keys, k+"="+v)
-				}
-			}
+			keys := al.Share.ClientEnv()
 			names := []string{"env"}
 			for _, kv := range keys {
 				k, _, _ := strings.Cut(kv, "=")

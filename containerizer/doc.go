@@ -16,7 +16,8 @@
 // # One prepare step
 //
 // [Preparer.Prepare] is the chain every back end runs before it starts
-// anything, so the back ends cannot drift: the owner-id rule; the image's
+// anything, so the back ends cannot drift (the owner id checked once
+// before, at the Lifecycle's door): the image's
 // NVIDIA_REQUIRE_* conditions on the driver, before anything is held (image
 // labels and environment for Docker, Spec.Env natively); the allocation (a
 // container asking for no GPU holds nothing, gets every GPU denied and

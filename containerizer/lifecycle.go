@@ -81,11 +81,11 @@ type routed struct {
 }
 
 // lifeEntry is what the Lifecycle knows of one container: its runtime and
-// its record.
+// its record, the one shape of a container between the runtimes and the
+// Lifecycle (rec.Exit says how its command ended, once known).
 type lifeEntry struct {
-	rt   *routed
-	rec  Record
-	exit *ExitStatus
+	rt  *routed
+	rec Record
 }
 
 // NewLifecycle returns a Lifecycle over cfg's runtimes and cfg.Allocator.
@@ -286,7 +286,7 @@ func (l *Lifecycle) Wait(ctx context.Context, id string) (ExitStatus, error) {
 		return ExitStatus{}, fmt.Errorf("wait: %w", err)
 	}
 	l.mu.Lock()
-	exit := e.exit
+	exit := e.rec.Exit
 	l.mu.Unlock()
 	if exit != nil {
 		return *exit, nil
@@ -296,7 +296,7 @@ func (l *Lifecycle) Wait(ctx context.Context, id string) (ExitStatus, error) {
 		return st, fmt.Errorf("wait %s: %w", id, err)
 	}
 	l.mu.Lock()
-	e.exit = &st
+	e.rec.Exit = &st
 	l.mu.Unlock()
 	_, _ = l.table.Exited(id, e) // refused for none: exited is after every state it can have
 	return st, nil
@@ -324,6 +324,7 @@ func (l *Lifecycle) Update(ctx context.Context, id string, gpus int) (Container,
 		return Container{}, fmt.Errorf("update %s to %d gpus: %w", id, gpus, err)
 	}
 	l.mu.Lock()
+	rec.Exit = e.rec.Exit // a Wait meanwhile keeps what it learnt
 	e.rec = rec
 	l.mu.Unlock()
 	return describe(e.rt, rec, st), nil
@@ -350,7 +351,7 @@ func (l *Lifecycle) Destroy(ctx context.Context, id string) error {
 		return nil
 	}
 	l.mu.Lock()
-	rec, exited := e.rec, e.exit != nil
+	rec, exited := e.rec, e.rec.Exit != nil
 	l.mu.Unlock()
 	if err := l.teardown(ctx, e.rt, rec, !exited); err != nil {
 		return errors.Join(fmt.Errorf("destroy %s: %w", id, err), l.table.Restore(id, exited))

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"slices"
 
 	"github.com/opencontainers/runtime-spec/specs-go"
@@ -98,7 +97,7 @@ func (p *Prepared) Undo(ctx context.Context) error {
 var ErrNoVolume = node.Sentinel(node.ErrNotSupported, "the image needs the driver volume and none is configured")
 
 // Prepare turns spec into what its container gets, in order, each step with
-// its undo: the owner-id rule; the image's NVIDIA_REQUIRE_* conditions on
+// its undo: the image's NVIDIA_REQUIRE_* conditions on
 // the driver, before anything is held; the allocation (a spec asking for no
 // GPU holds nothing and gets every GPU denied, with
 // NVIDIA_VISIBLE_DEVICES=void); the conditions on the allocated devices (a
@@ -108,6 +107,11 @@ var ErrNoVolume = node.Sentinel(node.ErrNotSupported, "the image needs the drive
 // as a shared GPU's memory limit) and, for a spec that asks for it
 // (CPUAffinityNUMA), the CPUs and memory nodes local to its GPUs. On error
 // nothing is held.
+//
+// spec.ID is trusted to be a valid owner id (node.ValidateOwner): the
+// caller's door checks it once (Lifecycle.Launch, the chain isolator, the
+// runtime hook); the allocator, the volume manager and NewPlan refuse one
+// that is not before they take anything for it.
 func (pr *Preparer) Prepare(ctx context.Context, spec Spec, img Image) (p *Prepared, err error) {
 	if pr == nil || pr.Allocator == nil {
 		return nil, fmt.Errorf("prepare: no allocator: %w", node.ErrInvalid)
@@ -115,9 +119,6 @@ func (pr *Preparer) Prepare(ctx context.Context, spec Spec, img Image) (p *Prepa
 	inv := pr.Allocator.Inventory()
 	if inv == nil {
 		return nil, fmt.Errorf("prepare: the allocator has no inventory: %w", node.ErrInvalid)
-	}
-	if err := node.ValidateOwner(spec.ID); err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrInvalidSpec, err)
 	}
 	opts, err := PlanOptions(spec.CPUAffinity, pr.SysRoot)
 	if err != nil {
@@ -132,13 +133,14 @@ func (pr *Preparer) Prepare(ctx context.Context, spec Spec, img Image) (p *Prepa
 	}()
 
 	// Requirements are read from the image's environment with the spec's
-	// over it, as the container will have it.
+	// over it, as the container will have it: merged once, for the
+	// requirements, the volume's need and its injection.
 	req := volume.Image{Labels: img.Labels, Env: isolator.MergeEnv(img.Env, spec.Env)}
 	drv := volume.Driver{Version: inv.DriverVersion, CUDA: inv.CUDAVersion}
 	if err := volume.Check(req, drv, nil); err != nil {
 		return p, err
 	}
-	needsVolume := img.WantsVolume(spec.Env)
+	needsVolume := img.OwnRoot && req.NeedsVolume()
 	if needsVolume && pr.Volumes == nil {
 		return p, ErrNoVolume
 	}
@@ -183,10 +185,8 @@ func (pr *Preparer) Prepare(ctx context.Context, spec Spec, img Image) (p *Prepa
 		env = inj.Env
 		p.Volume = vol
 	}
-	for _, k := range slices.Sorted(maps.Keys(p.Allocation.Env)) {
-		if k != isolator.EnvVisibleDevices {
-			env = append(env, k+"="+p.Allocation.Env[k])
-		}
+	if s := p.Allocation.Share; s != nil {
+		env = append(env, s.ClientEnv()...) // the devices' own variables are the plan's
 	}
 	plan, err := isolator.NewPlan(spec.ID, inv, p.Allocation.Devices, mounts, env, opts...)
 	if err != nil {

@@ -160,18 +160,18 @@ func (l *Lifecycle) Recover(ctx context.Context) ([]Container, error) {
 			if same {
 				// Known already: keep what it has, take the record's news.
 				old.rec.GPUs, old.rec.Volume, old.rec.VolumeVersion = f.rec.GPUs, f.rec.Volume, f.rec.VolumeVersion
-				if f.exit != nil && old.exit == nil {
-					old.exit = f.exit
+				if f.rec.Exit != nil && old.rec.Exit == nil {
+					old.rec.Exit = f.rec.Exit
 				}
 			}
 			l.mu.Unlock()
-			if same && f.exit != nil {
+			if same && f.rec.Exit != nil {
 				_, _ = l.table.Exited(id, old)
 			}
 			continue // the same container, or one launching or being destroyed
 		}
 		st := StateRunning
-		if f.exit != nil {
+		if f.rec.Exit != nil {
 			st = StateExited
 		}
 		if err := l.table.Adopt(id, st, f); err != nil {
@@ -267,7 +267,7 @@ func (l *Lifecycle) adopt(ctx context.Context, rt *routed, records []Record, fou
 				errs = append(errs, fmt.Errorf("recover %s: %w", r.ID, err))
 			}
 		}
-		found[r.ID] = &lifeEntry{rt: rt, rec: r, exit: r.Exit}
+		found[r.ID] = &lifeEntry{rt: rt, rec: r}
 	}
 	return errs
 }

@@ -128,7 +128,8 @@ type Record struct {
 	// Supervisor is the process that runs it and whose death ends it, or
 	// nil (see LifecycleConfig.Supervisor).
 	Supervisor *allocator.Holder `json:"supervisor,omitempty"`
-	// Exit is how its command ended, nil while it runs (List only).
+	// Exit is how its command ended, nil while it runs: as List finds it,
+	// or as the Lifecycle learnt it (Wait).
 	Exit *ExitStatus `json:"exit,omitempty"`
 	// Reserved says the id is reserved (Reserver) and the container is not
 	// made yet (List only): a launch in progress, or one a killed process

@@ -15,6 +15,7 @@ import (
 	"github.com/gpuiso/gpuiso/containerizer"
 	"github.com/gpuiso/gpuiso/containerizer/chain"
 	czdocker "github.com/gpuiso/gpuiso/containerizer/docker"
+	"github.com/gpuiso/gpuiso/containerizer/record"
 	"github.com/gpuiso/gpuiso/containerizer/rootfs"
 	"github.com/gpuiso/gpuiso/isolator"
 	"github.com/gpuiso/gpuiso/isolator/cdi"
@@ -63,6 +64,11 @@ func TestVocabulary(t *testing.T) {
 		"containerizer.ErrTransition":               containerizer.ErrTransition,
 		"containerizer.ErrUnknownContainer":         containerizer.ErrUnknownContainer,
 		"containerizer/docker.ErrDaemonUnavailable": czdocker.ErrDaemonUnavailable,
+		"containerizer/record.ErrCorrupt":           record.ErrCorrupt,
+		"containerizer/record.ErrNoRecord":          record.ErrNoRecord,
+		"containerizer/record.ErrInvalidKey":        record.ErrInvalidKey,
+		"containerizer/record.ErrInvalidOptions":    record.ErrInvalidOptions,
+		"containerizer/record.ErrInvalidEntry":      record.ErrInvalidEntry,
 		"containerizer/docker.ErrNoVolume":          czdocker.ErrNoVolume,
 		"containerizer/docker.ErrNotManaged":        czdocker.ErrNotManaged,
 		"containerizer/rootfs.ErrFormat":            rootfs.ErrFormat,

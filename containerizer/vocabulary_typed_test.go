@@ -19,6 +19,7 @@ import (
 	"github.com/gpuiso/gpuiso/containerizer"
 	"github.com/gpuiso/gpuiso/containerizer/chain"
 	czdocker "github.com/gpuiso/gpuiso/containerizer/docker"
+	"github.com/gpuiso/gpuiso/containerizer/record"
 	"github.com/gpuiso/gpuiso/containerizer/rootfs"
 	"github.com/gpuiso/gpuiso/internal/ldcache"
 	"github.com/gpuiso/gpuiso/isolator"
@@ -63,15 +64,16 @@ func TestVocabularyTypedErrors(t *testing.T) {
 			{&nvmlnode.NVMLError{Op: "get mig mode", Device: 0, Return: nvml.ERROR_NOT_SUPPORTED}, node.ErrNotSupported, node.ErrNotSupported},
 			{&nvmlnode.NVMLError{Op: "get uuid", Device: 0, Return: nvml.ERROR_UNKNOWN}, node.ErrUnavailable, node.ErrUnavailable},
 		},
-		"allocator.InsufficientError":      {{&allocator.InsufficientError{Requested: 2, Free: 1}, allocator.ErrInsufficient, node.ErrInsufficient}},
-		"allocator.ShareError":             {{&allocator.ShareError{Share: allocator.Share{MemoryBytes: 1 << 30}}, allocator.ErrInsufficient, node.ErrInsufficient}},
-		"allocator.QuotaError":             {{&allocator.QuotaError{Group: "g", Limit: 1, Used: 1, Requested: 1}, allocator.ErrQuotaExceeded, node.ErrInsufficient}},
-		"allocator.StateError":             {{&allocator.StateError{File: "state.json", Err: errors.New("bad checksum")}, allocator.ErrCorruptState, node.ErrCorrupt}},
-		"allocator.ClaimError":             {{&allocator.ClaimError{Owner: "c1", Held: []string{"GPU-a"}, Claimed: []string{"GPU-b"}}, allocator.ErrClaimMismatch, node.ErrExists}},
-		"allocator.LockError":              {{&allocator.LockError{Dir: "/run/x", Err: context.DeadlineExceeded}, allocator.ErrLocked, node.ErrUnavailable}},
-		"containerizer.TransitionError":    {{&containerizer.TransitionError{ID: "c1", From: containerizer.StateExited, To: containerizer.StateRunning}, containerizer.ErrTransition, node.ErrInvalid}},
-		"containerizer/docker.DaemonError": {{&czdocker.DaemonError{Op: "inspect image", Err: errors.New("connection refused")}, czdocker.ErrDaemonUnavailable, node.ErrUnavailable}},
-		"containerizer/rootfs.LimitError":  {{limit, rootfs.ErrLimit, node.ErrInvalid}},
+		"allocator.InsufficientError":       {{&allocator.InsufficientError{Requested: 2, Free: 1}, allocator.ErrInsufficient, node.ErrInsufficient}},
+		"allocator.ShareError":              {{&allocator.ShareError{Share: allocator.Share{MemoryBytes: 1 << 30}}, allocator.ErrInsufficient, node.ErrInsufficient}},
+		"allocator.QuotaError":              {{&allocator.QuotaError{Group: "g", Limit: 1, Used: 1, Requested: 1}, allocator.ErrQuotaExceeded, node.ErrInsufficient}},
+		"allocator.StateError":              {{&allocator.StateError{File: "state.json", Err: errors.New("bad checksum")}, allocator.ErrCorruptState, node.ErrCorrupt}},
+		"allocator.ClaimError":              {{&allocator.ClaimError{Owner: "c1", Held: []string{"GPU-a"}, Claimed: []string{"GPU-b"}}, allocator.ErrClaimMismatch, node.ErrExists}},
+		"allocator.LockError":               {{&allocator.LockError{Dir: "/run/x", Err: context.DeadlineExceeded}, allocator.ErrLocked, node.ErrUnavailable}},
+		"containerizer.TransitionError":     {{&containerizer.TransitionError{ID: "c1", From: containerizer.StateExited, To: containerizer.StateRunning}, containerizer.ErrTransition, node.ErrInvalid}},
+		"containerizer/docker.DaemonError":  {{&czdocker.DaemonError{Op: "inspect image", Err: errors.New("connection refused")}, czdocker.ErrDaemonUnavailable, node.ErrUnavailable}},
+		"containerizer/record.CorruptError": {{&record.CorruptError{Path: "/run/x/c1/container.json", Err: errors.New("bad checksum")}, record.ErrCorrupt, node.ErrCorrupt}},
+		"containerizer/rootfs.LimitError":   {{limit, rootfs.ErrLimit, node.ErrInvalid}},
 		// A LayerError names the layer of its cause and matches what the
 		// cause matches.
 		"containerizer/rootfs.LayerError": {{&rootfs.LayerError{Layer: "blobs/sha256/x", Err: limit}, rootfs.ErrLimit, node.ErrInvalid}},

@@ -62,7 +62,10 @@ const (
 // given mounts and environment (for instance the driver volume's). Each
 // device node is bound from the path the node model holds, so the plan
 // needs no dev root; the device rules are derived from the nodes. The
-// GPUs must be devices of inv with known nodes. Options add to the plan:
+// GPUs must be devices of inv with known nodes. The plan's Env names them
+// (NVIDIA_VISIBLE_DEVICES, CUDA_VISIBLE_DEVICES: "void" and "" for none),
+// then carries env; a device variable in env (an earlier plan's Env, for a
+// plan made again) is replaced by this plan's. Options add to the plan:
 // WithCPUAffinity pins it to the CPUs and memory local to its GPUs.
 func NewPlan(owner string, inv *node.Inventory, gpus []node.DeviceRef, mounts []specs.Mount, env []string, opts ...PlanOption) (*Plan, error) {
 	if err := node.ValidateOwner(owner); err != nil {
@@ -106,7 +109,15 @@ func NewPlan(owner string, inv *node.Inventory, gpus []node.DeviceRef, mounts []
 	if visible == "" {
 		visible = "void"
 	}
-	p.Env = append([]string{EnvVisibleDevices + "=" + visible, EnvCUDAVisibleDevices + "=" + strings.Join(uuids, ",")}, env...)
+	// The one place the device variables are made: an env that carries
+	// them (a plan's Env, made again for other GPUs or after a restart)
+	// gets this plan's.
+	p.Env = []string{EnvVisibleDevices + "=" + visible, EnvCUDAVisibleDevices + "=" + strings.Join(uuids, ",")}
+	for _, kv := range env {
+		if k, _, _ := strings.Cut(kv, "="); k != EnvVisibleDevices && k != EnvCUDAVisibleDevices {
+			p.Env = append(p.Env, kv)
+		}
+	}
 	if cfg.mps != nil {
 		if err := addMPS(p, *cfg.mps); err != nil {
 			return nil, fmt.Errorf("plan for %s: %w", owner, err)

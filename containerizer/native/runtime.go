@@ -11,7 +11,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -133,7 +132,7 @@ func (r *runner) Create(ctx context.Context, spec containerizer.Spec, p *contain
 	id := spec.ID
 	plan := p.Plan
 	pr := &proc{plan: plan, exited: make(chan struct{})}
-	pr.rec = record{Version: recordVersion, ID: id, GPUs: slices.Clone(p.Allocation.Devices), Mounts: plan.Mounts, Env: planExtra(plan.Env), CPUAffinity: spec.CPUAffinity}
+	pr.rec = record{Version: recordVersion, ID: id, GPUs: slices.Clone(p.Allocation.Devices), Mounts: plan.Mounts, Env: plan.Env, CPUAffinity: spec.CPUAffinity}
 	if p.Volume != nil {
 		pr.rec.Volume, pr.rec.VolumeVersion = p.Volume.Path, p.Volume.Version
 	}
@@ -256,19 +255,6 @@ func (r *runner) removeParent() {
 	if err := r.parent.RemoveParent(); err != nil {
 		r.cfg.Logger.Warn("cgroup parent left", "parent", r.parent.Parent(), "err", err)
 	}
-}
-
-// planExtra is the part of a plan's environment that does not name its
-// GPUs: what a new plan for other GPUs of the same container keeps.
-func planExtra(env []string) []string {
-	var out []string
-	for _, kv := range env {
-		k, _, _ := strings.Cut(kv, "=")
-		if k != isolator.EnvVisibleDevices && k != isolator.EnvCUDAVisibleDevices {
-			out = append(out, kv)
-		}
-	}
-	return out
 }
 
 func defaultEnv() []string {

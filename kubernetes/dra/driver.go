@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"maps"
 	"os"
 	"slices"
 	"strings"
@@ -296,11 +295,7 @@ func (d *Driver) writeSpec(ctx context.Context, owner string, al allocator.Alloc
 			return cdi.Result{}, err
 		}
 		opts = append(opts, isolator.WithMPS(isolator.MPS{PipeDir: dm.PipeDir, ShmDir: dm.ShmDir}))
-		for _, k := range slices.Sorted(maps.Keys(al.Env)) {
-			if k != isolator.EnvVisibleDevices {
-				env = append(env, k+"="+al.Env[k])
-			}
-		}
+		env = s.ClientEnv() // the devices' own variables are the plan's
 	}
 	plan, err := isolator.NewPlan(owner, d.planInventory(al), al.Devices, nil, env, opts...)
 	if err != nil {
