@@ -97,3 +97,19 @@ func TestPrepareRequirements(t *testing.T) {
 		})
 	}
 }
+
+// TestPrepareBadOwner: Prepare trusts its caller's check of the owner, and
+// still a bad one takes nothing: the allocator or NewPlan refuses it.
+func TestPrepareBadOwner(t *testing.T) {
+	ctx := context.Background()
+	_, alloc := simAllocator(t, "dgx1-volta")
+	pr := &containerizer.Preparer{Allocator: alloc}
+	for _, req := range []allocator.Request{{Count: 1}, {}} {
+		if p, err := pr.Prepare(ctx, containerizer.Spec{ID: "../x", GPUs: req}, containerizer.Image{}); !errors.Is(err, node.ErrInvalid) || p != nil {
+			t.Errorf("prepare %+v for a bad owner: %v, %v", req, p, err)
+		}
+		if got := alloc.Allocations(); len(got) != 0 {
+			t.Fatalf("held for a bad owner: %+v", got)
+		}
+	}
+}
