@@ -30,9 +30,12 @@
 // # Who owns what
 //
 // The allocator's state directory owns the allocations; the isolator's
-// state directory ([Config].StateDir) holds one record per container,
-// written atomically before anything is taken, so that an agent killed at
-// any point leaves nothing that Recover cannot find. The device cgroups
+// state directory ([Config].StateDir) holds one record per container (an
+// entry of the record store of package containerizer/record), written
+// Started, atomically, before anything is taken and Completed when Prepare
+// returns, so that an agent killed at any point leaves nothing that
+// Recover cannot find. [Isolator.Update] is the shared grow/shrink step
+// (containerizer.Resize). The device cgroups
 // under [Isolator.Parent] (derived from the state directory, see
 // [CgroupParent]) are the isolator's: it makes them, kills their processes
 // and removes them. A cgroup given to IsolateCgroup stays the agent's: the

@@ -133,9 +133,11 @@
 // allocator; [New] is a Lifecycle over it alone.
 //
 // Each container has a directory under the state directory (default
-// /run/gpuiso/native) holding its supervisor, its record (written
-// atomically, once the init's pid is known), its /dev and its exit
-// status. A directory without a record is a reservation: a launch in
+// /run/gpuiso/native) holding its supervisor, its record
+// (container.json, an entry of the record store of package
+// containerizer/record, with the init as its process; written atomically
+// against this process's death, once the init's pid is known), its /dev
+// and its exit status. A directory without a record is a reservation: a launch in
 // progress, or one that a killed process left, which the next recovery
 // removes with what was held for it. [containerizer.Lifecycle.Recover]
 // reads them after a restart: running containers are re-adopted with their
