@@ -30,6 +30,14 @@
 // GPU's MIG mode or layout. Monitor attributes an event that names a GPU
 // instance to that MIG device alone ([HealthEvent].MIG).
 //
+// A [MIGManager] changes the layout of a GPU whose MIG mode is enabled
+// (dynamic MIG), never the mode: [MIGManager.CreateMIGAt] makes a GPU
+// instance at a placement (CreateGpuInstanceWithPlacement) and one
+// compute instance spanning it, all or nothing, and returns the MIG device
+// as Discover reads it; [MIGManager.DestroyMIG] destroys its compute
+// instance, then its GPU instance. It is what allocator.WithMIGManager
+// takes.
+//
 // # Host paths
 //
 // Discover reads the dev root (/dev), proc root (/proc) and sys root (/sys);

@@ -61,7 +61,12 @@
 // enabled (dynamic MIG, in simulation only; each call all or nothing, with
 // the host tree's capability nodes kept in step), for
 // allocator.WithMIGManager; [MIGManager.CreateMIGAt] creates one at a
-// placement the caller chose.
+// placement the caller chose. The simulated NVML answers the calls that
+// make and destroy them too (CreateGpuInstanceWithPlacement,
+// GetComputeInstanceProfileInfo and CreateComputeInstance of a compute
+// instance spanning its GPU instance, Destroy of each), so that
+// nvmlnode's MIGManager runs against it; a GPU instance joins the layout
+// with its compute instance.
 //
 // On a MIG-capable node MakeHost adds the nvidia-caps side: a third free
 // major (Host.CapsMajor, the "nvidia-caps" line of /proc/devices),

@@ -293,6 +293,7 @@ func (n *Node) newInstance(i int, p migProfile, start int) *migInstance {
 	gi.GetInfoFunc = func() (nvml.GpuInstanceInfo, nvml.Return) {
 		return nvml.GpuInstanceInfo{Device: parent, Id: uint32(m.gi), ProfileId: uint32(p.id), Placement: m.placement()}, nvml.SUCCESS
 	}
+	n.addInstanceCalls(i, m, gi)
 	fillNotSupported(gi)
 	m.gpuInst = gi
 	return m
@@ -376,6 +377,7 @@ func (n *Node) addMIG(i int, d *mock.Device) {
 		}
 		return out, nvml.SUCCESS
 	}
+	n.addCreate(i, d, table)
 }
 
 // migHandle finds a MIG device's NVML handle by UUID.
