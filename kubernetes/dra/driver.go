@@ -132,7 +132,7 @@ func (d *Driver) CDIKind() string { return d.kind }
 // view (unhealthy devices left out).
 func (d *Driver) Resources(nodeName string) resourceslice.DriverResources {
 	return resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{
-		nodeName: {Slices: d.poolSlices()},
+		nodeName: {Slices: d.preferred(d.poolSlices())},
 	}}
 }
 

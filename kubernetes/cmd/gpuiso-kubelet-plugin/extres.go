@@ -1,8 +1,16 @@
 package main
 
 import (
+	"context"
 	"flag"
 	"fmt"
+	"sync/atomic"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+
+	"github.com/gpuiso/gpuiso/kubernetes/dra"
 )
 
 // registerExtendedResource registers --extended-resource-name: the
@@ -31,4 +39,33 @@ func (f *flags) resolveServing(set map[string]bool) string {
 			"--extended-resource-name= when no DeviceClass of the driver names it)", f.resourceName)
 	}
 	return ""
+}
+
+// republishing is the DRA driver as the kubelet plugin serves it: once
+// claims are prepared or unprepared it publishes the node's slice again,
+// since the order of its devices follows what is held
+// (dra.PreferredOrder: the scheduler's first fit then gives a pod's
+// extended resource NVLinked GPUs). The slice is written only when the
+// order changed.
+type republishing struct {
+	*dra.Driver
+	publish atomic.Pointer[func()]
+}
+
+func (r *republishing) PrepareResourceClaims(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
+	out, err := r.Driver.PrepareResourceClaims(ctx, claims)
+	r.changed()
+	return out, err
+}
+
+func (r *republishing) UnprepareResourceClaims(ctx context.Context, claims []kubeletplugin.NamespacedObject) (map[types.UID]error, error) {
+	out, err := r.Driver.UnprepareResourceClaims(ctx, claims)
+	r.changed()
+	return out, err
+}
+
+func (r *republishing) changed() {
+	if p := r.publish.Load(); p != nil {
+		(*p)()
+	}
 }
