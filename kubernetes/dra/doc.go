@@ -55,6 +55,47 @@
 // limit holds each MPS client process of the pod; a pod that sets out to
 // break it can.
 //
+// # Dynamic MIG
+//
+// A GPU with MIG enabled that SliceOptions.DynamicMIG names (the
+// program's --dynamic-mig: every GPU with MIG enabled) is partitioned on
+// demand, as partitionable devices (KEP-4815, beta and on in Kubernetes
+// 1.37). Its slice side (partitionDevices, CounterSets) is a counter set
+// "gpu-<index>" of its memory slices ("memory-slice-<k>", 1 each), its
+// compute slices ("compute-slices") and, for a profile the GPU holds
+// fewer instances of than it has placements (one 1g.10gb+me of seven
+// places), that count ("profile-<id>"); and devices that consume them:
+// every placement of every profile, "mig-<index>-<profile>-<start>" (type
+// "mig", its profile, parentUUID, placementStart and placementSize, its
+// memory and multiprocessors, no uuid until it is made), and the GPU
+// whole, "gpu-<index>", which consumes everything. The scheduler so never
+// allocates overlapping placements, nor the GPU whole beside any of them.
+// A MIG device on the GPU that the driver did not make (a user's) is
+// published as it is and never touched; the slices it covers are left out
+// of the counters, the placements it overlaps are not published, nor is
+// the GPU whole. The API server takes devices or counter sets in a slice,
+// not both: PoolSlices puts the counter sets in slices of their own (8
+// each) and the devices in slices of 64 when one of them consumes
+// counters or has taints (128 otherwise).
+//
+// Prepare of a claim allocated a placement records it in the claim's
+// checkpoint (PreparedDevice.MIG: the GPU, profile and placement), then
+// makes the GPU instance and its compute instance at that placement and
+// holds the MIG device under the claim's owner in one step
+// (allocator.AllocateMIGAt, through the allocator's MIG manager: NVML's,
+// or the simulated node's), records its UUID and instance ids, and writes
+// the claim's CDI spec of the new device (its parent's node, its
+// capability nodes, NVIDIA_VISIBLE_DEVICES naming it). Unprepare releases
+// it, which destroys it. A claim of the GPU whole holds it as a GPU
+// (allowed by the allocator only while the GPU has no MIG device at all,
+// and no MIG device is made on it meanwhile). A claim holds one dynamic
+// MIG device and no other device of the driver, and no admin access to
+// one (ErrMIGClaim). Restore keeps the devices of prepared claims (held
+// again, standing for their placements in the slice), rolls back a
+// preparation cut short that recorded a placement (destroying its device
+// if it was made), and releases, destroying what was made for it, an
+// owner of claims the allocator still has with no checkpoint left.
+//
 // # Prepare and unprepare
 //
 // A Driver prepares a claim's devices of this driver by holding them in the

@@ -6,7 +6,7 @@
 //	        [--kubelet-plugins-dir DIR] [--kubelet-registry-dir DIR]
 //	        [--device-plugin-dir DIR] [--driver-name NAME] [--resource-name NAME]
 //	        [--device-plugin[=false]] [--dra=false] [--device-specs]
-//	        [--extended-resource-name NAME] [--health-taints=false]
+//	        [--extended-resource-name NAME] [--health-taints=false] [--dynamic-mig]
 //	        [--simulate NAME --dev-root DIR]
 //	        [--in-cluster] [--simulate-label KEY] [--driver-root DIR]
 //	        [--daemonset NAMESPACE/NAME] [--metrics-address ADDR]
@@ -37,6 +37,12 @@
 // replicas under --shared-resource-name (time slices: no isolation between
 // the pods of a GPU).
 //
+// With --dynamic-mig (DRA only), every GPU with MIG enabled is partitioned
+// on demand: the slice publishes its memory and compute slices as counters
+// and every MIG profile placement, and the GPU whole, as devices that
+// consume them; a claim's MIG device is made when the claim is prepared
+// and destroyed when it is unprepared (see package dra).
+//
 // Run as a DaemonSet (the chart in kubernetes/deploy), it uses its service
 // account (--in-cluster), loads NVML from the driver root mounted in the
 // pod (--driver-root), serves nothing on a node without a GPU, and, told
@@ -64,7 +70,6 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/dynamic-resource-allocation/deviceattribute"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
-	"k8s.io/utils/ptr"
 
 	"github.com/gpuiso/gpuiso/allocator"
 	"github.com/gpuiso/gpuiso/isolator/cdi"
@@ -200,6 +205,9 @@ func openNode(ctx context.Context, f *flags) (*node.Inventory, nvml.Interface, s
 			opts = append(opts, nvmlnode.WithDevRoot(f.devRoot))
 		}
 		inv, err := nvmlnode.Discover(ctx, opts...)
+		if err == nil && f.mig.dynamic {
+			f.mig.manager, err = nvmlnode.NewMIGManager(opts...)
+		}
 		return inv, lib, node.DefaultSysRoot, err
 	}
 	sim, err := simnode.New(f.simulate)
@@ -433,8 +441,7 @@ func startDRA(ctx context.Context, f *flags, inv *node.Inventory, alloc *allocat
 	}
 	// Both sockets are 0600 whatever the umask: only root, the kubelet,
 	// may connect.
-	served := &republishing{Driver: d}
-	helper, err := kubeletplugin.Start(ctx, served,
+	helper, err := kubeletplugin.Start(ctx, d,
 		kubeletplugin.DriverName(f.driverName),
 		kubeletplugin.NodeName(f.nodeName),
 		kubeletplugin.KubeClient(client),
@@ -462,11 +469,6 @@ func startDRA(ctx context.Context, f *flags, inv *node.Inventory, alloc *allocat
 		<-ctx.Done()
 		stop()
 	}()
-	served.publish.Store(ptr.To(func() {
-		if err := helper.PublishResources(ctx, d.Resources(f.nodeName)); err != nil {
-			log.Warn("publish the ResourceSlice", "err", err)
-		}
-	}))
 	publish := func() {
 		if err := helper.PublishResources(ctx, d.Resources(f.nodeName)); err != nil {
 			log.Warn("publish the ResourceSlice", "err", err)
