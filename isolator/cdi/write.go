@@ -30,6 +30,14 @@ const DefaultDir = "/var/run/cdi"
 type Writer struct {
 	// Dir is the spec directory; "" means DefaultDir.
 	Dir string
+	// NoSync leaves out the syncs to disk of each write (removals are
+	// still synced): a spec is replaced atomically against the writer's
+	// death (a reader sees the old file or the new, never a part), not
+	// the machine's (after a crash the file may be missing, empty or the
+	// one before). It is for a directory emptied at boot (DefaultDir, a
+	// tmpfs on most nodes) whose specs the caller writes again, from
+	// records of its own, after a crash and before a runtime needs them.
+	NoSync bool
 }
 
 // Result says what Write did.
@@ -165,7 +173,11 @@ func (w Writer) write(ctx context.Context, path string, spec *specs.Spec) (Resul
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return res, fmt.Errorf("write CDI spec %s: %w", path, err)
 	}
-	if err := writeAtomic(path, data); err != nil {
+	replace := writeAtomic
+	if w.NoSync {
+		replace = writeNoSync
+	}
+	if err := replace(path, data); err != nil {
 		return res, fmt.Errorf("write CDI spec %s: %w", path, err)
 	}
 	res.Changed = true
@@ -191,6 +203,34 @@ func writeAtomic(path string, data []byte) error {
 		}
 		return nil
 	})
+}
+
+// writeNoSync is writeAtomic without the syncs (Writer.NoSync): a
+// temporary file, validated, renamed over path.
+func writeNoSync(path string, data []byte) (err error) {
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*.tmp")
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			os.Remove(tmp.Name())
+		}
+	}()
+	_, err = tmp.Write(data)
+	if err == nil {
+		err = tmp.Chmod(0o644)
+	}
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return err
+	}
+	if _, err := cdilib.ReadSpec(tmp.Name(), 0); err != nil {
+		return &SpecError{Path: path, Err: err}
+	}
+	return os.Rename(tmp.Name(), path)
 }
 
 // Remove deletes kind's spec file; a missing one is not an error.

@@ -136,6 +136,13 @@
 // leaves, is the same as before: the started mark is on disk before the
 // hold, the completed mark after the spec.
 //
+// A claim's CDI spec is written without syncs to disk (cdi.Writer.NoSync;
+// its removal is still synced): it lives in a directory emptied at boot,
+// and the checkpoint, synced, is what a restart trusts. After a machine
+// crash the spec may be missing, empty or older; Restore, before the
+// plugin registers, and Prepare write it again from the checkpoint
+// whenever it differs, as they do after a reboot.
+//
 // # Metrics
 //
 // A Driver tells Config.Observer of every prepare and unprepare of a

@@ -121,7 +121,7 @@ func New(inv *node.Inventory, alloc *allocator.Allocator, cfg Config) (*Driver, 
 	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
 		return nil, fmt.Errorf("DRA state directory: %w", err)
 	}
-	return &Driver{cfg: cfg, kind: kind, inv: inv, alloc: alloc, cps: checkpoints{dir: cfg.StateDir}, cdiw: cdi.Writer{Dir: cfg.CDIDir}}, nil
+	return &Driver{cfg: cfg, kind: kind, inv: inv, alloc: alloc, cps: checkpoints{dir: cfg.StateDir}, cdiw: cdi.Writer{Dir: cfg.CDIDir, NoSync: true}}, nil
 }
 
 // CDIKind is the kind of the claims' CDI specs: "<driver>/claim".
