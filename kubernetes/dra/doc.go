@@ -153,6 +153,40 @@
 // into Prometheus counters and histograms. The same timings go to the
 // logger with each "prepared claim" and "unprepared claim" line.
 //
+// # Extended resources, admin access, configuration
+//
+// A DeviceClass of whole GPUs with extendedResourceName: nvidia.com/gpu
+// (KEP-5004, GA in 1.37) serves a pod's resources.limits through DRA: the
+// scheduler writes the pod a claim of that many devices of the class. Such
+// a claim carries no constraint (no matchAttribute), and the scheduler's
+// allocator takes the first devices of a slice that fit; so the slice's
+// order is how the claim gets NVLinked GPUs. Driver.Resources lists the
+// whole GPUs of the NVLink clique with the most free GPUs first, its free
+// GPUs before the ones the allocator holds or a taint marks
+// (PreferredOrder); the program publishes the slice again after every
+// prepare and unprepare. A request for n GPUs then gets n of one clique
+// whenever a clique has n free; a claim that must have them asks with a
+// matchAttribute on nvlinkClique.
+//
+// A request with adminAccess: true (KEP-5018; the API server allows it in
+// a namespace labelled resource.kubernetes.io/admin-access=true) is
+// allocated devices that other claims may hold. Prepare gives such a
+// device to the claim's CDI spec (its nodes, the control nodes, and
+// NVIDIA_VISIBLE_DEVICES naming it) without holding it in the allocator:
+// the owner's hold is untouched, and unpreparing the admin claim releases
+// nothing (PreparedDevice.Admin in its checkpoint). An admin claim of a
+// shared GPU gets the GPU's nodes, not a memory share or an MPS daemon.
+//
+// Opaque configurations of the driver are read for every request it
+// prepares (ParseDeviceConfig): the versioned GPUConfig (apiVersion
+// "<driver>/v1") with a sharing strategy (Exclusive, MPS), MPS limits and
+// the MIG profiles a request accepts, decoded strictly, and the older
+// ShareConfig. One that does not read, or does not hold for the devices
+// its request was allocated (MPS for a whole GPU, a MIG device of a
+// profile not listed), fails the claim's preparation with a *ConfigError
+// (ErrInvalidDeviceConfig) naming the field; the kubelet reports it as the
+// pod's FailedPrepareDynamicResources event.
+//
 // # Reboots
 //
 // The checkpoints and the allocator's state live on disk that survives a
