@@ -4,6 +4,10 @@ import (
 	"bytes"
 	"strings"
 	"testing"
+
+	"k8s.io/utils/ptr"
+
+	"github.com/gpuiso/gpuiso/kubernetes/dra"
 )
 
 // TestServingDefaults: with credentials and the DRA driver on, the device
@@ -50,5 +54,26 @@ func TestServingDefaults(t *testing.T) {
 				t.Errorf("device plugin %v, DRA %v; want %v, %v", f.devicePlugin, f.dra, tt.plugin, tt.dra)
 			}
 		})
+	}
+}
+
+// TestRepublishing: the plugin publishes its slice again after claims are
+// prepared or unprepared (the slice's order follows what is held), and
+// not before it is told how.
+func TestRepublishing(t *testing.T) {
+	r := &republishing{Driver: &dra.Driver{}}
+	if _, err := r.PrepareResourceClaims(t.Context(), nil); err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	r.publish.Store(ptr.To(func() { n++ }))
+	if _, err := r.PrepareResourceClaims(t.Context(), nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.UnprepareResourceClaims(t.Context(), nil); err != nil {
+		t.Fatal(err)
+	}
+	if n != 2 {
+		t.Errorf("published %d times after a prepare and an unprepare, want 2", n)
 	}
 }
