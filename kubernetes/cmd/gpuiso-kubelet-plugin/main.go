@@ -70,6 +70,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/dynamic-resource-allocation/deviceattribute"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	"k8s.io/utils/ptr"
 
 	"github.com/gpuiso/gpuiso/allocator"
 	"github.com/gpuiso/gpuiso/isolator/cdi"
@@ -441,7 +442,8 @@ func startDRA(ctx context.Context, f *flags, inv *node.Inventory, alloc *allocat
 	}
 	// Both sockets are 0600 whatever the umask: only root, the kubelet,
 	// may connect.
-	helper, err := kubeletplugin.Start(ctx, d,
+	served := &republishing{Driver: d}
+	helper, err := kubeletplugin.Start(ctx, served,
 		kubeletplugin.DriverName(f.driverName),
 		kubeletplugin.NodeName(f.nodeName),
 		kubeletplugin.KubeClient(client),
@@ -469,6 +471,11 @@ func startDRA(ctx context.Context, f *flags, inv *node.Inventory, alloc *allocat
 		<-ctx.Done()
 		stop()
 	}()
+	served.publish.Store(ptr.To(func() {
+		if err := helper.PublishResources(ctx, d.Resources(f.nodeName)); err != nil {
+			log.Warn("publish the ResourceSlice", "err", err)
+		}
+	}))
 	publish := func() {
 		if err := helper.PublishResources(ctx, d.Resources(f.nodeName)); err != nil {
 			log.Warn("publish the ResourceSlice", "err", err)
