@@ -73,9 +73,11 @@
 // A MIG device on the GPU that the driver did not make (a user's) is
 // published as it is and never touched; the slices it covers are left out
 // of the counters, the placements it overlaps are not published, nor is
-// the GPU whole. The API server takes devices or counter sets in a slice,
-// not both: PoolSlices puts the counter sets in slices of their own (8
-// each) and the devices in slices of 64 when one of them consumes
+// the GPU whole. An unhealthy partitioned GPU's devices carry its health
+// taint as other devices do (or are left out without taints); no MIG
+// device is made on it. The API server takes devices or counter sets in
+// a slice, not both: PoolSlices puts the counter sets in slices of their
+// own (8 each) and the devices in slices of 64 when one of them consumes
 // counters or has taints (128 otherwise).
 //
 // Prepare of a claim allocated a placement records it in the claim's

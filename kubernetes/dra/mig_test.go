@@ -347,3 +347,33 @@ func TestDynamicMIGRestore(t *testing.T) {
 		t.Fatalf("GPU 0 holds %d after the kept claim's unprepare", n)
 	}
 }
+
+// TestPartitionSliceHealth: an unhealthy partitioned GPU's devices carry
+// the health taint with a taint key, and are left out without one.
+func TestPartitionSliceHealth(t *testing.T) {
+	sim, inv := dynInventory(t)
+	devs := slices.Clone(inv.Devices)
+	devs[0].Health = node.Unhealthy("xid 79")
+	opts := dra.SliceOptions{DynamicMIG: []string{sim.UUID(0), sim.UUID(1)}}
+	for _, d := range dra.Devices(inv, devs, opts) {
+		if strings.HasPrefix(d.Name, "mig-0-") || d.Name == "gpu-0" {
+			t.Fatalf("without a taint key the unhealthy GPU publishes %s", d.Name)
+		}
+	}
+	opts.TaintKey = dra.TaintKey(dra.DefaultDriverName)
+	n := 0
+	for _, d := range dra.Devices(inv, devs, opts) {
+		switch {
+		case strings.HasPrefix(d.Name, "mig-0-") || d.Name == "gpu-0":
+			n++
+			if len(d.Taints) != 1 || d.Taints[0].Effect != resourceapi.DeviceTaintEffectNoExecute {
+				t.Errorf("%s: taints %+v", d.Name, d.Taints)
+			}
+		case strings.HasPrefix(d.Name, "mig-1-") && len(d.Taints) != 0:
+			t.Errorf("%s of a healthy GPU: taints %+v", d.Name, d.Taints)
+		}
+	}
+	if n != 26 {
+		t.Errorf("the unhealthy GPU publishes %d devices with taints, want 26", n)
+	}
+}

@@ -168,18 +168,25 @@ func consumption(d node.Device, p node.MIGProfile, at node.MIGPlacement) map[str
 // whole GPU consume d's counters (CounterSetName), so that the scheduler
 // allocates at most one of any overlapping set. A placement's device has
 // no uuid: its MIG device is made when a claim allocated it is prepared.
-// An unhealthy GPU is left out whole.
+// An unhealthy GPU's devices carry the taints of opts.TaintKey (so that
+// the pods of a MIG device made on it are evicted where the taint says
+// so; a tolerating claim of a placement is still refused by Prepare, as
+// no MIG device is made on an unhealthy GPU), or are left out when it is
+// empty; so is an unhealthy static MIG device.
 func partitionDevices(d node.Device, common map[resourceapi.QualifiedName]resourceapi.DeviceAttribute, opts SliceOptions) []resourceapi.Device {
-	if !d.Health.Healthy {
+	if !d.Health.Healthy && opts.TaintKey == "" {
 		return nil
 	}
+	taints := opts.taints(d.Health)
 	static := opts.staticMIG(d)
 	var out []resourceapi.Device
 	for _, m := range static {
-		if m.UUID == "" || !m.Health.Healthy {
+		if m.UUID == "" || !m.Health.Healthy && opts.TaintKey == "" {
 			continue
 		}
-		out = append(out, migDevice(d, m, common))
+		dev := migDevice(d, m, common)
+		dev.Taints = opts.taints(m.Health, d.Health)
+		out = append(out, dev)
 	}
 	have := counters(d, static)
 	set := CounterSetName(d)
@@ -202,7 +209,7 @@ func partitionDevices(d node.Device, common map[resourceapi.QualifiedName]resour
 			capacity[CapMultiprocessors] = resourceapi.DeviceCapacity{Value: *resource.NewQuantity(int64(pl.profile.SMs), resource.DecimalSI)}
 		}
 		out = append(out, resourceapi.Device{
-			Name: PlacementDeviceName(d, pl.profile.Name, pl.at.Start), Attributes: attrs, Capacity: capacity,
+			Name: PlacementDeviceName(d, pl.profile.Name, pl.at.Start), Attributes: attrs, Capacity: capacity, Taints: taints,
 			ConsumesCounters: []resourceapi.DeviceCounterConsumption{{CounterSet: set, Counters: use}},
 		})
 	}
@@ -211,7 +218,7 @@ func partitionDevices(d node.Device, common map[resourceapi.QualifiedName]resour
 		attrs[AttrType] = str("gpu")
 		attrs[AttrUUID] = str(d.UUID)
 		attrs[AttrMIGCapable] = resourceapi.DeviceAttribute{BoolValue: ptr.To(true)}
-		dev := resourceapi.Device{Name: DeviceName(d), Attributes: attrs,
+		dev := resourceapi.Device{Name: DeviceName(d), Attributes: attrs, Taints: taints,
 			ConsumesCounters: []resourceapi.DeviceCounterConsumption{{CounterSet: set, Counters: counters(d, nil)}}}
 		if d.MemoryBytes > 0 {
 			dev.Capacity = map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{
