@@ -244,10 +244,20 @@ func (n *nativeInstance) live() ([]Container, error) {
 			continue // being made or removed
 		}
 		var rec struct {
-			Pid   int    `json:"pid"`
-			Start uint64 `json:"start"`
+			Pid     int    `json:"pid"`
+			Start   uint64 `json:"start"`
+			Process *struct {
+				Pid   int
+				Start uint64
+			} `json:"process"`
 		}
-		if json.Unmarshal(b, &rec) != nil || rec.Pid <= 0 {
+		if json.Unmarshal(b, &rec) != nil {
+			continue
+		}
+		if rec.Process != nil {
+			rec.Pid, rec.Start = rec.Process.Pid, rec.Process.Start
+		}
+		if rec.Pid <= 0 {
 			continue
 		}
 		if p := (Proc{rec.Pid, rec.Start}); p.Alive() {
