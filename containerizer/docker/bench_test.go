@@ -59,7 +59,7 @@ func BenchmarkLaunch(b *testing.B) {
 	b.Run("impl=moby", func(b *testing.B) {
 		// The configuration the containerizer creates for GPU 0.
 		gpu := inv.Devices[0]
-		plan, err := isolator.NewPlan("bench", inv, []node.DeviceRef{{Index: gpu.Index, Minor: gpu.Minor, UUID: gpu.UUID, BusID: gpu.BusID, Model: gpu.Model}}, nil, nil)
+		plan, err := isolator.NewPlan("bench", inv, []node.DeviceRef{gpu.Ref()}, nil, nil)
 		if err != nil {
 			b.Fatal(err)
 		}
