@@ -363,9 +363,12 @@ func TestClaimHeldBy(t *testing.T) {
 	}
 	before := a.Allocations()
 	for name, claim := range map[string]func() error{
-		"mismatch":       func() error { _, err := a.Claim(ctx, "new", refs(a, 0), allocator.HeldBy(h1)); return err },
-		"invalid holder": func() error { _, err := a.Claim(ctx, "new", refs(a, 0, 1), allocator.HeldBy(allocator.Holder{})); return err },
-		"nil option":     func() error { _, err := a.Claim(ctx, "other", refs(a, 4), nil); return err },
+		"mismatch": func() error { _, err := a.Claim(ctx, "new", refs(a, 0), allocator.HeldBy(h1)); return err },
+		"invalid holder": func() error {
+			_, err := a.Claim(ctx, "new", refs(a, 0, 1), allocator.HeldBy(allocator.Holder{}))
+			return err
+		},
+		"nil option": func() error { _, err := a.Claim(ctx, "other", refs(a, 4), nil); return err },
 		"share mismatch": func() error {
 			_, err := a.ClaimShare(ctx, "share", a.Devices()[4].Ref(), allocator.Share{Mode: allocator.ShareTime}, allocator.HeldBy(h2))
 			return err
