@@ -2,6 +2,7 @@ package containerizer_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 
@@ -16,12 +17,19 @@ import (
 // over the kernel (package native) or a daemon (package docker); the
 // Lifecycle does the rest.
 type memRuntime struct {
+	kind containerizer.Kind // "memory" when empty
+
 	mu   sync.Mutex
 	recs map[string]containerizer.Record // by runtime id
 	done map[string]chan struct{}
 }
 
-func (r *memRuntime) Kind() containerizer.Kind { return "memory" }
+func (r *memRuntime) Kind() containerizer.Kind {
+	if r.kind == "" {
+		return "memory"
+	}
+	return r.kind
+}
 
 func (r *memRuntime) Image(_ context.Context, spec containerizer.Spec) (containerizer.Image, error) {
 	if len(spec.Command) == 0 {
@@ -130,4 +138,57 @@ func ExampleLifecycle() {
 	// job-1 memory running GPU-00000000-0000-0000-0000-000000000000
 	// allocations: 1
 	// containers: 0 allocations: 0
+}
+
+// One Lifecycle over two runtimes and one allocator: a spec naming an
+// image goes to the Docker runtime, any other to the native one; their
+// GPUs come from the one allocator, and an id is one container's across
+// both.
+func ExampleLifecycle_runtimes() {
+	pix := node.Link{PCIe: node.PCIeSingleSwitch}
+	topo, err := node.NewTopology([][]node.Link{{{}, pix}, {pix, {}}})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	inv := &node.Inventory{Topology: topo, Devices: []node.Device{
+		{Index: 0, UUID: "GPU-00000000-0000-0000-0000-000000000000", Node: node.DeviceNode{Path: "/dev/nvidia0", Major: 195, Minor: 0}, Health: node.Healthy()},
+		{Index: 1, Minor: 1, UUID: "GPU-11111111-1111-1111-1111-111111111111", Node: node.DeviceNode{Path: "/dev/nvidia1", Major: 195, Minor: 1}, Health: node.Healthy()},
+	}}
+	alloc, err := allocator.New(inv)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	mem := func(kind containerizer.Kind) *memRuntime {
+		return &memRuntime{kind: kind, recs: map[string]containerizer.Record{}, done: map[string]chan struct{}{}}
+	}
+	l, err := containerizer.NewLifecycle(containerizer.LifecycleConfig{
+		Runtimes:  []containerizer.Runtime{mem(containerizer.KindNative), mem(containerizer.KindDocker)},
+		Allocator: alloc,
+	})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	ctx := context.Background()
+	for _, spec := range []containerizer.Spec{
+		{ID: "train", Command: []string{"train"}, GPUs: allocator.Request{Count: 1}},
+		{ID: "serve", Image: "serving:1", Command: []string{"serve"}, GPUs: allocator.Request{Count: 1}},
+	} {
+		c, err := l.Launch(ctx, spec)
+		if err != nil {
+			fmt.Println(err)
+			return
+		}
+		fmt.Println(c.ID, c.Kind, c.GPUs[0].UUID)
+	}
+	_, err = l.Launch(ctx, containerizer.Spec{ID: "train", Image: "serving:1", Command: []string{"serve"}})
+	fmt.Println(errors.Is(err, containerizer.ErrContainerExists))
+	// Output:
+	// create train with /dev/nvidia0
+	// train native GPU-00000000-0000-0000-0000-000000000000
+	// create serve with /dev/nvidia1
+	// serve docker GPU-11111111-1111-1111-1111-111111111111
+	// true
 }
