@@ -15,13 +15,6 @@ import (
 	"github.com/gpuiso/gpuiso/kubernetes/internal/cluster"
 )
 
-// startLatency creates the pod and returns the time from its creation to
-// the watch reporting it Running.
-func startLatency(t *testing.T, c *cluster.Cluster, p *corev1.Pod) time.Duration {
-	t.Helper()
-	return startPhases(t, c, p).running
-}
-
 // phases are the times from a pod's creation to the watches seeing its
 // claim made from its template (by the controller manager), the claim
 // allocated (by the scheduler), the pod bound to the node, and the pod
