@@ -231,9 +231,11 @@ func (d *Driver) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim) 
 	}
 	if err := d.prepare(ctx, &cp, t); err != nil {
 		err = fmt.Errorf("prepare claim %s/%s: %w", claim.Namespace, claim.Name, err)
+		t.lock(&d.mu)
 		if rerr := d.rollback(ctx, cp); rerr != nil {
 			err = errors.Join(err, fmt.Errorf("roll back: %w", rerr))
 		}
+		d.mu.Unlock()
 		t.step(StepRollback)
 		return nil, err
 	}
@@ -394,7 +396,7 @@ func (d *Driver) Restore(ctx context.Context) ([]string, error) {
 
 // rollback undoes whatever of cp's preparation happened: the allocator's
 // hold, the CDI spec, the checkpoint. Each step tolerates its part being
-// absent.
+// absent. The caller holds d.mu.
 func (d *Driver) rollback(ctx context.Context, cp Checkpoint) error {
 	if cp.Share != nil {
 		// The daemon goes before the share: a daemon that cannot be
