@@ -130,14 +130,22 @@ func killRuns(t *testing.T, kills int, start func() *exec.Cmd) []killedRun {
 	return killed
 }
 
-// initOf reads the init's pid from the record of gpurun pid's container.
+// initOf reads the init's pid from the record of gpurun pid's container
+// (a record store entry, whose process is the init; or, of version 1, its
+// own pid field).
 func initOf(pid int) int {
 	var rec struct {
-		Pid int `json:"pid"`
+		Pid     int `json:"pid"`
+		Process *struct {
+			Pid int `json:"pid"`
+		} `json:"process"`
 	}
 	b, err := os.ReadFile(filepath.Join(defaultStateDir, "native", "gpurun-"+strconv.Itoa(pid), "container.json"))
 	if err != nil || json.Unmarshal(b, &rec) != nil {
 		return 0
+	}
+	if rec.Process != nil {
+		return rec.Process.Pid
 	}
 	return rec.Pid
 }

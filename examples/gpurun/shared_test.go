@@ -93,14 +93,33 @@ func (r *sharedRun) running() map[string][]string {
 		if err != nil {
 			continue
 		}
-		var rec struct {
-			Pid   int    `json:"pid"`
-			Start uint64 `json:"start"`
-			GPUs  []struct {
-				UUID string `json:"uuid"`
-			} `json:"gpus"`
+		// A record store entry (the init its process, the GPUs in its
+		// data) or, of version 1, the fields alone.
+		type gpus []struct {
+			UUID string `json:"uuid"`
 		}
-		if json.Unmarshal(b, &rec) != nil || rec.Pid == 0 {
+		var rec struct {
+			Pid     int    `json:"pid"`
+			Start   uint64 `json:"start"`
+			GPUs    gpus   `json:"gpus"`
+			Process *struct {
+				Pid   int    `json:"pid"`
+				Start uint64 `json:"start"`
+			} `json:"process"`
+			Data *struct {
+				GPUs gpus `json:"gpus"`
+			} `json:"data"`
+		}
+		if json.Unmarshal(b, &rec) != nil {
+			continue
+		}
+		if rec.Process != nil {
+			rec.Pid, rec.Start = rec.Process.Pid, rec.Process.Start
+		}
+		if rec.Data != nil {
+			rec.GPUs = rec.Data.GPUs
+		}
+		if rec.Pid == 0 {
 			continue
 		}
 		if (allocator.Holder{Pid: rec.Pid, Start: rec.Start}).Dead("") {
