@@ -77,6 +77,10 @@ type Prepared struct {
 	Volume *volume.Volume
 	// Daemon is the MPS control daemon of a memory share, or nil.
 	Daemon *mps.Daemon
+	// MPSDir is where the MPS daemons of the node keep their state
+	// (Preparer.MPS), or "": a runtime whose containers see the host's
+	// file system hides it from every container.
+	MPSDir string
 
 	undo []func(context.Context) error
 }
@@ -125,6 +129,9 @@ func (pr *Preparer) Prepare(ctx context.Context, spec Spec, img Image) (p *Prepa
 		return nil, err
 	}
 	p = &Prepared{Allocation: allocator.Allocation{Owner: spec.ID}}
+	if pr.MPS != nil {
+		p.MPSDir = pr.MPS.Dir()
+	}
 	defer func() {
 		if err != nil {
 			p.Undo(context.WithoutCancel(ctx))

@@ -40,8 +40,9 @@ type Config struct {
 	// none. A Runtime takes none: its Lifecycle's manager provides it.
 	Volumes *volume.Manager
 	// MPS runs the MPS control daemons of memory shares (package
-	// isolator/mps); nil means memory shares are refused. A Runtime masks
-	// its directory in every container: give its Lifecycle the same one.
+	// isolator/mps; New); nil means memory shares are refused. A Runtime
+	// takes none: its Lifecycle's manager runs them, and the runtime hides
+	// their directory from every container (containerizer.Prepared.MPSDir).
 	MPS *mps.Manager
 	// NVML reports the containers' GPU usage (see Usage); nil means usage
 	// is not supported.
@@ -113,14 +114,14 @@ func New(cfg Config) (*Containerizer, error) {
 	if cfg.Inventory == nil {
 		cfg.Inventory = cfg.Allocator.Inventory()
 	}
-	alloc, vols := cfg.Allocator, cfg.Volumes
-	cfg.Allocator, cfg.Volumes = nil, nil
+	alloc, vols, daemons := cfg.Allocator, cfg.Volumes, cfg.MPS
+	cfg.Allocator, cfg.Volumes, cfg.MPS = nil, nil, nil
 	rt, err := NewRuntime(cfg)
 	if err != nil {
 		return nil, err
 	}
 	lc, err := containerizer.NewLifecycle(containerizer.LifecycleConfig{
-		Runtime: rt, Allocator: alloc, Volumes: vols, MPS: cfg.MPS, SysRoot: cfg.SysRoot, Logger: cfg.Logger,
+		Runtime: rt, Allocator: alloc, Volumes: vols, MPS: daemons, SysRoot: cfg.SysRoot, Logger: cfg.Logger,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("native containerizer: %w", err)
@@ -142,13 +143,14 @@ type Runtime struct {
 // NewRuntime returns the native runtime of cfg, for a
 // containerizer.Lifecycle alone (what New builds) or beside other runtimes
 // over one allocator. cfg.Isolator and cfg.Inventory are required;
-// cfg.Allocator and cfg.Volumes must be nil: they are the Lifecycle's.
+// cfg.Allocator, cfg.Volumes and cfg.MPS must be nil: they are the
+// Lifecycle's.
 func NewRuntime(cfg Config) (*Runtime, error) {
 	switch {
 	case cfg.Isolator == nil || cfg.Inventory == nil:
 		return nil, fmt.Errorf("native runtime: Isolator and Inventory are required: %w", node.ErrInvalid)
-	case cfg.Allocator != nil || cfg.Volumes != nil:
-		return nil, fmt.Errorf("native runtime: an Allocator or Volumes: give them to the Lifecycle: %w", node.ErrInvalid)
+	case cfg.Allocator != nil || cfg.Volumes != nil || cfg.MPS != nil:
+		return nil, fmt.Errorf("native runtime: an Allocator, Volumes or MPS: give them to the Lifecycle: %w", node.ErrInvalid)
 	}
 	if cfg.ProcRoot == "" {
 		cfg.ProcRoot = node.DefaultProcRoot

@@ -169,7 +169,7 @@ func (r *runner) Create(ctx context.Context, spec containerizer.Spec, p *contain
 		return rec, err
 	}
 	env := isolator.MergeEnv(isolator.MergeEnv(defaultEnv(), spec.Env), plan.Env)
-	if err := r.startInit(ctx, spec, pr, env); err != nil {
+	if err := r.startInit(ctx, spec, pr, env, p.MPSDir); err != nil {
 		return rec, err
 	}
 	r.mu.Lock()
@@ -262,8 +262,8 @@ func defaultEnv() []string {
 }
 
 // startInit runs the init in the cgroup, held on its config pipe, and
-// writes the record.
-func (r *runner) startInit(ctx context.Context, spec containerizer.Spec, pr *proc, env []string) error {
+// writes the record; mpsDir, when set, is hidden from the container.
+func (r *runner) startInit(ctx context.Context, spec containerizer.Spec, pr *proc, env []string, mpsDir string) error {
 	id := spec.ID
 	rd, w, err := os.Pipe()
 	if err != nil {
@@ -334,8 +334,8 @@ func (r *runner) startInit(ctx context.Context, spec containerizer.Spec, pr *pro
 		}
 	}
 	pr.config = initConfig{Args: spec.Command, Env: env, Dir: spec.Dir, DevDir: r.devDir(id), Mounts: pr.plan.Mounts, ExitFile: r.exitPath(id), Confine: cf, ExtraFiles: len(spec.ExtraFiles), Bare: r.bare}
-	if r.cfg.MPS != nil {
-		pr.config.Masked = []string{r.cfg.MPS.Dir()}
+	if mpsDir != "" {
+		pr.config.Masked = []string{mpsDir}
 	}
 	pr.child, pr.w, keep = cmd, w, true
 	go r.reap(pr)
