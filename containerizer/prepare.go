@@ -73,6 +73,11 @@ type Prepared struct {
 	// Plan is the container's isolation. Its Env is what the container's
 	// environment must gain over the image's and the spec's.
 	Plan *isolator.Plan
+	// Env is the container's whole environment, merged here once: the
+	// image's (Image.Env), the spec's over it, the plan's over both. A
+	// runtime that sets a container's environment whole (native) uses it
+	// as it is.
+	Env []string
 	// Volume is the driver volume the container uses, or nil.
 	Volume *volume.Volume
 	// Daemon is the MPS control daemon of a memory share, or nil.
@@ -200,6 +205,7 @@ func (pr *Preparer) Prepare(ctx context.Context, spec Spec, img Image) (p *Prepa
 		return p, err
 	}
 	p.Plan = plan
+	p.Env = isolator.MergeEnv(req.Env, plan.Env)
 	return p, nil
 }
 

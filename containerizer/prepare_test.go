@@ -113,3 +113,23 @@ func TestPrepareBadOwner(t *testing.T) {
 		}
 	}
 }
+
+// TestPreparedEnv: Prepare merges the container's environment once: the
+// image's, the spec's over it, the plan's over both (the plan names the
+// GPUs, whatever the image or the spec said).
+func TestPreparedEnv(t *testing.T) {
+	_, alloc := simAllocator(t, "dgx1-volta")
+	pr := &containerizer.Preparer{Allocator: alloc}
+	img := containerizer.Image{Env: []string{"PATH=/bin", "A=image", "NVIDIA_VISIBLE_DEVICES=all"}}
+	spec := containerizer.Spec{ID: "env", Env: []string{"A=spec", "B=spec"}, GPUs: allocator.Request{Count: 1}}
+	p, err := pr.Prepare(context.Background(), spec, img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Undo(context.Background())
+	u := p.Allocation.Devices[0].UUID
+	want := []string{"PATH=/bin", "A=spec", "NVIDIA_VISIBLE_DEVICES=" + u, "B=spec", "CUDA_VISIBLE_DEVICES=" + u}
+	if fmt.Sprint(p.Env) != fmt.Sprint(want) {
+		t.Fatalf("env = %v, want %v", p.Env, want)
+	}
+}

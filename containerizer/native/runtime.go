@@ -86,13 +86,14 @@ func (r *runner) Kind() containerizer.Kind { return containerizer.KindNative }
 
 // Image checks spec. A container without a root file system of its own
 // shares the host's, and with it the host's driver: it gets no volume over
-// it. One with its own gets the volume when its image asks for it.
+// it. One with its own gets the volume when its image asks for it. Either
+// starts from the same environment (a PATH), the spec's over it.
 func (r *runner) Image(_ context.Context, spec containerizer.Spec) (containerizer.Image, error) {
 	if err := validate(spec, r.cfg.StateDir); err != nil {
 		return containerizer.Image{}, err
 	}
 	if spec.RootFS != "" {
-		return containerizer.Image{Labels: spec.Labels, OwnRoot: true, RootFS: spec.RootFS}, nil
+		return containerizer.Image{Labels: spec.Labels, Env: defaultEnv(), OwnRoot: true, RootFS: spec.RootFS}, nil
 	}
 	return containerizer.Image{Env: defaultEnv()}, nil
 }
@@ -168,8 +169,7 @@ func (r *runner) Create(ctx context.Context, spec containerizer.Spec, p *contain
 	if err := r.pin(ctx, id, plan); err != nil {
 		return rec, err
 	}
-	env := isolator.MergeEnv(isolator.MergeEnv(defaultEnv(), spec.Env), plan.Env)
-	if err := r.startInit(ctx, spec, pr, env, p.MPSDir); err != nil {
+	if err := r.startInit(ctx, spec, pr, p.Env, p.MPSDir); err != nil {
 		return rec, err
 	}
 	r.mu.Lock()
