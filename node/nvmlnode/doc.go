@@ -28,7 +28,8 @@
 // file), whose major is the nvidia-caps line of /proc/devices, and which are
 // stat'ed under <dev>/nvidia-caps. Discovery only reads: it never changes a
 // GPU's MIG mode or layout. Monitor attributes an event that names a GPU
-// instance to that MIG device alone ([HealthEvent].MIG).
+// instance to that MIG device alone ([HealthEvent].MIG), also one made
+// after it started (it reads the target's MIG devices at each event).
 //
 // A [MIGManager] changes the layout of a GPU whose MIG mode is enabled
 // (dynamic MIG), never the mode: [MIGManager.CreateMIGAt] makes a GPU

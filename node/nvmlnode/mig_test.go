@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpuiso/gpuiso/allocator"
 	"github.com/gpuiso/gpuiso/internal/testenv"
 	"github.com/gpuiso/gpuiso/node"
 	"github.com/gpuiso/gpuiso/node/nvmlnode"
@@ -230,4 +231,73 @@ func (m *migTarget) marked() []string {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return slices.Clone(m.got)
+}
+
+// TestMonitorDynamicMIGEvent: an XID of a MIG device made after the
+// monitor started (dynamic MIG) marks that MIG device unhealthy, not its
+// parent.
+func TestMonitorDynamicMIGEvent(t *testing.T) {
+	sim := newNode(t, "hgx-h100-dynmig")
+	inv := discoverSim(t, sim.NVML())
+	a, err := allocator.New(inv, allocator.WithMIGManager(sim.MIGManager(nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	events := make(chan nvmlnode.HealthEvent, 4)
+	done := make(chan error, 1)
+	go func() {
+		done <- nvmlnode.Monitor(ctx, sim.NVML(), a, func(e nvmlnode.HealthEvent) { events <- e })
+	}()
+	// The monitor registers asynchronously, reading the devices first:
+	// an event of the user's MIG device on GPU 1 says it has.
+	user := inv.Devices[1].MIGDevices[0]
+	deadline := time.After(10 * time.Second)
+	for started := false; !started; {
+		if err := sim.InjectMIGXID(1, user.GI, user.CI, 48); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case e := <-events:
+			started = e.MIG != nil && e.MIG.UUID == user.UUID
+		case <-time.After(50 * time.Millisecond):
+		case <-deadline:
+			t.Fatal("the monitor never started")
+		}
+	}
+	for len(events) > 0 {
+		<-events
+	}
+	al, err := a.AllocateMIGAt(ctx, "claim", allocator.MIGAt{Parent: sim.UUID(0), Profile: "1g.10gb", Start: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	made := al.Devices[0]
+	for {
+		if err := sim.InjectMIGXID(0, made.MIG.GI, made.MIG.CI, 48); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case e := <-events:
+			if e.Err != nil {
+				t.Fatal(e.Err)
+			}
+			if e.MIG != nil && e.MIG.UUID == user.UUID {
+				continue // a repeat of the first
+			}
+			if e.MIG == nil || e.MIG.UUID != made.UUID || e.Device.Index != 0 || !slices.Equal(e.Owners, []string{"claim"}) {
+				t.Fatalf("event %+v (MIG %+v), want MIG %s", e, e.MIG, made.UUID)
+			}
+			if !a.Devices()[0].Health.Healthy {
+				t.Fatal("the parent was marked unhealthy")
+			}
+			cancel()
+			<-done
+			return
+		case <-time.After(50 * time.Millisecond):
+		case <-deadline:
+			t.Fatal("no event")
+		}
+	}
 }

@@ -166,7 +166,9 @@ func Monitor(ctx context.Context, lib nvml.Interface, target Target, notify func
 		default:
 			continue
 		}
-		if migs := migSources(devices[p], e); len(migs) > 0 {
+		// The target's MIG devices as they are now: a MIG device made
+		// since the monitor started (dynamic MIG) is one of them.
+		if migs := migSources(target.Devices()[p], e); len(migs) > 0 {
 			for _, m := range migs {
 				markMIG(p, m, xid, reason)
 			}
