@@ -199,7 +199,7 @@ func (d *Driver) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim) 
 		if r.Driver != d.cfg.DriverName {
 			continue
 		}
-		if pd, ok, err := d.placementDevice(r); ok {
+		if pd, ok, err := d.placementDevice(claim, r); ok {
 			if err != nil {
 				return nil, fmt.Errorf("prepare claim %s/%s: device %q: %w", claim.Namespace, claim.Name, r.Device, err)
 			}

@@ -108,28 +108,37 @@ func checkDynamicMIG(inv *node.Inventory, opts SliceOptions) error {
 
 // placementDevice reads r when it is a device of a GPU partitioned by
 // dynamic MIG that does not exist yet: a placement (its MIG device made
-// in hold) or the GPU whole. ok is false for any other device.
-func (d *Driver) placementDevice(r resourceapi.DeviceRequestAllocationResult) (pd PreparedDevice, ok bool, err error) {
+// in hold) or the GPU whole. ok is false for any other device. The
+// driver's opaque configurations of the request must hold for it (a
+// GPUConfig's MIG profiles, checkConfig), as for any device.
+func (d *Driver) placementDevice(claim *resourceapi.ResourceClaim, r resourceapi.DeviceRequestAllocationResult) (pd PreparedDevice, ok bool, err error) {
 	for _, dev := range d.inv.Devices {
 		if !d.cfg.Slice.partitioned(dev) {
 			continue
 		}
 		pd = PreparedDevice{Requests: []string{r.Request}, Pool: r.Pool, Device: r.Device}
+		typ, profile := "", ""
 		if r.Device == DeviceName(dev) {
-			pd.UUID = dev.UUID
-			ok = true
+			pd.UUID, typ = dev.UUID, "gpu"
 		}
 		for _, pl := range placements(dev) {
 			if r.Device == PlacementDeviceName(dev, pl.profile.Name, pl.at.Start) {
 				pd.MIG = &PreparedMIG{Parent: dev.UUID, Profile: pl.profile.Name, Start: pl.at.Start, Size: pl.at.Size}
-				ok = true
+				typ, profile = "mig", pl.profile.Name
 			}
 		}
-		if !ok {
+		if typ == "" {
 			continue
 		}
 		if r.AdminAccess != nil && *r.AdminAccess {
 			return PreparedDevice{}, true, fmt.Errorf("admin access to a device of a GPU partitioned on demand: %w", ErrMIGClaim)
+		}
+		cfg, err := d.configOf(claim, r)
+		if err == nil {
+			err = checkConfig(cfg, r.Request, r.Device, typ, profile)
+		}
+		if err != nil {
+			return PreparedDevice{}, true, err
 		}
 		return pd, true, nil
 	}

@@ -265,6 +265,15 @@ func TestDynamicMIGPrepare(t *testing.T) {
 	if _, err := d.Prepare(ctx, claim("two", "mig-0-1g-10gb-5", "gpu-2")); !errors.Is(err, dra.ErrMIGClaim) {
 		t.Fatalf("a dynamic MIG device beside a GPU: %v", err)
 	}
+	// A configuration whose MIG profiles leave the placement's out.
+	head := `"apiVersion":"gpu.gpuiso.io/v1","kind":"GPUConfig"`
+	if _, err := d.Prepare(ctx, withConfig(claim("cfg", "mig-0-2g-20gb-4"), nil, `{`+head+`,"mig":{"profiles":["1g.10gb"]}}`)); !errors.Is(err, dra.ErrInvalidDeviceConfig) {
+		t.Fatalf("a 2g.20gb placement against a configuration of 1g.10gb: %v", err)
+	}
+	e.checkGone(t, d, a, "cfg")
+	if n := len(e.sim.MIGDevices(0)); n != 1 {
+		t.Fatalf("GPU 0 holds %d MIG devices after a refused configuration", n)
+	}
 	if err := d.Unprepare(ctx, "mig"); err != nil {
 		t.Fatal(err)
 	}
