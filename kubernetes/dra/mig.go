@@ -39,57 +39,63 @@ type PreparedMIG struct {
 	CI      int    `json:"ci,omitempty"`
 }
 
-// madeMIG are the MIG devices the driver made for claims, by UUID.
+// madeMIG are the MIG devices the driver made for claims, by UUID. A
+// device is made and recorded here under its lock, and the node's devices
+// are read under it for the slice (view), so that a device just made is
+// never published as a user's.
 type madeMIG struct {
 	mu    sync.Mutex
 	uuids map[string]bool
 }
 
-func (m *madeMIG) add(uuid string) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
+func (m *madeMIG) addLocked(uuid string) {
 	if m.uuids == nil {
 		m.uuids = map[string]bool{}
 	}
 	m.uuids[uuid] = true
 }
 
-// held keeps of the made devices those that held says are held (a
-// released one was destroyed) and returns them.
-func (m *madeMIG) held(held map[string]bool) map[string]bool {
+func (m *madeMIG) add(uuid string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	m.addLocked(uuid)
+}
+
+// making runs fn, which makes a MIG device and returns its UUID, and
+// records the device, under the lock.
+func (m *madeMIG) making(fn func() (string, error)) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	uuid, err := fn()
+	if err != nil {
+		return err
+	}
+	m.addLocked(uuid)
+	return nil
+}
+
+// view reads the node's devices (devices) and returns them with the MIG
+// devices made for claims that still exist; one that is gone (destroyed)
+// is forgotten.
+func (m *madeMIG) view(devices func() []node.Device) ([]node.Device, map[string]bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	devs := devices()
+	exists := map[string]bool{}
+	for _, d := range devs {
+		for _, mig := range d.MIGDevices {
+			exists[mig.UUID] = true
+		}
+	}
 	out := map[string]bool{}
 	for u := range m.uuids {
-		if held[u] {
+		if exists[u] {
 			out[u] = true
 		} else {
 			delete(m.uuids, u)
 		}
 	}
-	return out
-}
-
-// sliceOptions are the driver's slice options with the MIG devices it
-// made for claims, which a partitioned GPU's placements stand for.
-func (d *Driver) sliceOptions() SliceOptions {
-	opts := d.cfg.Slice
-	if len(opts.DynamicMIG) == 0 {
-		return opts
-	}
-	held := map[string]bool{}
-	for _, al := range d.alloc.Allocations() {
-		if !strings.HasPrefix(al.Owner, "claim-") {
-			continue
-		}
-		for _, r := range al.Devices {
-			if r.MIG != nil {
-				held[r.UUID] = true
-			}
-		}
-	}
-	opts.made = d.mig.held(held)
-	return opts
+	return devs, out
 }
 
 // checkDynamicMIG checks that every GPU opts.DynamicMIG names is one of
@@ -159,10 +165,18 @@ func (d *Driver) holdMIG(ctx context.Context, cp *Checkpoint, hold func(context.
 		return allocator.Allocation{}, fmt.Errorf("%d devices of this driver with a dynamic MIG device: %w", len(cp.Devices), ErrMIGClaim)
 	}
 	pm := cp.Devices[i].MIG
-	al, err := d.alloc.AllocateMIGAt(ctx, cp.Owner, allocator.MIGAt{Parent: pm.Parent, Profile: pm.Profile, Start: pm.Start})
-	if errors.Is(err, node.ErrNotSupported) {
-		err = fmt.Errorf("%w: %w", ErrNoMIGManager, err)
-	}
+	var al allocator.Allocation
+	err := d.mig.making(func() (string, error) {
+		var err error
+		al, err = d.alloc.AllocateMIGAt(ctx, cp.Owner, allocator.MIGAt{Parent: pm.Parent, Profile: pm.Profile, Start: pm.Start})
+		if errors.Is(err, node.ErrNotSupported) {
+			err = fmt.Errorf("%w: %w", ErrNoMIGManager, err)
+		}
+		if err != nil {
+			return "", err
+		}
+		return al.Devices[0].UUID, nil
+	})
 	if err != nil {
 		return allocator.Allocation{}, err
 	}
@@ -171,7 +185,6 @@ func (d *Driver) holdMIG(ctx context.Context, cp *Checkpoint, hold func(context.
 	if ref.MIG != nil {
 		pm.GI, pm.CI = ref.MIG.GI, ref.MIG.CI
 	}
-	d.mig.add(ref.UUID)
 	if err := d.cps.write(*cp); err != nil {
 		return allocator.Allocation{}, err
 	}

@@ -386,3 +386,40 @@ func TestPartitionSliceHealth(t *testing.T) {
 		t.Errorf("the unhealthy GPU publishes %d devices with taints, want 26", n)
 	}
 }
+
+// TestDynamicMIGUserInstanceAfter: once the driver's MIG device is
+// destroyed, a MIG device a user makes on the GPU is the user's: published
+// as it is, the placements it covers and the GPU whole no longer.
+func TestDynamicMIGUserInstanceAfter(t *testing.T) {
+	ctx := context.Background()
+	e := newDynEnv(t)
+	d, _ := e.driver(t)
+	if _, err := d.Prepare(ctx, claim("mig", "mig-0-1g-10gb-3")); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Unprepare(ctx, "mig"); err != nil {
+		t.Fatal(err)
+	}
+	names := func() []string {
+		var out []string
+		for _, s := range d.Resources("n").Pools["n"].Slices {
+			for _, dev := range s.Devices {
+				out = append(out, dev.Name)
+			}
+		}
+		return out
+	}
+	if got := names(); !slices.Contains(got, "gpu-0") || !slices.Contains(got, "mig-0-1g-10gb-3") {
+		t.Fatalf("after the unprepare: %v", got)
+	}
+	user, err := e.sim.MIGManager(e.host).CreateMIGAt(ctx, e.sim.UUID(0), "1g.10gb", 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The driver's allocator learns of it when it is discovered again.
+	d, _ = e.driver(t)
+	got := names()
+	if !slices.Contains(got, dra.MIGDeviceName(user)) || slices.Contains(got, "gpu-0") || slices.Contains(got, "mig-0-1g-10gb-3") || slices.Contains(got, "mig-0-7g-80gb-0") {
+		t.Fatalf("with a user's 1g.10gb at 3: %v", got)
+	}
+}

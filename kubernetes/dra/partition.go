@@ -303,6 +303,13 @@ func PoolSlices(devs []resourceapi.Device, sets []resourceapi.CounterSet) []reso
 // poolSlices are the slices of the driver's pool now: Devices and
 // CounterSets of the allocator's view, split by PoolSlices.
 func (d *Driver) poolSlices() []resourceslice.Slice {
-	devs, opts := d.alloc.Devices(), d.sliceOptions()
-	return PoolSlices(Devices(d.inv, devs, opts), CounterSets(devs, opts))
+	opts := d.cfg.Slice
+	var all []node.Device
+	if len(opts.DynamicMIG) > 0 {
+		// The MIG devices made for claims stand for their placements.
+		all, opts.made = d.mig.view(d.alloc.Devices)
+	} else {
+		all = d.alloc.Devices()
+	}
+	return PoolSlices(Devices(d.inv, all, opts), CounterSets(all, opts))
 }
