@@ -90,13 +90,14 @@
 // capability nodes, NVIDIA_VISIBLE_DEVICES naming it). Unprepare releases
 // it, which destroys it. A claim of the GPU whole holds it as a GPU
 // (allowed by the allocator only while the GPU has no MIG device at all,
-// and no MIG device is made on it meanwhile). A claim holds one dynamic
-// MIG device and no other device of the driver, and no admin access to
-// one (ErrMIGClaim). Restore keeps the devices of prepared claims (held
+// and no MIG device is made on it meanwhile). The request's GPUConfig (its
+// MIG profiles) is checked before anything is made. A claim holds one
+// dynamic MIG device and no other device of the driver, and no admin access
+// to one (ErrMIGClaim). Restore keeps the devices of prepared claims (held
 // again, standing for their placements in the slice), rolls back a
-// preparation cut short that recorded a placement (destroying its device
-// if it was made), and releases, destroying what was made for it, an
-// owner of claims the allocator still has with no checkpoint left.
+// preparation cut short that recorded a placement (destroying its device if
+// it was made), and releases, destroying what was made for it, an owner of
+// claims the allocator still has with no checkpoint left.
 //
 // # Prepare and unprepare
 //
