@@ -28,7 +28,7 @@ type LifecycleConfig struct {
 	// Every spec goes to it (its Image refuses what it cannot run).
 	Runtime Runtime
 	// Runtimes run the containers of a Lifecycle over several, at most one
-	// per Kind (Runtime, when set too, is one of them): each spec goes to
+	// per Kind (Runtime, when set too, counts as one more): each spec goes to
 	// the runtime of its kind (Route: Docker when it names an image,
 	// native otherwise), and a spec of a kind none runs is refused with
 	// ErrNotSupported. Container ids are unique across them.
@@ -92,10 +92,11 @@ type lifeEntry struct {
 // Two runtimes of one kind, or a runtime whose own supervisor (Supervised)
 // is not cfg.Supervisor, are refused with an error matching node.ErrInvalid.
 func NewLifecycle(cfg LifecycleConfig) (*Lifecycle, error) {
-	rts := slices.Clone(cfg.Runtimes)
-	if cfg.Runtime != nil && !slices.Contains(rts, cfg.Runtime) {
-		rts = append([]Runtime{cfg.Runtime}, rts...)
+	var rts []Runtime
+	if cfg.Runtime != nil {
+		rts = append(rts, cfg.Runtime)
 	}
+	rts = append(rts, cfg.Runtimes...)
 	if len(rts) == 0 || cfg.Allocator == nil {
 		return nil, fmt.Errorf("lifecycle: a runtime and the Allocator are required: %w", node.ErrInvalid)
 	}
