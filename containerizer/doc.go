@@ -26,9 +26,11 @@
 // its MPS control daemon (Preparer.MPS, package isolator/mps; refused with
 // [ErrNoMPS] without one), whose pipe directory and /dev/shm the plan
 // binds; the driver volume, only for a container with a root file system
-// of its own whose image asks for it; and the isolation plan with the
-// allocation's environment. [Prepared.Undo] gives everything back. A conformance suite runs the same cases against
-// both back ends.
+// of its own whose image asks for it; and the isolation plan, the one maker
+// of the devices' variables (NVIDIA_VISIBLE_DEVICES), with a share's MPS
+// client limits; the container's whole environment is merged once there
+// ([Prepared.Env]). [Prepared.Undo] gives everything back. A conformance
+// suite runs the same cases against both back ends.
 //
 // # One lifecycle
 //
