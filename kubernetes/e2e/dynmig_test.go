@@ -20,7 +20,8 @@ import (
 // device in its environment and its parent GPU's node alone, and the
 // instance's capability nodes. While it exists a claim for GPU 0 whole
 // stays unschedulable; when the pod goes, the instance is destroyed and
-// the whole GPU is allocated.
+// the whole GPU is allocated. A restart of the plugin in between keeps
+// the MIG device.
 func TestDRADynamicMIG(t *testing.T) {
 	c := requireCluster(t)
 	ensureClasses(t, c)
@@ -72,6 +73,24 @@ func TestDRADynamicMIG(t *testing.T) {
 	if n := instances(); n != 1 {
 		t.Errorf("GPU 0 has %d instances with the claim's", n)
 	}
+
+	// A restart of the plugin keeps the claim's MIG device, which the pod
+	// still reaches alone.
+	p.stop()
+	p.start()
+	until(t, "the restarted plugin to find the prepared claim", func() bool { return strings.Contains(p.log.String(), "prepared claims kept") })
+	if strings.Contains(p.log.String(), "restore the CDI specs of prepared claims") {
+		t.Errorf("the restart did not restore the claim:\n%s", tail(p.log.String(), 2000))
+	}
+	if n := instances(); n != 1 {
+		t.Errorf("GPU 0 has %d instances after the restart", n)
+	}
+	again, err := c.Kubectl(t.Context(), append([]string{"exec", "dynmig", "--", "/probe"}, isolationArgs(major, all, false)...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	parseSeen(again).check(t, all, []int{int(gpu0.Minor)}, []string{mig})
+	until(t, "the restarted plugin's slice", func() bool { return len(sliceDevices(t, c)) == 43 })
 
 	// The whole GPU waits while its MIG device exists.
 	createPod(t, c, withClaim(probePod("dynmig-whole", isolationArgs(major, all, false)), "dynmig-whole"))

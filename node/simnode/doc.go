@@ -66,7 +66,10 @@
 // GetComputeInstanceProfileInfo and CreateComputeInstance of a compute
 // instance spanning its GPU instance, Destroy of each), so that
 // nvmlnode's MIGManager runs against it; a GPU instance joins the layout
-// with its compute instance.
+// with its compute instance. A MIGManager with a host tree records each
+// change of a layout in the tree, and [Node.RestoreMIG] gives a node made
+// anew over that tree (a restarted program) the layouts recorded, as a
+// real GPU keeps its instances.
 //
 // On a MIG-capable node MakeHost adds the nvidia-caps side: a third free
 // major (Host.CapsMajor, the "nvidia-caps" line of /proc/devices),

@@ -238,3 +238,53 @@ func TestMIGManagerCreateAt(t *testing.T) {
 		t.Fatalf("destroy: %v, left %v", err, sim.MIGDevices(0))
 	}
 }
+
+// TestRestoreMIG: the MIG devices a MIGManager with a host tree makes and
+// destroys are there again for the node made anew over the same tree (a
+// restarted program), with the same UUIDs; a tree without a record, or a
+// node not told to, keeps the topology's layout; a bad record is refused.
+func TestRestoreMIG(t *testing.T) {
+	testenv.RequireRoot(t)
+	ctx := context.Background()
+	sim, _ := simnode.New("hgx-h100-dynmig")
+	h, err := sim.MakeHost(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Remove()
+	again := func() *simnode.Node {
+		t.Helper()
+		s, _ := simnode.New("hgx-h100-dynmig")
+		if err := s.RestoreMIG(h); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	if s := again(); len(s.MIGDevices(0)) != 0 || len(s.MIGDevices(1)) != 1 {
+		t.Fatalf("no record: %v %v", s.MIGDevices(0), s.MIGDevices(1))
+	}
+	d, err := sim.MIGManager(h).CreateMIGAt(ctx, sim.UUID(0), "2g.20gb", 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := again()
+	if got := s.MIGDevices(0); len(got) != 1 || got[0].UUID != d.UUID || got[0].Start != 4 || got[0].Profile != "2g.20gb" || len(s.MIGDevices(1)) != 1 {
+		t.Fatalf("restored %+v, %+v", got, s.MIGDevices(1))
+	}
+	if fresh, _ := simnode.New("hgx-h100-dynmig"); len(fresh.MIGDevices(0)) != 0 {
+		t.Fatal("a node not restored has the made device")
+	}
+	if err := s.MIGManager(h).DestroyMIG(ctx, s.UUID(0), d.UUID); err != nil {
+		t.Fatal(err)
+	}
+	if got := again().MIGDevices(0); len(got) != 0 {
+		t.Fatalf("restored after the destroy: %+v", got)
+	}
+	if err := os.WriteFile(filepath.Join(h.ProcRoot, "driver", "nvidia", "gpuiso-sim-mig-layout.json"), []byte(`{"gpus":{"3":[]}}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	bad, _ := simnode.New("hgx-h100-dynmig")
+	if err := bad.RestoreMIG(h); !errors.Is(err, simnode.ErrMIGLayout) {
+		t.Fatalf("a record of a GPU without MIG: %v", err)
+	}
+}

@@ -93,14 +93,19 @@ func (m *MIGManager) create(ctx context.Context, parent, profile string, at *int
 		return node.MIGDevice{}, fmt.Errorf("create %s on GPU %d: %w: %w", profile, i, ErrMIGFull, err)
 	}
 	in := n.newInstance(i, p, start)
+	next := append(slices.Clone(st.instances), in)
+	sortInstances(next)
 	if m.h != nil {
-		if err := m.makeCaps(i, in); err != nil {
+		err := m.makeCaps(i, in)
+		if err == nil {
+			err = n.saveLayoutLocked(m.h, i, next)
+		}
+		if err != nil {
 			m.removeCaps(i, in)
 			return node.MIGDevice{}, fmt.Errorf("create %s on GPU %d: %w", profile, i, err)
 		}
 	}
-	st.instances = append(st.instances, in)
-	sortInstances(st.instances)
+	st.instances = next
 	if m.failAfter > 0 {
 		m.failAfter--
 	}
@@ -126,10 +131,14 @@ func (m *MIGManager) DestroyMIG(ctx context.Context, parent, device string) erro
 			break
 		}
 		in := st.instances[k]
-		st.instances = slices.Delete(st.instances, k, k+1)
+		next := slices.Delete(slices.Clone(st.instances), k, k+1)
 		if m.h != nil {
+			if err := n.saveLayoutLocked(m.h, i, next); err != nil {
+				return fmt.Errorf("destroy %s on %s: %w", device, parent, err)
+			}
 			m.removeCaps(i, in)
 		}
+		st.instances = next
 		return nil
 	}
 	return fmt.Errorf("destroy %s on %s: %w", device, parent, ErrNoSuchMIGDevice)

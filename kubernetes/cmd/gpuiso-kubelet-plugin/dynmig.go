@@ -2,9 +2,11 @@ package main
 
 import (
 	"flag"
+	"fmt"
 
 	"github.com/gpuiso/gpuiso/allocator"
 	"github.com/gpuiso/gpuiso/node"
+	"github.com/gpuiso/gpuiso/node/simnode"
 )
 
 // migFlags choose dynamic MIG (KEP-4815, partitionable devices).
@@ -55,4 +57,26 @@ func (m *migFlags) gpus(inv *node.Inventory) []string {
 		}
 	}
 	return out
+}
+
+// simulated sets up a simulated node's MIG side before its discovery: with
+// --dynamic-mig it gets the MIG layout its host tree records (the MIG
+// devices made before a restart, as a real GPU keeps them), and the
+// manager is the simulated node's, the caps major read from the tree's
+// /proc/devices when the tree was found rather than made.
+func (m *migFlags) simulated(sim *simnode.Node, host *simnode.Host) error {
+	if host.CapsMajor == 0 {
+		majors, err := node.ReadProcDevices(host.ProcRoot)
+		if err != nil {
+			return fmt.Errorf("simulated host: %w", err)
+		}
+		host.CapsMajor = majors[node.NVIDIACaps]
+	}
+	if m.dynamic {
+		if err := sim.RestoreMIG(host); err != nil {
+			return fmt.Errorf("simulated host: %w", err)
+		}
+	}
+	m.manager = sim.MIGManager(host)
+	return nil
 }

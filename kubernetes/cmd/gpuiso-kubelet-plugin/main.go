@@ -227,8 +227,10 @@ func openNode(ctx context.Context, f *flags) (*node.Inventory, nvml.Interface, s
 			return nil, nil, "", fmt.Errorf("simulated host (needs root): %w", err)
 		}
 	}
+	if err := f.mig.simulated(sim, host); err != nil {
+		return nil, nil, "", err
+	}
 	inv, err := nvmlnode.Discover(ctx, sim.DiscoverOptions(host)...)
-	f.mig.manager = sim.MIGManager(host)
 	return inv, sim.NVML(), host.SysRoot, err
 }
 
