@@ -33,10 +33,15 @@ const (
 // *allocator.Allocator, which holds each replica in use as a time slice
 // (allocator.ShareTime) and counts them.
 type TimeSlicer interface {
-	ClaimShare(ctx context.Context, owner string, device node.DeviceRef, s allocator.Share) (allocator.Allocation, error)
+	ClaimShare(ctx context.Context, owner string, device node.DeviceRef, s allocator.Share, opts ...allocator.ClaimOption) (allocator.Allocation, error)
 	Allocations() []allocator.Allocation
 	Release(ctx context.Context, owner string) error
 }
+
+// The allocator is a TimeSlicer: a change of its method set that breaks
+// this fails the build, where a type assertion would refuse time slices
+// only at run time.
+var _ TimeSlicer = (*allocator.Allocator)(nil)
 
 // TimeSliceID is the kubelet's name of replica k of the GPU uuid:
 // "<uuid>::<k>".
