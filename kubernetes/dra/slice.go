@@ -162,21 +162,9 @@ func Devices(inv *node.Inventory, devs []node.Device, opts SliceOptions) []resou
 			if m.UUID == "" || !(m.Health.Healthy && d.Health.Healthy) && opts.TaintKey == "" {
 				continue
 			}
-			attrs := copyAttrs(common)
-			attrs[AttrType] = str("mig")
-			attrs[AttrUUID] = str(m.UUID)
-			attrs[AttrMIGProfile] = str(m.Profile)
-			attrs[AttrParentUUID] = str(d.UUID)
-			attrs[AttrGI] = integer(int64(m.GI))
-			attrs[AttrCI] = integer(int64(m.CI))
-			capacity := map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{}
-			if m.MemoryBytes > 0 {
-				capacity[CapMemory] = resourceapi.DeviceCapacity{Value: *resource.NewQuantity(int64(m.MemoryBytes), resource.BinarySI)}
-			}
-			if m.SMs > 0 {
-				capacity[CapMultiprocessors] = resourceapi.DeviceCapacity{Value: *resource.NewQuantity(int64(m.SMs), resource.DecimalSI)}
-			}
-			out = append(out, resourceapi.Device{Name: MIGDeviceName(m), Attributes: attrs, Capacity: capacity, Taints: opts.taints(m.Health, d.Health)})
+			dev := migDevice(d, m, common)
+			dev.Taints = opts.taints(m.Health, d.Health)
+			out = append(out, dev)
 		}
 	}
 	return out
