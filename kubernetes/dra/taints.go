@@ -23,7 +23,7 @@ const TaintKeyName = "unhealthy"
 // "gpu.gpuiso.io/unhealthy" for the default driver.
 func TaintKey(driver string) string { return driver + "/" + TaintKeyName }
 
-// NoExecuteXIDs are the XIDs after which the work on a GPU is dead, or the
+// NoExecuteXIDs returns the XIDs (with what each means) after which the work on a GPU is dead, or the
 // GPU unusable until it is reset: a GPU marked unhealthy for one of them
 // is tainted NoExecute, so that the cluster evicts the pods whose claims
 // hold it. Every other XID that marks a GPU (an application's own XIDs
@@ -32,14 +32,23 @@ func TaintKey(driver string) string { return driver + "/" + TaintKeyName }
 // row remap or page retirement recorded, applied at the next reset), 74
 // (an NVLink error), 92 (a high single-bit ECC rate), 94 (a contained ECC
 // error: the process that touched the memory was killed, others run on).
-var NoExecuteXIDs = map[uint64]string{
-	48:  "double-bit ECC error",
-	62:  "internal micro-controller halt",
-	64:  "row remapping or page retirement failed",
-	79:  "fallen off the bus",
-	95:  "uncontained ECC error",
-	119: "GSP RPC timeout",
-	120: "GSP error",
+// The map is the caller's: a fresh copy on each call.
+func NoExecuteXIDs() map[uint64]string {
+	return map[uint64]string{
+		48:  "double-bit ECC error",
+		62:  "internal micro-controller halt",
+		64:  "row remapping or page retirement failed",
+		79:  "fallen off the bus",
+		95:  "uncontained ECC error",
+		119: "GSP RPC timeout",
+		120: "GSP error",
+	}
+}
+
+// noExecuteXID tells whether xid is one of NoExecuteXIDs.
+func noExecuteXID(xid uint64) bool {
+	_, ok := NoExecuteXIDs()[xid]
+	return ok
 }
 
 var xidReason = regexp.MustCompile(`^xid[ _-]?([0-9]+)\b`)
@@ -70,7 +79,7 @@ func taintOf(reason string) (string, resourceapi.DeviceTaintEffect) {
 	r := strings.ToLower(strings.TrimSpace(reason))
 	if m := xidReason.FindStringSubmatch(r); m != nil {
 		if xid, err := strconv.ParseUint(m[1], 10, 64); err == nil {
-			if _, dead := NoExecuteXIDs[xid]; dead {
+			if noExecuteXID(xid) {
 				return "xid-" + m[1], resourceapi.DeviceTaintEffectNoExecute
 			}
 			return "xid-" + m[1], resourceapi.DeviceTaintEffectNoSchedule

@@ -49,7 +49,7 @@ func TestHealthTaint(t *testing.T) {
 	if _, ok := dra.HealthTaint(key, node.Healthy()); ok {
 		t.Error("a healthy device has a taint")
 	}
-	for xid := range dra.NoExecuteXIDs {
+	for xid := range dra.NoExecuteXIDs() {
 		if nvmlnode.ApplicationXID(xid) {
 			t.Errorf("XID %d of the NoExecute table is an application's, which never marks a GPU", xid)
 		}
