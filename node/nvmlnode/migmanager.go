@@ -42,6 +42,9 @@ func NewMIGManager(opts ...Option) (*MIGManager, error) {
 // open initialises NVML and reads GPU parent: its handle and the device as
 // discovery gives it, with its MIG profiles and devices.
 func (m *MIGManager) open(ctx context.Context, parent string) (*discovery, nvml.Device, *node.Device, func(), error) {
+	if err := m.made(); err != nil {
+		return nil, nil, nil, nil, err
+	}
 	if err := ctx.Err(); err != nil {
 		return nil, nil, nil, nil, err
 	}
@@ -234,7 +237,19 @@ func (m *MIGManager) DestroyMIG(ctx context.Context, parent, device string) erro
 	return nil
 }
 
+// made refuses a MIGManager that NewMIGManager did not make (it has no
+// NVML library).
+func (m *MIGManager) made() error {
+	if m.cfg.lib == nil {
+		return fmt.Errorf("MIG manager not made by NewMIGManager: %w", node.ErrInvalid)
+	}
+	return nil
+}
+
 func (m *MIGManager) destroy(ctx context.Context, parent, device string) error {
+	if err := m.made(); err != nil {
+		return err
+	}
 	if err := ctx.Err(); err != nil {
 		return err
 	}
