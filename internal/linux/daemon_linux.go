@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"runtime"
 	"syscall"
 
@@ -112,9 +113,12 @@ func startIn(cmd *exec.Cmd, mounts []NamespaceMount) error {
 // LockHolder returns the pid of the process that holds a POSIX (fcntl)
 // lock on the file path, as F_GETLK reports it in the caller's pid
 // namespace: 0 when none does. A lock held by the caller itself is not
-// seen.
+// seen. Only a regular file is opened, as OpenFileInRoot opens one (a link
+// in its last component is not followed, and a FIFO or a device is
+// ErrNotRegular, never opened): path may be in a directory that a
+// container can write, such as an MPS daemon's pipe directory.
 func LockHolder(path string) (int, error) {
-	f, err := os.Open(path)
+	f, err := OpenFileInRoot(filepath.Dir(path), filepath.Base(path))
 	if err != nil {
 		return 0, err
 	}

@@ -8,6 +8,9 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // TestStartDaemon: the daemon sees its mounts, in a session of its own; the
@@ -107,6 +110,50 @@ func TestStartDaemonKeepsMainThread(t *testing.T) {
 		cmd.Wait()
 		if after, _ := os.Readlink("/proc/self/ns/mnt"); after != before {
 			t.Fatalf("the process's mount namespace became %s (was %s)", after, before)
+		}
+	}
+}
+
+// TestLockHolderOpensOnlyAFile: a lock file that a container could replace
+// (an MPS daemon's pipe directory is its container's) is never opened as a
+// FIFO (which would block the caller, holding its locks, until a writer
+// came) nor followed as a link to a host file or device.
+func TestLockHolderOpensOnlyAFile(t *testing.T) {
+	dir := t.TempDir()
+	fifo := filepath.Join(dir, "fifo")
+	if err := unix.Mkfifo(fifo, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	target := filepath.Join(t.TempDir(), "host-file")
+	if err := os.WriteFile(target, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(dir, "link")
+	if err := os.Symlink(target, link); err != nil {
+		t.Fatal(err)
+	}
+	for _, path := range []string{fifo, link, filepath.Join(dir, "link-to-null")} {
+		if path == filepath.Join(dir, "link-to-null") {
+			if err := os.Symlink("/dev/null", path); err != nil {
+				t.Fatal(err)
+			}
+		}
+		done := make(chan error, 1)
+		go func() {
+			_, err := LockHolder(path)
+			done <- err
+		}()
+		select {
+		case err := <-done:
+			if err == nil {
+				t.Errorf("LockHolder(%s) opened it", filepath.Base(path))
+			}
+		case <-time.After(5 * time.Second):
+			// Let the blocked open go, so that the test ends.
+			if w, err := os.OpenFile(fifo, os.O_WRONLY|unix.O_NONBLOCK, 0); err == nil {
+				w.Close()
+			}
+			t.Fatalf("LockHolder(%s) blocked", filepath.Base(path))
 		}
 	}
 }
