@@ -204,7 +204,7 @@ func (s *Store[T]) Read(key string) (Entry[T], error) {
 	if err != nil {
 		return Entry[T]{}, fmt.Errorf("record %s: %w", key, err)
 	}
-	e, err := s.Parse(b)
+	e, err := s.parse(b)
 	if err != nil {
 		return Entry[T]{}, &CorruptError{Path: p, Err: err}
 	}
@@ -218,7 +218,16 @@ func (s *Store[T]) Read(key string) (Entry[T], error) {
 // a version it knows, with a known phase, a valid process (or none) and
 // the checksum of what it holds; or, with Options.Legacy, a file of the
 // user's old shape. It says nothing of which key the file belongs to.
+// Content it refuses is an error matching ErrCorrupt.
 func (s *Store[T]) Parse(b []byte) (Entry[T], error) {
+	e, err := s.parse(b)
+	if err != nil {
+		return Entry[T]{}, fmt.Errorf("%w: %w", ErrCorrupt, err)
+	}
+	return e, nil
+}
+
+func (s *Store[T]) parse(b []byte) (Entry[T], error) {
 	var w wire
 	if err := json.Unmarshal(b, &w); err != nil {
 		return Entry[T]{}, err

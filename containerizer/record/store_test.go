@@ -316,6 +316,9 @@ func FuzzParse(f *testing.F) {
 	f.Fuzz(func(t *testing.T, b []byte) {
 		e, err := s.Parse(b)
 		if err != nil {
+			if !errors.Is(err, record.ErrCorrupt) || !errors.Is(err, node.ErrCorrupt) {
+				t.Errorf("refused with %v, not an ErrCorrupt", err)
+			}
 			return
 		}
 		if (e.Phase != record.Started && e.Phase != record.Completed) || record.ValidKey(e.Key) != nil || e.Version < 1 || e.Version > 2 {
