@@ -34,6 +34,13 @@ type Holders interface {
 	Owners(device string) ([]string, error)
 }
 
+// The allocator is a Source and tells its Holders (the plugin asks for
+// them by a type assertion, which a changed signature would fail quietly).
+var (
+	_ Source  = (*allocator.Allocator)(nil)
+	_ Holders = (*allocator.Allocator)(nil)
+)
+
 // Config configures a Manager.
 type Config struct {
 	// ResourceName is the whole GPUs' resource, "<domain>/<name>"
