@@ -23,6 +23,10 @@ type devices interface {
 // parent.
 type cgroupDevices struct{ base *cgroups.Isolator }
 
+// enforce finds cpuSetter by a type assertion, which a changed signature
+// would fail quietly (pinning refused as not supported).
+var _ cpuSetter = cgroupDevices{}
+
 func (d cgroupDevices) at(parent string) (*cgroups.Isolator, error) {
 	if parent == d.base.Parent() {
 		return d.base, nil

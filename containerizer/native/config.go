@@ -208,6 +208,10 @@ type parented interface {
 	RemoveParent() error
 }
 
+// The runtime finds parented by a type assertion, which a changed
+// signature would fail quietly.
+var _ parented = (*cgroups.Isolator)(nil)
+
 // Isolator is the isolator the containerizer works with: Config.Isolator,
 // or the same on the state directory's own cgroup parent when
 // Config.Isolator was on the package default.
