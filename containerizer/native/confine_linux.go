@@ -161,7 +161,7 @@ func setupFS(cfg initConfig) error {
 		}
 	}
 	for _, m := range cfg.Mounts {
-		if err := r.Bind(m.Source, m.Destination, isReadOnly(m.Options)); err != nil {
+		if err := r.BindWith(m.Source, m.Destination, linux.ParseBindOptions(m.Options)); err != nil {
 			return fmt.Errorf("mount %s: %w", m.Destination, err)
 		}
 	}

@@ -6,7 +6,6 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
-	"slices"
 	"strings"
 
 	"github.com/opencontainers/runtime-spec/specs-go"
@@ -92,9 +91,6 @@ func runInit() int {
 	}
 	return code
 }
-
-// isReadOnly reports whether mount options ask for a read-only mount.
-func isReadOnly(options []string) bool { return slices.Contains(options, "ro") }
 
 // runCommand sets the container up, runs its command confined (see
 // startContainer), forwarding signals to it, and returns its exit code

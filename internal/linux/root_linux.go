@@ -78,6 +78,76 @@ func fdPath(f *os.File) string { return fmt.Sprintf("/proc/self/fd/%d", f.Fd()) 
 // whole bound tree is read-only, nosuid and nodev from the moment it is
 // attached. src is a host path; a file is bound on a file.
 func (r *Root) Bind(src, dest string, readOnly bool) error {
+	return r.BindWith(src, dest, BindOptions{ReadOnly: readOnly})
+}
+
+// BindOptions are the flags of a bind mount, each applied to the whole
+// bound tree from the moment it is attached.
+type BindOptions struct {
+	// ReadOnly makes it read-only, nosuid and nodev.
+	ReadOnly bool
+	// NoSuid, NoDev and NoExec are the mount options of those names.
+	NoSuid, NoDev, NoExec bool
+}
+
+// ParseBindOptions reads the flags BindOptions holds from an OCI mount's
+// options ("ro", "nosuid", "nodev", "noexec"); the others are ignored.
+func ParseBindOptions(options []string) BindOptions {
+	var o BindOptions
+	for _, opt := range options {
+		switch opt {
+		case "ro":
+			o.ReadOnly = true
+		case "nosuid":
+			o.NoSuid = true
+		case "nodev":
+			o.NoDev = true
+		case "noexec":
+			o.NoExec = true
+		}
+	}
+	return o
+}
+
+// attr is o as mount_setattr's attributes.
+func (o BindOptions) attr() uint64 {
+	var a uint64
+	if o.ReadOnly {
+		a |= unix.MOUNT_ATTR_RDONLY | unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV
+	}
+	if o.NoSuid {
+		a |= unix.MOUNT_ATTR_NOSUID
+	}
+	if o.NoDev {
+		a |= unix.MOUNT_ATTR_NODEV
+	}
+	if o.NoExec {
+		a |= unix.MOUNT_ATTR_NOEXEC
+	}
+	return a
+}
+
+// flags is o as mount(2)'s flags of a remount.
+func (o BindOptions) flags() uintptr {
+	var f uintptr
+	if o.ReadOnly {
+		f |= unix.MS_RDONLY | unix.MS_NOSUID | unix.MS_NODEV
+	}
+	if o.NoSuid {
+		f |= unix.MS_NOSUID
+	}
+	if o.NoDev {
+		f |= unix.MS_NODEV
+	}
+	if o.NoExec {
+		f |= unix.MS_NOEXEC
+	}
+	return f
+}
+
+// BindWith binds src (recursively) at dest inside the root, as Bind does,
+// with the flags o.
+func (r *Root) BindWith(src, dest string, o BindOptions) error {
 	fi, err := os.Stat(src)
 	if err != nil {
 		return err
@@ -87,7 +157,7 @@ func (r *Root) Bind(src, dest string, readOnly bool) error {
 		return err
 	}
 	defer t.Close()
-	if err := bindDetached(src, t, readOnly); !errors.Is(err, unix.ENOSYS) {
+	if err := bindDetached(src, t, o.attr()); !errors.Is(err, unix.ENOSYS) {
 		return err
 	}
 	// Kernels before the new mount API (5.12): bind, then remount the
@@ -95,24 +165,23 @@ func (r *Root) Bind(src, dest string, readOnly bool) error {
 	if err := unix.Mount(src, fdPath(t), "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
 		return &fs.PathError{Op: "bind mount " + src, Path: dest, Err: err}
 	}
-	if !readOnly {
+	if o.flags() == 0 {
 		return nil
 	}
 	at, err := os.Readlink(fdPath(t))
 	if err != nil {
 		return err
 	}
-	flags := uintptr(unix.MS_BIND | unix.MS_REMOUNT | unix.MS_RDONLY | unix.MS_NOSUID | unix.MS_NODEV)
-	if err := unix.Mount("", at, "", flags, ""); err != nil {
-		return &fs.PathError{Op: "remount read-only", Path: dest, Err: err}
+	if err := unix.Mount("", at, "", unix.MS_BIND|unix.MS_REMOUNT|o.flags(), ""); err != nil {
+		return &fs.PathError{Op: "remount with flags", Path: dest, Err: err}
 	}
 	return nil
 }
 
-// bindDetached clones src's mount tree, makes it read-only when asked while
-// no one can see it yet, and attaches it on t. It fails with ENOSYS where
-// the kernel lacks the new mount API.
-func bindDetached(src string, t *os.File, readOnly bool) error {
+// bindDetached clones src's mount tree, gives it the mount attributes attr
+// while no one can see it yet, and attaches it on t. It fails with ENOSYS
+// where the kernel lacks the new mount API.
+func bindDetached(src string, t *os.File, attr uint64) error {
 	tree, err := unix.OpenTree(unix.AT_FDCWD, src, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_RECURSIVE)
 	if err != nil {
 		if errors.Is(err, unix.ENOSYS) {
@@ -121,13 +190,13 @@ func bindDetached(src string, t *os.File, readOnly bool) error {
 		return &fs.PathError{Op: "clone mount", Path: src, Err: err}
 	}
 	defer unix.Close(tree)
-	if readOnly {
-		attr := unix.MountAttr{Attr_set: unix.MOUNT_ATTR_RDONLY | unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV}
-		if err := unix.MountSetattr(tree, "", unix.AT_EMPTY_PATH|unix.AT_RECURSIVE, &attr); err != nil {
+	if attr != 0 {
+		ma := unix.MountAttr{Attr_set: attr}
+		if err := unix.MountSetattr(tree, "", unix.AT_EMPTY_PATH|unix.AT_RECURSIVE, &ma); err != nil {
 			if errors.Is(err, unix.ENOSYS) {
 				return err
 			}
-			return &fs.PathError{Op: "make read-only", Path: src, Err: err}
+			return &fs.PathError{Op: "set mount flags", Path: src, Err: err}
 		}
 	}
 	if err := unix.MoveMount(tree, "", int(t.Fd()), "", unix.MOVE_MOUNT_F_EMPTY_PATH|unix.MOVE_MOUNT_T_EMPTY_PATH); err != nil {

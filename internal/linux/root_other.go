@@ -16,6 +16,17 @@ func (*Root) Close() error { return nil }
 // Bind is not supported on this operating system.
 func (*Root) Bind(string, string, bool) error { return ErrNotSupported }
 
+// BindOptions are the flags of a bind mount.
+type BindOptions struct {
+	ReadOnly, NoSuid, NoDev, NoExec bool
+}
+
+// ParseBindOptions is not supported on this operating system.
+func ParseBindOptions([]string) BindOptions { return BindOptions{} }
+
+// BindWith is not supported on this operating system.
+func (*Root) BindWith(string, string, BindOptions) error { return ErrNotSupported }
+
 // Tmpfs is not supported on this operating system.
 func (*Root) Tmpfs(string, os.FileMode) error { return ErrNotSupported }
 
