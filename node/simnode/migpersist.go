@@ -10,6 +10,7 @@ import (
 	"strconv"
 
 	"github.com/gpuiso/gpuiso/internal/linux"
+	"github.com/gpuiso/gpuiso/node"
 )
 
 // migLayoutPath is where a MIGManager with a host tree records the MIG
@@ -60,8 +61,11 @@ func (n *Node) saveLayoutLocked(h *Host, i int, next []*migInstance) error {
 // restarts; call it before discovery. A tree without a record changes
 // nothing. A record that does not read, or names a GPU without MIG or a
 // layout that breaks the GPU's rules, is an error (ErrMIGLayout) and
-// changes nothing.
+// changes nothing. A nil h is refused (node.ErrInvalid).
 func (n *Node) RestoreMIG(h *Host) error {
+	if h == nil {
+		return fmt.Errorf("simulated MIG layout: no host tree: %w", node.ErrInvalid)
+	}
 	b, err := os.ReadFile(migLayoutPath(h))
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil
