@@ -41,23 +41,58 @@ func Lookup(driverRoot string) (string, error) {
 	return "", fmt.Errorf("%s in PATH or under %s: %w", ControlBinary, driverRoot, ErrNoControl)
 }
 
-// control sends one command to the daemon of process pid through the
-// control binary as a client, and returns what it printed. The client
-// reaches the daemon's pipe directory as the daemon sees it, through
-// /proc/<pid>/root: a socket's path is limited to 107 bytes, which the
-// manager's directory may pass. A daemon that does not answer is
-// ErrDaemon.
-func (m *Manager) control(ctx context.Context, pid int, command string) (string, error) {
+// control sends one command to the daemon whose pipe directory is
+// pipeDir (on the host) through the control binary as a client, and
+// returns what it printed. A daemon that does not answer is ErrDaemon.
+//
+// The pipe directory is the container's to write: its root may put links
+// there named like the daemon's sockets, pointing at another share's
+// daemon or any socket of the host, which a client run as the host's root
+// would follow. So the client never reads that directory: the sockets
+// are hard-linked (a link is never followed by link(2)) into a directory
+// of the manager's own that no container sees, each checked to be a
+// socket there, and the client is pointed at that directory through
+// /proc/self/fd (a socket's path is limited to 107 bytes, which the
+// manager's directory may pass). Something other than a socket in their
+// place is ErrTampered, and nothing is sent.
+func (m *Manager) control(ctx context.Context, pipeDir, command string) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, controlTimeout)
 	defer cancel()
-	return run(ctx, m.bin, filepath.Join(m.procRoot, strconv.Itoa(pid), "root", daemonPipeDir), command)
+	priv, err := os.MkdirTemp(m.dir, ".control-")
+	if err != nil {
+		return "", fmt.Errorf("%q to the daemon of %s: %w", command, pipeDir, err)
+	}
+	defer os.RemoveAll(priv)
+	for _, name := range []string{"control", "control_privileged"} {
+		if err := os.Link(filepath.Join(pipeDir, name), filepath.Join(priv, name)); err != nil {
+			if name == "control" || !isNotExist(err) {
+				return "", fmt.Errorf("%q to the daemon of %s: %w: %w", command, pipeDir, err, ErrDaemon)
+			}
+			continue
+		}
+		fi, err := os.Lstat(filepath.Join(priv, name))
+		if err != nil {
+			return "", fmt.Errorf("%q to the daemon of %s: %w", command, pipeDir, err)
+		}
+		if fi.Mode().Type() != fs.ModeSocket {
+			return "", fmt.Errorf("%q to the daemon of %s: %s is a %v, not the daemon's socket: %w", command, pipeDir, name, fi.Mode().Type(), ErrTampered)
+		}
+	}
+	dir, err := os.Open(priv)
+	if err != nil {
+		return "", fmt.Errorf("%q to the daemon of %s: %w", command, pipeDir, err)
+	}
+	defer dir.Close()
+	return run(ctx, m.bin, dir, pipeDir, command)
 }
 
-// run is control's body, kept apart for its error wrapping.
-func run(ctx context.Context, bin, pipeDir, command string) (string, error) {
+// run is control's body: the client, with the linked sockets' directory
+// as its descriptor 3.
+func run(ctx context.Context, bin string, dir *os.File, pipeDir, command string) (string, error) {
 	var out, errb bytes.Buffer
 	cmd := exec.CommandContext(ctx, bin)
-	cmd.Env = []string{"CUDA_MPS_PIPE_DIRECTORY=" + pipeDir, "PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
+	cmd.Env = []string{"CUDA_MPS_PIPE_DIRECTORY=/proc/self/fd/3", "PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
+	cmd.ExtraFiles = []*os.File{dir}
 	cmd.Stdin = strings.NewReader(command + "\n")
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	if err := cmd.Run(); err != nil {

@@ -19,6 +19,10 @@ var (
 	// ErrDaemon: a daemon did not start, did not take its limits, or
 	// does not answer.
 	ErrDaemon = node.Sentinel(node.ErrUnavailable, "MPS control daemon failed")
+	// ErrTampered: a daemon's pipe directory (its container's to write)
+	// holds something other than the daemon's sockets under their names
+	// (a link to another socket): no command is sent through it.
+	ErrTampered = node.Sentinel(node.ErrUnavailable, "MPS pipe directory tampered with")
 	// ErrNotMade: a Manager not made with New (its zero value).
 	ErrNotMade = node.Sentinel(node.ErrInvalid, "MPS manager not made with New")
 )

@@ -446,11 +446,11 @@ func (m *Manager) ready(ctx context.Context, d Daemon) error {
 // setLimits gives d's daemon its limits and reads them back.
 func (m *Manager) setLimits(ctx context.Context, d Daemon) error {
 	mib := strconv.FormatUint(d.Limits.mib(), 10)
-	if _, err := m.control(ctx, d.Pid, "set_default_device_pinned_mem_limit 0 "+mib+"M"); err != nil {
+	if _, err := m.control(ctx, d.PipeDir, "set_default_device_pinned_mem_limit 0 "+mib+"M"); err != nil {
 		return err
 	}
 	if d.Limits.ComputePercent > 0 {
-		if _, err := m.control(ctx, d.Pid, "set_default_active_thread_percentage "+strconv.Itoa(d.Limits.ComputePercent)); err != nil {
+		if _, err := m.control(ctx, d.PipeDir, "set_default_active_thread_percentage "+strconv.Itoa(d.Limits.ComputePercent)); err != nil {
 			return err
 		}
 	}
@@ -486,7 +486,7 @@ func (h Held) holds(l Limits) bool {
 // query asks d's daemon for its limits.
 func (m *Manager) query(ctx context.Context, d Daemon) (Held, error) {
 	var h Held
-	mem, err := m.control(ctx, d.Pid, "get_default_device_pinned_mem_limit 0")
+	mem, err := m.control(ctx, d.PipeDir, "get_default_device_pinned_mem_limit 0")
 	if err != nil {
 		return h, err
 	}
@@ -496,7 +496,7 @@ func (m *Manager) query(ctx context.Context, d Daemon) (Held, error) {
 		}
 		h.MemorySet = true
 	}
-	pct, err := m.control(ctx, d.Pid, "get_default_active_thread_percentage")
+	pct, err := m.control(ctx, d.PipeDir, "get_default_active_thread_percentage")
 	if err != nil {
 		return h, err
 	}
@@ -576,7 +576,7 @@ func (m *Manager) stop(ctx context.Context, d Daemon) error {
 		}
 	}
 	if proc.Pid > 0 && proc.Alive(m.procRoot) {
-		_, err := m.control(ctx, proc.Pid, "quit")
+		_, err := m.control(ctx, d.PipeDir, "quit")
 		if err != nil {
 			m.log.WarnContext(ctx, "mps daemon did not take quit", "owner", d.Owner, "pid", proc.Pid, "err", err)
 		}
