@@ -105,6 +105,7 @@ func TestVocabulary(t *testing.T) {
 		"isolator/mps.ErrExists":                    mps.ErrExists,
 		"isolator/mps.ErrUnknownOwner":              mps.ErrUnknownOwner,
 		"isolator/mps.ErrDaemon":                    mps.ErrDaemon,
+		"isolator/mps.ErrTampered":                  mps.ErrTampered,
 		"isolator/mps.ErrNotMade":                   mps.ErrNotMade,
 		"isolator.ErrInvalidMPS":                    isolator.ErrInvalidMPS,
 		"containerizer.ErrNoMPS":                    containerizer.ErrNoMPS,
