@@ -39,7 +39,12 @@ type Resize struct {
 
 // To changes what the owner holds to n whole GPUs (0: none) and returns
 // what it holds afterwards. On error it holds what it held before, as far
-// as undoing allows (the errors of the undo are joined).
+// as undoing allows (the errors of the undo are joined), with one
+// exception: a shrink whose Commit fails after the release is not undone
+// (the released GPUs may be another's by then, and are denied already):
+// To returns the smaller allocation the owner now holds with the error,
+// and the record is the caller's to bring in line (the allocator is the
+// record a recovery trusts).
 func (r Resize) To(ctx context.Context, n int) (allocator.Allocation, error) {
 	if r.Allocator == nil || r.Enforce == nil || n < 0 {
 		return allocator.Allocation{}, fmt.Errorf("resize %s to %d gpus: %w", r.Owner, n, node.ErrInvalid)
@@ -112,7 +117,7 @@ func (r Resize) shrink(ctx context.Context, cur allocator.Allocation, n int) (al
 		return allocator.Allocation{}, errors.Join(err, r.reallow(ctx, cur))
 	}
 	if err := r.commit(next); err != nil {
-		return allocator.Allocation{}, err
+		return next, fmt.Errorf("resize %s to %d gpus: done, not recorded: %w", r.Owner, n, err)
 	}
 	return next, nil
 }

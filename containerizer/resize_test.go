@@ -126,3 +126,29 @@ func TestResizeHolder(t *testing.T) {
 		t.Errorf("To(-1) = %v", err)
 	}
 }
+
+// TestResizeShrinkCommitFails: a shrink whose Commit fails after the
+// release is done, not undone: To returns the smaller allocation the owner
+// holds now with the error, so the caller's record can follow it.
+func TestResizeShrinkCommitFails(t *testing.T) {
+	a := resizeAllocator(t)
+	if _, err := a.Allocate(t.Context(), "c", allocator.Request{Count: 3}); err != nil {
+		t.Fatal(err)
+	}
+	step := containerizer.Resize{
+		Allocator: a, Owner: "c",
+		Enforce: func(context.Context, []node.DeviceRef) error { return nil },
+		Commit:  func(allocator.Allocation) error { return errors.New("disk full") },
+	}
+	al, err := step.To(t.Context(), 1)
+	if err == nil {
+		t.Fatal("a failed Commit is no error")
+	}
+	held, aerr := a.Allocation("c")
+	if aerr != nil {
+		t.Fatal(aerr)
+	}
+	if len(al.Devices) != 1 || len(held.Devices) != 1 || al.Devices[0].UUID != held.Devices[0].UUID {
+		t.Errorf("returned %+v with %v; the owner holds %+v", al.Devices, err, held.Devices)
+	}
+}
