@@ -112,6 +112,9 @@ func NewLifecycle(cfg LifecycleConfig) (*Lifecycle, error) {
 		if rt == nil {
 			return nil, fmt.Errorf("lifecycle: nil runtime: %w", node.ErrInvalid)
 		}
+		if m, ok := rt.(Maker); ok && !m.Made() {
+			return nil, fmt.Errorf("lifecycle: a runtime not made with its constructor: %w", ErrNotMade)
+		}
 		if slices.ContainsFunc(l.rts, func(o *routed) bool { return o.Kind() == rt.Kind() }) {
 			return nil, fmt.Errorf("lifecycle: two %s runtimes: %w", rt.Kind(), node.ErrInvalid)
 		}

@@ -35,6 +35,13 @@ type Runtime interface {
 	List(ctx context.Context) ([]Record, error)
 }
 
+// Maker is a Runtime that tells whether it was made by its constructor:
+// NewLifecycle refuses one that was not (its zero value, or a typed nil)
+// with ErrNotMade, where calling it would panic.
+type Maker interface {
+	Made() bool
+}
+
 // Updater is a Runtime that can change a running container's GPUs; a
 // Lifecycle over another refuses Update with ErrNotSupported.
 type Updater interface {

@@ -37,6 +37,11 @@ type Runtime struct {
 	cdiKnown bool
 }
 
+var _ containerizer.Maker = (*Runtime)(nil)
+
+// Made tells whether r was made by NewRuntime (containerizer.Maker).
+func (r *Runtime) Made() bool { return r != nil && r.cli != nil }
+
 // The Runtime is no containerizer.Updater: the Docker daemon cannot change
 // the device rules of a created container (moby #42255), so the Lifecycle
 // refuses Update with containerizer.ErrNotSupported.

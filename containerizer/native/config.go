@@ -140,6 +140,11 @@ type Runtime struct {
 	*runner
 }
 
+var _ containerizer.Maker = (*Runtime)(nil)
+
+// Made tells whether r was made by NewRuntime (containerizer.Maker).
+func (r *Runtime) Made() bool { return r != nil && r.runner != nil }
+
 // NewRuntime returns the native runtime of cfg, for a
 // containerizer.Lifecycle alone (what New builds) or beside other runtimes
 // over one allocator. cfg.Isolator and cfg.Inventory are required;

@@ -8,6 +8,7 @@ import (
 
 	"github.com/gpuiso/gpuiso/allocator"
 	"github.com/gpuiso/gpuiso/containerizer"
+	czdocker "github.com/gpuiso/gpuiso/containerizer/docker"
 	"github.com/gpuiso/gpuiso/node"
 )
 
@@ -140,5 +141,25 @@ func TestRuntimeBesideAnother(t *testing.T) {
 			t.Fatal(err)
 		}
 		n.nothingLeft(t, id)
+	}
+}
+
+// TestLifecycleRefusesUnmadeRuntimes: a native or Docker runtime not made
+// by its constructor (a zero value, a typed nil) is refused by
+// NewLifecycle with ErrNotMade, not a panic.
+func TestLifecycleRefusesUnmadeRuntimes(t *testing.T) {
+	n := newBareNode(t)
+	for name, rt := range map[string]containerizer.Runtime{
+		"native zero":      &Runtime{},
+		"native typed nil": (*Runtime)(nil),
+		"docker zero":      &czdocker.Runtime{},
+		"docker typed nil": (*czdocker.Runtime)(nil),
+	} {
+		t.Run(name, func(t *testing.T) {
+			l, err := containerizer.NewLifecycle(containerizer.LifecycleConfig{Runtime: rt, Allocator: n.alloc})
+			if !errors.Is(err, containerizer.ErrNotMade) || !errors.Is(err, node.ErrInvalid) || l != nil {
+				t.Fatalf("NewLifecycle = %v, %v; want ErrNotMade", l, err)
+			}
+		})
 	}
 }
