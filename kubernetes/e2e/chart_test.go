@@ -23,6 +23,7 @@ var chartVariants = map[string][]string{
 	"both with metrics": {"--set", "devicePlugin.enabled=true", "--set", "metrics.enabled=true", "--set", "hostNetwork=true"},
 	"simulated":         {"--set", "simulate.kind=dgx1-volta", "--set", "apiServer.host=127.0.0.1", "--set-string", "apiServer.port=6443"},
 	"shares":            {"--set", "sharing.gpus=all", "--set", "sharing.config.kind=ShareConfig", "--set", "sharing.config.computePercent=50"},
+	"dynamic MIG":       {"--set", "dra.dynamicMIG=true"},
 	"operator's driver": {"--set", "driverRoot=/run/nvidia/driver", "--set-string", "nodeSelector.gpuiso\\.io/gpu=true"},
 }
 
