@@ -12,6 +12,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/gpuiso/gpuiso/internal/linux"
 )
 
 // ControlBinary is the MPS control daemon's program, which gpuiso runs
@@ -58,7 +60,7 @@ func Lookup(driverRoot string) (string, error) {
 func (m *Manager) control(ctx context.Context, pipeDir, command string) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, controlTimeout)
 	defer cancel()
-	priv, err := os.MkdirTemp(m.dir, ".control-")
+	priv, err := os.MkdirTemp(m.dir, m.controlPattern())
 	if err != nil {
 		return "", fmt.Errorf("%q to the daemon of %s: %w", command, pipeDir, err)
 	}
@@ -84,6 +86,56 @@ func (m *Manager) control(ctx context.Context, pipeDir, command string) (string,
 	}
 	defer dir.Close()
 	return run(ctx, m.bin, dir, pipeDir, command)
+}
+
+// controlPrefix starts the name of each directory control links a
+// daemon's sockets into; controlMaxAge is how long one may be left with a
+// name that does not say whose it is (a control ends within controlTimeout).
+const (
+	controlPrefix = ".control-"
+	controlMaxAge = 3 * controlTimeout
+)
+
+// controlPattern is the os.MkdirTemp pattern of control's directory:
+// the prefix, the calling process ("<pid>.<start>"), so that dropControls
+// can tell one whose process was killed mid-command from one in use, then
+// a random suffix.
+func (m *Manager) controlPattern() string {
+	self, err := linux.Self(m.procRoot)
+	if err != nil {
+		return controlPrefix
+	}
+	return controlPrefix + self.String() + "-"
+}
+
+// dropControls removes the directories control left in the manager's
+// directory when its process was killed mid-command: those of a process
+// that provably ended, and those that do not name one once they are older
+// than any command. A directory of a live process is in use and is kept.
+func (m *Manager) dropControls() error {
+	entries, err := os.ReadDir(m.dir)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, e := range entries {
+		rest, ok := strings.CutPrefix(e.Name(), controlPrefix)
+		if !ok || !e.IsDir() {
+			continue
+		}
+		name, _, _ := strings.Cut(rest, "-")
+		if p, err := linux.ParseProcess(name); err == nil {
+			if !p.Dead(m.procRoot) {
+				continue
+			}
+		} else if fi, err := e.Info(); err != nil || time.Since(fi.ModTime()) < controlMaxAge {
+			continue
+		}
+		if err := os.RemoveAll(filepath.Join(m.dir, e.Name())); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // run is control's body: the client, with the linked sockets' directory

@@ -8,7 +8,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/gpuiso/gpuiso/internal/linux"
 	"github.com/gpuiso/gpuiso/node"
 )
 
@@ -87,6 +89,59 @@ func TestControlRefusesLinks(t *testing.T) {
 	for _, e := range entries {
 		if strings.HasPrefix(e.Name(), ".control-") {
 			t.Errorf("left in the manager's directory: %s", e.Name())
+		}
+	}
+}
+
+// TestSweepDropsKilledControls: a process killed while it sent a daemon a
+// command leaves the directory its sockets were linked into; Sweep removes
+// it once that process is provably dead (or, for a directory that does not
+// say whose it is, once it is older than any command), and keeps those of
+// live processes, which are in use.
+func TestSweepDropsKilledControls(t *testing.T) {
+	m, err := New(t.TempDir(), WithControl(fakeClient(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	self, err := linux.Self(m.procRoot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := m.controlPattern(); p != controlPrefix+self.String()+"-" {
+		t.Fatalf("control's directories are named %q*, want the calling process in the name", p)
+	}
+	dead := linux.Process{Pid: self.Pid, Start: self.Start + 1} // the same pid, another process
+	old := time.Now().Add(-controlMaxAge - time.Minute)
+	dirs := map[string]bool{ // name: kept
+		controlPrefix + dead.String() + "-1": false,
+		controlPrefix + self.String() + "-2": true,
+		controlPrefix + "20283":              true,  // unnamed, new
+		controlPrefix + "20284":              false, // unnamed, old
+		controlPrefix + "garbage.name-3":     true,
+		"owner-1":                            true,
+	}
+	for name := range dirs {
+		p := filepath.Join(m.dir, name)
+		if err := os.MkdirAll(filepath.Join(p, "sub"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if name == controlPrefix+"20284" {
+			if err := os.Chtimes(p, old, old); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if _, err := m.Sweep(context.Background(), func(string) bool { return true }); err != nil {
+		t.Fatal(err)
+	}
+	for name, kept := range dirs {
+		_, err := os.Stat(filepath.Join(m.dir, name))
+		if kept && err != nil {
+			t.Errorf("%s: removed (%v), want kept", name, err)
+		}
+		if !kept && err == nil {
+			t.Errorf("%s: kept, want removed", name)
 		}
 	}
 }

@@ -41,7 +41,8 @@
 // removes the directory. [Manager.Sweep] is the recovery of a
 // process that crashed: it stops every daemon whose owner it does not keep,
 // a daemon whose starter died before recording its pid included (found as
-// the holder of its pipe directory's control lock). [Manager.List] reads
+// the holder of its pipe directory's control lock), and removes what a
+// command to a daemon left when its process was killed. [Manager.List] reads
 // the records; [Manager.Held] asks a daemon which limits it holds. The
 // containerizers (package containerizer's Preparer and Lifecycle,
 // containerizer/chain) start a share's daemon in the prepare step, stop it

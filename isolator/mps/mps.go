@@ -733,8 +733,9 @@ func Daemons(ctx context.Context, dir string) ([]Daemon, error) {
 }
 
 // Sweep stops every daemon whose owner keep does not keep, and removes
-// what dead daemons of kept owners left (their servers): the recovery of
-// a process that lost track of its shares. It returns the owners whose
+// what dead daemons of kept owners left (their servers) and what commands
+// to daemons left when their process was killed: the recovery of a
+// process that lost track of its shares. It returns the owners whose
 // daemons it stopped, sorted. A kept owner's dead daemon is not restarted
 // here: Start does that.
 func (m *Manager) Sweep(ctx context.Context, keep func(owner string) bool) ([]string, error) {
@@ -767,7 +768,7 @@ func (m *Manager) Sweep(ctx context.Context, keep func(owner string) bool) ([]st
 			}
 			stopped = append(stopped, o)
 		}
-		return nil
+		return m.dropControls()
 	})
 	errs = append(errs, err)
 	if err := errors.Join(errs...); err != nil {
