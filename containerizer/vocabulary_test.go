@@ -106,6 +106,7 @@ func TestVocabulary(t *testing.T) {
 		"isolator/mps.ErrUnknownOwner":              mps.ErrUnknownOwner,
 		"isolator/mps.ErrDaemon":                    mps.ErrDaemon,
 		"isolator/mps.ErrTampered":                  mps.ErrTampered,
+		"isolator/mps.ErrUnsafeRestart":             mps.ErrUnsafeRestart,
 		"isolator/mps.ErrNotMade":                   mps.ErrNotMade,
 		"isolator.ErrInvalidMPS":                    isolator.ErrInvalidMPS,
 		"containerizer.ErrNoMPS":                    containerizer.ErrNoMPS,

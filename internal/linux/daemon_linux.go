@@ -17,10 +17,18 @@ import (
 // StartDaemon starts, before it starts: Source (a host directory) bound at
 // Target, or, with Source empty, a tmpfs of mode Mode at Target. Target
 // is made when missing (in a tmpfs mounted before it, say).
+//
+// Untrusted marks a bound directory that another party may write while
+// the daemon runs (a container's, say): it is bound nosuid, nodev, noexec
+// and nosymfollow, so that the daemon, however privileged, follows no
+// link planted there to a file of the host's. A kernel without
+// nosymfollow (before Linux 5.10) fails the start with an error matching
+// ErrNotSupported, before anything runs.
 type NamespaceMount struct {
-	Source string
-	Target string
-	Mode   os.FileMode
+	Source    string
+	Target    string
+	Mode      os.FileMode
+	Untrusted bool
 }
 
 // StartDaemon starts cmd as a daemon: in a session of its own (so that
@@ -69,6 +77,9 @@ func onSpareThread(fn func() (taint bool, err error)) error {
 	return <-ch
 }
 
+// untrustedFlags are the flags of an Untrusted mount.
+const untrustedFlags = unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC | unix.MS_NOSYMFOLLOW
+
 func startIn(cmd *exec.Cmd, mounts []NamespaceMount) error {
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_SLAVE, ""); err != nil {
 		return &fs.PathError{Op: "make rslave", Path: "/", Err: err}
@@ -105,6 +116,15 @@ func startIn(cmd *exec.Cmd, mounts []NamespaceMount) error {
 		}
 		if err := unix.Mount(fdPath(srcs[i]), m.Target, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
 			return &fs.PathError{Op: "bind " + m.Source, Path: m.Target, Err: err}
+		}
+		if m.Untrusted {
+			if err := unix.Mount("", m.Target, "", unix.MS_BIND|unix.MS_REMOUNT|untrustedFlags, ""); err != nil {
+				err = &fs.PathError{Op: "remount nosuid,nodev,noexec,nosymfollow", Path: m.Target, Err: err}
+				if errors.Is(err, unix.EINVAL) {
+					return fmt.Errorf("%w: %w", err, ErrNotSupported)
+				}
+				return err
+			}
 		}
 	}
 	return cmd.Start()

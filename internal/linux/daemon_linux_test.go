@@ -157,3 +157,48 @@ func TestLockHolderOpensOnlyAFile(t *testing.T) {
 		}
 	}
 }
+
+// TestStartDaemonUntrusted: a daemon given a directory that another party
+// writes (Untrusted) follows no link planted there, so a privileged daemon
+// that creates, writes or chmods a file by a name in it leaves the host
+// file the link names as it was; files of the directory itself are its
+// own to write, and nothing there runs or opens as a device.
+func TestStartDaemonUntrusted(t *testing.T) {
+	if !IsRoot() {
+		t.Skip("needs root: mount namespaces")
+	}
+	dir := t.TempDir()
+	shared, host := filepath.Join(dir, "shared"), filepath.Join(dir, "host-file")
+	if err := os.Mkdir(shared, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(host, []byte("host"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(host, filepath.Join(shared, "log")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(shared, "run"), []byte("#!/bin/sh\necho ran\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	target := filepath.Join(dir, "ns")
+	var out bytes.Buffer
+	cmd := exec.Command("sh", "-c", "chmod 777 "+target+"/log; echo daemon >> "+target+"/log; echo own > "+target+"/own; "+target+"/run; echo done")
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := StartDaemon(cmd, []NamespaceMount{{Source: shared, Target: target, Untrusted: true}}); err != nil {
+		t.Fatal(err)
+	}
+	cmd.Wait()
+	if b, err := os.ReadFile(host); err != nil || string(b) != "host" {
+		t.Errorf("the host file behind the link holds %q (%v), want it untouched", b, err)
+	}
+	if fi, err := os.Stat(host); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Errorf("the host file behind the link: %v (%v), want mode 0600", fi.Mode(), err)
+	}
+	if b, err := os.ReadFile(filepath.Join(shared, "own")); err != nil || string(b) != "own\n" {
+		t.Errorf("the daemon's own file: %q (%v)", b, err)
+	}
+	if strings.Contains(out.String(), "ran\n") || !strings.Contains(out.String(), "done") {
+		t.Errorf("the daemon ran a program of the shared directory, or did not finish: %s", out.String())
+	}
+}

@@ -9,9 +9,10 @@ import (
 
 // NamespaceMount is a mount of a daemon's mount namespace (Linux only).
 type NamespaceMount struct {
-	Source string
-	Target string
-	Mode   os.FileMode
+	Source    string
+	Target    string
+	Mode      os.FileMode
+	Untrusted bool
 }
 
 // StartDaemon is not supported on this operating system.

@@ -111,6 +111,18 @@
 //     a GPU each see all of its memory and compute, and only the
 //     allocator's count of them (allocator.WithTimeSlices) is enforced.
 //
+// The pipe and shared memory directories are the container's to write
+// while its daemon runs, and the daemon and its servers, run by root,
+// create, write and chmod files there by name (control_lock, log,
+// control). Their mount namespace has both directories nosuid, nodev,
+// noexec and nosymfollow, so a link the container plants by such a name
+// fails the daemon rather than leading it to a host file; the manager
+// itself reaches the sockets there through hard links (ErrTampered). On a
+// kernel without nosymfollow (before Linux 5.10) a new daemon's
+// directories, which no container has seen yet, are bound as they are,
+// and a dead daemon is not started again under its running container
+// (ErrUnsafeRestart).
+//
 // Each share's server has a CUDA context of its own on the GPU, and the
 // servers of one GPU's shares time-slice among themselves rather than run
 // their kernels concurrently as the clients of one server do: the price of

@@ -23,6 +23,11 @@ var (
 	// holds something other than the daemon's sockets under their names
 	// (a link to another socket): no command is sent through it.
 	ErrTampered = node.Sentinel(node.ErrUnavailable, "MPS pipe directory tampered with")
+	// ErrUnsafeRestart: a dead daemon was to be started again in the
+	// directories its share's container may still write, on a kernel that
+	// cannot keep the daemon from following links planted there
+	// (nosymfollow, Linux 5.10): the share is not restarted.
+	ErrUnsafeRestart = node.Sentinel(node.ErrNotSupported, "MPS daemon not restarted under its container: the kernel lacks nosymfollow")
 	// ErrNotMade: a Manager not made with New (its zero value).
 	ErrNotMade = node.Sentinel(node.ErrInvalid, "MPS manager not made with New")
 )

@@ -178,6 +178,9 @@ type Manager struct {
 
 	mu   sync.Mutex // with the lock file, one change at a time
 	lock *os.File
+
+	// startFn starts a daemon's process (linux.StartDaemon when nil).
+	startFn func(*exec.Cmd, []linux.NamespaceMount) error
 }
 
 // New returns a manager of the daemons under dir (made if missing). It
@@ -267,8 +270,10 @@ func (m *Manager) daemonDir(owner string) string { return filepath.Join(m.dir, o
 // A running daemon of owner with the same GPU and limits is returned as it
 // is (Start is idempotent); one with others is ErrExists. A dead one of the
 // same share is started again in its directories, which its container may
-// still have mounted; what a dead one of another share left is removed
-// first. On error nothing is left.
+// still have mounted and write (where the kernel cannot keep the daemon
+// from following links planted there, it is not: ErrUnsafeRestart); what
+// a dead one of another share left is removed first. On error nothing is
+// left.
 func (m *Manager) Start(ctx context.Context, owner string, gpu node.DeviceRef, lim Limits) (Daemon, error) {
 	if err := m.made(); err != nil {
 		return Daemon{}, err
@@ -315,8 +320,9 @@ func (m *Manager) start(ctx context.Context, owner string, gpu node.DeviceRef, l
 				return d, err
 			}
 		}
-	} else if !isNotExist(err) {
-		// An unreadable record: whatever it started goes.
+	} else if _, serr := os.Lstat(m.daemonDir(owner)); !isNotExist(err) || serr == nil {
+		// An unreadable record, or a directory whose removal did not
+		// finish (its container wrote on in it): whatever it holds goes.
 		if err := m.stop(ctx, m.blank(owner)); err != nil {
 			return d, err
 		}
@@ -355,18 +361,10 @@ func (m *Manager) start(ctx context.Context, owner string, gpu node.DeviceRef, l
 		return d, err
 	}
 	defer log.Close()
-	cmd := exec.Command(m.bin, "-f")
-	cmd.Env = m.env(gpu.UUID, d.Mark)
-	cmd.Stdout, cmd.Stderr = log, log
-	mounts := []linux.NamespaceMount{
-		{Target: daemonTmp, Mode: 0o777 | os.ModeSticky},
-		{Source: d.PipeDir, Target: daemonPipeDir},
-		{Source: d.LogDir, Target: daemonLogDir},
-		{Source: d.ShmDir, Target: daemonShmDir},
-	}
 	began := time.Now()
-	if err := linux.StartDaemon(cmd, mounts); err != nil {
-		return d, fmt.Errorf("start %s: %w", m.bin, err)
+	cmd, err := m.startDaemon(d, log, again)
+	if err != nil {
+		return d, err
 	}
 	go cmd.Wait() // reaped whenever it ends
 	d.Pid = cmd.Process.Pid
@@ -388,6 +386,46 @@ func (m *Manager) start(ctx context.Context, owner string, gpu node.DeviceRef, l
 	d.Alive = true
 	m.log.InfoContext(ctx, "mps daemon started", "owner", owner, "gpu", gpu.UUID, "pid", d.Pid, "memory MiB", lim.mib(), "compute %", lim.ComputePercent, "took", time.Since(began))
 	return d, nil
+}
+
+// startDaemon starts d's control daemon, logging to log, in a mount
+// namespace where its directories are where its environment says. The
+// pipe and shared memory directories are its share's container's to
+// write: the daemon (root, as its starter) is given them nosymfollow, so
+// that it follows no link the container plants there to a host file (it
+// creates, chmods and binds files there by name). A kernel without
+// nosymfollow (before Linux 5.10) has them bound as they are for a new
+// daemon, whose directories no container has seen yet, and refuses again
+// (a dead daemon started again in the directories its container may
+// still write) with ErrUnsafeRestart.
+func (m *Manager) startDaemon(d Daemon, log *os.File, again bool) (*exec.Cmd, error) {
+	untrusted := true
+	for {
+		cmd := exec.Command(m.bin, "-f")
+		cmd.Env = m.env(d.GPU, d.Mark)
+		cmd.Stdout, cmd.Stderr = log, log
+		mounts := []linux.NamespaceMount{
+			{Target: daemonTmp, Mode: 0o777 | os.ModeSticky},
+			{Source: d.PipeDir, Target: daemonPipeDir, Untrusted: untrusted},
+			{Source: d.LogDir, Target: daemonLogDir},
+			{Source: d.ShmDir, Target: daemonShmDir, Untrusted: untrusted},
+		}
+		start := m.startFn
+		if start == nil {
+			start = linux.StartDaemon
+		}
+		err := start(cmd, mounts)
+		switch {
+		case err == nil:
+			return cmd, nil
+		case errors.Is(err, linux.ErrNotSupported) && untrusted && again:
+			return nil, fmt.Errorf("start %s in the directories of a share whose container may run: %w: %w", m.bin, err, ErrUnsafeRestart)
+		case errors.Is(err, linux.ErrNotSupported) && untrusted:
+			untrusted = false
+		default:
+			return nil, fmt.Errorf("start %s: %w", m.bin, err)
+		}
+	}
 }
 
 // env is the daemon's environment: its GPU, its directories as its own

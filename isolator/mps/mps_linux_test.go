@@ -19,6 +19,7 @@ import (
 	"github.com/gpuiso/gpuiso/internal/testenv"
 	"github.com/gpuiso/gpuiso/isolator/mps"
 	"github.com/gpuiso/gpuiso/node"
+	"golang.org/x/sys/unix"
 )
 
 const gib = 1 << 30
@@ -444,4 +445,174 @@ func BenchmarkDaemon(b *testing.B) {
 			}
 		}
 	})
+}
+
+// mountOptions are the per-mount options of the mount at target in pid's
+// mount namespace ("" when there is none).
+func mountOptions(t *testing.T, pid int, target string) string {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/mountinfo", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := ""
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) > 5 && f[4] == target {
+			opts = f[5] // the last mount at target is the one seen
+		}
+	}
+	return opts
+}
+
+// TestRestartFollowsNoLink: the pipe and shared memory directories are the
+// share's container's to write, and a daemon started again in them runs
+// while the container does: its root may plant links there by the names
+// the daemon creates and chmods (control_lock, control, log), to host
+// files (the daemon writes its log through a link named log). The daemon has both directories nosymfollow (and nosuid, nodev,
+// noexec), started anew or again, and a restart raced by a planter of such
+// links leaves the host files as they were, whether it starts or fails.
+func TestRestartFollowsNoLink(t *testing.T) {
+	ctx := context.Background()
+	m, _ := newManager(t)
+	lim := mps.Limits{MemoryBytes: gib}
+	d, err := m.Start(ctx, "share", gpu(0), lim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	check := func(d mps.Daemon) {
+		t.Helper()
+		for _, target := range []string{"/tmp/nvidia-mps", "/dev/shm"} {
+			opts := mountOptions(t, d.Pid, target)
+			for _, want := range []string{"nosuid", "nodev", "noexec", "nosymfollow"} {
+				if !contains(strings.Split(opts, ","), want) {
+					t.Errorf("daemon %d has %s with %q, want %s", d.Pid, target, opts, want)
+				}
+			}
+		}
+	}
+	check(d)
+
+	// Host files outside /tmp, which is a tmpfs of its own to the daemon.
+	hostDir, err := os.MkdirTemp("/var/tmp", "mps-host-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(hostDir) })
+	// The files the daemon opens, creates or chmods by name; links where
+	// its sockets go would only fail its start.
+	names := []string{"control_lock", "log"}
+	for _, n := range names {
+		if err := os.WriteFile(filepath.Join(hostDir, n), []byte("host"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for round := range 5 {
+		syscall.Kill(d.Pid, syscall.SIGKILL)
+		waitDead(t, d.Pid, d.Start)
+		stop := make(chan struct{})
+		var wg sync.WaitGroup
+		wg.Go(func() { // the container's root, in the pipe directory it has
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				for _, n := range names {
+					os.Symlink(filepath.Join(hostDir, n), filepath.Join(d.PipeDir, n))
+				}
+				time.Sleep(50 * time.Microsecond)
+			}
+		})
+		again, err := m.Start(ctx, "share", gpu(0), lim)
+		close(stop)
+		wg.Wait()
+		for _, n := range names {
+			fi, serr := os.Stat(filepath.Join(hostDir, n))
+			b, _ := os.ReadFile(filepath.Join(hostDir, n))
+			if serr != nil || fi.Mode() != 0o600 || string(b) != "host" {
+				t.Fatalf("round %d: the host file %s behind a planted link is now %v, %q (%v)", round, n, fi.Mode(), b, serr)
+			}
+		}
+		if err != nil {
+			// Refused by a link where the daemon's file should be: the
+			// share's daemon is gone, as after any failed start.
+			t.Logf("round %d: restart among planted links: %v", round, err)
+			entries, _ := os.ReadDir(d.PipeDir)
+			for _, e := range entries {
+				os.Remove(filepath.Join(d.PipeDir, e.Name()))
+			}
+			if again, err = m.Start(ctx, "share", gpu(0), lim); err != nil {
+				t.Fatal(err)
+			}
+		}
+		check(again)
+		d = again
+	}
+}
+
+// TestStartOverUnfinishedStop: a daemon's directory whose removal did not
+// finish (its container wrote on in it as it went) and that has no record
+// left is removed by the owner's next Start, which then starts.
+func TestStartOverUnfinishedStop(t *testing.T) {
+	ctx := context.Background()
+	m, dir := newManager(t)
+	left := filepath.Join(dir, "left", "pipe")
+	if err := os.MkdirAll(left, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("/etc/passwd", filepath.Join(left, "log")); err != nil {
+		t.Fatal(err)
+	}
+	d, err := m.Start(ctx, "left", gpu(0), mps.Limits{MemoryBytes: gib})
+	if err != nil || !d.Alive {
+		t.Fatalf("Start over a directory without a record = %+v, %v", d, err)
+	}
+	if fi, err := os.Lstat(filepath.Join(d.PipeDir, "log")); err == nil && fi.Mode()&os.ModeSymlink != 0 {
+		t.Error("the link left in the pipe directory is still there")
+	}
+}
+
+// TestRestartWithoutNoSymfollow: on a kernel that cannot bind a directory
+// nosymfollow (before Linux 5.10), a new daemon starts with its
+// directories bound as they are (no container has seen them yet), and a
+// dead one is not started again in the directories its container may
+// still write: ErrUnsafeRestart, and nothing of the share is left.
+func TestRestartWithoutNoSymfollow(t *testing.T) {
+	testenv.RequireMPS(t)
+	ctx := context.Background()
+	m, err := mps.New(filepath.Join(t.TempDir(), "mps"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	refused := 0
+	mps.SetStartDaemon(m, func(cmd *exec.Cmd, mounts []linux.NamespaceMount) error {
+		for _, mt := range mounts {
+			if mt.Untrusted {
+				refused++
+				return fmt.Errorf("remount: %w: %w", unix.EINVAL, linux.ErrNotSupported)
+			}
+		}
+		return linux.StartDaemon(cmd, mounts)
+	})
+	lim := mps.Limits{MemoryBytes: 1 << 30}
+	d, err := m.Start(ctx, "share", gpu(0), lim)
+	if err != nil || !d.Alive || refused != 1 {
+		t.Fatalf("Start = %+v, %v (nosymfollow refused %d times)", d, err, refused)
+	}
+	linux.Kill(d.Pid)
+	for (linux.Process{Pid: d.Pid, Start: d.Start}).Alive("") {
+		time.Sleep(time.Millisecond)
+	}
+	_, err = m.Start(ctx, "share", gpu(0), lim)
+	if !errors.Is(err, mps.ErrUnsafeRestart) || !errors.Is(err, node.ErrNotSupported) {
+		t.Fatalf("Start again = %v, want ErrUnsafeRestart", err)
+	}
+	if _, err := os.Stat(d.Dir); !os.IsNotExist(err) {
+		t.Errorf("the refused share's directory: %v, want it removed", err)
+	}
+	if ds, _ := m.List(ctx); len(ds) != 0 {
+		t.Errorf("List after the refused restart = %+v", ds)
+	}
 }

@@ -1,0 +1,13 @@
+package mps
+
+import (
+	"os/exec"
+
+	"github.com/gpuiso/gpuiso/internal/linux"
+)
+
+// SetStartDaemon has m start its daemons' processes with fn, for a test
+// that plays a kernel the host's is not.
+func SetStartDaemon(m *Manager, fn func(*exec.Cmd, []linux.NamespaceMount) error) {
+	m.startFn = fn
+}
