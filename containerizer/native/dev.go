@@ -68,14 +68,22 @@ func makeDev(dir string, nodes []isolator.DeviceNode) error {
 	return nil
 }
 
-// addNode binds the host's node n.HostPath into a container's /dev under its
-// own name, after checking that it is the character device the plan says.
+// addNode binds the host's node n.HostPath into a container's /dev (dir)
+// under its own name, after checking that it is the character device the
+// plan says. The container's root writes its /dev while it runs (a live
+// update adds nodes then): the node's directory (nvidia-caps) and the node
+// are found and made inside dir, a link there never followed out of it.
 func addNode(dir string, n isolator.DeviceNode) error {
-	p, err := nodePath(dir, n)
+	rel, err := nodePath(n)
 	if err != nil {
 		return err
 	}
-	if have, err := linux.StatDevice(p); err == nil && have.Major == n.Major && have.Minor == n.Minor {
+	root, err := linux.OpenRoot(dir)
+	if err != nil {
+		return fmt.Errorf("device node %s: %w", n.Path, err)
+	}
+	defer root.Close()
+	if have, err := root.StatDevice(rel); err == nil && have.Char && have.Major == n.Major && have.Minor == n.Minor {
 		return nil // already there
 	}
 	host, err := linux.StatDevice(n.HostPath)
@@ -85,46 +93,39 @@ func addNode(dir string, n isolator.DeviceNode) error {
 	if !host.Char || host.Major != n.Major || host.Minor != n.Minor {
 		return fmt.Errorf("device node %s: %s is %d:%d, want %d:%d", n.Path, n.HostPath, host.Major, host.Minor, n.Major, n.Minor)
 	}
-	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil { // nvidia-caps/
-		return fmt.Errorf("device node %s: %w", n.Path, err)
-	}
-	f, err := os.OpenFile(p, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600) // the mount point
-	if err != nil {
-		return fmt.Errorf("device node %s: %w", n.Path, err)
-	}
-	f.Close()
-	if err := linux.BindMount(n.HostPath, p, false); err != nil {
-		os.Remove(p)
+	if err := root.Bind(n.HostPath, rel, false); err != nil {
+		root.Unbind(rel)
 		return fmt.Errorf("device node %s: %w", n.Path, err)
 	}
 	return nil
 }
 
-// removeNode unbinds a node from a container's /dev and deletes its mount
-// point.
+// removeNode unbinds a node from a container's /dev (dir) and deletes its
+// mount point, both inside dir (see addNode).
 func removeNode(dir string, n isolator.DeviceNode) error {
-	p, err := nodePath(dir, n)
+	rel, err := nodePath(n)
 	if err != nil {
 		return err
 	}
-	if err := linux.DetachUnmount(p); err != nil && !errors.Is(err, fs.ErrNotExist) && !linux.Invalid(err) {
-		return err
+	root, err := linux.OpenRoot(dir)
+	if err != nil {
+		return fmt.Errorf("device node %s: %w", n.Path, err)
 	}
-	err = os.Remove(p)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil
+	defer root.Close()
+	if err := root.Unbind(rel); err != nil {
+		return fmt.Errorf("device node %s: %w", n.Path, err)
 	}
-	return err
+	return nil
 }
 
-// nodePath is where n appears under a container's /dev directory dir: its
+// nodePath is where n appears under a container's /dev directory: its
 // path below the container's /dev (nvidia0, nvidia-caps/nvidia-cap12).
-func nodePath(dir string, n isolator.DeviceNode) (string, error) {
+func nodePath(n isolator.DeviceNode) (string, error) {
 	rel, err := filepath.Rel(isolator.ContainerDevRoot, n.Path)
 	if err != nil || rel == "." || strings.HasPrefix(rel, "..") {
 		return "", fmt.Errorf("device node %s: not under %s: %w", n.Path, isolator.ContainerDevRoot, node.ErrInvalid)
 	}
-	return filepath.Join(dir, rel), nil
+	return rel, nil
 }
 
 // removeDev unmounts a container's /dev and removes its directory.

@@ -17,6 +17,12 @@ func StatDevice(path string) (DeviceNumber, error) {
 	if err := unix.Lstat(path, &st); err != nil {
 		return DeviceNumber{}, &fs.PathError{Op: "lstat", Path: path, Err: err}
 	}
+	return deviceNumber(path, &st)
+}
+
+// deviceNumber is the device number of path, whose stat is st, a device
+// node; anything else is an error.
+func deviceNumber(path string, st *unix.Stat_t) (DeviceNumber, error) {
 	switch st.Mode & unix.S_IFMT {
 	case unix.S_IFCHR, unix.S_IFBLK:
 	default:

@@ -219,6 +219,63 @@ func (r *Root) Tmpfs(dest string, mode os.FileMode) error {
 	return nil
 }
 
+// StatDevice is the device number of the device node dest inside the
+// root, links followed inside it; anything else is an error.
+func (r *Root) StatDevice(dest string) (DeviceNumber, error) {
+	f, err := pathrs.OpenatInRoot(r.f, dest)
+	if err != nil {
+		return DeviceNumber{}, &fs.PathError{Op: "open in root", Path: dest, Err: err}
+	}
+	defer f.Close()
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		return DeviceNumber{}, &fs.PathError{Op: "stat", Path: dest, Err: err}
+	}
+	return deviceNumber(dest, &st)
+}
+
+// Unbind detaches what is mounted on dest inside the root and removes
+// dest. dest is found as Bind finds it, links followed inside the root:
+// neither the unmount nor the removal reaches anything outside it. A dest
+// that is not there is not an error.
+func (r *Root) Unbind(dest string) error {
+	joined, err := securejoin.SecureJoin(r.path, dest)
+	if err != nil {
+		return &fs.PathError{Op: "unbind", Path: dest, Err: err}
+	}
+	clean, err := filepath.Rel(r.path, joined)
+	if err != nil {
+		return &fs.PathError{Op: "unbind", Path: dest, Err: err}
+	}
+	clean = filepath.Clean("/" + clean)
+	parent, err := pathrs.OpenatInRoot(r.f, filepath.Dir(clean))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return &fs.PathError{Op: "unbind", Path: dest, Err: err}
+	}
+	defer parent.Close()
+	base := filepath.Base(clean)
+	fd, err := unix.Openat(int(parent.Fd()), base, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if errors.Is(err, unix.ENOENT) {
+		return nil
+	}
+	if err != nil {
+		return &fs.PathError{Op: "unbind", Path: dest, Err: err}
+	}
+	f := os.NewFile(uintptr(fd), filepath.Join(r.path, clean))
+	err = unix.Unmount(fdPath(f), unix.MNT_DETACH)
+	f.Close()
+	if err != nil && !errors.Is(err, unix.EINVAL) { // EINVAL: nothing mounted there
+		return &fs.PathError{Op: "unmount", Path: dest, Err: err}
+	}
+	if err := unix.Unlinkat(int(parent.Fd()), base, 0); err != nil && !errors.Is(err, unix.ENOENT) {
+		return &fs.PathError{Op: "remove", Path: dest, Err: err}
+	}
+	return nil
+}
+
 // Dir makes sure dest is a directory of the root itself, not a link: the
 // places the set-up later reaches by plain paths (/dev, /proc, /sys) must
 // not lead anywhere else. A missing one is made.

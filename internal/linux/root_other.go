@@ -30,6 +30,12 @@ func (*Root) BindWith(string, string, BindOptions) error { return ErrNotSupporte
 // Tmpfs is not supported on this operating system.
 func (*Root) Tmpfs(string, os.FileMode) error { return ErrNotSupported }
 
+// StatDevice is not supported on this operating system.
+func (*Root) StatDevice(string) (DeviceNumber, error) { return DeviceNumber{}, ErrNotSupported }
+
+// Unbind is not supported on this operating system.
+func (*Root) Unbind(string) error { return ErrNotSupported }
+
 // Dir is not supported on this operating system.
 func (*Root) Dir(string) error { return ErrNotSupported }
 
