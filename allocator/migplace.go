@@ -157,3 +157,11 @@ func (a *Allocator) liveUnits() []int {
 	}
 	return out
 }
+
+// PlacesMIG reports whether a can make MIG devices at placements
+// (AllocateMIGAt): whether its MIG manager (WithMIGManager) is a
+// MIGPlacer.
+func (a *Allocator) PlacesMIG() bool {
+	_, ok := a.cfg.migManager.(MIGPlacer)
+	return ok
+}

@@ -83,7 +83,11 @@ type Driver struct {
 var _ kubeletplugin.DRAPlugin = (*Driver)(nil)
 
 // New returns a Driver for the GPUs of inv, which alloc hands out (its
-// health is the slice's; its owners are the prepared claims).
+// health is the slice's; its owners are the prepared claims). Dynamic MIG
+// (SliceOptions.DynamicMIG) needs an allocator that makes MIG devices
+// (allocator.Allocator.PlacesMIG); without one New fails with
+// ErrInvalidConfig and ErrNoMIGManager rather than every such claim at
+// Prepare.
 func New(inv *node.Inventory, alloc *allocator.Allocator, cfg Config) (*Driver, error) {
 	if inv == nil || alloc == nil {
 		return nil, fmt.Errorf("DRA driver needs an inventory and an allocator: %w", ErrInvalidConfig)
@@ -117,6 +121,9 @@ func New(inv *node.Inventory, alloc *allocator.Allocator, cfg Config) (*Driver, 
 	}
 	if err := checkDynamicMIG(inv, cfg.Slice); err != nil {
 		return nil, err
+	}
+	if len(cfg.Slice.DynamicMIG) > 0 && !alloc.PlacesMIG() {
+		return nil, fmt.Errorf("dynamic MIG GPUs %q with an allocator that cannot make MIG devices: %w: %w", cfg.Slice.DynamicMIG, ErrInvalidConfig, ErrNoMIGManager)
 	}
 	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
 		return nil, fmt.Errorf("DRA state directory: %w", err)

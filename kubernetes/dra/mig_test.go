@@ -423,3 +423,25 @@ func TestDynamicMIGUserInstanceAfter(t *testing.T) {
 		t.Fatalf("with a user's 1g.10gb at 3: %v", got)
 	}
 }
+
+// TestDynamicMIGNeedsPlacer: a driver told to partition GPUs by dynamic
+// MIG with an allocator that cannot make MIG devices is refused at New,
+// not claim by claim at Prepare.
+func TestDynamicMIGNeedsPlacer(t *testing.T) {
+	e := newDynEnv(t)
+	a, err := allocator.New(e.inv, allocator.WithStateDir(e.allocDir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	if a.PlacesMIG() {
+		t.Fatal("an allocator without a MIG manager places MIG devices")
+	}
+	_, err = dra.New(e.inv, a, dra.Config{CDIDir: e.cdiDir, StateDir: e.stateDir, Slice: dra.SliceOptions{DynamicMIG: []string{e.sim.UUID(0)}}})
+	if !errors.Is(err, dra.ErrNoMIGManager) || !errors.Is(err, dra.ErrInvalidConfig) {
+		t.Fatalf("New with dynamic MIG and no MIG placer = %v, want ErrNoMIGManager and ErrInvalidConfig", err)
+	}
+	if _, err := os.Stat(e.stateDir); !os.IsNotExist(err) {
+		t.Errorf("the refused driver made its state directory: %v", err)
+	}
+}
