@@ -138,6 +138,9 @@ func WithLogger(l *slog.Logger) Option {
 func New(inv *node.Inventory, opts ...Option) (*Allocator, error) {
 	s := settings{policy: PolicyTopology, quotas: map[string]int{}, logger: slog.New(slog.NewTextHandler(io.Discard, nil)), procRoot: node.DefaultProcRoot}
 	for _, opt := range opts {
+		if opt == nil {
+			return nil, fmt.Errorf("new allocator: nil option: %w", node.ErrInvalid)
+		}
 		if err := opt(&s); err != nil {
 			return nil, fmt.Errorf("new allocator: %w", err)
 		}

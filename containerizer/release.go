@@ -3,8 +3,10 @@ package containerizer
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 
+	"github.com/gpuiso/gpuiso/node"
 	"github.com/gpuiso/gpuiso/volume"
 )
 
@@ -12,8 +14,12 @@ import (
 // the one its record names; with version "" (a record cut short, or one
 // that cannot be read), of every version that lists owner as a user. A
 // nil manager holds nothing. Each release's error is joined; none stops
-// the others.
+// the others. An owner id no container can have (node.ValidateOwner) is
+// an error of kind node.ErrInvalid, and nothing is released.
 func ReleaseVolume(ctx context.Context, vols *volume.Manager, owner, version string) error {
+	if err := node.ValidateOwner(owner); err != nil {
+		return fmt.Errorf("release the driver volume: %w", err)
+	}
 	if vols == nil {
 		return nil
 	}

@@ -76,6 +76,9 @@ func NewPlan(owner string, inv *node.Inventory, gpus []node.DeviceRef, mounts []
 	}
 	var cfg planConfig
 	for _, o := range opts {
+		if o == nil {
+			return nil, fmt.Errorf("plan for %s: nil option: %w", owner, node.ErrInvalid)
+		}
 		if err := o(&cfg); err != nil {
 			return nil, fmt.Errorf("plan for %s: %w", owner, err)
 		}

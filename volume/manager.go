@@ -83,6 +83,9 @@ func New(opts ...Option) (*Manager, error) {
 		logger:        slog.New(slog.DiscardHandler),
 	}
 	for _, o := range opts {
+		if o == nil {
+			return nil, fmt.Errorf("volume manager: nil option: %w", node.ErrInvalid)
+		}
 		if err := o(&c); err != nil {
 			return nil, fmt.Errorf("volume manager: %w", err)
 		}

@@ -72,6 +72,9 @@ func NewRuntime(cli Client, opts ...Option) (*Runtime, error) {
 		logger:      slog.New(slog.DiscardHandler),
 	}
 	for _, o := range opts {
+		if o == nil {
+			return nil, fmt.Errorf("docker containerizer: nil option: %w", node.ErrInvalid)
+		}
 		if err := o(&cfg); err != nil {
 			return nil, fmt.Errorf("docker containerizer: %w", err)
 		}

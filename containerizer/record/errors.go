@@ -12,9 +12,12 @@ var (
 	// ErrNoRecord: the store holds no record of that key.
 	ErrNoRecord = node.Sentinel(node.ErrNotFound, "no record")
 	// ErrInvalidKey: a key is empty, ".", "..", begins with a dot (the
-	// store's temporary files do) or holds a path separator.
+	// store's temporary files do), holds a path separator or NUL, or is
+	// longer than MaxKeyLen.
 	ErrInvalidKey = node.Sentinel(node.ErrInvalid, "invalid record key")
-	// ErrInvalidOptions: Options name no format, or a version below 1.
+	// ErrInvalidOptions: Options name no format, a version below 1, or a
+	// Name that is no file name (".", "..", a path separator, NUL, longer
+	// than MaxKeyLen).
 	ErrInvalidOptions = node.Sentinel(node.ErrInvalid, "invalid record store options")
 	// ErrInvalidEntry: an entry to write has an unknown phase or a
 	// process that is not valid.

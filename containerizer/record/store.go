@@ -89,7 +89,7 @@ func New[T any](dir string, o Options[T]) (*Store[T], error) {
 	if o.Format == "" || o.Version < 1 {
 		return nil, fmt.Errorf("record store %q: format %q, version %d: %w", dir, o.Format, o.Version, ErrInvalidOptions)
 	}
-	if o.Name != "" && (strings.ContainsAny(o.Name, `/\`) || o.Name == "." || o.Name == "..") {
+	if o.Name != "" && (strings.ContainsAny(o.Name, "/\\\x00") || o.Name == "." || o.Name == ".." || len(o.Name) > MaxKeyLen) {
 		return nil, fmt.Errorf("record store %q: file name %q: %w", dir, o.Name, ErrInvalidOptions)
 	}
 	return &Store[T]{dir: dir, o: o}, nil
@@ -98,11 +98,16 @@ func New[T any](dir string, o Options[T]) (*Store[T], error) {
 // Dir is the store's directory.
 func (s *Store[T]) Dir() string { return s.dir }
 
+// MaxKeyLen is the longest key (and Options.Name) in bytes: with the
+// name of its temporary file around it, it stays within the 255 bytes a
+// file name may have.
+const MaxKeyLen = 200
+
 // ValidKey checks that key can name an entry: not empty, ".", "..", not
-// beginning with a dot, and without a path separator. The error matches
-// ErrInvalidKey.
+// beginning with a dot, without a path separator or NUL, and at most
+// MaxKeyLen bytes. The error matches ErrInvalidKey.
 func ValidKey(key string) error {
-	if key == "" || strings.HasPrefix(key, ".") || strings.ContainsAny(key, "/\\\x00") {
+	if key == "" || strings.HasPrefix(key, ".") || strings.ContainsAny(key, "/\\\x00") || len(key) > MaxKeyLen {
 		return fmt.Errorf("record key %q: %w", key, ErrInvalidKey)
 	}
 	return nil

@@ -158,7 +158,7 @@ func TestCorrupt(t *testing.T) {
 // their kind, and nothing is written.
 func TestInvalid(t *testing.T) {
 	s := newStore(t, record.Options[claim]{})
-	for _, key := range []string{"", ".", "..", ".hidden", "a/b", `a\b`, "a\x00b"} {
+	for _, key := range []string{"", ".", "..", ".hidden", "a/b", `a\b`, "a\x00b", strings.Repeat("k", record.MaxKeyLen+1)} {
 		if err := s.Write(record.Entry[claim]{Key: key, Phase: record.Started}); !errors.Is(err, record.ErrInvalidKey) || !errors.Is(err, node.ErrInvalid) {
 			t.Errorf("key %q: %v", key, err)
 		}
@@ -182,6 +182,8 @@ func TestInvalid(t *testing.T) {
 		"no format": {Version: 1},
 		"version 0": {Format: "f"},
 		"bad name":  {Format: "f", Version: 1, Name: "a/b"},
+		"NUL name":  {Format: "f", Version: 1, Name: "a\x00b"},
+		"long name": {Format: "f", Version: 1, Name: strings.Repeat("n", record.MaxKeyLen+1)},
 	} {
 		if _, err := record.New(t.TempDir(), o); !errors.Is(err, record.ErrInvalidOptions) || !errors.Is(err, node.ErrInvalid) {
 			t.Errorf("%s: %v", name, err)
@@ -337,5 +339,25 @@ func TestTestdata(t *testing.T) {
 	e, err := s.Read("claim")
 	if err != nil || e.Phase != record.Completed || e.Process == nil || e.Process.Pid != 7 || e.Data.Owner != "claim" {
 		t.Fatalf("Read = %+v, %v", e, err)
+	}
+}
+
+// TestLongestKey: a key of MaxKeyLen bytes is written, read and removed,
+// its temporary file's name within the file system's limit.
+func TestLongestKey(t *testing.T) {
+	for _, name := range []string{"", strings.Repeat("n", record.MaxKeyLen)} {
+		s := newStore(t, record.Options[claim]{Name: name})
+		key := strings.Repeat("k", record.MaxKeyLen)
+		if name != "" {
+			if err := os.Mkdir(filepath.Join(s.Dir(), key), 0o755); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := s.Write(record.Entry[claim]{Key: key, Phase: record.Started}); err != nil {
+			t.Fatalf("name %d bytes: %v", len(name), err)
+		}
+		if _, err := s.Read(key); err != nil {
+			t.Fatalf("name %d bytes: %v", len(name), err)
+		}
 	}
 }

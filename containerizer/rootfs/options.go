@@ -84,6 +84,9 @@ func WithScratchDir(dir string) Option {
 func newOptions(opts []Option) (options, error) {
 	c := options{scratch: os.TempDir()}
 	for _, o := range opts {
+		if o == nil {
+			return options{}, fmt.Errorf("nil option: %w", ErrInvalidOption)
+		}
 		if err := o(&c); err != nil {
 			return options{}, err
 		}

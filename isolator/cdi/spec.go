@@ -95,6 +95,9 @@ func ValidateKind(kind string) error {
 func New(inv *node.Inventory, opts ...Option) (*specs.Spec, error) {
 	c := config{kind: DefaultKind}
 	for _, o := range opts {
+		if o == nil {
+			return nil, fmt.Errorf("CDI spec: nil option: %w", node.ErrInvalid)
+		}
 		if err := o(&c); err != nil {
 			return nil, fmt.Errorf("CDI spec: %w", err)
 		}

@@ -88,6 +88,9 @@ type Isolator struct {
 func New(opts ...Option) (*Isolator, error) {
 	i := &Isolator{parent: DefaultParent}
 	for _, opt := range opts {
+		if opt == nil {
+			return nil, fmt.Errorf("cgroups isolator: nil option: %w", node.ErrInvalid)
+		}
 		if err := opt(i); err != nil {
 			return nil, fmt.Errorf("cgroups isolator: %w", err)
 		}

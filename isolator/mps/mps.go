@@ -188,6 +188,9 @@ type Manager struct {
 func New(dir string, opts ...Option) (*Manager, error) {
 	c := config{procRoot: node.DefaultProcRoot, timeout: 10 * time.Second, logger: slog.New(slog.DiscardHandler)}
 	for _, o := range opts {
+		if o == nil {
+			return nil, fmt.Errorf("mps manager: nil option: %w", node.ErrInvalid)
+		}
 		if err := o(&c); err != nil {
 			return nil, fmt.Errorf("mps manager: %w", err)
 		}

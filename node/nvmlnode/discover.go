@@ -72,6 +72,9 @@ func rootOption(what, dir string, field func(*config) *string) Option {
 func Discover(ctx context.Context, opts ...Option) (*node.Inventory, error) {
 	c := config{devRoot: node.DefaultDevRoot, procRoot: node.DefaultProcRoot, sysRoot: node.DefaultSysRoot}
 	for _, opt := range opts {
+		if opt == nil {
+			return nil, fmt.Errorf("discover: nil option: %w", node.ErrInvalid)
+		}
 		if err := opt(&c); err != nil {
 			return nil, fmt.Errorf("discover: %w", err)
 		}

@@ -29,6 +29,9 @@ type MIGManager struct {
 func NewMIGManager(opts ...Option) (*MIGManager, error) {
 	c := config{devRoot: node.DefaultDevRoot, procRoot: node.DefaultProcRoot, sysRoot: node.DefaultSysRoot}
 	for _, opt := range opts {
+		if opt == nil {
+			return nil, fmt.Errorf("MIG manager: nil option: %w", node.ErrInvalid)
+		}
 		if err := opt(&c); err != nil {
 			return nil, fmt.Errorf("MIG manager: %w", err)
 		}

@@ -10,6 +10,8 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
+
+	"github.com/gpuiso/gpuiso/node"
 )
 
 // Node is a simulated GPU node: an NVML implementation answering as the
@@ -90,6 +92,9 @@ func NewFromSpec(spec *Spec, opts ...Option) (*Node, error) {
 	}
 	o := options{libraryDirs: DefaultLibraryDirs()}
 	for _, opt := range opts {
+		if opt == nil {
+			return nil, fmt.Errorf("simulated node %s: nil option: %w", spec.Name, node.ErrInvalid)
+		}
 		if err := opt(&o); err != nil {
 			return nil, fmt.Errorf("simulated node %s: %w", spec.Name, err)
 		}
