@@ -68,11 +68,11 @@ type Config struct {
 	// SharedResourceName is the time slices' resource (default
 	// DefaultSharedResourceName).
 	SharedResourceName string
-	// PodResources is the kubelet's pod-resources socket, which Reconcile
-	// asks (default DefaultPodResources).
+	// PodResources is the kubelet's pod-resources socket, which Adopt and
+	// Reconcile ask (default DefaultPodResources).
 	PodResources string
-	// TimeSliceGrace is how long Reconcile leaves a time slice just
-	// taken (default DefaultTimeSliceGrace).
+	// TimeSliceGrace is how long Reconcile leaves a device or time slice
+	// just taken (default DefaultTimeSliceGrace).
 	TimeSliceGrace time.Duration
 	// Logger, when set, receives the manager's events.
 	Logger *slog.Logger
@@ -94,18 +94,18 @@ func (c *Config) defaults() error {
 	if err := cdi.ValidateKind(c.CDIKind); err != nil {
 		return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
+	if c.PodResources == "" {
+		c.PodResources = DefaultPodResources
+	}
+	if c.TimeSliceGrace == 0 {
+		c.TimeSliceGrace = DefaultTimeSliceGrace
+	}
 	if len(c.Shared) > 0 {
 		if c.SharedResourceName == "" {
 			c.SharedResourceName = DefaultSharedResourceName
 		}
 		if c.Replicas == 0 {
 			c.Replicas = allocator.DefaultTimeSlices
-		}
-		if c.PodResources == "" {
-			c.PodResources = DefaultPodResources
-		}
-		if c.TimeSliceGrace == 0 {
-			c.TimeSliceGrace = DefaultTimeSliceGrace
 		}
 		if c.Replicas < 1 {
 			return fmt.Errorf("%d time slices per GPU: %w", c.Replicas, ErrInvalidConfig)

@@ -242,9 +242,11 @@ func (p *Plugin) Allocate(ctx context.Context, req *pluginapi.AllocateRequest) (
 	return resp, nil
 }
 
-// Container is Allocate's answer for one container given ids. A device
-// that the source holds for an owner (a DRA claim prepared on the same
-// allocator) is refused with ErrHeld rather than handed out twice. A time
+// Container is Allocate's answer for one container given ids. A whole GPU
+// or MIG device is held for its DeviceOwner first when the source is a
+// Keeper (the allocator); one that another owner holds (a DRA claim
+// prepared on the same allocator) is refused with ErrHeld rather than
+// handed out twice. A time
 // slice is held in the allocator for its replica (TimeSliceOwner) first:
 // one refused there (its GPU held whole, or by memory shares) fails the
 // container; the container gets the GPU, as every other time slice of it.
@@ -258,7 +260,8 @@ func (p *Plugin) container(ctx context.Context, ids []string) (*pluginapi.Contai
 		byID[d.ID] = d
 	}
 	refs := make([]node.DeviceRef, 0, len(ids))
-	var sliced []Device
+	var sliced, whole []Device
+	keeper, keeps := p.src.(Keeper)
 	for _, id := range ids {
 		d, ok := byID[id]
 		if !ok {
@@ -271,18 +274,16 @@ func (p *Plugin) container(ctx context.Context, ids []string) (*pluginapi.Contai
 			}
 			continue
 		}
-		if h, ok := p.src.(Holders); ok {
+		if h, ok := p.src.(Holders); ok && !keeps {
 			if owners, err := h.Owners(id); err == nil && len(owners) > 0 {
 				return nil, fmt.Errorf("allocate %s: device %s is held by %v: %w", p.resource, id, owners, ErrHeld)
 			}
 		}
+		whole = append(whole, d)
 		refs = append(refs, d.Ref)
 	}
-	if len(sliced) > 0 {
-		if err := p.claimSlices(ctx, sliced); err != nil {
-			return nil, err
-		}
-	}
+	// The answer first: what may fail after the holds below is only
+	// those.
 	names, err := cdi.Names(p.cfg.CDIKind, refs)
 	if err != nil {
 		return nil, fmt.Errorf("allocate %s: %w", p.resource, err)
@@ -302,6 +303,17 @@ func (p *Plugin) container(ctx context.Context, ids []string) (*pluginapi.Contai
 	if p.cfg.DeviceSpecs {
 		for _, n := range plan.Devices {
 			resp.Devices = append(resp.Devices, &pluginapi.DeviceSpec{ContainerPath: n.Path, HostPath: n.HostPath, Permissions: "rw"})
+		}
+	}
+	var took []string
+	if keeps && len(whole) > 0 {
+		if took, err = p.holdDevices(ctx, keeper, whole); err != nil {
+			return nil, err
+		}
+	}
+	if len(sliced) > 0 {
+		if err := p.claimSlices(ctx, sliced); err != nil {
+			return nil, errors.Join(append([]error{err}, release(ctx, keeper, took)...)...)
 		}
 	}
 	return resp, nil

@@ -147,13 +147,7 @@ func (p *Plugin) claimSlices(ctx context.Context, devs []Device) error {
 	for _, d := range devs {
 		owner := TimeSliceOwner(d.Ref.UUID, d.Replica)
 		if _, err := ts.ClaimShare(ctx, owner, d.Ref, allocator.Share{Mode: allocator.ShareTime}); err != nil {
-			var errs []error
-			for _, o := range took {
-				if rerr := ts.Release(context.WithoutCancel(ctx), o); rerr != nil {
-					errs = append(errs, rerr)
-				}
-			}
-			return errors.Join(append([]error{fmt.Errorf("allocate %s: time slice %s: %w", p.resource, d.ID, err)}, errs...)...)
+			return errors.Join(append([]error{fmt.Errorf("allocate %s: time slice %s: %w", p.resource, d.ID, err)}, release(ctx, ts, took)...)...)
 		}
 		took = append(took, owner)
 		p.book.take(d.ID)
@@ -161,33 +155,53 @@ func (p *Plugin) claimSlices(ctx context.Context, devs []Device) error {
 	return nil
 }
 
-// Reconcile gives back the time slices that no pod uses any more: the
-// device-plugin API tells a plugin when the kubelet hands a device out,
-// never when its pod ends, so the manager asks the kubelet's pod-resources
-// service (Config.PodResources) which devices of SharedResourceName its
-// pods hold, and releases every other time slice in the allocator, except
-// those Allocate took within Config.TimeSliceGrace. It returns the owners
-// released, sorted. When the kubelet cannot be asked, it releases nothing.
+// Reconcile gives back the devices and time slices that no pod uses any
+// more: the device-plugin API tells a plugin when the kubelet hands a
+// device out, never when its pod ends, so the manager asks the kubelet's
+// pod-resources service (Config.PodResources) which devices of its
+// resources its pods hold, and releases every other one it holds in the
+// allocator (DeviceOwner, TimeSliceOwner), except those Allocate took
+// within Config.TimeSliceGrace. It returns the owners released, sorted.
+// When the kubelet cannot be asked, it releases nothing.
 func (m *Manager) Reconcile(ctx context.Context) ([]string, error) {
-	if len(m.cfg.Shared) == 0 {
+	k, kok := m.src.(Keeper)
+	ts, tok := m.src.(TimeSlicer)
+	if !kok && !tok {
 		return nil, nil
 	}
-	ts, ok := m.src.(TimeSlicer)
-	if !ok {
-		return nil, fmt.Errorf("reconcile time slices: %w", ErrInvalidConfig)
+	var allocs []allocator.Allocation
+	if kok {
+		allocs = k.Allocations()
+	} else {
+		allocs = ts.Allocations()
 	}
-	inUse, err := devicesInUse(ctx, m.cfg.PodResources, m.cfg.SharedResourceName)
+	var ours []allocator.Allocation
+	for _, al := range allocs {
+		if _, ok := ownedDevice(al); ok {
+			ours = append(ours, al)
+		}
+	}
+	if len(ours) == 0 {
+		return nil, nil // nothing to give back: the kubelet need not be asked
+	}
+	inUse, err := devicesInUse(ctx, m.cfg.PodResources, m.resourceNames())
 	if err != nil {
-		return nil, fmt.Errorf("reconcile time slices: %w", err)
+		return nil, fmt.Errorf("reconcile the devices held for pods: %w", err)
 	}
 	var released []string
 	var errs []error
-	for _, al := range ts.Allocations() {
-		id, ok := timeSliceOfOwner(al.Owner)
-		if !ok || al.Share == nil || al.Share.Mode != allocator.ShareTime || inUse[id] || m.book.recent(id, m.cfg.TimeSliceGrace) {
+	for _, al := range ours {
+		id, _ := ownedDevice(al)
+		if inUse[id] || m.book.recent(id, m.cfg.TimeSliceGrace) {
 			continue
 		}
-		if err := ts.Release(ctx, al.Owner); err != nil && !errors.Is(err, allocator.ErrUnknownOwner) {
+		var err error
+		if kok {
+			err = k.Release(ctx, al.Owner)
+		} else {
+			err = ts.Release(ctx, al.Owner)
+		}
+		if err != nil && !errors.Is(err, allocator.ErrUnknownOwner) {
 			errs = append(errs, err)
 			continue
 		}
@@ -195,14 +209,27 @@ func (m *Manager) Reconcile(ctx context.Context) ([]string, error) {
 	}
 	slices.Sort(released)
 	if len(released) > 0 {
-		m.cfg.Logger.Info("released time slices no pod uses", "owners", released)
+		m.cfg.Logger.Info("released devices no pod uses", "owners", released)
 	}
 	return released, errors.Join(errs...)
 }
 
+// ownedDevice is the kubelet's id of the device or time slice al holds
+// for a pod of the plugin's (DeviceOwner, TimeSliceOwner); ok is false
+// for any other allocation (a DRA claim's).
+func ownedDevice(al allocator.Allocation) (string, bool) {
+	if id, ok := timeSliceOfOwner(al.Owner); ok && al.Share != nil && al.Share.Mode == allocator.ShareTime {
+		return id, true
+	}
+	if id, ok := deviceOfOwner(al.Owner); ok && al.Share == nil {
+		return id, true
+	}
+	return "", false
+}
+
 // devicesInUse asks the kubelet's pod-resources service at socket which
-// devices of resource its pods' containers hold.
-func devicesInUse(ctx context.Context, socket, resource string) (map[string]bool, error) {
+// devices of resources its pods' containers hold.
+func devicesInUse(ctx context.Context, socket string, resources map[string]bool) (map[string]bool, error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	conn, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -218,7 +245,7 @@ func devicesInUse(ctx context.Context, socket, resource string) (map[string]bool
 	for _, pr := range resp.GetPodResources() {
 		for _, c := range pr.GetContainers() {
 			for _, d := range c.GetDevices() {
-				if d.GetResourceName() == resource {
+				if resources[d.GetResourceName()] {
 					for _, id := range d.GetDeviceIds() {
 						out[id] = true
 					}

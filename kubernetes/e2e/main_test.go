@@ -152,7 +152,8 @@ func startPlugin(t *testing.T, c *cluster.Cluster, profile string, extra ...stri
 	p.args = append([]string{"--simulate", profile, "--dev-root", p.devRoot, "--state-dir", p.stateDir,
 		"--node-name", cluster.NodeName, "--kubeconfig", c.Kubeconfig, "--cdi-dir", c.CDIDir,
 		"--kubelet-plugins-dir", c.PluginsDir(), "--kubelet-registry-dir", c.RegistryDir(),
-		"--device-plugin-dir", c.DevicePluginDir, "--health-refresh", "1s"}, extra...)
+		"--device-plugin-dir", c.DevicePluginDir, "--health-refresh", "1s",
+		"--pod-resources-socket", filepath.Join(c.KubeletRoot, "pod-resources", "kubelet.sock")}, extra...)
 	p.start()
 	t.Cleanup(func() {
 		p.stop()

@@ -301,13 +301,39 @@ func serve(ctx context.Context, f *flags, log *slog.Logger) error {
 		}
 	}()
 	var refreshers []func()
-	if f.devicePlugin {
-		m, err := deviceplugin.New(inv, alloc, deviceplugin.Config{
-			ResourceName: f.resourceName, Dir: f.devicePluginDir, DeviceSpecs: f.deviceSpecs, Logger: log,
-			Shared: shared, Replicas: f.share.timeSlices, SharedResourceName: f.share.sharedResource, PodResources: f.share.podResources,
-		})
+	dpConfig := deviceplugin.Config{
+		ResourceName: f.resourceName, Dir: f.devicePluginDir, DeviceSpecs: f.deviceSpecs, Logger: log,
+		Shared: shared, Replicas: f.share.timeSlices, SharedResourceName: f.share.sharedResource, PodResources: f.share.podResources,
+	}
+	if !f.devicePlugin && client != nil && f.dra {
+		// The device plugin is off, but one may have run here before: the
+		// GPUs it handed out to pods that still run stay held until those
+		// pods end, so that no claim takes them meanwhile.
+		m, err := deviceplugin.New(inv, alloc, dpConfig)
 		if err != nil {
 			return err
+		}
+		if held, err := m.Adopt(ctx); err != nil {
+			log.Warn("devices of pods the device plugin served", "err", err)
+		} else if len(held) > 0 {
+			log.Info("the device plugin is off: holding the devices its pods still run on", "owners", held)
+		}
+		refreshers = append(refreshers, func() {
+			if _, err := m.Reconcile(ctx); err != nil {
+				log.Warn("devices of pods the device plugin served", "err", err)
+			}
+		})
+	}
+	if f.devicePlugin {
+		m, err := deviceplugin.New(inv, alloc, dpConfig)
+		if err != nil {
+			return err
+		}
+		// What the kubelet's pods hold of it already (handed out by an
+		// earlier run, or a version that did not hold whole GPUs) is held
+		// before a claim can take it.
+		if _, err := m.Adopt(ctx); err != nil {
+			log.Warn("device plugin: devices of running pods", "err", err)
 		}
 		done := make(chan error, 1)
 		dpDone = done
@@ -320,9 +346,10 @@ func serve(ctx context.Context, f *flags, log *slog.Logger) error {
 			if _, err := m.Refresh(); err != nil {
 				log.Warn("device plugin refresh", "err", err)
 			}
-			// Time slices whose pods ended go back to the allocator.
+			// Devices and time slices whose pods ended go back to the
+			// allocator.
 			if _, err := m.Reconcile(ctx); err != nil {
-				log.Warn("device plugin time slices", "err", err)
+				log.Warn("device plugin: devices of ended pods", "err", err)
 			}
 		})
 	}

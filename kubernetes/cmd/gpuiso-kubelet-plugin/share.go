@@ -37,7 +37,7 @@ func (s *shareFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&s.shareStep, "share-step", "256Mi", "DRA: the steps of a share's memory above --share-min (`SIZE`, a quantity: 256Mi)")
 	fs.IntVar(&s.timeSlices, "time-slices", allocator.DefaultTimeSlices, "device plugin: the time slices (replicas) of each shared GPU, `N`")
 	fs.StringVar(&s.sharedResource, "shared-resource-name", "nvidia.com/gpu.shared", "device plugin: the resource of the time slices")
-	fs.StringVar(&s.podResources, "pod-resources-socket", "/var/lib/kubelet/pod-resources/kubelet.sock", "device plugin: the kubelet's pod-resources socket, which tells the time slices its pods still use")
+	fs.StringVar(&s.podResources, "pod-resources-socket", "/var/lib/kubelet/pod-resources/kubelet.sock", "the kubelet's pod-resources socket, which tells the GPUs and time slices pods of the device plugin still hold (those of an earlier device plugin too, with it off)")
 	fs.StringVar(&s.mpsControl, "mps-control", "", "DRA: the MPS control daemon's binary (default: nvidia-cuda-mps-control in PATH, else under --driver-root)")
 }
 
