@@ -40,6 +40,20 @@
 // and, with Config.DeviceSpecs, the device nodes themselves for runtimes
 // that do not read CDI.
 //
+// # Holding what it hands out
+//
+// With a Keeper source (the allocator, shared with the DRA driver of the
+// same node), Allocate holds each whole GPU and MIG device it hands out
+// for its DeviceOwner, in the same step that refuses one a claim holds
+// (ErrHeld): a GPU goes to a pod of the device plugin or to a claim,
+// never both. The device-plugin API never says when a pod ends:
+// Manager.Reconcile asks the kubelet's pod-resources service which
+// devices its pods still hold and gives the others back (leaving those
+// just handed out for Config.TimeSliceGrace). Manager.Adopt holds, at
+// start, what the kubelet's pods hold already: the devices an earlier
+// run handed out, or those of a device plugin since turned off (a Manager
+// need not Run to Adopt and Reconcile).
+//
 // # Time slices
 //
 // For clusters without DRA, GPUs named in Config.Shared are served as
@@ -50,10 +64,8 @@
 // a time slice in the allocator (allocator.ShareTime, owner
 // "timeslice-<uuid>-<k>"), so that a GPU with time slices goes to no DRA
 // claim, whole or shared, and a GPU a claim holds gives no replica; the
-// container gets the GPU as a whole one's would. The device-plugin API
-// never says when a pod ends: Manager.Reconcile asks the kubelet's
-// pod-resources service which replicas its pods hold and gives the others
-// back (leaving those just handed out for Config.TimeSliceGrace).
+// container gets the GPU as a whole one's would. Reconcile and Adopt
+// treat replicas as they treat whole devices.
 //
 // Time slices isolate nothing: every pod of a GPU sees all of its memory
 // and compute, and may take all of either from the others. Only their
