@@ -45,6 +45,23 @@ func (f *podResources) set(devs map[string][]string) {
 	f.devs = devs
 }
 
+// servePodResources serves a podResources on a socket in dir, until t
+// ends.
+func servePodResources(t *testing.T, dir string) (*podResources, string) {
+	t.Helper()
+	pr := &podResources{}
+	sock := filepath.Join(dir, "pod-resources.sock")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	podresourcesapi.RegisterPodResourcesListerServer(srv, pr)
+	go srv.Serve(l)
+	t.Cleanup(srv.Stop)
+	return pr, sock
+}
+
 // holding is a DGX-1's device plugin manager over an allocator (GPU 7
 // served as two time slices), with a fake pod-resources service; the
 // manager is not Run: Container, Adopt and Reconcile need no kubelet
@@ -62,16 +79,7 @@ func holding(t *testing.T, grace time.Duration) (*setup, *podResources) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(s.dir) })
-	pr := &podResources{}
-	sock := filepath.Join(s.dir, "pod-resources.sock")
-	l, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := grpc.NewServer()
-	podresourcesapi.RegisterPodResourcesListerServer(srv, pr)
-	go srv.Serve(l)
-	t.Cleanup(srv.Stop)
+	pr, sock := servePodResources(t, s.dir)
 	cfg := deviceplugin.Config{Dir: s.dir, Shared: []string{shared}, Replicas: 2, PodResources: sock, TimeSliceGrace: grace}
 	if s.mgr, err = deviceplugin.New(s.inv, s.alloc, cfg); err != nil {
 		t.Fatal(err)

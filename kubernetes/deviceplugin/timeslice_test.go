@@ -3,19 +3,15 @@ package deviceplugin_test
 import (
 	"context"
 	"errors"
-	"net"
 	"os"
 	"path/filepath"
 	"slices"
-	"sync"
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
-	podresourcesapi "k8s.io/kubelet/pkg/apis/podresources/v1"
 
 	"github.com/gpuiso/gpuiso/allocator"
 	"github.com/gpuiso/gpuiso/internal/testenv"
@@ -23,36 +19,9 @@ import (
 	"github.com/gpuiso/gpuiso/node"
 )
 
-// fakePodResources is the kubelet's pod-resources service: the devices of
-// the shared resource its pods hold.
-type fakePodResources struct {
-	podresourcesapi.UnimplementedPodResourcesListerServer
-	mu    sync.Mutex
-	inUse []string
-}
-
-func (f *fakePodResources) List(context.Context, *podresourcesapi.ListPodResourcesRequest) (*podresourcesapi.ListPodResourcesResponse, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return &podresourcesapi.ListPodResourcesResponse{PodResources: []*podresourcesapi.PodResources{{
-		Name: "p", Namespace: "default", Containers: []*podresourcesapi.ContainerResources{{
-			Name: "main", Devices: []*podresourcesapi.ContainerDevices{
-				{ResourceName: deviceplugin.DefaultSharedResourceName, DeviceIds: slices.Clone(f.inUse)},
-				{ResourceName: "nvidia.com/gpu", DeviceIds: []string{"GPU-whole"}},
-			},
-		}},
-	}}}, nil
-}
-
-func (f *fakePodResources) set(ids ...string) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.inUse = ids
-}
-
 // startShared is start with GPUs 0 and 3 of a simulated DGX-1 served as
 // three time slices each, and a fake pod-resources service.
-func startShared(t *testing.T, grace time.Duration) (*setup, *fakePodResources) {
+func startShared(t *testing.T, grace time.Duration) (*setup, *podResources) {
 	t.Helper()
 	s := &setup{}
 	s.sim, _, s.inv = testenv.SimulatedNode(t, "dgx1-volta")
@@ -66,16 +35,7 @@ func startShared(t *testing.T, grace time.Duration) (*setup, *fakePodResources) 
 	}
 	t.Cleanup(func() { os.RemoveAll(s.dir) })
 	s.kube = startKubelet(t, s.dir)
-	pr := &fakePodResources{}
-	sock := filepath.Join(s.dir, "pod-resources.sock")
-	l, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := grpc.NewServer()
-	podresourcesapi.RegisterPodResourcesListerServer(srv, pr)
-	go srv.Serve(l)
-	t.Cleanup(srv.Stop)
+	pr, sock := servePodResources(t, s.dir)
 	cfg := deviceplugin.Config{Dir: s.dir, Shared: shared, Replicas: 3, PodResources: sock, TimeSliceGrace: grace}
 	if s.mgr, err = deviceplugin.New(s.inv, s.alloc, cfg); err != nil {
 		t.Fatal(err)
@@ -221,7 +181,7 @@ func TestReconcileTimeSlices(t *testing.T) {
 		if _, err := s.alloc.Allocate(t.Context(), "claim-z", allocator.Request{Devices: []string{s.inv.Devices[1].UUID}}); err != nil {
 			t.Fatal(err)
 		}
-		pr.set(u0 + "::1")
+		pr.set(map[string][]string{deviceplugin.DefaultSharedResourceName: {u0 + "::1"}, "nvidia.com/gpu": {"GPU-whole"}})
 		released, err := s.mgr.Reconcile(t.Context())
 		if err != nil {
 			t.Fatal(err)
