@@ -238,3 +238,45 @@ func TestAdoptWithoutKubelet(t *testing.T) {
 		t.Errorf("held without a kubelet: %+v", al)
 	}
 }
+
+// TestAllocateHoldsMIGDevices: a MIG device the device plugin hands out is
+// held for its DeviceOwner as a whole GPU is, and given back once no pod
+// holds it.
+func TestAllocateHoldsMIGDevices(t *testing.T) {
+	s := &setup{}
+	s.sim, _, s.inv = testenv.SimulatedNode(t, "hgx-h100-mig")
+	var err error
+	if s.alloc, err = allocator.New(s.inv); err != nil {
+		t.Fatal(err)
+	}
+	if s.dir, err = os.MkdirTemp("", "dp"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(s.dir) })
+	pr, sock := servePodResources(t, s.dir)
+	if s.mgr, err = deviceplugin.New(s.inv, s.alloc, deviceplugin.Config{Dir: s.dir, PodResources: sock, TimeSliceGrace: time.Millisecond}); err != nil {
+		t.Fatal(err)
+	}
+	var mig node.MIGDevice
+	for _, d := range s.inv.Devices {
+		for _, m := range d.MIGDevices {
+			if m.Profile == "1g.10gb" && mig.UUID == "" {
+				mig = m
+			}
+		}
+	}
+	if mig.UUID == "" {
+		t.Fatal("no 1g.10gb MIG device")
+	}
+	if _, err := s.plugin(t, "nvidia.com/mig-1g.10gb").Container([]string{mig.UUID}); err != nil {
+		t.Fatal(err)
+	}
+	if got := owners(t, s.alloc, mig.UUID); !slices.Equal(got, []string{deviceplugin.DeviceOwner(mig.UUID)}) {
+		t.Fatalf("the MIG device is held by %v", got)
+	}
+	time.Sleep(5 * time.Millisecond)
+	pr.set(nil)
+	if released, err := s.mgr.Reconcile(t.Context()); err != nil || !slices.Equal(released, []string{deviceplugin.DeviceOwner(mig.UUID)}) {
+		t.Fatalf("Reconcile = %v, %v", released, err)
+	}
+}
