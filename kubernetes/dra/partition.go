@@ -185,7 +185,7 @@ func partitionDevices(d node.Device, common map[resourceapi.QualifiedName]resour
 			continue
 		}
 		dev := migDevice(d, m, common)
-		dev.Taints = opts.taints(m.Health, d.Health)
+		dev.Taints = append(opts.taints(m.Health, d.Health), opts.heldTaints(m.UUID)...)
 		out = append(out, dev)
 	}
 	have := counters(d, static)
@@ -304,6 +304,7 @@ func PoolSlices(devs []resourceapi.Device, sets []resourceapi.CounterSet) []reso
 // CounterSets of the allocator's view, split by PoolSlices.
 func (d *Driver) poolSlices() []resourceslice.Slice {
 	opts := d.cfg.Slice
+	opts.held = d.heldElsewhere()
 	var all []node.Device
 	if len(opts.DynamicMIG) > 0 {
 		// The MIG devices made for claims stand for their placements.

@@ -79,6 +79,12 @@ type SliceOptions struct {
 	// made are the MIG devices the driver made for claims (by UUID): a
 	// partitioned GPU's others are a user's, published as they are.
 	made map[string]bool
+	// held are the devices (by UUID) that the allocator holds for an
+	// owner that is no claim of the driver's (a pod of the device plugin
+	// on the same allocator, another program of the node's): with
+	// TaintKey set, each carries the taint HeldTaint, so that no claim the
+	// driver could not prepare is allocated it.
+	held map[string]bool
 	// TaintKey, when set, is the key of the taint an unhealthy device is
 	// published with (HealthTaint gives its value and effect): it stays in
 	// the slice, and only a claim that tolerates the taint is allocated
@@ -121,7 +127,8 @@ func MIGDeviceName(m node.MIGDevice) string {
 // empty: no claim that does not tolerate them can be allocated it. A GPU that
 // opts.Shared names is published as shares only (shareDevice), never
 // whole; one whose memory cannot hold the least share and one step is
-// left out.
+// left out. A device the allocator holds for an owner that is no claim of
+// the driver's carries HeldTaint (with TaintKey set).
 func Devices(inv *node.Inventory, devs []node.Device, opts SliceOptions) []resourceapi.Device {
 	cliques := NVLinkCliques(inv)
 	var out []resourceapi.Device
@@ -136,7 +143,7 @@ func Devices(inv *node.Inventory, devs []node.Device, opts SliceOptions) []resou
 		}
 		if !d.MIGSplit() && slices.Contains(opts.Shared, d.UUID) {
 			if dev, ok := shareDevice(d, common, opts); ok {
-				dev.Taints = opts.taints(d.Health)
+				dev.Taints = append(opts.taints(d.Health), opts.heldTaints(d.UUID)...)
 				out = append(out, dev)
 			}
 			continue
@@ -149,7 +156,7 @@ func Devices(inv *node.Inventory, devs []node.Device, opts SliceOptions) []resou
 			if c, ok := cliques[p]; ok {
 				attrs[AttrNVLinkClique] = str(c)
 			}
-			dev := resourceapi.Device{Name: DeviceName(d), Attributes: attrs, Taints: opts.taints(d.Health)}
+			dev := resourceapi.Device{Name: DeviceName(d), Attributes: attrs, Taints: append(opts.taints(d.Health), opts.heldTaints(d.UUID)...)}
 			if d.MemoryBytes > 0 {
 				dev.Capacity = map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{
 					CapMemory: {Value: *resource.NewQuantity(int64(d.MemoryBytes), resource.BinarySI)},
@@ -163,7 +170,7 @@ func Devices(inv *node.Inventory, devs []node.Device, opts SliceOptions) []resou
 				continue
 			}
 			dev := migDevice(d, m, common)
-			dev.Taints = opts.taints(m.Health, d.Health)
+			dev.Taints = append(opts.taints(m.Health, d.Health), opts.heldTaints(m.UUID)...)
 			out = append(out, dev)
 		}
 	}

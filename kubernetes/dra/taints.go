@@ -113,6 +113,49 @@ func (o SliceOptions) taints(hs ...node.Health) []resourceapi.DeviceTaint {
 	return out
 }
 
+// HeldTaintKeyName is the name part of the key of the taint a device held
+// for an owner that is no claim of the driver's carries:
+// "<driver>/held" (HeldTaint).
+const HeldTaintKeyName = "held"
+
+// HeldTaint is the taint of a device that the allocator holds for an
+// owner that is no claim of the driver's (a pod of the device plugin, a
+// program of the node's): key "<driver>/held", in the domain of taintKey
+// (the health taints' key, TaintKey), value "held", effect NoSchedule. The
+// scheduler allocates such a device to no claim that does not tolerate
+// it, where Prepare would refuse it; running claims are left alone.
+func HeldTaint(taintKey string) resourceapi.DeviceTaint {
+	domain, _, _ := strings.Cut(taintKey, "/")
+	return resourceapi.DeviceTaint{Key: domain + "/" + HeldTaintKeyName, Value: "held", Effect: resourceapi.DeviceTaintEffectNoSchedule}
+}
+
+// heldTaints are the taints of the device uuid for being held by an owner
+// that is no claim of the driver's: HeldTaint, or none.
+func (o SliceOptions) heldTaints(uuid string) []resourceapi.DeviceTaint {
+	if o.TaintKey == "" || uuid == "" || !o.held[uuid] {
+		return nil
+	}
+	return []resourceapi.DeviceTaint{HeldTaint(o.TaintKey)}
+}
+
+// heldElsewhere are the devices (GPUs, MIG devices, by UUID) that the
+// allocator holds for owners that are no claim of the driver's.
+func (d *Driver) heldElsewhere() map[string]bool {
+	var held map[string]bool
+	for _, al := range d.alloc.Allocations() {
+		if strings.HasPrefix(al.Owner, "claim-") {
+			continue
+		}
+		for _, r := range al.Devices {
+			if held == nil {
+				held = map[string]bool{}
+			}
+			held[r.UUID] = true
+		}
+	}
+	return held
+}
+
 // untolerated is the first taint of taints, of an effect that keeps a
 // device from a claim (NoSchedule, NoExecute), that no toleration of tols
 // tolerates.

@@ -210,3 +210,48 @@ func TestPrepareTainted(t *testing.T) {
 		}
 	}
 }
+
+// TestHeldTaint: a device the allocator holds for an owner that is no
+// claim of the driver's (a device plugin's pod on the same allocator) is
+// published with HeldTaint, NoSchedule, so that the scheduler allocates it
+// to no claim Prepare would refuse; a device a claim of the driver's holds
+// is not; the taint goes when the other owner lets the device go.
+func TestHeldTaint(t *testing.T) {
+	e := newEnv(t, "dgx1-volta")
+	d, a := e.driver(t)
+	ctx := t.Context()
+	if _, err := a.Claim(ctx, "deviceplugin-"+e.inv.Devices[2].UUID, []node.DeviceRef{e.inv.Devices[2].Ref()}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.Prepare(ctx, claim("u-held", "gpu-3")); err != nil {
+		t.Fatal(err)
+	}
+	taints := func() map[string][]resourceapi.DeviceTaint {
+		out := map[string][]resourceapi.DeviceTaint{}
+		for _, s := range d.Resources("n").Pools["n"].Slices {
+			for _, dev := range s.Devices {
+				out[dev.Name] = dev.Taints
+			}
+		}
+		return out
+	}
+	want := resourceapi.DeviceTaint{Key: "gpu.gpuiso.io/held", Value: "held", Effect: resourceapi.DeviceTaintEffectNoSchedule}
+	if got := dra.HeldTaint(dra.TaintKey(dra.DefaultDriverName)); got != want {
+		t.Fatalf("HeldTaint = %+v, want %+v", got, want)
+	}
+	got := taints()
+	if ts := got["gpu-2"]; len(ts) != 1 || ts[0] != want {
+		t.Errorf("gpu-2, held for the device plugin: taints %+v, want %+v", ts, want)
+	}
+	for name, ts := range got {
+		if name != "gpu-2" && len(ts) != 0 {
+			t.Errorf("%s: taints %+v, want none", name, ts)
+		}
+	}
+	if err := a.Release(ctx, "deviceplugin-"+e.inv.Devices[2].UUID); err != nil {
+		t.Fatal(err)
+	}
+	if ts := taints()["gpu-2"]; len(ts) != 0 {
+		t.Errorf("gpu-2 let go keeps taints %+v", ts)
+	}
+}

@@ -4,9 +4,9 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
 
 	"github.com/gpuiso/gpuiso/allocator"
 	"github.com/gpuiso/gpuiso/kubernetes/deviceplugin"
@@ -22,9 +22,9 @@ import (
 //     state as a release that held no GPU of the device plugin's left it;
 //     it finds the pod's GPUs through the kubelet's pod-resources service
 //     and holds them again;
-//   - a pod with a claim of one GPU is scheduled (the slice shows every
-//     GPU free) but does not start while the device plugin's pod runs: no
-//     GPU is handed out twice;
+//   - the slice shows those GPUs tainted held (NoSchedule), and a pod with
+//     a claim of one GPU is not scheduled while the device plugin's pod
+//     runs: no GPU is handed out twice;
 //   - once that pod ends, the claim's pod starts with one GPU, isolated.
 func TestDevicePluginToDRA(t *testing.T) {
 	c := requireCluster(t)
@@ -86,10 +86,19 @@ func TestDevicePluginToDRA(t *testing.T) {
 	p.start()
 	until(t, "the device plugin's pod's GPUs held again", func() bool { return slices.Equal(held(), want) })
 
+	until(t, "every GPU of the slice tainted held", func() bool {
+		taints := sliceTaints(t, c)
+		n := 0
+		for _, ts := range taints {
+			if slices.ContainsFunc(ts, func(tt resourceapi.DeviceTaint) bool { return tt.Key == driver+"/held" }) {
+				n++
+			}
+		}
+		return n == 8
+	})
 	claimTemplate(t, c, "switch-one", "gpu.gpuiso.io", 1, "")
 	createPod(t, c, withClaim(probePod("claimer", isolationArgs(major, all, true)), "switch-one"))
-	scheduled(t, c, "default", "claimer")
-	time.Sleep(5 * time.Second)
+	until(t, "the claim's pod to be unschedulable", func() bool { return unschedulable(pod(t, c, "claimer")) })
 	if ph := pod(t, c, "claimer").Status.Phase; ph != corev1.PodPending {
 		t.Fatalf("the claim's pod is %s while the device plugin's pod holds every GPU", ph)
 	}
