@@ -77,6 +77,10 @@ func onSpareThread(fn func() (taint bool, err error)) error {
 	return <-ch
 }
 
+// stNoSymfollow is statfs's flag of a nosymfollow mount (ST_NOSYMFOLLOW,
+// Linux 5.10).
+const stNoSymfollow = 0x2000
+
 // untrustedFlags are the flags of an Untrusted mount.
 const untrustedFlags = unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC | unix.MS_NOSYMFOLLOW
 
@@ -124,6 +128,15 @@ func startIn(cmd *exec.Cmd, mounts []NamespaceMount) error {
 					return fmt.Errorf("%w: %w", err, ErrNotSupported)
 				}
 				return err
+			}
+			// A kernel before nosymfollow ignores the flag it does not
+			// know: what the mount has is read back.
+			var st unix.Statfs_t
+			if err := unix.Statfs(m.Target, &st); err != nil {
+				return &fs.PathError{Op: "statfs", Path: m.Target, Err: err}
+			}
+			if uint64(st.Flags)&stNoSymfollow == 0 {
+				return fmt.Errorf("%s: the kernel did not make the mount nosymfollow: %w", m.Target, ErrNotSupported)
 			}
 		}
 	}
