@@ -248,6 +248,14 @@ func TestHeldTaint(t *testing.T) {
 			t.Errorf("%s: taints %+v, want none", name, ts)
 		}
 	}
+	// A claim of the held GPU is refused by Prepare (which is why it is
+	// tainted); an admin claim, which takes nothing, is prepared.
+	if _, err := d.Prepare(ctx, claim("u-late", "gpu-2")); err == nil {
+		t.Error("a claim of the GPU held for the device plugin was prepared")
+	}
+	if _, err := d.Prepare(ctx, adminClaim("u-admin", "gpu-2")); err != nil {
+		t.Errorf("an admin claim of the held GPU: %v", err)
+	}
 	if err := a.Release(ctx, "deviceplugin-"+e.inv.Devices[2].UUID); err != nil {
 		t.Fatal(err)
 	}
