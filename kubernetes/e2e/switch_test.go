@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -16,6 +17,8 @@ import (
 // plugin (nvidia.com/gpu) and the DRA driver side by side, then restarts
 // the plugin with the device plugin off, as turning the chart's
 // devicePlugin.enabled off does, without a drain:
+//   - side by side, the two GPUs of a device plugin pod are tainted held in
+//     the slice, and three pods with a one-GPU claim each get another GPU;
 //   - a pod of the device plugin's gets all eight GPUs, and the allocator
 //     holds each for it;
 //   - the plugin restarts with the device plugin off over the allocator's
@@ -55,6 +58,32 @@ func TestDevicePluginToDRA(t *testing.T) {
 		want = append(want, deviceplugin.DeviceOwner(d.UUID))
 	}
 	slices.Sort(want)
+
+	// Side by side: a claim gets none of the GPUs a device plugin pod has.
+	claimTemplate(t, c, "switch-one", "gpu.gpuiso.io", 1, "")
+	createPod(t, c, withGPUs(probePod("dp-two", isolationArgs(major, all, true)), gpuResource, 2))
+	two := strings.Split(parseSeen(podOutput(t, c, "dp-two")).env["NVIDIA_VISIBLE_DEVICES"], ",")
+	until(t, "the device plugin pod's two GPUs tainted held", func() bool {
+		n := 0
+		for _, ts := range sliceTaints(t, c) {
+			if slices.ContainsFunc(ts, func(tt resourceapi.DeviceTaint) bool { return tt.Key == driver+"/held" }) {
+				n++
+			}
+		}
+		return n == 2
+	})
+	for i := range 3 {
+		name := fmt.Sprintf("beside-%d", i)
+		createPod(t, c, withClaim(probePod(name, isolationArgs(major, all, true)), "switch-one"))
+		got := parseSeen(podOutput(t, c, name)).env["NVIDIA_VISIBLE_DEVICES"]
+		if slices.Contains(two, got) {
+			t.Fatalf("claim pod %s got %s, a GPU of the device plugin's pod (%v)", name, got, two)
+		}
+	}
+	for _, name := range []string{"dp-two", "beside-0", "beside-1", "beside-2"} {
+		deletePod(t, c, name)
+	}
+	until(t, "the device plugin's holds given back", func() bool { return len(held()) == 0 })
 
 	createPod(t, c, withGPUs(probePod("dp-eight", isolationArgs(major, all, true)), gpuResource, 8))
 	s := parseSeen(podOutput(t, c, "dp-eight"))
@@ -96,7 +125,6 @@ func TestDevicePluginToDRA(t *testing.T) {
 		}
 		return n == 8
 	})
-	claimTemplate(t, c, "switch-one", "gpu.gpuiso.io", 1, "")
 	createPod(t, c, withClaim(probePod("claimer", isolationArgs(major, all, true)), "switch-one"))
 	until(t, "the claim's pod to be unschedulable", func() bool { return unschedulable(pod(t, c, "claimer")) })
 	if ph := pod(t, c, "claimer").Status.Phase; ph != corev1.PodPending {
