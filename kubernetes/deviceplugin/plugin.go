@@ -246,10 +246,10 @@ func (p *Plugin) Allocate(ctx context.Context, req *pluginapi.AllocateRequest) (
 // or MIG device is held for its DeviceOwner first when the source is a
 // Keeper (the allocator); one that another owner holds (a DRA claim
 // prepared on the same allocator) is refused with ErrHeld rather than
-// handed out twice. A time
-// slice is held in the allocator for its replica (TimeSliceOwner) first:
-// one refused there (its GPU held whole, or by memory shares) fails the
-// container; the container gets the GPU, as every other time slice of it.
+// handed out twice. A time slice is held in the allocator for its replica
+// (TimeSliceOwner) first: one refused there (its GPU held whole, or by
+// memory shares) fails the container; the container gets the GPU, as
+// every other time slice of it. A refused container holds nothing.
 func (p *Plugin) Container(ids []string) (*pluginapi.ContainerAllocateResponse, error) {
 	return p.container(context.Background(), ids)
 }
