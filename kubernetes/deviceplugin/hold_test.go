@@ -67,12 +67,21 @@ func servePodResources(t *testing.T, dir string) (*podResources, string) {
 // manager is not Run: Container, Adopt and Reconcile need no kubelet
 // registration.
 func holding(t *testing.T, grace time.Duration) (*setup, *podResources) {
+	return holdingOn(t, "dgx1-volta", []int{7}, grace)
+}
+
+// holdingOn is holding on the simulated node profile, the GPUs of shared
+// served as two time slices each.
+func holdingOn(t *testing.T, profile string, shared []int, grace time.Duration) (*setup, *podResources) {
 	t.Helper()
 	s := &setup{}
-	s.sim, _, s.inv = testenv.SimulatedNode(t, "dgx1-volta")
-	shared := s.inv.Devices[7].UUID
+	s.sim, _, s.inv = testenv.SimulatedNode(t, profile)
+	var uuids []string
+	for _, i := range shared {
+		uuids = append(uuids, s.inv.Devices[i].UUID)
+	}
 	var err error
-	if s.alloc, err = allocator.New(s.inv, allocator.WithShared(shared), allocator.WithTimeSlices(2)); err != nil {
+	if s.alloc, err = allocator.New(s.inv, allocator.WithShared(uuids...), allocator.WithTimeSlices(2)); err != nil {
 		t.Fatal(err)
 	}
 	if s.dir, err = os.MkdirTemp("", "dp"); err != nil {
@@ -80,7 +89,7 @@ func holding(t *testing.T, grace time.Duration) (*setup, *podResources) {
 	}
 	t.Cleanup(func() { os.RemoveAll(s.dir) })
 	pr, sock := servePodResources(t, s.dir)
-	cfg := deviceplugin.Config{Dir: s.dir, Shared: []string{shared}, Replicas: 2, PodResources: sock, TimeSliceGrace: grace}
+	cfg := deviceplugin.Config{Dir: s.dir, Shared: uuids, Replicas: 2, PodResources: sock, TimeSliceGrace: grace}
 	if s.mgr, err = deviceplugin.New(s.inv, s.alloc, cfg); err != nil {
 		t.Fatal(err)
 	}
@@ -243,20 +252,7 @@ func TestAdoptWithoutKubelet(t *testing.T) {
 // held for its DeviceOwner as a whole GPU is, and given back once no pod
 // holds it.
 func TestAllocateHoldsMIGDevices(t *testing.T) {
-	s := &setup{}
-	s.sim, _, s.inv = testenv.SimulatedNode(t, "hgx-h100-mig")
-	var err error
-	if s.alloc, err = allocator.New(s.inv); err != nil {
-		t.Fatal(err)
-	}
-	if s.dir, err = os.MkdirTemp("", "dp"); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(s.dir) })
-	pr, sock := servePodResources(t, s.dir)
-	if s.mgr, err = deviceplugin.New(s.inv, s.alloc, deviceplugin.Config{Dir: s.dir, PodResources: sock, TimeSliceGrace: time.Millisecond}); err != nil {
-		t.Fatal(err)
-	}
+	s, pr := holdingOn(t, "hgx-h100-mig", nil, time.Millisecond)
 	var mig node.MIGDevice
 	for _, d := range s.inv.Devices {
 		for _, m := range d.MIGDevices {
