@@ -7,13 +7,17 @@ import (
 	"testing"
 )
 
+// testLabel opens the paragraph whose fenced block is the README's test
+// command.
+const testLabel = "The test command, every test suite (CI runs exactly this, through `.ci/run`):"
+
 // testCommand returns the README's test command: the one line of the
-// fenced block that follows "Every test suite:".
+// fenced block that follows testLabel.
 func testCommand(t *testing.T, readme string) string {
 	t.Helper()
-	_, after, ok := strings.Cut(readme, "\nEvery test suite:\n")
+	_, after, ok := strings.Cut(readme, "\n"+testLabel+"\n")
 	if !ok {
-		t.Fatal(`README.md has no "Every test suite:" paragraph`)
+		t.Fatalf("README.md has no %q paragraph", testLabel)
 	}
 	lines := strings.Split(strings.TrimLeft(after, "\n"), "\n")
 	if len(lines) < 3 || !strings.HasPrefix(lines[0], "```") || strings.TrimSpace(lines[2]) != "```" {
@@ -24,8 +28,8 @@ func testCommand(t *testing.T, readme string) string {
 
 // TestCIRunsTheTestCommand: CI's entry point (.ci/run) runs the README's
 // test command as printed, and nothing else: every line of it is a
-// comment, a shell option, the cd to the repository root, or `exec`
-// followed by exactly that command.
+// comment, a shell option, the cd to the repository root, or exactly that
+// command, character for character.
 func TestCIRunsTheTestCommand(t *testing.T) {
 	readme, err := os.ReadFile(filepath.Join(root, "README.md"))
 	if err != nil {
@@ -42,7 +46,7 @@ func TestCIRunsTheTestCommand(t *testing.T) {
 		switch {
 		case line == "" || strings.HasPrefix(line, "#"):
 		case line == "set -euo pipefail", line == `cd "$(dirname "$0")/.."`:
-		case line == "exec "+want:
+		case line == want:
 			runs++
 		default:
 			t.Errorf(".ci/run:%d runs %q, which is not the README's test command %q", n+1, line, want)
