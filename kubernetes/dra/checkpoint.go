@@ -3,6 +3,7 @@ package dra
 import (
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/gpuiso/gpuiso/containerizer/record"
 )
@@ -77,8 +78,15 @@ type PreparedShare struct {
 	ComputePercent int    `json:"computePercent,omitempty"`
 }
 
+// claimOwnerPrefix starts the owner id of every claim of the driver's.
+const claimOwnerPrefix = "claim-"
+
 // ownerOf is claim uid's owner id in the allocator and its CDI spec.
-func ownerOf(uid string) string { return "claim-" + uid }
+func ownerOf(uid string) string { return claimOwnerPrefix + uid }
+
+// claimOf is the uid of the claim whose owner id is owner (ownerOf), and
+// whether owner is one.
+func claimOf(owner string) (string, bool) { return strings.CutPrefix(owner, claimOwnerPrefix) }
 
 // checkpoints is a directory of one file per claim, "<uid>.json": a
 // record store of Checkpoints.

@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"os"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -388,7 +387,7 @@ func (d *Driver) Restore(ctx context.Context) ([]string, error) {
 		// Daemons no checkpoint explains: a claim unprepared while the
 		// daemon's stop failed, or a directory meddled with.
 		stopped, err := d.cfg.MPS.Sweep(ctx, func(owner string) bool {
-			uid, ok := strings.CutPrefix(owner, "claim-")
+			uid, ok := claimOf(owner)
 			return ok && d.cps.exists(uid)
 		})
 		if err != nil {

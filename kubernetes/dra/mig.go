@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strings"
 	"sync"
 
 	resourceapi "k8s.io/api/resource/v1"
@@ -241,7 +240,7 @@ func (d *Driver) restoreMIG(ctx context.Context, uids []string) error {
 		}
 	}
 	for _, al := range d.alloc.Allocations() {
-		uid, ok := strings.CutPrefix(al.Owner, "claim-")
+		uid, ok := claimOf(al.Owner)
 		if !ok || d.cps.exists(uid) {
 			continue
 		}

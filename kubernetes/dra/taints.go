@@ -143,7 +143,7 @@ func (o SliceOptions) heldTaints(uuid string) []resourceapi.DeviceTaint {
 func (d *Driver) heldElsewhere() map[string]bool {
 	var held map[string]bool
 	for _, al := range d.alloc.Allocations() {
-		if strings.HasPrefix(al.Owner, "claim-") {
+		if _, ok := claimOf(al.Owner); ok {
 			continue
 		}
 		for _, r := range al.Devices {
