@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 
+	cerrdefs "github.com/containerd/errdefs"
 	"github.com/moby/moby/client"
 
 	"github.com/gpuiso/gpuiso/containerizer"
@@ -52,8 +53,12 @@ func (e *DaemonError) Is(target error) bool {
 func (e *DaemonError) Unwrap() error { return e.Err }
 
 // daemonErr turns an error of the client into a *DaemonError when it says
-// that the daemon could not be reached or dropped the connection; other
-// errors (not found, conflict, bad request) come back as they are.
+// that the daemon could not be reached or dropped the connection. The
+// daemon's answers of a class that routes a caller come back matching the
+// kind of node's vocabulary of that class: not found (an image the daemon
+// lacks) node.ErrNotFound, an invalid argument node.ErrInvalid, not
+// implemented node.ErrNotSupported; others (a conflict, a daemon fault)
+// as they are.
 func daemonErr(op string, err error) error {
 	if err == nil {
 		return nil
@@ -63,8 +68,15 @@ func daemonErr(op string, err error) error {
 		linux.Unreachable(err) ||
 		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
 		(errors.As(err, &netErr) && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded))
-	if unreachable {
+	switch {
+	case unreachable:
 		return &DaemonError{Op: op, Err: err}
+	case cerrdefs.IsNotFound(err):
+		return fmt.Errorf("%s: %w: %w", op, node.ErrNotFound, err)
+	case cerrdefs.IsInvalidArgument(err):
+		return fmt.Errorf("%s: %w: %w", op, node.ErrInvalid, err)
+	case cerrdefs.IsNotImplemented(err):
+		return fmt.Errorf("%s: %w: %w", op, node.ErrNotSupported, err)
 	}
 	return fmt.Errorf("%s: %w", op, err)
 }

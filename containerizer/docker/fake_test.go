@@ -3,10 +3,12 @@ package docker_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
 
+	cerrdefs "github.com/containerd/errdefs"
 	dockerspec "github.com/moby/docker-image-spec/specs-go/v1"
 	"github.com/moby/moby/api/types/container"
 	"github.com/moby/moby/api/types/image"
@@ -35,7 +37,7 @@ type fakeDaemon struct {
 func (f *fakeDaemon) ImageInspect(_ context.Context, ref string, _ ...client.ImageInspectOption) (client.ImageInspectResult, error) {
 	cfg, ok := f.images[ref]
 	if !ok {
-		return client.ImageInspectResult{}, errors.New("no such image: " + ref)
+		return client.ImageInspectResult{}, fmt.Errorf("no such image: %s: %w", ref, cerrdefs.ErrNotFound)
 	}
 	var res client.ImageInspectResult
 	if cfg != nil {
@@ -43,6 +45,11 @@ func (f *fakeDaemon) ImageInspect(_ context.Context, ref string, _ ...client.Ima
 		res.Config.Labels, res.Config.Env = cfg.Labels, cfg.Env
 	}
 	return res, nil
+}
+
+// ContainerList lists nothing: the fake daemon holds no container.
+func (f *fakeDaemon) ContainerList(context.Context, client.ContainerListOptions) (client.ContainerListResult, error) {
+	return client.ContainerListResult{}, nil
 }
 
 func (f *fakeDaemon) ContainerCreate(context.Context, client.ContainerCreateOptions) (client.ContainerCreateResult, error) {
@@ -89,7 +96,7 @@ func TestLaunchRefuses(t *testing.T) {
 		{"id with slash", containerizer.Spec{ID: "../x", Image: "plain"}, node.ErrInvalidOwner},
 		{"no image", containerizer.Spec{ID: "a"}, containerizer.ErrInvalidSpec},
 		{"stdin", containerizer.Spec{ID: "a", Image: "plain", Stdin: strings.NewReader("x")}, containerizer.ErrNotSupported},
-		{"unknown image", containerizer.Spec{ID: "a", Image: "missing"}, nil},
+		{"unknown image", containerizer.Spec{ID: "a", Image: "missing"}, node.ErrNotFound},
 		{"volume without manager", containerizer.Spec{ID: "a", Image: "needs-volume", GPUs: allocator.Request{Count: 1}}, docker.ErrNoVolume},
 		{"visible devices without manager", containerizer.Spec{ID: "a", Image: "visible-all", GPUs: allocator.Request{Count: 1}}, docker.ErrNoVolume},
 		{"cuda unmet", containerizer.Spec{ID: "a", Image: "cuda-99", GPUs: allocator.Request{Count: 1}}, volume.ErrRequirementUnmet},

@@ -143,10 +143,7 @@ func (r *Runtime) Create(ctx context.Context, spec containerizer.Spec, p *contai
 	if r.cfg.supervisor != nil {
 		cfg.Labels[LabelSupervisor] = formatSupervisor(*r.cfg.supervisor)
 	}
-	hc := &container.HostConfig{}
-	if spec.Network != containerizer.NetworkPrivate {
-		hc.NetworkMode = container.NetworkMode(spec.Network) // "none" or "host", checked by Image
-	}
+	hc := &container.HostConfig{NetworkMode: networkMode(spec.Network)}
 	if err := dcfg.Apply(cfg, hc); err != nil {
 		return containerizer.Record{}, err
 	}
@@ -170,6 +167,17 @@ func (r *Runtime) Create(ctx context.Context, spec containerizer.Spec, p *contai
 		go copyOutput(att.HijackedResponse, spec.Stdout, spec.Stderr, st.done)
 	}
 	return rec, nil
+}
+
+// networkMode is Docker's network mode for n, checked by Image: the zero
+// NetworkPrivate is Docker's "none", a namespace of the container's own
+// with only a loopback interface, as a native container's; never the
+// daemon's default bridge.
+func networkMode(n containerizer.Network) container.NetworkMode {
+	if n == containerizer.NetworkPrivate {
+		return container.NetworkMode(containerizer.NetworkNone)
+	}
+	return container.NetworkMode(n)
 }
 
 // copyOutput demultiplexes a container's attached output onto its writers.
