@@ -69,6 +69,7 @@ func TestVocabulary(t *testing.T) {
 		"containerizer/record.ErrInvalidKey":        record.ErrInvalidKey,
 		"containerizer/record.ErrInvalidOptions":    record.ErrInvalidOptions,
 		"containerizer/record.ErrInvalidEntry":      record.ErrInvalidEntry,
+		"containerizer/record.ErrNotMade":           record.ErrNotMade,
 		"containerizer/docker.ErrNoVolume":          czdocker.ErrNoVolume,
 		"containerizer/docker.ErrNotManaged":        czdocker.ErrNotManaged,
 		"containerizer/rootfs.ErrFormat":            rootfs.ErrFormat,

@@ -50,4 +50,11 @@
 // directory, its lock (if any) and anything else in it are the caller's.
 // It has no lock of its own: one writer per key at a time is the caller's
 // rule (each of its users holds a mutex or a directory lock).
+//
+// A Store not made with [New] (its zero value) refuses every call with
+// [ErrNotMade], and only a store of an absolute directory writes: one of a
+// relative directory reads and parses, and refuses to write, remove or
+// clean ([ErrInvalidOptions]), so that no entry lands in whatever
+// directory the process runs in. A write into a directory that does not
+// exist matches node.ErrNotFound.
 package record

@@ -17,11 +17,15 @@ var (
 	ErrInvalidKey = node.Sentinel(node.ErrInvalid, "invalid record key")
 	// ErrInvalidOptions: Options name no format, a version below 1, or a
 	// Name that is no file name (".", "..", a path separator, NUL, longer
-	// than MaxKeyLen).
+	// than MaxKeyLen); or a store whose directory is not absolute was
+	// asked to write, remove or clean.
 	ErrInvalidOptions = node.Sentinel(node.ErrInvalid, "invalid record store options")
 	// ErrInvalidEntry: an entry to write has an unknown phase or a
 	// process that is not valid.
 	ErrInvalidEntry = node.Sentinel(node.ErrInvalid, "invalid record entry")
+	// ErrNotMade: a Store not made with New (its zero value, or nil): it
+	// refuses every call rather than write into the working directory.
+	ErrNotMade = node.Sentinel(node.ErrInvalid, "record store not made with New")
 )
 
 // CorruptError is a record file that cannot be read as one: it does not

@@ -82,9 +82,13 @@ type Store[T any] struct {
 	o   Options[T]
 }
 
-// New returns the store of dir (which New neither reads nor makes; ""
-// is the working directory). Options without a format, or with a version
-// below 1, are an error matching ErrInvalidOptions.
+// New returns the store of dir (which New neither reads nor makes).
+// Options without a format, or with a version below 1, are an error
+// matching ErrInvalidOptions. Only a store of an absolute dir writes,
+// removes and cleans: one of a relative dir (or "", the working
+// directory) serves Read, List, Exists and Parse, and refuses the rest
+// with ErrInvalidOptions, so that no entry lands wherever the process
+// happens to run.
 func New[T any](dir string, o Options[T]) (*Store[T], error) {
 	if o.Format == "" || o.Version < 1 {
 		return nil, fmt.Errorf("record store %q: format %q, version %d: %w", dir, o.Format, o.Version, ErrInvalidOptions)
@@ -96,7 +100,41 @@ func New[T any](dir string, o Options[T]) (*Store[T], error) {
 }
 
 // Dir is the store's directory.
-func (s *Store[T]) Dir() string { return s.dir }
+func (s *Store[T]) Dir() string {
+	if s == nil {
+		return ""
+	}
+	return s.dir
+}
+
+// made refuses a store not made with New.
+func (s *Store[T]) made() error {
+	if s == nil || s.o.Format == "" {
+		return ErrNotMade
+	}
+	return nil
+}
+
+// writable refuses a store not made with New, or whose directory is not
+// absolute.
+func (s *Store[T]) writable() error {
+	if err := s.made(); err != nil {
+		return err
+	}
+	if !filepath.IsAbs(s.dir) {
+		return fmt.Errorf("record store %q: a directory that is not absolute is never written: %w", s.dir, ErrInvalidOptions)
+	}
+	return nil
+}
+
+// pathErr wraps an error of the file system on path: a directory that is
+// missing matches node.ErrNotFound.
+func pathErr(what string, err error) error {
+	if errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("%s: %w: %w", what, node.ErrNotFound, err)
+	}
+	return fmt.Errorf("%s: %w", what, err)
+}
 
 // MaxKeyLen is the longest key (and Options.Name) in bytes: with the
 // name of its temporary file around it, it stays within the 255 bytes a
@@ -115,6 +153,9 @@ func ValidKey(key string) error {
 
 // Path is the file of key's entry.
 func (s *Store[T]) Path(key string) (string, error) {
+	if err := s.made(); err != nil {
+		return "", err
+	}
 	if err := ValidKey(key); err != nil {
 		return "", err
 	}
@@ -151,8 +192,13 @@ func (w wire) sum() (string, error) {
 // Write replaces e.Key's entry with e, in the store's version, atomically.
 // A key that is not valid (ErrInvalidKey), a phase that is neither Started
 // nor Completed or a process that is not valid (ErrInvalidEntry) is an
-// error, and nothing is written.
+// error, and nothing is written. A directory (the store's, or the key's
+// for a store with Options.Name) that does not exist is an error
+// matching node.ErrNotFound.
 func (s *Store[T]) Write(e Entry[T]) error {
+	if err := s.writable(); err != nil {
+		return err
+	}
 	p, err := s.Path(e.Key)
 	if err != nil {
 		return err
@@ -173,7 +219,7 @@ func (s *Store[T]) Write(e Entry[T]) error {
 		err = linux.WriteFileAtomic(p, "", b, 0o600, nil)
 	}
 	if err != nil {
-		return fmt.Errorf("record %s: %w", e.Key, err)
+		return pathErr("record "+e.Key, err)
 	}
 	return nil
 }
@@ -225,6 +271,9 @@ func (s *Store[T]) Read(key string) (Entry[T], error) {
 // user's old shape. It says nothing of which key the file belongs to.
 // Content it refuses is an error matching ErrCorrupt.
 func (s *Store[T]) Parse(b []byte) (Entry[T], error) {
+	if err := s.made(); err != nil {
+		return Entry[T]{}, err
+	}
 	e, err := s.parse(b)
 	if err != nil {
 		return Entry[T]{}, fmt.Errorf("%w: %w", ErrCorrupt, err)
@@ -276,6 +325,9 @@ func (s *Store[T]) parse(b []byte) (Entry[T], error) {
 
 // Remove deletes key's entry; one already gone is not an error.
 func (s *Store[T]) Remove(key string) error {
+	if err := s.writable(); err != nil {
+		return err
+	}
 	p, err := s.Path(key)
 	if err != nil {
 		return err
@@ -303,10 +355,14 @@ func (s *Store[T]) Exists(key string) bool {
 }
 
 // List returns the keys that have a file, whatever its content, sorted.
+// A directory that does not exist is an error matching node.ErrNotFound.
 func (s *Store[T]) List() ([]string, error) {
+	if err := s.made(); err != nil {
+		return nil, err
+	}
 	entries, err := os.ReadDir(s.dir)
 	if err != nil {
-		return nil, fmt.Errorf("records: %w", err)
+		return nil, pathErr("records", err)
 	}
 	var out []string
 	for _, e := range entries {
@@ -332,6 +388,9 @@ func (s *Store[T]) List() ([]string, error) {
 // the one writer of the store may call it: another's write in progress
 // would lose its temporary file.
 func (s *Store[T]) Clean() error {
+	if err := s.writable(); err != nil {
+		return err
+	}
 	dirs := []string{s.dir}
 	if s.o.Name != "" {
 		keys, err := s.List()
