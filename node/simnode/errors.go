@@ -3,6 +3,7 @@ package simnode
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"path/filepath"
 	"strings"
 
@@ -96,3 +97,52 @@ func (e *NotOwnedError) Error() string {
 // Is makes errors.Is(err, ErrNotOwned) and errors.Is(err, node.ErrExists)
 // hold.
 func (e *NotOwnedError) Is(target error) bool { return errors.Is(ErrNotOwned, target) }
+
+var (
+	// ErrTreeExists: MakeHost was given a directory that already holds a
+	// simulated host tree's dev, proc or sys (OpenHost reuses such a tree).
+	ErrTreeExists = node.Sentinel(node.ErrExists, "simulated host tree already exists")
+	// ErrUntrusted: a directory given for a simulated host tree, or one of
+	// its parents, is owned or writable by another user, or the tree in it
+	// holds what gpuiso never makes (a link, a device node of another
+	// driver): that user could point the node's GPUs at any device.
+	ErrUntrusted = node.Sentinel(node.ErrInvalid, "simulated host tree not trusted")
+)
+
+// ExistsError names the part of a simulated host tree that MakeHost found
+// already made in its directory: nothing was made or removed.
+type ExistsError struct {
+	Dir  string // the tree's directory
+	Path string // what is already there
+}
+
+func (e *ExistsError) Error() string {
+	return fmt.Sprintf("%s already exists: %s holds a simulated host tree (reuse it with OpenHost, or give a new or empty directory)", e.Path, e.Dir)
+}
+
+// Is makes errors.Is(err, ErrTreeExists), errors.Is(err, node.ErrExists)
+// and errors.Is(err, fs.ErrExist) hold.
+func (e *ExistsError) Is(target error) bool {
+	return errors.Is(ErrTreeExists, target) || target == fs.ErrExist
+}
+
+// UntrustedError names what makes a simulated host tree's directory
+// untrusted: Path (the directory, a parent of it, or a file of the tree)
+// and why. Nothing was made or read there.
+type UntrustedError struct {
+	Dir    string // the tree's directory
+	Path   string
+	Reason string // "owned by uid 65534", "writable by group or others (mode 0777)", ...
+}
+
+func (e *UntrustedError) Error() string {
+	what := e.Path
+	if e.Path != e.Dir {
+		what = fmt.Sprintf("%s (of simulated host tree %s)", e.Path, e.Dir)
+	}
+	return fmt.Sprintf("%s is %s: another user could point the simulated GPUs at any device; refusing it (use a directory that root owns and only root can write, in directories that root owns and only root can write)", what, e.Reason)
+}
+
+// Is makes errors.Is(err, ErrUntrusted) and errors.Is(err,
+// node.ErrInvalid) hold.
+func (e *UntrustedError) Is(target error) bool { return errors.Is(ErrUntrusted, target) }

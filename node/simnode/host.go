@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"path"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -44,12 +45,24 @@ type Host struct {
 // which needs root for the device nodes. dir must be new, empty, or a tree
 // MakeHost made whose dev, proc and sys are gone: a directory holding files
 // gpuiso did not make is refused (a [*NotOwnedError], matching
-// [ErrNotOwned]), and so is any dir that resolves to the host's own /, or
-// lies in its /dev, /proc or /sys (a [*HostPathError]). The tree is marked
-// as gpuiso's before anything is made in it and marked whole last. On error
-// nothing it created is left.
+// [ErrNotOwned]), a tree already there too (an [*ExistsError], matching
+// [ErrTreeExists] and node.ErrExists; [Node.OpenHost] reuses one), and so
+// is any dir that resolves to the host's own /, or lies in its /dev, /proc
+// or /sys (a [*HostPathError]). dir and each of its parents must be owned
+// by root (or the calling user) and writable by no one else (a sticky
+// parent such as /tmp excepted), else an [*UntrustedError] matching
+// [ErrUntrusted]: another user able to change the tree could point its GPUs
+// at any device. The tree is made in-root (no link in it is followed out
+// of it), marked as gpuiso's before anything is made in it and marked
+// whole last. On error nothing it created is left.
 func (n *Node) MakeHost(dir string) (*Host, error) {
+	if n == nil || n.spec == nil {
+		return nil, fmt.Errorf("make simulated host in %s: %w", dir, errNoNode)
+	}
 	root, made, err := hostDir(dir)
+	if err == nil {
+		err = trusted(root)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("make simulated host in %s: %w", dir, err)
 	}
@@ -60,17 +73,17 @@ func (n *Node) MakeHost(dir string) (*Host, error) {
 	return h, nil
 }
 
-// makeHost makes the tree in root, which hostDir checked; made is the
-// first directory hostDir found missing on the way to root ("" when root
-// existed), removed again on error.
-func (n *Node) makeHost(root, made string) (h *Host, err error) {
+// makeHost makes the tree in root, which hostDir and trusted checked;
+// made is the first directory hostDir found missing on the way to root
+// ("" when root existed), removed again on error.
+func (n *Node) makeHost(root, made string) (*Host, error) {
 	if err := claimable(root); err != nil {
 		return nil, err
 	}
-	h = hostAt(root)
+	h := hostAt(root)
 	for _, p := range []string{h.DevRoot, h.ProcRoot, h.SysRoot} {
 		if _, err := os.Lstat(p); err == nil {
-			return nil, &fs.PathError{Op: "create", Path: p, Err: fs.ErrExist}
+			return nil, &ExistsError{Dir: root, Path: p}
 		}
 	}
 	majors, err := freeMajors(node.DefaultProcRoot, 3)
@@ -79,34 +92,47 @@ func (n *Node) makeHost(root, made string) (h *Host, err error) {
 	}
 	h.NVIDIAMajor, h.UVMMajor, h.CapsMajor = majors[0], majors[1], majors[2]
 	if err := os.MkdirAll(root, 0o755); err != nil {
+		removeEmpty(root, made)
 		return nil, err
 	}
-	wrote, err := mark(root)
+	r, err := openTrusted(root)
+	if err != nil {
+		removeEmpty(root, made)
+		return nil, err
+	}
+	defer r.Close()
+	if err := n.makeIn(r, h); err != nil {
+		removeEmpty(root, made)
+		return nil, err
+	}
+	return h, nil
+}
+
+// makeIn makes the tree h describes in r, its root opened in-root; on
+// error it removes what it made (the marker only if it wrote it).
+func (n *Node) makeIn(r *os.Root, h *Host) (err error) {
+	wrote, err := mark(r)
 	defer func() {
 		if err == nil {
 			return
 		}
-		for _, p := range []string{h.DevRoot, h.ProcRoot, h.SysRoot} {
-			os.RemoveAll(p) // absent before, so made here
+		for _, d := range []string{"dev", "proc", "sys"} {
+			r.RemoveAll(d) // absent before, so made here
 		}
 		if wrote {
-			os.Remove(filepath.Join(root, markerName))
+			r.Remove(markerName)
 		}
-		removeEmpty(root, made)
 	}()
 	if err != nil {
-		return nil, err
+		return err
 	}
-	if err := os.Remove(filepath.Join(root, completeName)); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return nil, err
+	if err := r.Remove(completeName); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
 	}
-	if err := n.populate(h); err != nil {
-		return nil, err
+	if err := n.populate(r, h); err != nil {
+		return err
 	}
-	if err := os.WriteFile(filepath.Join(root, completeName), nil, 0o644); err != nil {
-		return nil, err
-	}
-	return h, nil
+	return r.WriteFile(completeName, nil, 0o644)
 }
 
 // hostAt is the host tree at root, its numbers not yet known.
@@ -119,6 +145,9 @@ func hostAt(root string) *Host {
 // gpuiso made is refused and left as it is (a [*NotOwnedError], or a
 // [*HostPathError] for the host's own directories).
 func (h *Host) Remove() error {
+	if h == nil {
+		return fmt.Errorf("remove simulated host: no host: %w", node.ErrInvalid)
+	}
 	root, err := checkHostPath(h.Root)
 	if err != nil {
 		return fmt.Errorf("remove simulated host %s: %w", h.Root, err)
@@ -159,10 +188,8 @@ func (n *Node) DiscoverOptions(h *Host) []nvmlnode.Option {
 	return opts
 }
 
-func (n *Node) populate(h *Host) error {
-	if err := os.MkdirAll(h.DevRoot, 0o755); err != nil {
-		return err
-	}
+// populate makes h's device nodes, /proc and /sys files in r.
+func (n *Node) populate(r *os.Root, h *Host) error {
 	char := func(major, minor uint32) linux.DeviceNumber {
 		return linux.DeviceNumber{Char: true, Major: major, Minor: minor}
 	}
@@ -174,31 +201,58 @@ func (n *Node) populate(h *Host) error {
 	for i := range n.spec.GPUs {
 		nodes[fmt.Sprintf("nvidia%d", n.spec.minor(i))] = char(h.NVIDIAMajor, uint32(n.spec.minor(i)))
 	}
-	for name, dev := range nodes {
-		if err := linux.Mknod(filepath.Join(h.DevRoot, name), 0o666, dev); err != nil {
-			return err
-		}
+	if err := mknodIn(r, "dev", nodes, nil); err != nil {
+		return err
 	}
-	if err := n.populateCaps(h); err != nil {
+	if err := n.populateCaps(r, h); err != nil {
 		return err
 	}
 
 	files := map[string]string{
-		filepath.Join(h.ProcRoot, "devices"): fmt.Sprintf("Character devices:\n  1 mem\n  5 /dev/tty\n%3d nvidia\n%3d nvidia-uvm\n%3d nvidia-caps\n\nBlock devices:\n  8 sd\n",
+		"proc/devices": fmt.Sprintf("Character devices:\n  1 mem\n  5 /dev/tty\n%3d nvidia\n%3d nvidia-uvm\n%3d nvidia-caps\n\nBlock devices:\n  8 sd\n",
 			h.NVIDIAMajor, h.UVMMajor, h.CapsMajor),
-		filepath.Join(h.ProcRoot, "driver", "nvidia", "version"): fmt.Sprintf(
+		"proc/driver/nvidia/version": fmt.Sprintf(
 			"NVRM version: NVIDIA UNIX x86_64 Kernel Module  %s  (simulated node %s)\n", n.driverVersion, n.spec.Name),
 	}
 	for i, g := range n.spec.GPUs {
-		files[filepath.Join(h.ProcRoot, "driver", "nvidia", "gpus", g.BusID, "information")] = fmt.Sprintf(
+		files[path.Join("proc/driver/nvidia/gpus", g.BusID, "information")] = fmt.Sprintf(
 			"Model: \t\t %s\nGPU UUID: \t %s\nBus Location: \t %s\nDevice Minor: \t %d\n", n.spec.GPU.Model, n.UUID(i), g.BusID, n.spec.minor(i))
-		files[filepath.Join(h.SysRoot, "bus", "pci", "devices", g.BusID, "numa_node")] = fmt.Sprintf("%d\n", g.NUMANode)
+		files[path.Join("sys/bus/pci/devices", g.BusID, "numa_node")] = fmt.Sprintf("%d\n", g.NUMANode)
 	}
-	for path, body := range files {
-		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+	return writeIn(r, files)
+}
+
+// mknodIn makes the device nodes of dir (made if missing) in r, each with
+// mode 0666 unless modes names another.
+func mknodIn(r *os.Root, dir string, nodes map[string]linux.DeviceNumber, modes map[string]os.FileMode) error {
+	if err := r.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	d, err := r.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	for name, dev := range nodes {
+		mode, ok := modes[name]
+		if !ok {
+			mode = 0o666
+		}
+		if err := linux.MknodAt(d, name, mode, dev); err != nil {
+			return fmt.Errorf("%s: %w", filepath.Join(r.Name(), dir), err)
+		}
+	}
+	return nil
+}
+
+// writeIn writes the files (slash-separated names in r) read-only, their
+// directories made as needed.
+func writeIn(r *os.Root, files map[string]string) error {
+	for name, body := range files {
+		if err := r.MkdirAll(path.Dir(name), 0o755); err != nil {
 			return err
 		}
-		if err := os.WriteFile(path, []byte(body), 0o444); err != nil {
+		if err := r.WriteFile(name, []byte(body), 0o444); err != nil {
 			return err
 		}
 	}

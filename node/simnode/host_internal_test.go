@@ -195,7 +195,12 @@ func TestHostPathsRefused(t *testing.T) {
 // is not taken for a user's; a user's file still is.
 func TestClaimableEntriesRaces(t *testing.T) {
 	markedDir := t.TempDir()
-	if _, err := mark(markedDir); err != nil {
+	r, err := os.OpenRoot(markedDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if _, err := mark(r); err != nil {
 		t.Fatal(err)
 	}
 	for _, tc := range []struct {

@@ -32,8 +32,20 @@ const (
 // process sees the same device nodes. Concurrent calls make it once (the
 // maker holds a lock on dir itself); a tree a killed call left half made is
 // made again. dir is refused as MakeHost refuses it, before anything is
-// written: only a tree marked as gpuiso's is ever written to or removed.
+// written: only a tree marked as gpuiso's is ever written to or removed,
+// and only in a directory that no other user owns or may write in (an
+// [*UntrustedError]). A tree found whole is read in-root and refused (an
+// [*UntrustedError] too) where it holds what gpuiso never makes: a link, a
+// device node of another major than its own, majors that are not free
+// local ones of this host. On error, a directory it made on the way is
+// removed again where nothing else was put in it.
 func (n *Node) OpenHost(ctx context.Context, dir string) (*Host, error) {
+	if n == nil || n.spec == nil {
+		return nil, fmt.Errorf("open simulated host in %s: %w", dir, errNoNode)
+	}
+	if ctx == nil {
+		return nil, fmt.Errorf("open simulated host in %s: nil context: %w", dir, node.ErrInvalid)
+	}
 	h, err := n.openHost(ctx, dir)
 	if err != nil {
 		return nil, fmt.Errorf("open simulated host in %s: %w", dir, err)
@@ -41,9 +53,12 @@ func (n *Node) OpenHost(ctx context.Context, dir string) (*Host, error) {
 	return h, nil
 }
 
-func (n *Node) openHost(ctx context.Context, dir string) (*Host, error) {
-	root, _, err := hostDir(dir)
+func (n *Node) openHost(ctx context.Context, dir string) (h *Host, err error) {
+	root, made, err := hostDir(dir)
 	if err != nil {
+		return nil, err
+	}
+	if err := trusted(root); err != nil {
 		return nil, err
 	}
 	if h, err := wholeHost(root); h != nil || err != nil {
@@ -53,9 +68,20 @@ func (n *Node) openHost(ctx context.Context, dir string) (*Host, error) {
 		return nil, err
 	}
 	if err := os.MkdirAll(root, 0o755); err != nil {
+		removeEmpty(root, made)
 		return nil, err
 	}
-	lock, err := os.Open(root)
+	defer func() {
+		if err != nil {
+			removeEmpty(root, made) // only if nothing is in it
+		}
+	}()
+	r, err := openTrusted(root)
+	if err != nil {
+		return nil, err
+	}
+	defer r.Close()
+	lock, err := r.Open(".")
 	if err != nil {
 		return nil, err
 	}
@@ -71,19 +97,28 @@ func (n *Node) openHost(ctx context.Context, dir string) (*Host, error) {
 		return nil, err
 	}
 	if marked(root) {
-		if err := removeTree(root); err != nil { // what a killed call left
+		// What a killed call left.
+		if err := errors.Join(r.RemoveAll("dev"), r.RemoveAll("proc"), r.RemoveAll("sys")); err != nil {
 			return nil, err
 		}
 	}
-	// On error the directory stays, empty: another call may be waiting
-	// for its lock.
-	return n.makeHost(root, "")
+	majors, err := freeMajors(node.DefaultProcRoot, 3)
+	if err != nil {
+		return nil, err
+	}
+	h = hostAt(root)
+	h.NVIDIAMajor, h.UVMMajor, h.CapsMajor = majors[0], majors[1], majors[2]
+	if err := n.makeIn(r, h); err != nil {
+		return nil, err
+	}
+	return h, nil
 }
 
 // wholeHost is the complete tree at root with the majors its /proc/devices
-// names, or nil when root holds no complete tree gpuiso made.
+// names, or nil when root holds no complete tree gpuiso made. The tree is
+// checked (checkTree) before it is used.
 func wholeHost(root string) (*Host, error) {
-	if _, err := os.Stat(filepath.Join(root, completeName)); err != nil {
+	if _, err := os.Lstat(filepath.Join(root, completeName)); err != nil {
 		return nil, nil
 	}
 	if !marked(root) {
@@ -91,11 +126,11 @@ func wholeHost(root string) (*Host, error) {
 			return nil, err
 		}
 	}
-	h := hostAt(root)
-	majors, err := node.ReadProcDevices(h.ProcRoot)
+	majors, err := checkTree(root)
 	if err != nil {
-		return nil, fmt.Errorf("simulated host %s: %w", root, err)
+		return nil, err
 	}
+	h := hostAt(root)
 	h.NVIDIAMajor, h.UVMMajor, h.CapsMajor = majors["nvidia"], majors[node.NVIDIAUVM], majors[node.NVIDIACaps]
 	return h, nil
 }
@@ -158,6 +193,10 @@ func hostDir(dir string) (root, made string, err error) {
 }
 
 var errNotDir = errors.New("not a directory")
+
+// errNoNode: a method called on a nil Node, or one not made by New or
+// NewFromSpec.
+var errNoNode = fmt.Errorf("no simulated node (a nil Node, or one not made by New): %w", node.ErrInvalid)
 
 // checkHostPath resolves dir as hostDir does and refuses the host's own
 // directories.
@@ -229,11 +268,13 @@ func marked(root string) bool {
 	return err == nil && fi.Mode().IsRegular()
 }
 
-// mark writes the marker into root, reporting whether it was not there.
-func mark(root string) (bool, error) {
-	f, err := os.OpenFile(filepath.Join(root, markerName), os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
-	if errors.Is(err, fs.ErrExist) && marked(root) {
-		return false, nil
+// mark writes the marker into r, reporting whether it was not there.
+func mark(r *os.Root) (bool, error) {
+	f, err := r.OpenFile(markerName, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+	if errors.Is(err, fs.ErrExist) {
+		if fi, err := r.Lstat(markerName); err == nil && fi.Mode().IsRegular() {
+			return false, nil
+		}
 	}
 	if err != nil {
 		return false, err
@@ -262,7 +303,8 @@ func removeEmpty(root, made string) {
 		return
 	}
 	for p := root; ; p = filepath.Dir(p) {
-		if os.Remove(p) != nil || p == made || len(p) <= len(made) {
+		// A directory not made (MkdirAll stopped short) is skipped.
+		if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) || p == made || len(p) <= len(made) {
 			return
 		}
 	}

@@ -4,7 +4,7 @@ import (
 	"crypto/sha256"
 	"fmt"
 	"os"
-	"path/filepath"
+	"path"
 	"slices"
 	"sort"
 	"strings"
@@ -462,8 +462,8 @@ func ciAccessMinor(gpuMinor, gi, ci int) int { return giAccessMinor(gpuMinor, gi
 // populateCaps writes the MIG side of the host tree: the nvidia-caps
 // driver's mig-minors table (every GPU instance and compute instance a GPU
 // of the node could have), the capability files of config, monitor and
-// every existing instance, and their nodes under <dev>/nvidia-caps.
-func (n *Node) populateCaps(h *Host) error {
+// every existing instance, and their nodes under <dev>/nvidia-caps, in r.
+func (n *Node) populateCaps(r *os.Root, h *Host) error {
 	if !n.spec.GPU.MIGCapable {
 		return nil
 	}
@@ -478,42 +478,37 @@ func (n *Node) populateCaps(h *Host) error {
 			}
 		}
 	}
-	caps := filepath.Join(h.ProcRoot, "driver", "nvidia", "capabilities")
+	caps := "proc/driver/nvidia/capabilities"
 	capFile := func(minor, mode int) string {
 		return fmt.Sprintf("DeviceFileMinor: %d\nDeviceFileMode: %d\nDeviceFileModify: 1\n", minor, mode)
 	}
 	files := map[string]string{
-		filepath.Join(h.ProcRoot, "driver", "nvidia-caps", "mig-minors"): minors.String(),
-		filepath.Join(caps, "mig", "config"):                             capFile(capsConfigMinor, 0o400),
-		filepath.Join(caps, "mig", "monitor"):                            capFile(capsMonitorMinor, 0o444),
+		"proc/driver/nvidia-caps/mig-minors": minors.String(),
+		path.Join(caps, "mig", "config"):     capFile(capsConfigMinor, 0o400),
+		path.Join(caps, "mig", "monitor"):    capFile(capsMonitorMinor, 0o444),
 	}
-	nodes := map[int]os.FileMode{capsConfigMinor: 0o400, capsMonitorMinor: 0o444}
+	nodes := map[string]linux.DeviceNumber{}
+	modes := map[string]os.FileMode{}
+	capNode := func(minor int, mode os.FileMode) {
+		name := fmt.Sprintf("nvidia-cap%d", minor)
+		nodes[name] = linux.DeviceNumber{Char: true, Major: h.CapsMajor, Minor: uint32(minor)}
+		modes[name] = mode
+	}
+	capNode(capsConfigMinor, 0o400)
+	capNode(capsMonitorMinor, 0o444)
 	for i := range n.spec.GPUs {
 		g := n.spec.minor(i)
 		for _, m := range n.MIGDevices(i) {
 			gm, cm := giAccessMinor(g, m.GI), ciAccessMinor(g, m.GI, m.CI)
-			dir := filepath.Join(caps, fmt.Sprintf("gpu%d", g), "mig", fmt.Sprintf("gi%d", m.GI))
-			files[filepath.Join(dir, "access")] = capFile(gm, 0o444)
-			files[filepath.Join(dir, fmt.Sprintf("ci%d", m.CI), "access")] = capFile(cm, 0o444)
-			nodes[gm], nodes[cm] = 0o444, 0o444
+			dir := path.Join(caps, fmt.Sprintf("gpu%d", g), "mig", fmt.Sprintf("gi%d", m.GI))
+			files[path.Join(dir, "access")] = capFile(gm, 0o444)
+			files[path.Join(dir, fmt.Sprintf("ci%d", m.CI), "access")] = capFile(cm, 0o444)
+			capNode(gm, 0o444)
+			capNode(cm, 0o444)
 		}
 	}
-	if err := os.MkdirAll(filepath.Join(h.DevRoot, node.NVIDIACapsDir), 0o755); err != nil {
+	if err := mknodIn(r, path.Join("dev", node.NVIDIACapsDir), nodes, modes); err != nil {
 		return err
 	}
-	for minor, mode := range nodes {
-		dev := linux.DeviceNumber{Char: true, Major: h.CapsMajor, Minor: uint32(minor)}
-		if err := linux.Mknod(filepath.Join(h.DevRoot, node.NVIDIACapsDir, fmt.Sprintf("nvidia-cap%d", minor)), mode, dev); err != nil {
-			return err
-		}
-	}
-	for path, body := range files {
-		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-			return err
-		}
-		if err := os.WriteFile(path, []byte(body), 0o444); err != nil {
-			return err
-		}
-	}
-	return nil
+	return writeIn(r, files)
 }

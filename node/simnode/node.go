@@ -85,8 +85,12 @@ func New(name string, opts ...Option) (*Node, error) {
 	return NewFromSpec(spec, opts...)
 }
 
-// NewFromSpec builds a simulated node from a topology description.
+// NewFromSpec builds a simulated node from a topology description; a nil
+// spec is refused with ErrInvalidSpec.
 func NewFromSpec(spec *Spec, opts ...Option) (*Node, error) {
+	if spec == nil {
+		return nil, fmt.Errorf("no topology description: %w", ErrInvalidSpec)
+	}
 	if err := spec.validate(); err != nil {
 		return nil, fmt.Errorf("topology %q: %w", spec.Name, err)
 	}
