@@ -95,6 +95,7 @@ func TestVocabulary(t *testing.T) {
 		"isolator/cdi.ErrInvalidSpec":               cdi.ErrInvalidSpec,
 		"isolator/cdi.ErrNoDevices":                 cdi.ErrNoDevices,
 		"isolator/cdi.ErrUnresolvable":              cdi.ErrUnresolvable,
+		"isolator/cdi.ErrInvalidDir":                cdi.ErrInvalidDir,
 		"isolator/cgroups.ErrNotMade":               cgroups.ErrNotMade,
 		"isolator/cgroups.ErrVerify":                cgroups.ErrVerify,
 		"isolator/docker.ErrInvalidLabels":          isodocker.ErrInvalidLabels,

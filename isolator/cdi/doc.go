@@ -60,7 +60,11 @@
 // temporary file in the same directory, is synced, validated by the CDI
 // library exactly as a runtime will read it, renamed over the old file, and
 // the directory is synced; a spec the library refuses is a [*SpecError] and
-// leaves the directory as it was. [ValidateFile] and [List] read specs the
+// leaves the directory as it was. A temporary file is named after the
+// process writing it, so that a writer killed in the middle leaves nothing
+// for good: each write that changes a file, and [Writer.Sweep], removes the
+// temporary files of writers that no longer run. A Writer never writes to
+// a relative directory ([ErrInvalidDir]). [ValidateFile] and [List] read specs the
 // way runtimes do; List reports each bad file without hiding the others.
 //
 // # Names

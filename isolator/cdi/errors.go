@@ -17,6 +17,8 @@ var (
 	// ErrUnresolvable: a name asked for would resolve to no device of the
 	// spec it is meant for (a GPU without a UUID, which New leaves out).
 	ErrUnresolvable = node.Sentinel(node.ErrNotFound, "CDI name resolves to no device")
+	// ErrInvalidDir: a Writer's Dir is not an absolute path.
+	ErrInvalidDir = node.Sentinel(node.ErrInvalid, "CDI spec directory not absolute")
 )
 
 // KindError is a CDI kind that cannot name a device class.

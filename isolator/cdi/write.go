@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 
 	cdilib "tags.cncf.io/container-device-interface/pkg/cdi"
@@ -27,9 +28,19 @@ const DefaultDir = "/var/run/cdi"
 
 // Writer writes specs into a CDI spec directory, one file per kind,
 // "<vendor>-<class>.json". Its zero value writes to DefaultDir.
+//
+// A write goes through a temporary file in the spec directory, named
+// after the spec's file and the writing process. A writer killed in the
+// middle leaves its temporary file behind: every write that changes a
+// file, and Sweep, removes those of writers that no longer run.
 type Writer struct {
-	// Dir is the spec directory; "" means DefaultDir.
+	// Dir is the spec directory, an absolute path; "" means DefaultDir.
+	// A relative one is refused (ErrInvalidDir): specs never go to the
+	// working directory.
 	Dir string
+	// ProcRoot is where the proc file system is mounted, read to tell a
+	// live writer of a temporary file from a dead one; "" means /proc.
+	ProcRoot string
 	// NoSync leaves out the syncs to disk of each write (removals are
 	// still synced): a spec is replaced atomically against the writer's
 	// death (a reader sees the old file or the new, never a part), not
@@ -54,20 +65,35 @@ type Result struct {
 	Names []string
 }
 
-// Path is the file of kind's spec.
+// Path is the file of kind's spec. A Dir that is not absolute is an
+// error matching ErrInvalidDir.
 func (w Writer) Path(kind string) (string, error) {
+	dir, err := w.dir()
+	if err != nil {
+		return "", err
+	}
 	if err := ValidateKind(kind); err != nil {
 		return "", err
 	}
 	vendor, class := parser.ParseQualifier(kind)
-	return filepath.Join(w.dir(), cdilib.GenerateSpecName(vendor, class)+".json"), nil
+	return filepath.Join(dir, cdilib.GenerateSpecName(vendor, class)+".json"), nil
 }
 
-func (w Writer) dir() string {
-	if w.Dir == "" {
-		return DefaultDir
+func (w Writer) dir() (string, error) {
+	switch {
+	case w.Dir == "":
+		return DefaultDir, nil
+	case !filepath.IsAbs(w.Dir):
+		return "", fmt.Errorf("CDI spec directory %q: %w", w.Dir, ErrInvalidDir)
 	}
-	return w.Dir
+	return w.Dir, nil
+}
+
+func (w Writer) procRoot() string {
+	if w.ProcRoot == "" {
+		return "/proc"
+	}
+	return w.ProcRoot
 }
 
 // Encode is the spec's file content: indented JSON and a final newline,
@@ -173,15 +199,102 @@ func (w Writer) write(ctx context.Context, path string, spec *specs.Spec) (Resul
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return res, fmt.Errorf("write CDI spec %s: %w", path, err)
 	}
+	// What dead writers left goes first; failing to remove it does not
+	// stop this write (Sweep reports it).
+	sweep(filepath.Dir(path), w.procRoot())
 	replace := writeAtomic
 	if w.NoSync {
 		replace = writeNoSync
 	}
-	if err := replace(path, data); err != nil {
+	if err := replace(path, tempPattern(path, w.procRoot()), data); err != nil {
 		return res, fmt.Errorf("write CDI spec %s: %w", path, err)
 	}
 	res.Changed = true
 	return res, nil
+}
+
+// tempPattern is the os.CreateTemp pattern of path's temporary file:
+// ".<file>.<pid>.<start>.*.tmp", naming the writing process, so that a
+// sweep tells a dead writer's file from a live one's. Where the proc file
+// system cannot say the writer's start time, the file is marked
+// "<pid>.0", which no sweep removes.
+func tempPattern(path, procRoot string) string {
+	mark := strconv.Itoa(os.Getpid()) + ".0"
+	if self, err := linux.Self(procRoot); err == nil {
+		mark = self.String()
+	}
+	return "." + filepath.Base(path) + "." + mark + ".*.tmp"
+}
+
+// deadTemp tells whether name is a temporary file of a spec write that
+// no running process will finish: one marked with a writer that provably
+// ended, or one of the unmarked form of earlier versions
+// (".<file>.json.<random>.tmp"), which no writer of this one makes.
+func deadTemp(name, procRoot string) bool {
+	rest, ok := strings.CutPrefix(name, ".")
+	if !ok {
+		return false
+	}
+	rest, ok = strings.CutSuffix(rest, ".tmp")
+	if !ok {
+		return false
+	}
+	i := strings.LastIndex(rest, ".json.")
+	if i < 0 {
+		return false
+	}
+	parts := strings.Split(rest[i+len(".json."):], ".")
+	for _, p := range parts {
+		if p == "" || strings.Trim(p, "0123456789") != "" {
+			return false
+		}
+	}
+	switch len(parts) {
+	case 1:
+		return true
+	case 3:
+		p, err := linux.ParseProcess(parts[0] + "." + parts[1])
+		return err == nil && p.Dead(procRoot)
+	}
+	return false
+}
+
+// sweep removes the temporary files of dead writers from dir.
+func sweep(dir, procRoot string) error {
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("sweep CDI spec directory: %w", err)
+	}
+	var errs []error
+	for _, e := range entries {
+		if !e.Type().IsRegular() || !deadTemp(e.Name(), procRoot) {
+			continue
+		}
+		if err := os.Remove(filepath.Join(dir, e.Name())); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			errs = append(errs, fmt.Errorf("sweep CDI spec directory: %w", err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Sweep removes from the spec directory the temporary files that writers
+// killed in the middle of a write left: those of processes that no longer
+// run (and those of earlier versions, whose names name no process). A live
+// writer's temporary file stays. Every write that changes a file sweeps
+// too; Sweep is for an agent's start, before it writes anything. A
+// directory that does not exist holds nothing to sweep.
+func (w Writer) Sweep(ctx context.Context) error {
+	dir, err := w.dir()
+	if err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("sweep CDI spec directory %s: %w", dir, err)
+	}
+	return sweep(dir, w.procRoot())
 }
 
 // specNames are the qualified names of spec's devices, in its order.
@@ -196,8 +309,8 @@ func specNames(spec *specs.Spec) []string {
 
 // writeAtomic replaces path with data through a temporary file the CDI
 // library validates as a runtime will read it.
-func writeAtomic(path string, data []byte) error {
-	return linux.WriteFileAtomic(path, "", data, 0o644, func(tmp string) error {
+func writeAtomic(path, pattern string, data []byte) error {
+	return linux.WriteFileAtomic(path, pattern, data, 0o644, func(tmp string) error {
 		if _, err := cdilib.ReadSpec(tmp, 0); err != nil {
 			return &SpecError{Path: path, Err: err}
 		}
@@ -207,8 +320,8 @@ func writeAtomic(path string, data []byte) error {
 
 // writeNoSync is writeAtomic without the syncs (Writer.NoSync): a
 // temporary file, validated, renamed over path.
-func writeNoSync(path string, data []byte) (err error) {
-	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*.tmp")
+func writeNoSync(path, pattern string, data []byte) (err error) {
+	tmp, err := os.CreateTemp(filepath.Dir(path), pattern)
 	if err != nil {
 		return err
 	}
