@@ -49,7 +49,7 @@ func TestAllocateRequests(t *testing.T) {
 		{"constraint numa", allocator.Request{Count: 2, Constraints: []allocator.Constraint{{Attribute: "numa_node", Operator: "=", Value: "1"}}}, []int{6, 7}, nil},
 		{"affinity pulls", allocator.Request{Count: 1, Affinities: []allocator.Affinity{{Constraint: allocator.Constraint{Attribute: "index", Operator: "=", Value: "6"}, Weight: 50}}}, []int{6}, nil},
 		{"bad affinity weight", allocator.Request{Count: 1, Affinities: []allocator.Affinity{{Constraint: allocator.Constraint{Attribute: "index", Operator: "=", Value: "6"}, Weight: 500}}}, nil, allocator.ErrInvalidRequest},
-		{"shared on a non-shareable node", allocator.Request{MemoryBytes: 1 << 30}, nil, node.ErrInsufficient},
+		{"shared on a non-shareable node", allocator.Request{MemoryBytes: 1 << 30}, nil, allocator.ErrShareNotSupported},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -57,16 +57,19 @@
 // A [Share] is part of one GPU, in one of two modes. A memory share
 // ([ShareMemory]: bytes, optionally a compute percentage) is counted
 // against the GPU's memory and enforced by an MPS control daemon (package
-// isolator/mps; the allocation's environment carries the MPS client limits
-// too, which a client can only lower). A time slice ([ShareTime]) is the
+// isolator/mps; [Share.ClientEnv] is the MPS client limits its container
+// carries too, which a client can only lower). A time slice ([ShareTime]) is the
 // whole GPU beside the GPU's other time slices, isolated from none of them;
 // at most [WithTimeSlices] of them (default [DefaultTimeSlices]) share one
 // GPU. A GPU is held by one exclusive owner, by memory shares or by time
 // slices, never two of these at once. Placement packs: a share goes to the
 // fullest GPU of its mode with room, and opens a GPU no one holds (chosen
 // by the policy, as for a 1-GPU request) only when none has; whole-GPU
-// requests take shareable GPUs last. A share that fits nowhere is a
-// [*ShareError] naming each GPU's free memory or why it cannot take it. A
+// requests take shareable GPUs last. A share that fits nowhere now is a
+// [*ShareError] (kind node.ErrInsufficient) naming each GPU's free memory
+// or why it cannot take it; one no GPU of the node could ever take is
+// refused as such: [ErrShareNotSupported] on a node with no shareable GPU,
+// [ErrInvalidRequest] for more memory than any shareable GPU has. A
 // GPU with MIG enabled is never shared (a share naming a MIG device is
 // [ErrShareNotSupported]); quotas count a shared GPU once per group.
 // Shares are in the state file with their mode and compute; after a crash

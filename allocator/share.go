@@ -196,8 +196,14 @@ func (a *Allocator) fitsShare(p int, s Share, match, sick uint64) string {
 // free memory that fits; the most time slices); only when none has room
 // does it open a GPU no one holds, chosen by the placement policy as for a
 // 1-GPU request, so that whole GPUs stay free for exclusive requests. When
-// no GPU fits, a *ShareError says why for each.
+// no GPU fits, a *ShareError says why for each; a share no GPU of the node
+// could ever take is refused apart (see shareImpossible).
 func (a *Allocator) placeShare(c compiled, s Share) (int, error) {
+	if c.must == 0 {
+		if err := a.shareImpossible(c, s); err != nil {
+			return 0, err
+		}
+	}
 	best := -1
 	var bestKey uint64
 	var open uint64
@@ -242,7 +248,39 @@ func (a *Allocator) placeShare(c compiled, s Share) (int, error) {
 	return 0, e
 }
 
+// shareImpossible refuses a share that no GPU of the node could take
+// whatever the others hold, so that a caller that waits for capacity
+// (ErrInsufficient) is not sent to wait forever: a node with no shareable
+// GPU (ErrShareNotSupported), no shareable GPU of the request's model and
+// constraints, or a memory share larger than every such GPU's memory
+// (ErrInvalidRequest).
+func (a *Allocator) shareImpossible(c compiled, s Share) error {
+	shareable := a.shareable() | a.shareCfg
+	if shareable == 0 {
+		return fmt.Errorf("no GPU of the node is shareable (WithShared): %w", ErrShareNotSupported)
+	}
+	cands := shareable & c.match
+	if cands == 0 {
+		return fmt.Errorf("no shareable GPU matches the request's model or constraints: %w", ErrInvalidRequest)
+	}
+	if s.mode() != ShareMemory {
+		return nil
+	}
+	var largest uint64
+	for _, p := range a.positions(cands) {
+		largest = max(largest, a.inv.Devices[p].MemoryBytes)
+	}
+	if s.MemoryBytes > largest {
+		return fmt.Errorf("a share of %s, more than any shareable GPU has (the most: %s): %w", FormatBytes(s.MemoryBytes), FormatBytes(largest), ErrInvalidRequest)
+	}
+	return nil
+}
+
 // ShareError is a share that fits on no GPU of the node: for each GPU, why.
+// It is "not now": some GPU could take the share once others let go of it.
+// A share no GPU could ever take is ErrShareNotSupported (no shareable
+// GPU) or ErrInvalidRequest (more memory than any shareable GPU has, or no
+// shareable GPU matching the request), never a ShareError.
 type ShareError struct {
 	// Share is what was asked for.
 	Share Share
@@ -284,7 +322,8 @@ func (e *ShareError) Is(target error) bool {
 }
 
 // ErrShareNotSupported: a share was asked of something that cannot be
-// shared, such as a MIG device.
+// shared, such as a MIG device, or of a node with no GPU made shareable
+// (WithShared).
 var ErrShareNotSupported = node.Sentinel(node.ErrNotSupported, "cannot be shared")
 
 // ClaimShare makes owner hold share s of device, the GPU a container was

@@ -58,8 +58,9 @@
 //
 //   - CUDA_MPS_PINNED_DEVICE_MEM_LIMIT and CUDA_MPS_ACTIVE_THREAD_PERCENTAGE
 //     in a client's environment can only lower the daemon's limits, never
-//     raise them. The allocation's environment sets both (package
-//     allocator); a container that drops them keeps the daemon's.
+//     raise them. The share's Share.ClientEnv (package
+//     allocator) sets both in its container's plan; a container that drops
+//     them keeps the daemon's.
 //   - The daemon's defaults (set_default_device_pinned_mem_limit,
 //     set_default_active_thread_percentage) apply to each client process of
 //     the next server it starts; per-server limits
