@@ -12,7 +12,7 @@ export PATH := $(PATH):/usr/local/go/bin
 # caller's environment holds.
 export CGO_CFLAGS := -O2 -g -Wno-deprecated-declarations
 
-.PHONY: all test provision check unit demo build probe-image plugin-image gocheck gpurun gpuinfo hwtest hwrun
+.PHONY: all test provision check unit demo build probe-image plugin-image gocheck gpurun gpuinfo hwtest hwrun nomad-plugin nomad-proto
 
 all: check unit
 
@@ -21,12 +21,13 @@ gocheck:
 	@bash .ci/gocheck.sh
 
 ## test: provision the host, then run every suite; required suites may not skip
-## (the nested kubernetes/ module's suites too)
+## (the nested kubernetes/ and nomad/ modules' suites too)
 test: gocheck provision check
 	GPUISO_REQUIRE=all $(GO) test $(GOTESTFLAGS) ./...
 	bash .ci/k8s-build.sh
 	bash .ci/helm-build.sh
 	cd kubernetes && GPUISO_REQUIRE=all $(GO) test $(GOTESTFLAGS) ./...
+	cd nomad && GPUISO_REQUIRE=all $(GO) test $(GOTESTFLAGS) ./...
 
 ## build: the example programs into bin/
 build: gocheck
@@ -36,6 +37,14 @@ build: gocheck
 plugin-image: gocheck
 	cd kubernetes && $(GO) build -ldflags='-s -w' -o ../bin/gpuiso-kubelet-plugin ./cmd/gpuiso-kubelet-plugin
 	cd kubernetes && $(GO) run ./internal/cmd/plugin-image -program ../bin/gpuiso-kubelet-plugin -o ../bin/gpuiso-kubelet-plugin.tar
+
+## nomad-plugin: bin/gpuiso-nomad-plugin, the Nomad device plugin (copy it into the client's plugin_dir)
+nomad-plugin: gocheck
+	cd nomad && $(GO) build -o ../bin/gpuiso-nomad-plugin ./cmd/gpuiso-nomad-plugin
+
+## nomad-proto: regenerate the Go code of Nomad's plugin protocol from nomad/internal/proto/*/*.proto (protoc: apt-get install protobuf-compiler)
+nomad-proto:
+	GO=$(GO) bash nomad/internal/proto/generate.sh
 
 ## probe-image: the examples' image gpuiso-probe, built locally (no registry) for Docker and Podman, and bin/gpuiso-probe.tar
 probe-image:
@@ -57,19 +66,22 @@ PURE := ./node ./allocator ./volume ./isolator/... ./containerizer ./containeriz
 ## for darwin
 check:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
-	git ls-files '*.go' | $(GO) run .ci/imports.go
+	git ls-files '*.go' | grep -v '\.pb\.go$$' | $(GO) run .ci/imports.go
 	$(GO) vet ./...
 	$(GO) tool staticcheck ./...
 	GO=$(GO) bash .ci/syscall-rule.sh
 	CGO_ENABLED=0 $(GO) build $(PURE)
 	CGO_ENABLED=0 GOOS=darwin $(GO) build $(PURE)
 	cd kubernetes && $(GO) vet ./... && $(GO) tool staticcheck ./...
+	cd nomad && $(GO) vet ./... && $(GO) tool staticcheck ./...
+	GO=$(GO) bash nomad/internal/proto/generate.sh --check
 
 ## unit: the suites that need nothing of the host (privileged ones skip); PKG=./dir and RUN=regexp narrow it
-## (without PKG, the nested kubernetes/ module's too)
+## (without PKG, the nested kubernetes/ and nomad/ modules' too)
 unit: gocheck
 	$(GO) test -count=1 $(if $(RUN),-v -run '$(RUN)') $(or $(PKG),./...)
 	$(if $(PKG),,cd kubernetes && $(GO) test -count=1 $(if $(RUN),-v -run '$(RUN)') ./...)
+	$(if $(PKG),,cd nomad && $(GO) test -count=1 $(if $(RUN),-v -run '$(RUN)') ./...)
 
 ## demo: the README's first command: a GPU container on a simulated DGX-1 (root)
 demo:
