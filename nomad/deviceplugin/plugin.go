@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/gpuiso/gpuiso/node"
+	"github.com/gpuiso/gpuiso/node/simnode"
 	"github.com/gpuiso/gpuiso/nomad/internal/proto/base"
 	"github.com/gpuiso/gpuiso/nomad/internal/proto/device"
 )
@@ -39,6 +40,7 @@ type Plugin struct {
 	device.UnimplementedDevicePluginServer
 
 	log *slog.Logger
+	sim *simnode.Node // answers for a simulate key that names its topology
 
 	mu     sync.Mutex
 	st     *state        // the configuration in force, nil before one took
@@ -56,6 +58,19 @@ func WithLogger(l *slog.Logger) Option {
 			return fmt.Errorf("%w: nil logger", node.ErrInvalid)
 		}
 		p.log = l
+		return nil
+	}
+}
+
+// WithSimulatedNode makes a configuration whose simulate key names n's
+// topology use n itself rather than a node of its own, so that the caller
+// drives it (InjectXID, Lose).
+func WithSimulatedNode(n *simnode.Node) Option {
+	return func(p *Plugin) error {
+		if n == nil {
+			return fmt.Errorf("%w: nil simulated node", node.ErrInvalid)
+		}
+		p.sim = n
 		return nil
 	}
 }
@@ -143,7 +158,7 @@ func (p *Plugin) SetConfig(ctx context.Context, req *base.SetConfigRequest) (*ba
 
 // Configure puts cfg in force, as SetConfig does with a decoded block.
 func (p *Plugin) Configure(ctx context.Context, cfg Config) error {
-	st, err := open(ctx, cfg, p.log, p.notify)
+	st, err := open(ctx, cfg, p.sim, p.log, p.notify)
 	if err != nil {
 		return fmt.Errorf("configure: %w", err)
 	}

@@ -48,12 +48,12 @@ type state struct {
 }
 
 // open discovers the node cfg describes and starts its watchers.
-func open(ctx context.Context, cfg Config, log *slog.Logger, notify func()) (*state, error) {
+func open(ctx context.Context, cfg Config, sim *simnode.Node, log *slog.Logger, notify func()) (*state, error) {
 	st := &state{cfg: cfg, log: log, notify: notify, started: time.Now(), known: map[string]offer{}, heldAt: map[string]time.Time{}}
 	if !cfg.Enabled {
 		return st, nil
 	}
-	inv, lib, err := discover(ctx, cfg)
+	inv, lib, err := discover(ctx, cfg, sim)
 	if err != nil {
 		return nil, err
 	}
@@ -97,13 +97,15 @@ func open(ctx context.Context, cfg Config, log *slog.Logger, notify func()) (*st
 	return st, nil
 }
 
-// discover reads the node's GPUs, real or simulated, and returns the NVML
-// library that answers for them.
-func discover(ctx context.Context, cfg Config) (*node.Inventory, nvml.Interface, error) {
+// discover reads the node's GPUs, real or simulated (sim, when it has the
+// topology cfg names), and returns the NVML library that answers for them.
+func discover(ctx context.Context, cfg Config, sim *simnode.Node) (*node.Inventory, nvml.Interface, error) {
 	if cfg.Simulate != "" {
-		sim, err := simnode.New(cfg.Simulate)
-		if err != nil {
-			return nil, nil, err
+		if sim == nil || sim.Name() != cfg.Simulate {
+			var err error
+			if sim, err = simnode.New(cfg.Simulate); err != nil {
+				return nil, nil, err
+			}
 		}
 		host, err := sim.OpenHost(ctx, cfg.DevRoot)
 		if err != nil {
