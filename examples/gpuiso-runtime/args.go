@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -40,6 +41,10 @@ type Settings struct {
 	// AcceptEnv says when NVIDIA_VISIBLE_DEVICES in the spec is a request
 	// (--accept-env-request, default "caller").
 	AcceptEnv AcceptEnv
+	// AcceptCDIAnnotations lets the CDI annotations of a container Podman
+	// did not create ask for GPUs (--accept-cdi-annotations, default
+	// false).
+	AcceptCDIAnnotations bool
 	// Timeout bounds create's own work before runc (reading the image,
 	// waiting for the state directory's lock) (--timeout, default 30s).
 	Timeout time.Duration
@@ -48,7 +53,7 @@ type Settings struct {
 }
 
 // Flags of gpuiso-runtime itself (with a value each).
-var ownFlags = []string{"runc", "state-dir", "simulate", "dev-root", "cdi-kind", "swarm-resource", "swarm-memory-resource", "shared-gpus", "accept-env-request", "timeout"}
+var ownFlags = []string{"runc", "state-dir", "simulate", "dev-root", "cdi-kind", "swarm-resource", "swarm-memory-resource", "shared-gpus", "accept-env-request", "accept-cdi-annotations", "timeout"}
 
 // defaultTimeout is create's deadline without --timeout.
 const defaultTimeout = 30 * time.Second
@@ -117,6 +122,12 @@ func splitArgs(args []string) (s Settings, cmd string, rest []string, err error)
 			if !slices.Contains(acceptEnvValues, s.AcceptEnv) {
 				return Settings{}, "", nil, fmt.Errorf("--accept-env-request %q: want never, caller, privileged or always: %w", value, ErrUsage)
 			}
+		case "accept-cdi-annotations":
+			b, err := strconv.ParseBool(value)
+			if err != nil {
+				return Settings{}, "", nil, fmt.Errorf("--accept-cdi-annotations %q: want true or false: %w", value, ErrUsage)
+			}
+			s.AcceptCDIAnnotations = b
 		case "timeout":
 			d, err := time.ParseDuration(value)
 			if err != nil || d <= 0 {

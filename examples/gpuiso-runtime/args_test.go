@@ -43,7 +43,13 @@ func TestSplitArgs(t *testing.T) {
 		{name: "defaults", args: []string{"list"}, cmd: "list", rest: []string{},
 			check: func(t *testing.T, s Settings) {
 				if s.Runc != "runc" || s.CDIKind != "nvidia.com/gpu" || s.LogFormat != "text" || !slices.Equal(s.SwarmResources, defaultSwarmResources) ||
-					s.AcceptEnv != AcceptCaller || s.Timeout != 30*time.Second {
+					s.AcceptEnv != AcceptCaller || s.AcceptCDIAnnotations || s.Timeout != 30*time.Second {
+					t.Errorf("settings %+v", s)
+				}
+			}},
+		{name: "cdi annotations", args: []string{"--accept-cdi-annotations=true", "list"}, cmd: "list", rest: []string{},
+			check: func(t *testing.T, s Settings) {
+				if !s.AcceptCDIAnnotations || len(s.RuncArgs) != 0 {
 					t.Errorf("settings %+v", s)
 				}
 			}},

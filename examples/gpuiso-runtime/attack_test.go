@@ -5,12 +5,15 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -84,6 +87,10 @@ type engine struct {
 	// image imports a root file system tar with env as its own
 	// environment and returns its name.
 	image func(ctx context.Context, t *testing.T, tarPath string, env ...string) string
+	// load loads a root file system tar as an image whose configuration
+	// holds env byte for byte (an import's ENV would be parsed as a
+	// Dockerfile's), and returns its name.
+	load func(ctx context.Context, t *testing.T, tarPath string, env ...string) string
 	// run runs image with flags and the probe's args, removing it after.
 	run func(ctx context.Context, image string, flags []string, args ...string) (string, error)
 	// log returns what gpuiso-runtime logged ("" where it cannot be read).
@@ -120,6 +127,15 @@ func (r *attackRig) podman(t *testing.T) engine {
 			}
 			if _, err := testenv.RunPodman(ctx, podman, append(args, tarPath, name)...); err != nil {
 				t.Fatalf("import: %v", err)
+			}
+			t.Cleanup(func() { testenv.RunPodman(context.Background(), podman, "rmi", "--force", name) })
+			return name
+		},
+		load: func(ctx context.Context, t *testing.T, tarPath string, env ...string) string {
+			t.Helper()
+			name := fmt.Sprintf("localhost/gpuiso-attack:loaded-%d", time.Now().UnixNano())
+			if _, err := testenv.RunPodman(ctx, podman, "load", "--input", imageArchive(t, tarPath, name, env)); err != nil {
+				t.Fatalf("load: %v", err)
 			}
 			t.Cleanup(func() { testenv.RunPodman(context.Background(), podman, "rmi", "--force", name) })
 			return name
@@ -172,12 +188,73 @@ func (r *attackRig) dockerEngine(d *testenv.Dockerd) engine {
 			}
 			return name
 		},
+		load: func(ctx context.Context, t *testing.T, tarPath string, env ...string) string {
+			t.Helper()
+			name := fmt.Sprintf("localhost/gpuiso-attack:loaded-%d", time.Now().UnixNano())
+			if _, err := d.Docker(ctx, "load", "--input", imageArchive(t, tarPath, name, env)); err != nil {
+				t.Fatalf("load: %v", err)
+			}
+			return name
+		},
 		run: func(ctx context.Context, image string, flags []string, args ...string) (string, error) {
 			a := append([]string{"run", "--rm", "--network", "none", "--cap-add", "MKNOD", "--runtime", "gpuiso"}, flags...)
 			return d.Docker(ctx, append(append(a, image), args...)...)
 		},
 		log: func() string { return "" },
 	}
+}
+
+// imageArchive writes a docker-archive (docker save's format, which
+// docker load and podman load read) of one image: the root file system tar
+// as its layer, the probe as its entrypoint, env as its environment byte
+// for byte, named name. It returns the archive's path.
+func imageArchive(t *testing.T, rootfs, name string, env []string) string {
+	t.Helper()
+	layer, err := os.ReadFile(rootfs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	layerSum := sha256.Sum256(layer)
+	layerHex := hex.EncodeToString(layerSum[:])
+	config, err := json.Marshal(map[string]any{
+		"architecture": runtime.GOARCH, "os": "linux",
+		"config": map[string]any{"Env": env, "Entrypoint": []string{"/probe"}},
+		"rootfs": map[string]any{"type": "layers", "diff_ids": []string{"sha256:" + layerHex}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	configSum := sha256.Sum256(config)
+	configName := hex.EncodeToString(configSum[:]) + ".json"
+	manifest, err := json.Marshal([]map[string]any{{"Config": configName, "RepoTags": []string{name}, "Layers": []string{layerHex + "/layer.tar"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	for _, f := range []struct {
+		name string
+		body []byte
+	}{{layerHex + "/", nil}, {layerHex + "/layer.tar", layer}, {configName, config}, {"manifest.json", manifest}} {
+		h := &tar.Header{Name: f.name, Mode: 0o644, Size: int64(len(f.body)), Typeflag: tar.TypeReg}
+		if strings.HasSuffix(f.name, "/") {
+			h.Mode, h.Typeflag = 0o755, tar.TypeDir
+		}
+		if err := tw.WriteHeader(h); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tw.Write(f.body); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(t.TempDir(), "image.tar")
+	if err := os.WriteFile(p, buf.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
 }
 
 // engines are the engines of the suite.
@@ -221,6 +298,66 @@ func TestImageEnvironmentIsNoRequest(t *testing.T) {
 			}
 			if log := e.log(); log != "" && !strings.Contains(log, "NVIDIA_VISIBLE_DEVICES=all: the image's own setting") {
 				t.Errorf("the runtime's log does not say why the image's setting was ignored:\n%s", log)
+			}
+		})
+	}
+}
+
+// TestImageEnvironmentKeys: an image whose environment names a request
+// variable in a form the engine reads as that variable (Podman trims
+// spaces and tabs from the front of a name, and fills a name without a
+// value, or every name of a "PREFIX*", from its own caller's environment)
+// asks for nothing: no GPU node, no share, no claim, the runtime saying
+// why; a caller's -e NVIDIA_VISIBLE_DEVICES=1 beside it still gets GPU 1.
+// The podman and docker processes run with NVIDIA_VISIBLE_DEVICES=0,1 and
+// GPUISO_GPU_MEMORY=4GiB in their environment, for the images that name
+// the variables without a value.
+func TestImageEnvironmentKeys(t *testing.T) {
+	r := newAttackRig(t)
+	tarPath := imageTar(t)
+	t.Setenv("NVIDIA_VISIBLE_DEVICES", "0,1")
+	t.Setenv("GPUISO_GPU_MEMORY", "4GiB")
+	images := []struct {
+		name   string
+		env    []string
+		logged string // in the runtime's log (Podman)
+	}{
+		{name: "leading space", env: []string{" NVIDIA_VISIBLE_DEVICES=0,1"}, logged: "NVIDIA_VISIBLE_DEVICES=0,1: the image's own setting"},
+		{name: "leading tab", env: []string{"\tNVIDIA_VISIBLE_DEVICES=0"}, logged: "NVIDIA_VISIBLE_DEVICES=0: the image's own setting"},
+		{name: "key only", env: []string{"NVIDIA_VISIBLE_DEVICES"}, logged: "NVIDIA_VISIBLE_DEVICES=0,1: the image names NVIDIA_VISIBLE_DEVICES without a value"},
+		{name: "prefix", env: []string{"NVIDIA_*", "GPUISO_*"}, logged: "the image names GPUISO_GPU_MEMORY without a value"},
+		{name: "memory after a tab", env: []string{"\tGPUISO_GPU_MEMORY=4GiB"}, logged: "GPUISO_GPU_MEMORY=4GiB: the image's own setting"},
+	}
+	for name, mk := range r.engines(t) {
+		t.Run(name, func(t *testing.T) {
+			e := mk(t)
+			for _, im := range images {
+				t.Run(im.name, func(t *testing.T) {
+					ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+					defer cancel()
+					img := e.load(ctx, t, tarPath, im.env...)
+					out, err := e.run(ctx, img, nil, probeArgs(r.major, r.gpus)...)
+					if err != nil {
+						t.Fatal(err)
+					}
+					checkIsolation(t, out, r.gpus, Expect{})
+					if strings.Contains(out, "CUDA_MPS_PIPE_DIRECTORY=") {
+						t.Errorf("the container has an MPS daemon:\n%s", out)
+					}
+					if log := e.log(); log != "" && !strings.Contains(log, im.logged) {
+						t.Errorf("the runtime's log does not say %q:\n%s", im.logged, log)
+					}
+					if len(im.env) == 1 && strings.Contains(im.env[0], "=") {
+						out, err = e.run(ctx, img, []string{"-e", "NVIDIA_VISIBLE_DEVICES=1"}, probeArgs(r.major, r.gpus)...)
+						if err != nil {
+							t.Fatal(err)
+						}
+						checkIsolation(t, out, r.gpus, Expect{GPUs: []int{1}, Control: true, Volume: true})
+					}
+					if got := owners(t, r.state); len(got) != 0 {
+						t.Errorf("owners %v after the containers ended", got)
+					}
+				})
 			}
 		})
 	}

@@ -35,7 +35,7 @@ func TestDevRootRefusesUserDir(t *testing.T) {
 	}
 	for _, root := range []string{dir, "/"} {
 		var stderr bytes.Buffer
-		cmd := exec.Command(bin, "--simulate", "dgx1-volta", "--dev-root", root, "--runc", "/bin/false",
+		cmd := exec.Command(bin, "--simulate", "dgx1-volta", "--dev-root", root, "--runc", "/bin/false", "--accept-cdi-annotations", "true",
 			"create", "--bundle", bundle, "gpuiso-devroot-test")
 		cmd.Stderr = &stderr
 		err := cmd.Run()

@@ -53,22 +53,69 @@ type engineRecord struct {
 	Labels map[string]string
 }
 
-// imageEnv returns the value the image's own environment gives key.
-func (r *engineRecord) imageEnv(key string) (string, bool) {
-	v, ok := "", false
-	for _, kv := range r.ImageEnv {
-		if k, val, _ := strings.Cut(kv, "="); k == key {
-			v, ok = val, true
-		}
-	}
-	return v, ok
+// imageSetting is what an image's own environment makes of one variable of
+// its container's, merged as the engine that recorded the image merges it.
+type imageSetting struct {
+	// Value is the value the image gives the variable, when Set.
+	Value string
+	Set   bool
+	// Passed says that the engine fills the variable from its own
+	// caller's environment because the image names it without a value
+	// (Podman: "NAME", or "PREFIX*" for every variable of that prefix),
+	// after any value the image gives it: whatever it holds then, the
+	// image put it there.
+	Passed bool
 }
 
-// fromImage reports whether key=value in the container's environment is
-// the image's own setting.
-func (r *engineRecord) fromImage(key, value string) bool {
-	v, ok := r.imageEnv(key)
-	return ok && v == value
+// imageSetting returns what the image's environment makes of key, as the
+// record's engine reads an image's environment:
+//
+//   - Docker (either image store) keeps each "NAME=value" entry as it is
+//     and appends it when the caller set no variable of that name: the
+//     name is compared byte for byte, and an entry without "=" is dropped
+//     (it can only unset the daemon's own PATH and HOSTNAME).
+//   - Podman reads the entries into a map, the last one of a name
+//     winning: it trims spaces and tabs from the front of each name (not
+//     from its end, nor from the value), and an entry without "=" takes
+//     the variable ("NAME") or every variable of a prefix ("PREFIX*")
+//     from the environment of the podman process, its caller's.
+//
+// containerd keeps no record beside the bundle: there is no record, and
+// nothing of the environment is told apart (see trust).
+func (r *engineRecord) imageSetting(key string) imageSetting {
+	var s imageSetting
+	for _, kv := range r.ImageEnv {
+		name, value, hasValue := strings.Cut(kv, "=")
+		if r.Engine != "podman" {
+			if hasValue && name == key {
+				s.Value, s.Set = value, true
+			}
+			continue
+		}
+		name = strings.TrimLeft(name, " \t")
+		switch prefix, glob := strings.CutSuffix(name, "*"); {
+		case hasValue:
+			if name == key {
+				s = imageSetting{Value: value, Set: true}
+			}
+		case glob && strings.HasPrefix(key, prefix), !glob && name == key:
+			s.Passed = true
+		}
+	}
+	return s
+}
+
+// fromImage says why key=value in the container's environment is the
+// image's doing: the image sets that very value, or has the engine take
+// the variable from its caller's environment. "" when it is the caller's.
+func (r *engineRecord) fromImage(key, value string) string {
+	switch s := r.imageSetting(key); {
+	case s.Passed:
+		return "the image names " + key + " without a value, which " + r.Engine + " fills from its caller's environment"
+	case s.Set && s.Value == value:
+		return "the image's own setting"
+	}
+	return ""
 }
 
 // swarmTaskLabel is the label Docker's Swarm executor gives a task's

@@ -118,13 +118,13 @@ const exitRefused = 1
 func run(ctx context.Context, args []string, stderr io.Writer) int {
 	s, cmd, rest, err := splitArgs(args)
 	if err != nil {
-		fmt.Fprintf(stderr, "gpuiso-runtime: %v\n", err)
+		fmt.Fprintln(stderr, refusal(err))
 		return exitRefused
 	}
 	log := newLogger(s)
 	defer log.Close()
 	refuse := func(err error) int {
-		fmt.Fprintf(stderr, "gpuiso-runtime: %v\n", err)
+		fmt.Fprintln(stderr, refusal(err))
 		log.Error(err.Error())
 		return exitRefused
 	}

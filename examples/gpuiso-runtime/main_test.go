@@ -177,6 +177,8 @@ func TestRefused(t *testing.T) {
 		{name: "share without state dir", env: []string{"GPUISO_GPU_MEMORY=4GiB"}, args: []string{"create", "--bundle", "BUNDLE", "c1"}, want: "needs --state-dir"},
 		{name: "swarm share without state dir", env: []string{"DOCKER_RESOURCE_VRAM=4000"}, args: []string{"create", "--bundle", "BUNDLE", "c1"}, want: "needs --state-dir"},
 		{name: "bad share", env: []string{"DOCKER_RESOURCE_VRAM=4G"}, args: []string{"--state-dir", "BUNDLE/state", "create", "--bundle", "BUNDLE", "c1"}, want: "whole number of MiB"},
+		{name: "memory without a unit", env: []string{"GPUISO_GPU_MEMORY=4096"}, args: []string{"--state-dir", "BUNDLE/state", "create", "--bundle", "BUNDLE", "c1"}, want: "without a unit: invalid GPU share request: give its unit, as GPUISO_GPU_MEMORY=4096MiB or GPUISO_GPU_MEMORY=4096GiB"},
+		{name: "bad cdi flag", args: []string{"--accept-cdi-annotations", "maybe", "create", "--bundle", "BUNDLE", "c1"}, want: "--accept-cdi-annotations \"maybe\": want true or false"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			runc, calls := fakeRunc(t)
@@ -193,6 +195,9 @@ func TestRefused(t *testing.T) {
 			}
 			if !strings.HasPrefix(errOut, "gpuiso-runtime: ") || strings.Count(errOut, "\n") != 1 || !strings.Contains(errOut, tc.want) {
 				t.Errorf("stderr %q: want one line naming %q", errOut, tc.want)
+			}
+			if !endsWithRemedy(errOut) {
+				t.Errorf("stderr %q: want it to end with what to do", errOut)
 			}
 			if _, err := os.Stat(calls); err == nil {
 				t.Error("runc was called")
@@ -214,4 +219,19 @@ func TestRefused(t *testing.T) {
 			}
 		})
 	}
+}
+
+// endsWithRemedy reports whether a refusal's line ends with what to do:
+// a remedy of its error's kind, or one the error carries.
+func endsWithRemedy(line string) bool {
+	line = strings.TrimSuffix(line, "\n")
+	if strings.HasSuffix(line, ": "+defaultRemedy) {
+		return true
+	}
+	for _, r := range remedies {
+		if strings.HasSuffix(line, ": "+r.do) {
+			return true
+		}
+	}
+	return strings.Contains(line[strings.LastIndex(line, ": ")+2:], "give its unit")
 }

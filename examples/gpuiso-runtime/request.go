@@ -177,6 +177,9 @@ var acceptEnvValues = []AcceptEnv{AcceptNever, AcceptCaller, AcceptPrivileged, A
 type trust struct {
 	// Policy is --accept-env-request.
 	Policy AcceptEnv
+	// CDIAnnotations is --accept-cdi-annotations: the CDI annotations of
+	// a spec Podman did not write may ask.
+	CDIAnnotations bool
 	// Load finds the engine's record of the container's image; it is
 	// called at most once, and only when the spec has something to check.
 	Load func() (*engineRecord, error)
@@ -207,11 +210,24 @@ func (t *trust) record() *engineRecord {
 const podmanAnnotation = "io.container.manager"
 
 // annotation reports whether annotation k=v of spec is the caller's: not
-// one Podman copied from the image's manifest. Without Podman's record of
-// the image, a Podman spec's annotations cannot be told apart and count as
-// the image's, unless the policy is "always"; Docker and containerd copy
-// no image annotations.
+// one Podman copied from the image's manifest. A CDI annotation asks only
+// in a container Podman created (its record read), unless the operator
+// lets the others ask (--accept-cdi-annotations): elsewhere whoever may
+// annotate a container (a Kubernetes pod's author, through a CRI that
+// passes pod annotations on) is not shown apart from the caller. Without
+// Podman's record of the image, a Podman spec's annotations cannot be told
+// apart and count as the image's, unless the policy is "always"; Docker
+// and containerd copy no image annotations.
 func (t *trust) annotation(spec *specs.Spec, k, v string) (bool, string) {
+	if strings.HasPrefix(k, annotationCDIPrefix) && !t.CDIAnnotations {
+		rec := t.record()
+		if rec == nil && spec.Annotations[podmanAnnotation] == "libpod" {
+			return false, "Podman copies image annotations and its record of the image is not readable (" + t.why + ")"
+		}
+		if rec == nil || rec.Engine != "podman" {
+			return false, "a CDI annotation of a container Podman did not create (--accept-cdi-annotations is false)"
+		}
+	}
 	if t.Policy == AcceptAlways {
 		return true, ""
 	}
@@ -244,8 +260,9 @@ func (t *trust) env(spec *specs.Spec, key, v string) (bool, string) {
 	switch {
 	case rec == nil:
 		return false, "no record of the image tells the caller's setting from the image's (" + t.why + ")"
-	case rec.fromImage(key, v):
-		return false, "the image's own setting"
+	}
+	if why := rec.fromImage(key, v); why != "" {
+		return false, why
 	}
 	return true, ""
 }
@@ -263,8 +280,9 @@ func (t *trust) swarm(key, v string) (bool, string) {
 		return false, "no Docker record shows a Swarm task (" + t.why + ")"
 	case !rec.swarmTask():
 		return false, "not a Docker Swarm task"
-	case rec.fromImage(key, v):
-		return false, "the image's own setting"
+	}
+	if why := rec.fromImage(key, v); why != "" {
+		return false, why
 	}
 	return true, ""
 }
@@ -405,9 +423,9 @@ func shareOf(spec *specs.Spec, img volume.Image, swarmMemory string, t *trust) (
 		case share != nil:
 			ignored = append(ignored, fmt.Sprintf("%s=%s: %s asks already", envGPUMemory, v, source))
 		default:
-			b, err := allocator.ParseBytes(v)
+			b, err := parseGPUMemory(v)
 			if err != nil {
-				return nil, "", nil, fmt.Errorf("%s: %w: %w", envGPUMemory, ErrInvalidShare, err)
+				return nil, "", nil, err
 			}
 			share, source = &allocator.Share{Mode: allocator.ShareMemory, MemoryBytes: b}, envGPUMemory
 		}
@@ -428,6 +446,22 @@ func shareOf(spec *specs.Spec, img volume.Image, swarmMemory string, t *trust) (
 		}
 	}
 	return share, source, ignored, nil
+}
+
+// parseGPUMemory reads GPUISO_GPU_MEMORY: a size with its unit (4GiB,
+// 4096MiB, 8000M, 4096B for bytes). A bare number is refused: Swarm's
+// VRAM counts MiB and gpurun's sizes bytes, and either guess would give a
+// share a thousand or a million times off.
+func parseGPUMemory(v string) (uint64, error) {
+	if t := strings.TrimSpace(v); t != "" && strings.Trim(t, "0123456789") == "" {
+		return 0, withRemedy(fmt.Errorf("%s=%s: a size without a unit: %w", envGPUMemory, quoteShort(v), ErrInvalidShare),
+			fmt.Sprintf("give its unit, as %s=%sMiB or %s=%sGiB", envGPUMemory, t, envGPUMemory, t))
+	}
+	b, err := allocator.ParseBytes(v)
+	if err != nil {
+		return 0, fmt.Errorf("%s: %w: %w", envGPUMemory, ErrInvalidShare, err)
+	}
+	return b, nil
 }
 
 // cdiRequest reads the CDI annotations of a spec: the devices of kind they
@@ -495,7 +529,7 @@ var ErrDeviceHeld = node.Sentinel(node.ErrUnavailable, "device held by another c
 // what it ignores, and, when the runtime owns GPUs, refuses a spec whose
 // device list holds a GPU another container owns.
 func (rt *Runtime) request(ctx context.Context, spec *specs.Spec, bundle, id string) (Request, error) {
-	t := &trust{Policy: rt.AcceptEnv, Load: func() (*engineRecord, error) { return findEngineRecord(bundle, id, spec) }}
+	t := &trust{Policy: rt.AcceptEnv, CDIAnnotations: rt.AcceptCDIAnnotations, Load: func() (*engineRecord, error) { return findEngineRecord(bundle, id, spec) }}
 	req, err := requestOf(spec, rt.CDIKind, rt.SwarmResources, rt.SwarmMemoryResource, t)
 	if err != nil {
 		return Request{}, err

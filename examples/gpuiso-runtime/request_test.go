@@ -137,7 +137,7 @@ func TestRequestOf(t *testing.T) {
 		{name: "bad list", spec: spec([]string{"NVIDIA_VISIBLE_DEVICES=1,,2"}, nil), err: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			r, err := requestOf(tc.spec, kind, swarm, defaultSwarmMemoryResource, &trust{Policy: AcceptAlways})
+			r, err := requestOf(tc.spec, kind, swarm, defaultSwarmMemoryResource, &trust{Policy: AcceptAlways, CDIAnnotations: true})
 			if tc.err {
 				if !errors.Is(err, ErrInvalidDevices) {
 					t.Fatalf("requestOf = %+v, %v; want ErrInvalidDevices", r, err)
@@ -191,6 +191,7 @@ func TestRequestPolicy(t *testing.T) {
 		want    []string
 		all     bool
 		volume  bool // the driver volume asked for beside GPUs
+		cdi     bool // --accept-cdi-annotations
 		source  string
 		ignored string // in Ignored
 	}{
@@ -200,7 +201,7 @@ func TestRequestPolicy(t *testing.T) {
 		{name: "no record", spec: spec([]string{"NVIDIA_VISIBLE_DEVICES=1"}, nil), ignored: "no record of the image"},
 		{name: "no record, always", policy: AcceptAlways, spec: spec([]string{"NVIDIA_VISIBLE_DEVICES=1"}, nil), want: []string{"1"}, volume: true, source: "NVIDIA_VISIBLE_DEVICES"},
 		{name: "never", policy: AcceptNever, spec: spec([]string{"NVIDIA_VISIBLE_DEVICES=1"}, nil), rec: cudaImage, ignored: "--accept-env-request=never"},
-		{name: "never keeps CDI", policy: AcceptNever, spec: spec([]string{"NVIDIA_VISIBLE_DEVICES=1"}, map[string]string{"cdi.k8s.io/c": "nvidia.com/gpu=3"}), rec: cudaImage, want: []string{"3"}, source: "cdi.k8s.io/c", ignored: "never"},
+		{name: "never keeps CDI", policy: AcceptNever, cdi: true, spec: spec([]string{"NVIDIA_VISIBLE_DEVICES=1"}, map[string]string{"cdi.k8s.io/c": "nvidia.com/gpu=3"}), rec: cudaImage, want: []string{"3"}, source: "cdi.k8s.io/c", ignored: "never"},
 		{name: "privileged", policy: AcceptPrivileged, spec: privileged, want: []string{"2"}, volume: true, source: "NVIDIA_VISIBLE_DEVICES"},
 		{name: "privileged policy, unprivileged", policy: AcceptPrivileged, spec: spec([]string{"NVIDIA_VISIBLE_DEVICES=2"}, nil), ignored: "no record"},
 		{name: "caller policy, privileged", spec: privileged, ignored: "no record"},
@@ -213,7 +214,12 @@ func TestRequestPolicy(t *testing.T) {
 		{name: "podman image annotation", spec: spec(nil, with(podman, "cdi.k8s.io/img", "nvidia.com/gpu=all")), rec: podmanImage, ignored: "annotation cdi.k8s.io/img: the image's own"},
 		{name: "podman caller annotation", spec: spec(nil, with(podman, "cdi.k8s.io/img", "nvidia.com/gpu=1")), rec: podmanImage, want: []string{"1"}, source: "cdi.k8s.io/img"},
 		{name: "podman without record", spec: spec(nil, with(podman, "cdi.k8s.io/x", "nvidia.com/gpu=1")), ignored: "Podman copies image annotations"},
-		{name: "annotation without record, not podman", spec: spec(nil, map[string]string{"cdi.k8s.io/x": "nvidia.com/gpu=1"}), want: []string{"1"}, source: "cdi.k8s.io/x"},
+		{name: "annotation without record, not podman", spec: spec(nil, map[string]string{"cdi.k8s.io/x": "nvidia.com/gpu=1"}), ignored: "annotation cdi.k8s.io/x: a CDI annotation of a container Podman did not create (--accept-cdi-annotations is false)"},
+		{name: "annotation without record, not podman, accepted", cdi: true, spec: spec(nil, map[string]string{"cdi.k8s.io/x": "nvidia.com/gpu=1"}), want: []string{"1"}, source: "cdi.k8s.io/x"},
+		{name: "docker caller annotation", spec: spec(nil, map[string]string{"cdi.k8s.io/x": "nvidia.com/gpu=1"}), rec: cudaImage, ignored: "--accept-cdi-annotations is false"},
+		{name: "docker caller annotation, accepted", cdi: true, spec: spec(nil, map[string]string{"cdi.k8s.io/x": "nvidia.com/gpu=1"}), rec: cudaImage, want: []string{"1"}, source: "cdi.k8s.io/x"},
+		{name: "always, annotation not accepted", policy: AcceptAlways, spec: spec(nil, map[string]string{"cdi.k8s.io/x": "nvidia.com/gpu=1"}), ignored: "--accept-cdi-annotations is false"},
+		{name: "podman label forged, no record", spec: spec(nil, with(podman, "cdi.k8s.io/x", "nvidia.com/gpu=1")), rec: cudaImage, ignored: "--accept-cdi-annotations is false"},
 		{name: "image's none", spec: spec([]string{"NVIDIA_VISIBLE_DEVICES=none"}, podman), rec: podmanImage, ignored: "the image's own"},
 		{name: "caller's none", spec: spec([]string{"NVIDIA_VISIBLE_DEVICES=none"}, nil), rec: cudaImage, volume: true, source: "NVIDIA_VISIBLE_DEVICES"},
 		{name: "image's volume annotation", spec: spec(nil, with(podman, "com.nvidia.volumes.needed", "nvidia_driver")), rec: podmanImage, ignored: "annotation com.nvidia.volumes.needed"},
@@ -225,7 +231,7 @@ func TestRequestPolicy(t *testing.T) {
 				policy = AcceptCaller
 			}
 			loads := 0
-			tr := &trust{Policy: policy, Load: func() (*engineRecord, error) {
+			tr := &trust{Policy: policy, CDIAnnotations: tc.cdi, Load: func() (*engineRecord, error) {
 				loads++
 				if tc.rec == nil {
 					return nil, errors.New("no record here")

@@ -262,7 +262,7 @@ func (rt *Runtime) Create(ctx context.Context, res *prepared, cmd string, rest [
 	defer cancel()
 	if err != nil {
 		rt.giveBack(sctx, res)
-		fmt.Fprintf(stderr, "gpuiso-runtime: %v\n", err)
+		fmt.Fprintln(stderr, refusal(err))
 		rt.Log.Error(err.Error())
 		return exitRefused
 	}
@@ -278,7 +278,7 @@ func (rt *Runtime) Create(ctx context.Context, res *prepared, cmd string, rest [
 func (rt *Runtime) Delete(ctx context.Context, id string, rest []string, stderr io.Writer) int {
 	code, err := runRunc(ctx, rt.runcArgv("delete", rest), 0)
 	if err != nil {
-		fmt.Fprintf(stderr, "gpuiso-runtime: %v\n", err)
+		fmt.Fprintln(stderr, refusal(err))
 		rt.Log.Error(err.Error())
 		return exitRefused
 	}
