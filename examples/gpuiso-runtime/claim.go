@@ -53,7 +53,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/gpuiso/gpuiso/allocator"
@@ -251,7 +250,7 @@ func (rs records) write(r record) error {
 	if err != nil {
 		return err
 	}
-	if err := os.MkdirAll(rs.dir, 0o700); err != nil {
+	if err := privateDir(rs.dir); err != nil {
 		return fmt.Errorf("record of %s: %w", r.Owner, err)
 	}
 	if err := linux.WriteFileAtomic(rs.path(r.Owner), "", b, 0o600, nil); err != nil {
@@ -272,7 +271,7 @@ func (rs records) writeIndex(owner string) error {
 	if err != nil {
 		return err
 	}
-	if err := os.MkdirAll(rs.index, 0o700); err != nil {
+	if err := privateDir(rs.index); err != nil {
 		return fmt.Errorf("index of %s: %w", owner, err)
 	}
 	if err := linux.ReplaceFile(filepath.Join(rs.index, owner+".json"), b, 0o600); err != nil {
@@ -314,10 +313,44 @@ func (rs records) remove(owner string, lock *os.File) error {
 
 func (rs records) lockPath(owner string) string { return filepath.Join(rs.dir, owner+".lock") }
 
+// ErrStrangerDir: a directory of records, or of the index, belongs to
+// another user, who could read, replace or lock what it holds.
+var ErrStrangerDir = node.Sentinel(node.ErrInvalid, "directory of another user")
+
+// privateDir makes dir (and its parents) if it is missing and checks that
+// it is a directory of this process's user that no other user may list or
+// enter (0700): one that is group- or world-accessible, left by an earlier
+// release, is made so; one of another user, or a link, is refused. The
+// records, the index and the lock files are then reached by nobody else:
+// no stranger can read which containers there are, nor take a lock that
+// stalls a create or a delete.
+func privateDir(dir string) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	fi, err := os.Lstat(dir)
+	if err != nil {
+		return err
+	}
+	uid, ok := linux.Owner(fi)
+	switch {
+	case !fi.IsDir():
+		return withRemedy(fmt.Errorf("%s: %s, not a directory: %w", dir, fi.Mode().Type(), ErrStrangerDir),
+			"remove it, and let gpuiso-runtime make the directory")
+	case !ok || int(uid) != os.Geteuid():
+		return withRemedy(fmt.Errorf("%s: owned by uid %d, not %d: %w", dir, uid, os.Geteuid(), ErrStrangerDir),
+			"remove it (what it holds is not gpuiso-runtime's), and let gpuiso-runtime make it again")
+	case fi.Mode().Perm() != 0o700:
+		return os.Chmod(dir, 0o700)
+	}
+	return nil
+}
+
 // lock takes owner's lock file: at once, or waiting up to wait (and ctx);
-// ErrContainerBusy when another process keeps it.
+// ErrContainerBusy when another process keeps it. The lock file is 0600 in
+// the records' private directory.
 func (rs records) lock(ctx context.Context, owner string, wait time.Duration) (*os.File, error) {
-	if err := os.MkdirAll(rs.dir, 0o700); err != nil {
+	if err := privateDir(rs.dir); err != nil {
 		return nil, err
 	}
 	path := rs.lockPath(owner)
@@ -326,18 +359,20 @@ func (rs records) lock(ctx context.Context, owner string, wait time.Duration) (*
 		if err != nil {
 			return nil, err
 		}
-		err = syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
-		if errors.Is(err, syscall.EWOULDBLOCK) && wait > 0 {
-			wctx, cancel := context.WithTimeout(ctx, wait)
-			err = linux.Lock(wctx, f)
-			cancel()
-			if err != nil && wctx.Err() != nil {
-				err = syscall.EWOULDBLOCK
-			}
+		fi, err := f.Stat()
+		if err == nil && fi.Mode().Perm() != 0o600 {
+			err = f.Chmod(0o600) // left wider by an earlier release
 		}
+		// A zero wait is one try: the context is over at once.
+		wctx, cancel := context.WithTimeout(ctx, wait)
+		if err == nil {
+			err = linux.Lock(wctx, f)
+		}
+		busy := err != nil && wctx.Err() != nil
+		cancel()
 		if err != nil {
 			f.Close()
-			if errors.Is(err, syscall.EWOULDBLOCK) {
+			if busy {
 				return nil, ErrContainerBusy
 			}
 			return nil, fmt.Errorf("lock %s: %w", path, err)

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/gpuiso/gpuiso/allocator"
+	"github.com/gpuiso/gpuiso/internal/testenv"
 	"github.com/gpuiso/gpuiso/node"
 	"github.com/gpuiso/gpuiso/node/nvmlnode"
 	"github.com/gpuiso/gpuiso/node/simnode"
@@ -287,4 +288,110 @@ func TestRecover(t *testing.T) {
 			}
 		})
 	}
+}
+
+// asNobody runs argv as the user nobody (uid and gid 65534, no groups, no
+// capabilities) and returns its combined output and error.
+func asNobody(t *testing.T, argv ...string) (string, error) {
+	t.Helper()
+	setpriv, err := exec.LookPath("setpriv")
+	if err != nil {
+		t.Skipf("no setpriv: %v", err)
+	}
+	args := append([]string{"--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all", "--bounding-set=-all", "--"}, argv...)
+	out, err := exec.Command(setpriv, args...).CombinedOutput()
+	return string(out), err
+}
+
+// TestRecordsPrivate: the records, the index and the lock files are out
+// of other users' reach: a nobody process can neither list the
+// directories, nor read a record or an index entry, nor open a lock file
+// to take its lock. Directories an earlier release left listable, and a
+// lock file left readable, are made private; a directory of another user
+// is refused, and nothing is written into it.
+func TestRecordsPrivate(t *testing.T) {
+	testenv.RequireRoot(t)
+	ctx := context.Background()
+	// Every directory above the records may be entered by anyone: only
+	// the runtime's own modes keep nobody out. (The test's temporary
+	// directory may be under one that nobody cannot enter.)
+	base, err := os.MkdirTemp("/tmp", "gpuiso-records-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(base) })
+	if err := os.Chmod(base, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	state, index := filepath.Join(base, "state"), filepath.Join(base, "index")
+	rs := records{dir: filepath.Join(state, recordsDir), index: index}
+	const owner = "c1.000000000000"
+	// As an earlier release, or an operator, left them.
+	for _, d := range []string{rs.dir, rs.index} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(rs.lockPath(owner), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	lock, err := rs.lock(ctx, owner, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Close()
+	rec := record{Owner: owner, ID: "c1", Root: "/run/runc", Runc: "/usr/bin/runc", Bundle: "/b", Phase: phaseCreating}
+	if err := rs.writeIndex(owner); err != nil {
+		t.Fatal(err)
+	}
+	if err := rs.write(rec); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		what string
+		argv []string
+	}{
+		{"list the records", []string{"ls", rs.dir}},
+		{"list the index", []string{"ls", rs.index}},
+		{"read a record", []string{"cat", rs.path(owner)}},
+		{"read an index entry", []string{"cat", filepath.Join(rs.index, owner+".json")}},
+		{"open a lock file", []string{"sh", "-c", `exec 3<"$1"`, "sh", rs.lockPath(owner)}},
+	} {
+		if out, err := asNobody(t, c.argv...); err == nil {
+			t.Errorf("nobody can %s: %s", c.what, out)
+		}
+	}
+	for _, p := range []string{rs.dir, rs.index} {
+		if fi, err := os.Stat(p); err != nil || fi.Mode().Perm() != 0o700 {
+			t.Errorf("%s: %v, %v; want a 0700 directory", p, fi.Mode(), err)
+		}
+	}
+	if fi, err := os.Stat(rs.lockPath(owner)); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Errorf("lock file: %v, %v; want 0600", fi.Mode(), err)
+	}
+
+	t.Run("another user's directory", func(t *testing.T) {
+		theirs := records{dir: filepath.Join(base, "theirs", recordsDir), index: filepath.Join(base, "theirs-index")}
+		if err := os.MkdirAll(theirs.dir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chown(theirs.dir, 65534, 65534); err != nil {
+			t.Fatal(err)
+		}
+		if f, err := theirs.lock(ctx, owner, 0); !errors.Is(err, ErrStrangerDir) || !strings.Contains(refusal(err), "uid 65534") {
+			if f != nil {
+				f.Close()
+			}
+			t.Errorf("lock in nobody's directory: %v, want ErrStrangerDir", err)
+		}
+		if err := theirs.write(rec); !errors.Is(err, ErrStrangerDir) {
+			t.Errorf("record in nobody's directory: %v, want ErrStrangerDir", err)
+		}
+		if entries, _ := os.ReadDir(theirs.dir); len(entries) != 0 {
+			t.Errorf("written into nobody's directory: %v", entries)
+		}
+	})
 }
