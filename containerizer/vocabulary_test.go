@@ -109,6 +109,7 @@ func TestVocabulary(t *testing.T) {
 		"isolator/mps.ErrDaemon":                    mps.ErrDaemon,
 		"isolator/mps.ErrTampered":                  mps.ErrTampered,
 		"isolator/mps.ErrUnsafeRestart":             mps.ErrUnsafeRestart,
+		"isolator/mps.ErrLocked":                    mps.ErrLocked,
 		"isolator/mps.ErrNotMade":                   mps.ErrNotMade,
 		"isolator.ErrInvalidMPS":                    isolator.ErrInvalidMPS,
 		"containerizer.ErrNoMPS":                    containerizer.ErrNoMPS,

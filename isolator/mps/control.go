@@ -50,13 +50,16 @@ func Lookup(driverRoot string) (string, error) {
 // The pipe directory is the container's to write: its root may put links
 // there named like the daemon's sockets, pointing at another share's
 // daemon or any socket of the host, which a client run as the host's root
-// would follow. So the client never reads that directory: the sockets
-// are hard-linked (a link is never followed by link(2)) into a directory
-// of the manager's own that no container sees, each checked to be a
-// socket there, and the client is pointed at that directory through
-// /proc/self/fd (a socket's path is limited to 107 bytes, which the
-// manager's directory may pass). Something other than a socket in their
-// place is ErrTampered, and nothing is sent.
+// would follow. So the client never resolves a path in that directory:
+// each socket is opened there without following a link (an O_PATH handle,
+// checked to be a socket: something else in its place is ErrTampered, and
+// nothing is sent) and handed to the client, which finds it through a
+// directory of the manager's own, that no container sees, holding links to
+// the client's own descriptors (/proc/self/fd/N). The client is pointed at
+// that directory through /proc/self/fd too (a socket's path is limited to
+// 107 bytes, which the manager's directory may pass). Neither the pipe
+// directory nor its sockets need to be on the manager's file system: the
+// pipe directory is a tmpfs of its own.
 func (m *Manager) control(ctx context.Context, pipeDir, command string) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, controlTimeout)
 	defer cancel()
@@ -65,19 +68,26 @@ func (m *Manager) control(ctx context.Context, pipeDir, command string) (string,
 		return "", fmt.Errorf("%q to the daemon of %s: %w", command, pipeDir, err)
 	}
 	defer os.RemoveAll(priv)
+	var socks []*os.File
+	defer func() {
+		for _, f := range socks {
+			f.Close()
+		}
+	}()
 	for _, name := range []string{"control", "control_privileged"} {
-		if err := os.Link(filepath.Join(pipeDir, name), filepath.Join(priv, name)); err != nil {
-			if name == "control" || !isNotExist(err) {
-				return "", fmt.Errorf("%q to the daemon of %s: %w: %w", command, pipeDir, err, ErrDaemon)
-			}
+		f, err := linux.OpenSocketPath(pipeDir, name)
+		switch {
+		case errors.Is(err, linux.ErrNotSocket):
+			return "", fmt.Errorf("%q to the daemon of %s: %w: %w", command, pipeDir, err, ErrTampered)
+		case isNotExist(err) && name != "control":
 			continue
+		case err != nil:
+			return "", fmt.Errorf("%q to the daemon of %s: %w: %w", command, pipeDir, err, ErrDaemon)
 		}
-		fi, err := os.Lstat(filepath.Join(priv, name))
-		if err != nil {
+		socks = append(socks, f)
+		// The client's descriptor 3 is priv, then the sockets in turn.
+		if err := os.Symlink("/proc/self/fd/"+strconv.Itoa(3+len(socks)), filepath.Join(priv, name)); err != nil {
 			return "", fmt.Errorf("%q to the daemon of %s: %w", command, pipeDir, err)
-		}
-		if fi.Mode().Type() != fs.ModeSocket {
-			return "", fmt.Errorf("%q to the daemon of %s: %s is a %v, not the daemon's socket: %w", command, pipeDir, name, fi.Mode().Type(), ErrTampered)
 		}
 	}
 	dir, err := os.Open(priv)
@@ -85,7 +95,7 @@ func (m *Manager) control(ctx context.Context, pipeDir, command string) (string,
 		return "", fmt.Errorf("%q to the daemon of %s: %w", command, pipeDir, err)
 	}
 	defer dir.Close()
-	return run(ctx, m.bin, dir, pipeDir, command)
+	return run(ctx, m.bin, append([]*os.File{dir}, socks...), pipeDir, command)
 }
 
 // controlPrefix starts the name of each directory control links a
@@ -138,13 +148,13 @@ func (m *Manager) dropControls() error {
 	return errors.Join(errs...)
 }
 
-// run is control's body: the client, with the linked sockets' directory
-// as its descriptor 3.
-func run(ctx context.Context, bin string, dir *os.File, pipeDir, command string) (string, error) {
+// run is control's body: the client, with files as its descriptors 3,
+// 4, ...: the directory of links to the sockets first.
+func run(ctx context.Context, bin string, files []*os.File, pipeDir, command string) (string, error) {
 	var out, errb bytes.Buffer
 	cmd := exec.CommandContext(ctx, bin)
 	cmd.Env = []string{"CUDA_MPS_PIPE_DIRECTORY=/proc/self/fd/3", "PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
-	cmd.ExtraFiles = []*os.File{dir}
+	cmd.ExtraFiles = files
 	cmd.Stdin = strings.NewReader(command + "\n")
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	if err := cmd.Run(); err != nil {

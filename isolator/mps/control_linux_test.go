@@ -29,7 +29,7 @@ func fakeClient(t *testing.T) string {
 // TestControlRefusesLinks: a control socket that the container replaced by
 // a link to another socket (another share's daemon) is refused with
 // ErrTampered and no client runs; the daemon's own socket is reached
-// through a hard link in the manager's directory, never through the pipe
+// through the descriptor the manager opened it as, never through the pipe
 // directory, and nothing of the manager's is left behind.
 func TestControlRefusesLinks(t *testing.T) {
 	m, err := New(t.TempDir(), WithControl(fakeClient(t)))

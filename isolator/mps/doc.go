@@ -29,8 +29,48 @@
 //
 // Its directory holds pipe/, log/ and shm/, world-writable with the sticky
 // bit as /tmp is (the server runs as its client's user); the manager's own
-// directory is root's, so only the daemon's namespace and its container
-// reach them.
+// directory is root's (0700), so only the daemon's namespace and its
+// container reach them.
+//
+// # Bounded like any container
+//
+// The two directories a share's container writes, pipe/ and shm/, are
+// tmpfs mounts of their own (nosuid, nodev, noexec), never the disk the
+// manager's directory lies on: shm/ holds at most DefaultShmBytes (64 MiB,
+// Docker's default for a container's /dev/shm; WithShmSize), pipe/, which
+// holds only the daemon's sockets, FIFOs and lock, DefaultPipeBytes (1
+// MiB; WithPipeSize) and 4096 files. A write past them fails with ENOSPC.
+// Their pages are memory, charged by the kernel to the memory cgroup of
+// the process that first writes each page: what the container writes
+// counts in the container's cgroup, as its own /dev/shm would; what the
+// daemon's server writes (it shares those pages with its clients) counts in
+// the cgroup of the process that started the daemon. The mounts are made
+// in the manager's (the host's) mount namespace when a daemon is first
+// started, kept when a dead daemon is started again in place (its
+// container may hold them), and detached (never through a link) before
+// Stop or Sweep removes the directory; a container that still holds one
+// keeps it until it ends. log/ is the daemon's own (no container binds it)
+// and stays on the disk.
+//
+// # Out of every container's reach
+//
+// New records the manager's directory in a registry (DefaultRegistry,
+// /run/gpuiso/mps-managers, root's alone; Registered reads it), whatever
+// program made the manager and wherever its directory lies, so that a
+// container runtime hides every daemon of the node from its containers,
+// not only its own manager's: a native container with the host's view
+// (package containerizer/native) masks every registered directory, and a
+// fixed set of gpuiso's default state directories besides.
+//
+// Host users are another matter. A daemon's server runs as the uid of the
+// client that asked for it (MPS's design: a daemon started by root starts
+// servers for any user), and a process of a host user of the same uid may
+// reach the server's mount namespace, and in it the share's /dev/shm and
+// pipe directory, through /proc/<pid>/root, as it may reach the container's
+// own processes: a container run without a user namespace as a uid some
+// host user has is within that user's reach, MPS or not. A container run as
+// root (the default) has root servers, within the reach of host root alone;
+// a container for a tenant should run as a uid no host user has.
 //
 // # Life
 //
@@ -81,9 +121,9 @@
 // So gpuiso gives each share a daemon of its own, started by root with its
 // limits, and builds on what a container cannot change: the GPU its daemon
 // serves, the daemons it can reach (its own alone: no other share's pipe
-// directory is in its mount namespace, and the daemons' directory is
-// masked in a native container's view of the host), and its memory as the
-// allocator counts it. Concretely:
+// directory is in its mount namespace, and every registered manager's
+// directory is masked in a native container's view of the host), and its
+// memory as the allocator counts it. Concretely:
 //
 //   - enforced: a CUDA process of the container that uses MPS cannot
 //     allocate past its share (cuMemAlloc fails with
@@ -118,7 +158,8 @@
 // control). Their mount namespace has both directories nosuid, nodev,
 // noexec and nosymfollow, so a link the container plants by such a name
 // fails the daemon rather than leading it to a host file; the manager
-// itself reaches the sockets there through hard links (ErrTampered). On a
+// itself reaches the sockets there through handles it opens without
+// following a link, each checked to be a socket (ErrTampered). On a
 // kernel without nosymfollow (before Linux 5.10) a new daemon's
 // directories, which no container has seen yet, are bound as they are,
 // and a dead daemon is not started again under its running container
@@ -134,9 +175,11 @@
 //
 // # Processes sharing a directory
 //
-// Every change takes the directory's lock (flock on .lock) and an
-// in-process mutex; List reads records written atomically and takes no
-// lock. A daemon started by one process is stopped by any other: the
+// Every change takes the directory's lock (flock on .lock, a 0600 file in
+// the 0700 directory: no other user can open it, let alone hold it) and an
+// in-process turn, each waited for at most the lock timeout
+// (WithLockTimeout; ErrLocked past it); List reads records written
+// atomically and takes no lock. A daemon started by one process is stopped by any other: the
 // records name processes by pid and start time, checked in the proc file
 // system (WithProcRoot), so processes sharing a directory must share a pid
 // namespace. A daemon runs in the session of its own and outlives the

@@ -28,6 +28,10 @@ var (
 	// cannot keep the daemon from following links planted there
 	// (nosymfollow, Linux 5.10): the share is not restarted.
 	ErrUnsafeRestart = node.Sentinel(node.ErrNotSupported, "MPS daemon not restarted under its container: the kernel lacks nosymfollow")
+	// ErrLocked: another change of the manager's directory, in this
+	// process or another, held it past the lock timeout
+	// (WithLockTimeout).
+	ErrLocked = node.Sentinel(node.ErrUnavailable, "MPS directory locked by another change")
 	// ErrNotMade: a Manager not made with New (its zero value).
 	ErrNotMade = node.Sentinel(node.ErrInvalid, "MPS manager not made with New")
 )

@@ -16,7 +16,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/gpuiso/gpuiso/internal/linux"
@@ -104,12 +103,39 @@ type record struct {
 type Option func(*config) error
 
 type config struct {
-	bin        string
-	driverRoot string
-	procRoot   string
-	timeout    time.Duration
-	logger     *slog.Logger
+	bin         string
+	driverRoot  string
+	procRoot    string
+	timeout     time.Duration
+	lockTimeout time.Duration
+	shmBytes    uint64
+	pipeBytes   uint64
+	registry    string
+	logger      *slog.Logger
 }
+
+// The sizes of a share's directories that its container writes: each is a
+// tmpfs of its own, so that a container fills neither the disk of the
+// manager's directory nor the node's memory past them.
+const (
+	// DefaultShmBytes bounds a share's /dev/shm (the directory its
+	// container and its daemon's server share): 64 MiB, Docker's default
+	// for a container's /dev/shm (WithShmSize).
+	DefaultShmBytes = 64 << 20
+	// DefaultPipeBytes bounds a share's pipe directory, which holds the
+	// daemon's sockets, FIFOs and lock, none of which takes room: 1 MiB
+	// (WithPipeSize), and at most pipeInodes files.
+	DefaultPipeBytes = 1 << 20
+	// pipeInodes bounds the files of a pipe directory.
+	pipeInodes = 4096
+	// minDirBytes is the least either directory may be given.
+	minDirBytes = 64 << 10
+)
+
+// DefaultLockTimeout bounds the wait for the directory's lock, which
+// another process working on the same directory holds for as long as one
+// change takes (WithLockTimeout).
+const DefaultLockTimeout = time.Minute
 
 // WithControl names the MPS control daemon's binary (default: Lookup of
 // the driver root).
@@ -153,6 +179,54 @@ func WithStartTimeout(d time.Duration) Option {
 	}
 }
 
+// WithShmSize bounds each share's /dev/shm, a tmpfs of its own (default
+// DefaultShmBytes; at least 64 KiB): a write past it fails with ENOSPC.
+func WithShmSize(bytes uint64) Option {
+	return func(c *config) error {
+		if bytes < minDirBytes {
+			return fmt.Errorf("shm size %d bytes, want at least %d: %w", bytes, minDirBytes, ErrInvalid)
+		}
+		c.shmBytes = bytes
+		return nil
+	}
+}
+
+// WithPipeSize bounds each share's pipe directory, a tmpfs of its own
+// (default DefaultPipeBytes; at least 64 KiB).
+func WithPipeSize(bytes uint64) Option {
+	return func(c *config) error {
+		if bytes < minDirBytes {
+			return fmt.Errorf("pipe directory size %d bytes, want at least %d: %w", bytes, minDirBytes, ErrInvalid)
+		}
+		c.pipeBytes = bytes
+		return nil
+	}
+}
+
+// WithLockTimeout bounds how long a change waits for the directory's lock
+// (default DefaultLockTimeout); a wait past it is ErrLocked.
+func WithLockTimeout(d time.Duration) Option {
+	return func(c *config) error {
+		if d <= 0 {
+			return fmt.Errorf("lock timeout %v: %w", d, ErrInvalid)
+		}
+		c.lockTimeout = d
+		return nil
+	}
+}
+
+// WithRegistry names the registry New records the manager's directory in
+// (default DefaultRegistry; see Registered). It must be absolute.
+func WithRegistry(dir string) Option {
+	return func(c *config) error {
+		if !filepath.IsAbs(dir) {
+			return fmt.Errorf("registry %q is not absolute: %w", dir, ErrInvalid)
+		}
+		c.registry = filepath.Clean(dir)
+		return nil
+	}
+}
+
 // WithLogger sets where the manager reports what it does (default:
 // nowhere).
 func WithLogger(l *slog.Logger) Option {
@@ -170,23 +244,36 @@ func WithLogger(l *slog.Logger) Option {
 // process or many, may work on one directory: each change takes the
 // directory's lock. It is safe for concurrent use.
 type Manager struct {
-	dir      string
-	bin      string
-	procRoot string
-	timeout  time.Duration
-	log      *slog.Logger
+	dir         string
+	bin         string
+	procRoot    string
+	timeout     time.Duration
+	lockTimeout time.Duration
+	shmBytes    uint64
+	pipeBytes   uint64
+	log         *slog.Logger
 
-	mu   sync.Mutex // with the lock file, one change at a time
+	// sem, with the lock file, lets one change at a time work on the
+	// directory: a channel rather than a mutex, so that every wait for it
+	// has a deadline.
+	sem  chan struct{}
 	lock *os.File
 
 	// startFn starts a daemon's process (linux.StartDaemon when nil).
 	startFn func(*exec.Cmd, []linux.NamespaceMount) error
 }
 
-// New returns a manager of the daemons under dir (made if missing). It
-// fails with ErrNoControl when the node has no control binary.
+// New returns a manager of the daemons under dir (made if missing, and
+// made root's alone: mode 0700, its lock file 0600; one of another user is
+// ErrInvalid). It fails with ErrNoControl when the node has no control
+// binary, or the one WithControl names is not an executable file. It
+// records dir in the registry (WithRegistry, DefaultRegistry) that
+// container runtimes read to hide every manager's daemons from their
+// containers (Registered); a process that is not root records nothing
+// (it cannot start a daemon either).
 func New(dir string, opts ...Option) (*Manager, error) {
-	c := config{procRoot: node.DefaultProcRoot, timeout: 10 * time.Second, logger: slog.New(slog.DiscardHandler)}
+	c := config{procRoot: node.DefaultProcRoot, timeout: 10 * time.Second, lockTimeout: DefaultLockTimeout,
+		shmBytes: DefaultShmBytes, pipeBytes: DefaultPipeBytes, registry: DefaultRegistry, logger: slog.New(slog.DiscardHandler)}
 	for _, o := range opts {
 		if o == nil {
 			return nil, fmt.Errorf("mps manager: nil option: %w", node.ErrInvalid)
@@ -201,6 +288,8 @@ func New(dir string, opts ...Option) (*Manager, error) {
 			return nil, fmt.Errorf("mps manager: %w", err)
 		}
 		c.bin = bin
+	} else if fi, err := os.Stat(c.bin); err != nil || !fi.Mode().IsRegular() || fi.Mode()&0o111 == 0 {
+		return nil, fmt.Errorf("mps manager: control binary %s is not an executable file: %w", c.bin, ErrNoControl)
 	}
 	abs, err := filepath.Abs(dir)
 	if err != nil || dir == "" {
@@ -209,11 +298,78 @@ func New(dir string, opts ...Option) (*Manager, error) {
 	if err := os.MkdirAll(abs, 0o700); err != nil {
 		return nil, fmt.Errorf("mps manager: %w", err)
 	}
-	f, err := os.OpenFile(filepath.Join(abs, lockFile), os.O_RDWR|os.O_CREATE, 0o600)
+	if err := ownDir(abs); err != nil {
+		return nil, fmt.Errorf("mps manager: %w", err)
+	}
+	f, err := openLock(abs)
 	if err != nil {
 		return nil, fmt.Errorf("mps manager: %w", err)
 	}
-	return &Manager{dir: abs, bin: c.bin, procRoot: c.procRoot, timeout: c.timeout, log: c.logger, lock: f}, nil
+	if linux.IsRoot() {
+		if err := register(c.registry, abs); err != nil {
+			f.Close()
+			return nil, fmt.Errorf("mps manager: register %s in %s: %w", abs, c.registry, err)
+		}
+	}
+	return &Manager{dir: abs, bin: c.bin, procRoot: c.procRoot, timeout: c.timeout, lockTimeout: c.lockTimeout,
+		shmBytes: c.shmBytes, pipeBytes: c.pipeBytes, log: c.logger, sem: make(chan struct{}, 1), lock: f}, nil
+}
+
+// ownDir makes dir, a directory of the calling user, its alone (0700),
+// not following a link. One that another user owns, or that group or
+// others may write to (and so may have planted a lock file in), is
+// ErrInvalid and left as it is; then no one else can make or replace an
+// entry of it.
+func ownDir(dir string) error {
+	fi, err := os.Lstat(dir)
+	if err != nil {
+		return err
+	}
+	if !fi.IsDir() {
+		return fmt.Errorf("%s is not a directory (%v): %w", dir, fi.Mode().Type(), ErrInvalid)
+	}
+	if uid, ok := linux.Owner(fi); ok && int(uid) != os.Geteuid() {
+		return fmt.Errorf("%s belongs to uid %d, not to this process's %d: %w", dir, uid, os.Geteuid(), ErrInvalid)
+	}
+	if fi.Mode().Perm()&0o022 != 0 {
+		return fmt.Errorf("%s may be written by others (%v): %w", dir, fi.Mode().Perm(), ErrInvalid)
+	}
+	if fi.Mode().Perm() != 0o700 {
+		return os.Chmod(dir, 0o700)
+	}
+	return nil
+}
+
+// openLock opens the lock file of dir (ownDir's), made 0600 when missing.
+// Anything but a regular file of the calling user's that no one else may
+// open is ErrInvalid: a lock file others could open may be open in a
+// stranger's process, holding its lock whatever its mode becomes.
+func openLock(dir string) (*os.File, error) {
+	path := filepath.Join(dir, lockFile)
+	if fi, err := os.Lstat(path); err == nil && !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("lock %s is a %v, not a file: %w", path, fi.Mode().Type(), ErrInvalid)
+	}
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	fi, err := f.Stat()
+	switch {
+	case err != nil:
+	case !fi.Mode().IsRegular():
+		err = fmt.Errorf("lock %s is not a regular file: %w", path, ErrInvalid)
+	case fi.Mode().Perm()&0o077 != 0:
+		err = fmt.Errorf("lock %s may be opened by others (%v): %w", path, fi.Mode().Perm(), ErrInvalid)
+	default:
+		if uid, ok := linux.Owner(fi); ok && int(uid) != os.Geteuid() {
+			err = fmt.Errorf("lock %s belongs to uid %d: %w", path, uid, ErrInvalid)
+		}
+	}
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
 }
 
 // Dir is the manager's directory.
@@ -232,33 +388,61 @@ func (m *Manager) Control() string {
 	return m.bin
 }
 
-// Close lets go of the directory's lock file; the daemons run on.
+// Close lets go of the directory's lock file; the daemons run on. It waits
+// for a change in progress at most the lock timeout (ErrLocked).
 func (m *Manager) Close() error {
-	if m == nil || m.lock == nil {
+	if m == nil || m.sem == nil {
 		return nil
 	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
+	if err := m.acquire(context.Background()); err != nil {
+		return fmt.Errorf("close the MPS manager of %s: %w", m.dir, err)
+	}
+	defer m.release()
+	if m.lock == nil {
+		return nil
+	}
 	err := m.lock.Close()
 	m.lock = nil
 	return err
 }
 
 func (m *Manager) made() error {
-	if m == nil || m.dir == "" {
+	if m == nil || m.dir == "" || m.sem == nil {
 		return ErrNotMade
 	}
 	return nil
 }
 
-// locked runs fn holding the manager's mutex and the directory's lock.
+// acquire takes the in-process turn, waiting at most the lock timeout.
+func (m *Manager) acquire(ctx context.Context) error {
+	t := time.NewTimer(m.lockTimeout)
+	defer t.Stop()
+	select {
+	case m.sem <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("wait for another change of %s: %w", m.dir, context.Cause(ctx))
+	case <-t.C:
+		return fmt.Errorf("another change of %s took over %v: %w", m.dir, m.lockTimeout, ErrLocked)
+	}
+}
+
+func (m *Manager) release() { <-m.sem }
+
+// locked runs fn holding the manager's turn and the directory's lock, each
+// waited for at most the lock timeout (ErrLocked).
 func (m *Manager) locked(ctx context.Context, fn func() error) error {
-	m.mu.Lock()
-	defer m.mu.Unlock()
+	if err := m.acquire(ctx); err != nil {
+		return err
+	}
+	defer m.release()
 	if m.lock == nil {
 		return fmt.Errorf("manager closed: %w", ErrNotMade)
 	}
-	if err := linux.Lock(ctx, m.lock); err != nil && !errors.Is(err, linux.ErrNotSupported) {
+	lctx, cancel := context.WithTimeoutCause(ctx, m.lockTimeout, fmt.Errorf("another process held the lock of %s over %v: %w", m.dir, m.lockTimeout, ErrLocked))
+	err := linux.Lock(lctx, m.lock)
+	cancel()
+	if err != nil && !errors.Is(err, linux.ErrNotSupported) {
 		return err
 	}
 	defer linux.Unlock(m.lock)
@@ -352,6 +536,17 @@ func (m *Manager) start(ctx context.Context, owner string, gpu node.DeviceRef, l
 		if err := os.Mkdir(sub, 0o755); err != nil && !(again && os.IsExist(err)) {
 			return d, err
 		}
+	}
+	// Those the container writes are tmpfs mounts of their own, bounded,
+	// never the disk the manager's directory is on. A dead daemon started
+	// again in place keeps what its container may hold: its mounts, or,
+	// for a share an earlier release started, its plain directories.
+	if !again {
+		if err := m.mountDirs(d); err != nil {
+			return d, err
+		}
+	}
+	for _, sub := range []string{d.PipeDir, d.LogDir, d.ShmDir} {
 		if err := os.Chmod(sub, 0o777|os.ModeSticky); err != nil {
 			return d, err
 		}
@@ -448,6 +643,39 @@ func (m *Manager) env(uuid, mark string) []string {
 		env = append(env, "LD_LIBRARY_PATH="+v)
 	}
 	return env
+}
+
+// mountDirs mounts a tmpfs of its size on each of d's pipe and shared
+// memory directories, new and empty, that has none yet.
+func (m *Manager) mountDirs(d Daemon) error {
+	for _, t := range []struct {
+		dir           string
+		bytes, inodes uint64
+	}{{d.PipeDir, m.pipeBytes, pipeInodes}, {d.ShmDir, m.shmBytes, 0}} {
+		mounted, err := linux.IsMountPoint(t.dir)
+		if err != nil {
+			return err
+		}
+		if mounted {
+			continue
+		}
+		if err := linux.MountSizedTmpfs(t.dir, 0o777|os.ModeSticky, t.bytes, t.inodes); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// unmountDirs detaches the tmpfs mounts of d's directories, not following
+// links; what is not mounted, or not there, is not an error.
+func unmountDirs(d Daemon) error {
+	var errs []error
+	for _, dir := range []string{d.PipeDir, d.ShmDir} {
+		if err := linux.UnmountAll(dir); err != nil && !errors.Is(err, linux.ErrNotSupported) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // blank is owner's daemon before it runs: its directories.
@@ -640,6 +868,11 @@ func (m *Manager) stop(ctx context.Context, d Daemon) error {
 	if len(errs) > 0 {
 		return errors.Join(errs...)
 	}
+	// Its tmpfs mounts go first: nothing is removed through them, and
+	// nothing mounted is left under a directory that no longer is.
+	if err := unmountDirs(d); err != nil {
+		return err
+	}
 	if err := os.RemoveAll(d.Dir); err != nil {
 		return err
 	}
@@ -695,19 +928,23 @@ func (m *Manager) strays(d Daemon) []linux.Process {
 	if d.Mark == "" {
 		return nil
 	}
-	return Strays(m.procRoot, d.Mark)
+	var out []linux.Process
+	for _, p := range Strays(m.procRoot, d.Mark) {
+		out = append(out, linux.Process(p))
+	}
+	return out
 }
 
 // Strays lists the live processes under procRoot whose command is MPS's
 // own (nvidia-cuda-mps-control or nvidia-cuda-mps-server) and whose
 // environment carries mark (MarkEnv=mark).
-func Strays(procRoot, mark string) []linux.Process {
+func Strays(procRoot, mark string) []node.Process {
 	entries, err := os.ReadDir(procRoot)
 	if err != nil || mark == "" {
 		return nil
 	}
 	want := []byte(MarkEnv + "=" + mark)
-	var out []linux.Process
+	var out []node.Process
 	for _, e := range entries {
 		pid, err := strconv.Atoi(e.Name())
 		if err != nil || pid <= 0 {
@@ -725,7 +962,7 @@ func Strays(procRoot, mark string) []linux.Process {
 		if err != nil || st.Exited() {
 			continue
 		}
-		out = append(out, linux.Process{Pid: pid, Start: st.Start})
+		out = append(out, node.Process{Pid: pid, Start: st.Start})
 	}
 	return out
 }

@@ -335,8 +335,15 @@ func TestInvalid(t *testing.T) {
 	if _, err := mps.New(t.TempDir(), mps.WithControl("relative/path")); !errors.Is(err, mps.ErrInvalid) {
 		t.Fatalf("relative control: %v", err)
 	}
-	if _, err := mps.New(t.TempDir(), mps.WithControl("/nonexistent/nvidia-cuda-mps-control")); err != nil {
-		t.Fatalf("an explicit control is taken as it is: %v", err)
+	if _, err := mps.New(t.TempDir(), mps.WithControl("/nonexistent/nvidia-cuda-mps-control")); !errors.Is(err, mps.ErrNoControl) || !errors.Is(err, node.ErrNotSupported) {
+		t.Fatalf("a control binary that is not there: %v, want ErrNoControl", err)
+	}
+	plain := filepath.Join(t.TempDir(), "nvidia-cuda-mps-control")
+	if err := os.WriteFile(plain, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := mps.New(t.TempDir(), mps.WithControl(plain)); !errors.Is(err, mps.ErrNoControl) {
+		t.Fatalf("a control binary that is not executable: %v, want ErrNoControl", err)
 	}
 }
 
