@@ -35,8 +35,8 @@
 //
 // [Manager.Build] finds the driver version (given, from NVML, from
 // /proc/driver/nvidia/version, or from the libnvidia-ml.so.<version> file),
-// takes an flock on the root (so goroutines and processes build one volume:
-// the others wait and get it), and returns an intact volume as it is. A
+// takes the root's lock (so goroutines and processes build one volume: the
+// others wait and get it), and returns an intact volume as it is. A
 // missing or damaged one is built in a temporary directory beside its final
 // name, through an os.Root so that no symlink leads a write outside it, and
 // then renamed into place (exchanged atomically with a damaged one), so that
@@ -59,6 +59,32 @@
 // by the manager's user (root, in production) and not writable by group or
 // others; otherwise the manager refuses them with an [*UnsafeError] and
 // changes nothing.
+//
+// # The lock and the records
+//
+// Managers sharing a root take turns through the lock file
+// .lock/volumes.lock: mode 0600 in a directory of mode 0700, both owned by
+// the manager's user, so that no other user can open the file and take its
+// flock. (Releases before it locked the root directory itself, which any
+// user can open and hold, stalling every manager.) The lock directory is
+// made on the root's first use; an existing one others may read (0755) is
+// tightened, while a lock directory others may write to, a lock file others
+// could open, or a symlink is refused with an [*UnsafeError] and left as it
+// is: another user may hold such a file open, and its flock with it,
+// whatever its mode becomes, so only whoever runs the managers may remove it
+// (with no manager running). The holder writes its pid and start time into
+// the file; a wait ends at the manager's lock timeout ([WithLockTimeout],
+// [DefaultLockTimeout]) or with the caller's context, whichever comes first,
+// in a [*LockError] naming the holder and its command where known. Upgrade:
+// the root itself keeps its mode; managers of an older release lock the root
+// directory and do not exclude this release's, so every program sharing a
+// root is upgraded together, while none runs.
+//
+// The users' records, .users/<version>/<container>, list containers: their
+// directories are 0700 and the files 0600. Records an older release left
+// open to others are copied into new private directories that take their
+// place, at the first lock, so that a process of another user that had
+// opened an old directory lists nothing more through it.
 //
 // # Lifecycle and ownership
 //

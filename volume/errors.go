@@ -23,8 +23,10 @@ var (
 	// ErrVersionMismatch: the driver version given is not the version of
 	// the driver files found.
 	ErrVersionMismatch = node.Sentinel(node.ErrInvalid, "driver version does not match the driver files")
-	// ErrUnsafe: the root or a version directory could be changed by someone
-	// other than root (wrong owner, group- or other-writable, a symlink).
+	// ErrUnsafe: the root, a version directory, the lock or the users'
+	// records could be changed (or the lock opened) by someone other than
+	// the manager's user (wrong owner, group- or other-writable, a lock
+	// file open to others, a symlink).
 	ErrUnsafe = node.Sentinel(node.ErrCorrupt, "unsafe volume directory")
 	// ErrDamaged: a volume does not match its manifest.
 	ErrDamaged = node.Sentinel(node.ErrCorrupt, "volume damaged")
@@ -35,6 +37,9 @@ var (
 	// ErrRequirementUnmet: the driver or an allocated GPU does not meet an
 	// image's requirement.
 	ErrRequirementUnmet = node.Sentinel(node.ErrNotSupported, "requirement unmet")
+	// ErrLocked: another process held the root's lock until the wait for it
+	// ended (the lock timeout, or the caller's context). See LockError.
+	ErrLocked = node.Sentinel(node.ErrUnavailable, "volume root locked")
 )
 
 // UnsafeError is a directory the manager refuses to use or trust.
@@ -150,3 +155,35 @@ func (e *VersionMismatchError) Error() string {
 
 // Is matches ErrVersionMismatch and node.ErrInvalid.
 func (e *VersionMismatchError) Is(target error) bool { return errors.Is(ErrVersionMismatch, target) }
+
+// LockError is a wait for the root's lock that ended (at the manager's lock
+// timeout, or with the caller's context) while another process held it.
+type LockError struct {
+	// Root is the volume root.
+	Root string
+	// Holder is the process holding the lock, as it named itself on taking
+	// it; nil when unknown (it wrote no name, or no longer runs).
+	Holder *node.Process
+	// Command is the holder's command name, "" when unknown.
+	Command string
+	// Err is why the wait ended: context.DeadlineExceeded, or the
+	// context's cause.
+	Err error
+}
+
+func (e *LockError) Error() string {
+	who := "another process (unknown)"
+	if e.Holder != nil {
+		who = fmt.Sprintf("pid %d started at %d", e.Holder.Pid, e.Holder.Start)
+		if e.Command != "" {
+			who = fmt.Sprintf("pid %d (%s) started at %d", e.Holder.Pid, e.Command, e.Holder.Start)
+		}
+	}
+	return fmt.Sprintf("volume root %s held by %s: %v: %s", e.Root, who, e.Err, ErrLocked)
+}
+
+// Unwrap returns why the wait ended.
+func (e *LockError) Unwrap() error { return e.Err }
+
+// Is matches ErrLocked and node.ErrUnavailable.
+func (e *LockError) Is(target error) bool { return errors.Is(ErrLocked, target) }

@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/gpuiso/gpuiso/internal/linux"
 	"github.com/gpuiso/gpuiso/node"
@@ -35,8 +36,8 @@ const (
 
 // Manager builds and keeps the driver volumes under one root directory.
 // Its methods may be called from several goroutines, and several managers
-// (in several processes) may share a root: a flock on the root serialises
-// them.
+// (in several processes) may share a root: the root's lock file serialises
+// them (see lock.go).
 type Manager struct {
 	cfg config
 }
@@ -54,6 +55,7 @@ type config struct {
 	tmpfsOnNoexec bool
 	deepVerify    bool
 	owner         int
+	lockTimeout   time.Duration
 	logger        *slog.Logger
 }
 
@@ -80,6 +82,7 @@ func New(opts ...Option) (*Manager, error) {
 		links:         true,
 		tmpfsOnNoexec: true,
 		owner:         os.Geteuid(),
+		lockTimeout:   DefaultLockTimeout,
 		logger:        slog.New(slog.DiscardHandler),
 	}
 	for _, o := range opts {
@@ -208,53 +211,6 @@ func (m *Manager) checkDir(p string, fi fs.FileInfo) error {
 		return &UnsafeError{Path: p, Reason: fmt.Sprintf("owned by uid %d, not %d", uid, m.cfg.owner)}
 	}
 	return nil
-}
-
-// lock makes the root safe to use and takes the flock on it. When the root's
-// file system is noexec, it first mounts a tmpfs there.
-func (m *Manager) lock(ctx context.Context) (func(), error) {
-	if err := mkdirAll(m.cfg.root); err != nil {
-		return nil, fmt.Errorf("volume root: %w", err)
-	}
-	for {
-		f, err := os.Open(m.cfg.root)
-		if err != nil {
-			return nil, fmt.Errorf("volume root: %w", err)
-		}
-		if err := linux.Lock(ctx, f); err != nil {
-			f.Close()
-			return nil, fmt.Errorf("lock volume root: %w", err)
-		}
-		unlock := func() { linux.Unlock(f); f.Close() }
-		held, err1 := f.Stat()
-		now, err2 := os.Stat(m.cfg.root)
-		if err := errors.Join(err1, err2); err != nil {
-			unlock()
-			return nil, fmt.Errorf("volume root: %w", err)
-		}
-		if !os.SameFile(held, now) {
-			unlock() // a tmpfs was mounted meanwhile: lock that instead
-			continue
-		}
-		if err := m.checkDir(m.cfg.root, now); err != nil {
-			unlock()
-			return nil, err
-		}
-		noexec, err := linux.Noexec(m.cfg.root)
-		if err != nil || !noexec || !m.cfg.tmpfsOnNoexec {
-			if err != nil {
-				unlock()
-				return nil, fmt.Errorf("volume root: %w", err)
-			}
-			return unlock, nil
-		}
-		err = linux.MountTmpfs(m.cfg.root, dirMode)
-		unlock()
-		if err != nil {
-			return nil, fmt.Errorf("volume root %s is noexec: %w", m.cfg.root, err)
-		}
-		m.cfg.logger.InfoContext(ctx, "mounted a tmpfs on the noexec volume root", "path", m.cfg.root)
-	}
 }
 
 // build builds the volume of contents in a temporary directory beside dir,

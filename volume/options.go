@@ -7,6 +7,9 @@ import (
 	"path"
 	"path/filepath"
 	"slices"
+	"time"
+
+	"github.com/gpuiso/gpuiso/node"
 )
 
 // Option configures a Manager.
@@ -158,6 +161,25 @@ func WithLogger(l *slog.Logger) Option {
 			return errors.New("nil logger")
 		}
 		c.logger = l
+		return nil
+	}
+}
+
+// DefaultLockTimeout is how long a call waits for the root's lock, held by
+// another manager (in this process or another), unless [WithLockTimeout]
+// says otherwise.
+const DefaultLockTimeout = 2 * time.Minute
+
+// WithLockTimeout sets the longest a call waits for the root's lock (default
+// [DefaultLockTimeout]); the caller's context may end the wait sooner. A wait
+// that ends is a [*LockError] naming the holder where it is known. d must be
+// positive.
+func WithLockTimeout(d time.Duration) Option {
+	return func(c *config) error {
+		if d <= 0 {
+			return fmt.Errorf("lock timeout %v: not positive: %w", d, node.ErrInvalid)
+		}
+		c.lockTimeout = d
 		return nil
 	}
 }

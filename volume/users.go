@@ -35,15 +35,19 @@ func (m *Manager) Acquire(ctx context.Context, version, user string) error {
 		}
 		return fmt.Errorf("acquire volume %s for %s: %w", version, user, err)
 	}
+	// Private: the records list containers (see privateUsers).
 	udir := filepath.Join(m.cfg.root, usersDir, version)
-	if err := mkdirAll(udir); err != nil {
-		return fmt.Errorf("acquire volume %s for %s: %w", version, user, err)
+	err = mkdirPrivate(filepath.Dir(udir))
+	if err == nil {
+		err = mkdirPrivate(udir)
 	}
-	f, err := os.OpenFile(filepath.Join(udir, user), os.O_WRONLY|os.O_CREATE, 0o644)
+	if err == nil {
+		err = writeRecord(filepath.Join(udir, user))
+	}
 	if err != nil {
 		return fmt.Errorf("acquire volume %s for %s: %w", version, user, err)
 	}
-	return f.Close()
+	return nil
 }
 
 // Release forgets user as a user of the volume of version. Releasing a user
