@@ -88,3 +88,50 @@ func Blocks(file, text string) ([]Block, error) {
 	}
 	return out, nil
 }
+
+// GoBlocks returns the Go blocks of the document text, named file: every
+// block fenced with the info string "go". Each is compiled (see package
+// doc). A block without a closing fence is an error.
+func GoBlocks(file, text string) ([]Block, error) {
+	var out []Block
+	var cur *Block
+	var body strings.Builder
+	sc := bufio.NewScanner(strings.NewReader(text))
+	sc.Buffer(make([]byte, 0, 64*1024), 1024*1024)
+	for n := 1; sc.Scan(); n++ {
+		line := sc.Text()
+		trimmed := strings.TrimSpace(line)
+		if cur != nil {
+			if trimmed == "```" {
+				cur.Script = body.String()
+				out = append(out, *cur)
+				cur = nil
+				continue
+			}
+			body.WriteString(line + "\n")
+			continue
+		}
+		info, ok := strings.CutPrefix(trimmed, "```")
+		if !ok {
+			continue
+		}
+		if words := strings.Fields(info); len(words) == 0 || words[0] != "go" {
+			for sc.Scan() { // any other fenced block: skip to its end
+				n++
+				if strings.TrimSpace(sc.Text()) == "```" {
+					break
+				}
+			}
+			continue
+		}
+		cur = &Block{File: file, Line: n}
+		body.Reset()
+	}
+	if err := sc.Err(); err != nil {
+		return nil, err
+	}
+	if cur != nil {
+		return nil, fmt.Errorf("%s:%d: go block not closed", file, cur.Line)
+	}
+	return out, nil
+}
