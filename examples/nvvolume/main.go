@@ -1,9 +1,13 @@
 // Command nvvolume builds, lists and removes the NVIDIA driver volumes that
 // gpuiso mounts into containers at /usr/local/nvidia.
 //
-//	nvvolume build [--root DIR] [--driver-root DIR] [--driver-version V] [--capabilities LIST] [--verify]
-//	nvvolume list  [--root DIR]
-//	nvvolume gc    [--root DIR] [--keep V]
+//	nvvolume build [--root DIR] [--wait D] [--driver-root DIR] [--driver-version V] [--capabilities LIST] [--verify]
+//	nvvolume list  [--root DIR] [--wait D]
+//	nvvolume gc    [--root DIR] [--wait D] [--keep V]
+//
+// No command waits longer than --wait (default 2m) for the root's lock,
+// held by another program building or changing the volumes: it then fails,
+// naming the holder.
 //
 // A user runs it to see what their containers will get; an agent runs
 // "nvvolume build" at start so that no container waits for the volume.
@@ -51,17 +55,17 @@ commands:
 `
 
 var usages = map[string]string{
-	"build": `usage: nvvolume build [--root DIR] [--driver-root DIR] [--driver-version VERSION]
-                      [--capabilities LIST] [--verify]
+	"build": `usage: nvvolume build [--root DIR] [--wait DURATION] [--driver-root DIR]
+                      [--driver-version VERSION] [--capabilities LIST] [--verify]
 
 Build (or find) the volume of the host's driver; print its path, version, file
 and link count, and whether it was built or found.
 `,
-	"list": `usage: nvvolume list [--root DIR]
+	"list": `usage: nvvolume list [--root DIR] [--wait DURATION]
 
 List the volumes with their versions, file counts and users.
 `,
-	"gc": `usage: nvvolume gc [--root DIR] [--keep VERSION]
+	"gc": `usage: nvvolume gc [--root DIR] [--wait DURATION] [--keep VERSION]
 
 Remove the volumes no container uses.
 `,
@@ -82,6 +86,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	prog := "nvvolume " + cmd
 	fs := flag.NewFlagSet(prog, flag.ContinueOnError)
 	root := fs.String("root", volume.DefaultRoot, "`DIR` holding the volumes")
+	wait := fs.Duration("wait", volume.DefaultLockTimeout, "the longest `DURATION` to wait for the root's lock while another program holds it")
 	// Each subcommand has only the flags it uses.
 	driverRoot, version, caps, verify, keep := new(string), new(string), new(string), new(bool), new(string)
 	*caps = "all"
@@ -99,6 +104,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	if fs.NArg() > 0 {
 		return cli.Usagef(stderr, prog, "unexpected arguments %q", fs.Args())
+	}
+	if *wait <= 0 {
+		return cli.Usagef(stderr, prog, "--wait %v: want a positive duration such as 2m", *wait)
 	}
 	if filepath.IsAbs(*driverRoot) {
 		// Name the real cause: a directory without the driver, not NVML.
@@ -120,6 +128,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		volume.WithCapabilities(capList...),
 		volume.WithDeepVerify(*verify),
 		volume.WithNVML(nvmlVersion),
+		volume.WithLockTimeout(*wait),
 	}
 	if *version != "" {
 		opts = append(opts, volume.WithDriverVersion(*version))

@@ -3,12 +3,15 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/gpuiso/gpuiso/internal/linux"
 	"github.com/gpuiso/gpuiso/internal/testenv"
 )
 
@@ -128,5 +131,48 @@ func TestBuildListGC(t *testing.T) {
 	}
 	if out := do(0, "list"); out != "" {
 		t.Fatalf("list after gc printed %q", out)
+	}
+}
+
+// TestWaitEnds: while another process holds the root's lock, every command
+// gives up at --wait in one line naming the holder, and a --wait that is
+// not a positive duration is a usage error.
+func TestWaitEnds(t *testing.T) {
+	root := filepath.Join(t.TempDir(), "volumes")
+	dir := filepath.Join(root, ".lock")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	f, err := linux.OpenLockFile(dir, "volumes.lock", os.Geteuid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := linux.Lock(context.Background(), f); err != nil {
+		t.Fatal(err)
+	}
+	linux.RecordHolder(f, "/proc")
+	// The context's deadline only ends the test should --wait not hold.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for _, cmd := range []string{"list", "gc", "build"} {
+		t.Run(cmd, func(t *testing.T) {
+			var stdout, stderr bytes.Buffer
+			args := []string{cmd, "--root", root, "--wait", "50ms"}
+			if cmd == "build" {
+				args = append(args, "--driver-version", "535.309.01")
+			}
+			code := run(ctx, args, &stdout, &stderr)
+			want := fmt.Sprintf("held by pid %d (", os.Getpid())
+			if code != 125 || !strings.Contains(stderr.String(), want) || strings.Count(stderr.String(), "\n") != 1 {
+				t.Fatalf("exit %d, stderr %q; want 125 and one line with %q", code, stderr.String(), want)
+			}
+		})
+	}
+	for _, bad := range []string{"0s", "-1s", "soon"} {
+		var stdout, stderr bytes.Buffer
+		if code := run(ctx, []string{"list", "--root", root, "--wait", bad}, &stdout, &stderr); code != 125 || !strings.Contains(stderr.String(), "--wait") {
+			t.Errorf("--wait %s: exit %d, stderr %q; want a usage error", bad, code, stderr.String())
+		}
 	}
 }
