@@ -36,7 +36,21 @@
 // [ErrInsufficient], [ErrUnavailable] and [ErrCorrupt]. Every other package's
 // sentinels are made with [Sentinel] and its typed errors' Is methods map onto
 // these, so one errors.Is(err, node.ErrNotSupported) covers a refusal from
-// any package or back end.
+// any package or back end. Each error matches exactly one kind, and the
+// kind tells a caller where to go next:
+//
+//   - not now: [ErrInsufficient] (too little is free) and [ErrExists] (the
+//     name is taken): the same call may succeed once something is let go;
+//   - never here, as asked: [ErrInvalid] (the input is wrong, or asks more
+//     than the node has), [ErrNotSupported] (the node or back end does not
+//     offer it) and [ErrNotFound] (what it names is not there): waiting
+//     changes nothing; fix the call or place it elsewhere;
+//   - [ErrUnavailable]: something exists but is down (a lost GPU, a daemon
+//     that does not answer): retry once it is back;
+//   - [ErrCorrupt]: stored state cannot be trusted: an operator looks.
+//
+// A request no release could ever grant (a share larger than every GPU,
+// a share on a node with no shareable GPU) is never ErrInsufficient.
 //
 // # Where the data comes from
 //

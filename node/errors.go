@@ -13,12 +13,15 @@ var (
 	ErrNotSupported = errors.New("not supported")
 	// ErrInvalid: the input is malformed: a bad id, request, rule, flag.
 	ErrInvalid = errors.New("invalid input")
-	// ErrExists: the thing to be created already exists.
+	// ErrExists: the thing to be created already exists (not now: the
+	// call may succeed once it is gone).
 	ErrExists = errors.New("already exists")
 	// ErrNotFound: the thing named does not exist.
 	ErrNotFound = errors.New("not found")
 	// ErrInsufficient: not enough free resources (GPUs, memory) to grant a
-	// request now; it may succeed later.
+	// request now; it may succeed later, once others let go. A request the
+	// node could never grant, however much were free, is ErrInvalid or
+	// ErrNotSupported instead.
 	ErrInsufficient = errors.New("not enough free GPUs")
 	// ErrUnavailable: the resource exists but cannot be used: a lost or
 	// unhealthy GPU, a driver that is not loaded.
