@@ -158,11 +158,20 @@ func TestFailureRoutes(t *testing.T) {
 		// CDI.
 		{"a relative CDI spec directory", func() error { _, err := (cdi.Writer{Dir: "cdi"}).Write(ctx, spec); return err }, node.ErrInvalid},
 		{"a bad CDI kind", func() error { _, err := cdi.Writer{Dir: dir}.Path("no-class"); return err }, node.ErrInvalid},
+		{"a CDI spec file that is not there", func() error { _, err := cdi.ValidateFile(filepath.Join(dir, "none.json")); return err }, node.ErrNotFound},
+		{"a CDI spec file that does not validate", func() error { _, err := cdi.ValidateFile(filepath.Join(dir, "bad.json")); return err }, node.ErrInvalid},
+		{"a CDI spec of a node without GPUs", func() error { _, err := cdi.New(&node.Inventory{}); return err }, node.ErrNotFound},
 
 		// The model and the volume.
 		{"a bad owner id", func() error { return node.ValidateOwner("-x") }, node.ErrInvalid},
 		{"a bad process", func() error { _, err := node.ParseProcess("1"); return err }, node.ErrInvalid},
 		{"an unknown simulated topology", func() error { _, err := simnode.New("no-such-node"); return err }, node.ErrNotFound},
+		{"a bad PCI bus id", func() error { _, err := node.NormalizeBusID("not-a-bus-id"); return err }, node.ErrInvalid},
+		{"a requirement the driver does not meet", func() error {
+			return volume.Check(volume.Image{Env: []string{"NVIDIA_REQUIRE_CUDA=cuda>=99.0"}}, volume.Driver{Version: "535.104.05", CUDA: node.CUDAVersion(12020)}, nil)
+		}, node.ErrNotSupported},
+		{"an unknown network", func() error { _, err := containerizer.ParseNetwork("bridge"); return err }, node.ErrInvalid},
+		{"a Docker runtime without a client", func() error { _, err := czdocker.NewRuntime(nil); return err }, node.ErrInvalid},
 		{"a requirement that does not parse", func() error { _, err := volume.ParseRequirement("NVIDIA_REQUIRE_CUDA", "cuda>>1"); return err }, node.ErrInvalid},
 	} {
 		t.Run(tt.name, func(t *testing.T) {

@@ -367,9 +367,12 @@ func remove(ctx context.Context, path string) error {
 
 // ValidateFile reads the spec file at path as a CDI runtime would, with the
 // CDI library, and returns it. A file that does not parse or validate
-// gives a *SpecError; one that cannot be read, the read error.
+// gives a *SpecError; a missing one an error matching node.ErrNotFound;
+// one that cannot be read otherwise, the read error.
 func ValidateFile(path string) (*specs.Spec, error) {
-	if _, err := os.Stat(path); err != nil {
+	if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("validate CDI spec: %w: %w", node.ErrNotFound, err)
+	} else if err != nil {
 		return nil, fmt.Errorf("validate CDI spec: %w", err)
 	}
 	s, err := cdilib.ReadSpec(path, 0)

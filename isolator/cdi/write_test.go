@@ -177,7 +177,7 @@ func TestValidateFile(t *testing.T) {
 	if _, err := cdi.ValidateFile(bad); !errors.Is(err, cdi.ErrInvalidSpec) {
 		t.Errorf("bad spec: %v", err)
 	}
-	if _, err := cdi.ValidateFile(filepath.Join(dir, "missing.json")); !errors.Is(err, os.ErrNotExist) || errors.Is(err, cdi.ErrInvalidSpec) {
+	if _, err := cdi.ValidateFile(filepath.Join(dir, "missing.json")); !errors.Is(err, os.ErrNotExist) || !errors.Is(err, node.ErrNotFound) || errors.Is(err, cdi.ErrInvalidSpec) {
 		t.Errorf("missing file: %v", err)
 	}
 }
