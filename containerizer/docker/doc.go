@@ -28,6 +28,10 @@
 // writers from an attach made before it starts, so none is lost (standard
 // input is not passed: a spec with Stdin is refused). A spec asking for no
 // GPU gets the control devices only and holds nothing in the allocator.
+// The container's network is Docker's "none", a namespace of its own with
+// only a loopback interface, as a native container's, unless Spec.Network
+// is containerizer.NetworkHost; it never joins the daemon's bridge. An
+// image the daemon does not have is an error matching node.ErrNotFound.
 //
 // With [WithCDI] the GPUs go to a daemon that speaks CDI (API 1.44 or later
 // with CDI enabled, Docker 25+) as one device request of the "cdi" driver
