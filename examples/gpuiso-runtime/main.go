@@ -6,6 +6,7 @@
 //	               [--log FILE] [--log-format text|json] [--cdi-kind KIND]
 //	               [--swarm-resource NAME]... [--swarm-memory-resource NAME]
 //	               [--shared-gpus all|none|LIST] [--accept-env-request POLICY]
+//	               [--accept-cdi-annotations true|false]
 //	               [--timeout DURATION] [runc's global flags] COMMAND [ARGS...]
 //
 // On "create" (and "run") it reads the bundle's config.json and finds the
@@ -32,9 +33,16 @@
 // "caller" (the default: when the record shows the image does not set that
 // value; no record, no request), "privileged" (also in a container with
 // CAP_SYS_ADMIN) or "always" (the whole environment, for images the operator
-// controls). DOCKER_RESOURCE_* asks only in a Docker Swarm task whose record
-// says so, with a value not the image's; an annotation Podman copied from the
-// image asks for nothing. "all" claims no GPU: with --state-dir it shows the
+// controls). The image's environment is read as its engine reads it: Podman
+// trims spaces and tabs from the front of a name and fills a name given
+// without a value ("NAME", "PREFIX*") from its caller's environment, which
+// makes that variable the image's whatever its value; Docker keeps names
+// byte for byte and drops an entry without "=". DOCKER_RESOURCE_* asks only
+// in a Docker Swarm task whose record says so, with a value not the image's;
+// an annotation Podman copied from the image asks for nothing, and a CDI
+// annotation of a container Podman did not create asks only with
+// --accept-cdi-annotations true. GPUISO_GPU_MEMORY is a size with its unit
+// (4GiB, 4096MiB): a bare number is refused. "all" claims no GPU: with --state-dir it shows the
 // GPUs no container holds and holds none. A device node of an owned GPU in
 // the spec's device list is refused.
 //
@@ -50,9 +58,10 @@
 // gpuiso-runtime, creates /dev's symlinks in the host folder an image's /dev
 // names when that /dev is an absolute link.)
 //
-// A refused container is one line on stderr (and an error in the --log
-// file, in runc's format, where Docker and containerd look for runc's) and
-// exit status 1, before anything is created.
+// A refused container is one line on stderr, "gpuiso-runtime: ", what is
+// wrong and what to do about it (and an error in the --log file, in runc's
+// format, where Docker and containerd look for runc's), and exit status 1,
+// before anything is created.
 //
 // With --state-dir the GPUs a container names are claimed for it in the
 // allocator's state there (shared with gpurun and any other gpuiso-runtime
@@ -125,7 +134,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 	defer log.Close()
 	refuse := func(err error) int {
 		fmt.Fprintln(stderr, refusal(err))
-		log.Error(err.Error())
+		log.Error(remedied(err))
 		return exitRefused
 	}
 	switch cmd {

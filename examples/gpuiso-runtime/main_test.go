@@ -177,7 +177,7 @@ func TestRefused(t *testing.T) {
 		{name: "share without state dir", env: []string{"GPUISO_GPU_MEMORY=4GiB"}, args: []string{"create", "--bundle", "BUNDLE", "c1"}, want: "needs --state-dir"},
 		{name: "swarm share without state dir", env: []string{"DOCKER_RESOURCE_VRAM=4000"}, args: []string{"create", "--bundle", "BUNDLE", "c1"}, want: "needs --state-dir"},
 		{name: "bad share", env: []string{"DOCKER_RESOURCE_VRAM=4G"}, args: []string{"--state-dir", "BUNDLE/state", "create", "--bundle", "BUNDLE", "c1"}, want: "whole number of MiB"},
-		{name: "memory without a unit", env: []string{"GPUISO_GPU_MEMORY=4096"}, args: []string{"--state-dir", "BUNDLE/state", "create", "--bundle", "BUNDLE", "c1"}, want: "without a unit: invalid GPU share request: give its unit, as GPUISO_GPU_MEMORY=4096MiB or GPUISO_GPU_MEMORY=4096GiB"},
+		{name: "memory without a unit", env: []string{"GPUISO_GPU_MEMORY=4096"}, args: []string{"--state-dir", "BUNDLE/state", "create", "--bundle", "BUNDLE", "c1"}, want: "without a unit: invalid GPU share request: give its unit, as GPUISO_GPU_MEMORY=4096MiB (or B, KiB, GiB, TiB; KB, MB, GB, TB)"},
 		{name: "bad cdi flag", args: []string{"--accept-cdi-annotations", "maybe", "create", "--bundle", "BUNDLE", "c1"}, want: "--accept-cdi-annotations \"maybe\": want true or false"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -216,6 +216,9 @@ func TestRefused(t *testing.T) {
 			var rec struct{ Level, Msg, Time string }
 			if err := json.Unmarshal(b, &rec); err != nil || rec.Level != "error" || rec.Msg == "" || rec.Time == "" {
 				t.Errorf("log %q: want one runc-style error record (%v)", b, err)
+			}
+			if !endsWithRemedy(rec.Msg) {
+				t.Errorf("log record %q: want it to end with what to do", rec.Msg)
 			}
 		})
 	}

@@ -60,9 +60,14 @@ var remedies = []struct {
 // defaultRemedy says what to do about an error of no known kind.
 const defaultRemedy = "see the --log file for what came before, correct it and try again"
 
-// refusal is the line gpuiso-runtime writes for err: its name, the error,
-// and what to do about it.
-func refusal(err error) string {
+// refusal is the line gpuiso-runtime writes on stderr for err: its name,
+// then remedied's text.
+func refusal(err error) string { return progName + ": " + remedied(err) }
+
+// remedied is err's text and what to do about it, as the --log file's
+// error record holds it (Docker and containerd show that record as the
+// runtime's error).
+func remedied(err error) string {
 	do := defaultRemedy
 	var r *remedyError
 	if errors.As(err, &r) {
@@ -75,5 +80,5 @@ func refusal(err error) string {
 			}
 		}
 	}
-	return fmt.Sprintf("%s: %v: %s", progName, err, do)
+	return fmt.Sprintf("%v: %s", err, do)
 }

@@ -455,7 +455,7 @@ func shareOf(spec *specs.Spec, img volume.Image, swarmMemory string, t *trust) (
 func parseGPUMemory(v string) (uint64, error) {
 	if t := strings.TrimSpace(v); t != "" && strings.Trim(t, "0123456789") == "" {
 		return 0, withRemedy(fmt.Errorf("%s=%s: a size without a unit: %w", envGPUMemory, quoteShort(v), ErrInvalidShare),
-			fmt.Sprintf("give its unit, as %s=%sMiB or %s=%sGiB", envGPUMemory, t, envGPUMemory, t))
+			fmt.Sprintf("give its unit, as %s=%sMiB (or B, KiB, GiB, TiB; KB, MB, GB, TB)", envGPUMemory, t))
 	}
 	b, err := allocator.ParseBytes(v)
 	if err != nil {

@@ -263,7 +263,7 @@ func (rt *Runtime) Create(ctx context.Context, res *prepared, cmd string, rest [
 	if err != nil {
 		rt.giveBack(sctx, res)
 		fmt.Fprintln(stderr, refusal(err))
-		rt.Log.Error(err.Error())
+		rt.Log.Error(remedied(err))
 		return exitRefused
 	}
 	rt.settleCreate(sctx, res, c, code)
@@ -279,7 +279,7 @@ func (rt *Runtime) Delete(ctx context.Context, id string, rest []string, stderr 
 	code, err := runRunc(ctx, rt.runcArgv("delete", rest), 0)
 	if err != nil {
 		fmt.Fprintln(stderr, refusal(err))
-		rt.Log.Error(err.Error())
+		rt.Log.Error(remedied(err))
 		return exitRefused
 	}
 	if id == "" {
