@@ -131,6 +131,18 @@
 // New never waits: with the lock held elsewhere it reads the last complete
 // state file and leaves the removal of dead writers' files to a later New.
 //
+// No other user can take the lock: [LockFile] is opened without following
+// a link and only when it is a regular file of the allocator's user with
+// no permission for group or others (made 0600 when missing), in a state
+// directory of that user that no other user may write to (a missing one is
+// made 0700; others may read an existing one, as no other user can open the
+// 0600 files in it). Anything else fails New with an [UnsafeLockError]
+// (matching [ErrUnsafeLock]) and is left as it is: another user may hold
+// such a file open, and its lock with it, whatever its mode becomes, so it
+// is never taken over; whoever runs the allocators removes it. Lock files
+// of older releases (0600, the allocator's user's) are used as they are, so
+// allocators of both releases exclude each other through an upgrade.
+//
 // An owner may name a [Holder] in its [Request]: the process (pid and start
 // time, field 22 of /proc/<pid>/stat) whose life the allocation lasts.
 // [Allocator.ReleaseDead] releases the owners whose holder provably died

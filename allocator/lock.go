@@ -1,38 +1,63 @@
 package allocator
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
-	"strings"
 
 	"github.com/gpuiso/gpuiso/internal/linux"
+	"github.com/gpuiso/gpuiso/node"
 )
 
-// The holder of a state directory's lock names itself in the lock file,
-// "<pid>.<start>" padded to holderRecordSize bytes, as soon as it has the
-// lock: an allocator that gives up waiting names it in its LockError.
-const holderRecordSize = 48
+// ErrUnsafeLock: the state directory's lock file could be opened by
+// another user (and its lock taken), or replaced: it is not a regular file
+// of the allocator's user with no permission for group or others, or the
+// directory is another user's or writable by group or others. See
+// UnsafeLockError.
+var ErrUnsafeLock = node.Sentinel(node.ErrCorrupt, "unsafe state directory lock")
 
-// recordHolder writes this process into the lock file, which the caller
-// has just locked. It is best effort: a record that cannot be written only
-// leaves the holder unknown to a waiter.
-func (s *store) recordHolder() {
-	p, err := linux.Self(s.procRoot)
-	if err != nil {
-		return
-	}
-	rec := []byte(p.String() + "\n")
-	if len(rec) > holderRecordSize {
-		return
-	}
-	rec = append(rec, bytes.Repeat([]byte{' '}, holderRecordSize-len(rec))...)
-	_, _ = s.lockFile.WriteAt(rec, 0)
+// UnsafeLockError is a lock file, or state directory, the allocator
+// refuses. It never replaces or changes such a file on its own: another
+// user may hold it open, and its lock with it, whatever its mode becomes;
+// whoever runs the allocators removes it while none runs.
+type UnsafeLockError struct {
+	// Path is the lock file or the state directory.
+	Path string
+	// Reason says what is wrong with it.
+	Reason string
 }
+
+func (e *UnsafeLockError) Error() string {
+	return fmt.Sprintf("%s: %s: %s", e.Path, e.Reason, ErrUnsafeLock)
+}
+
+// Is makes errors.Is(err, ErrUnsafeLock) hold.
+func (e *UnsafeLockError) Is(target error) bool {
+	return target == ErrUnsafeLock || target == node.ErrCorrupt
+}
+
+// openLockFile opens the lock file of the state directory dir, making it
+// (mode 0600) when it is missing: a regular file of this process's user
+// that no other user can open, in a directory of that user's that no
+// other user may write to (others may read it). Where this is not checked
+// (other systems) the file is opened as it is.
+func openLockFile(dir string) (*os.File, error) {
+	f, err := linux.OpenLockFile(dir, LockFile, os.Geteuid())
+	if errors.Is(err, linux.ErrNotSupported) {
+		return os.OpenFile(filepath.Join(dir, LockFile), os.O_RDWR|os.O_CREATE, 0o600)
+	}
+	var ue *linux.UnsafeLockError
+	if errors.As(err, &ue) {
+		return nil, &UnsafeLockError{Path: ue.Path, Reason: ue.Reason}
+	}
+	return f, err
+}
+
+// The holder of a state directory's lock names itself in the lock file,
+// "<pid>.<start>" at its start (linux.RecordHolder), as soon as it has the
+// lock: an allocator that gives up waiting names it in its LockError.
 
 // lockError describes a wait for the lock that ended with ctx: the
 // process the lock file names, when it still runs.
@@ -42,25 +67,11 @@ func (s *store) lockError(ctx context.Context, waitErr error) error {
 		cause = waitErr
 	}
 	e := &LockError{Dir: s.dir, Err: cause}
-	buf := make([]byte, holderRecordSize)
-	n, _ := s.lockFile.ReadAt(buf, 0)
-	if p, err := linux.ParseProcess(strings.TrimSpace(string(buf[:n]))); err == nil && p.Alive(s.procRoot) {
+	if p, command, ok := linux.RecordedHolder(s.lockFile, s.procRoot); ok {
 		e.Holder = &Holder{Pid: p.Pid, Start: p.Start}
-		e.Command = command(s.procRoot, p.Pid)
+		e.Command = command
 	}
 	return e
-}
-
-// command returns the command name of process pid ("" when unknown).
-func command(procRoot string, pid int) string {
-	f, err := os.Open(filepath.Join(procRoot, strconv.Itoa(pid), "comm"))
-	if err != nil {
-		return ""
-	}
-	defer f.Close()
-	b := make([]byte, 64)
-	n, _ := f.Read(b)
-	return strings.TrimSpace(string(b[:n]))
 }
 
 // lockStore takes the state directory's lock, waiting no longer than ctx:
@@ -76,7 +87,7 @@ func (s *store) lockStore(ctx context.Context) (locked bool, err error) {
 		}
 		return false, fmt.Errorf("lock state directory: %w", err)
 	}
-	s.recordHolder()
+	linux.RecordHolder(s.lockFile, s.procRoot)
 	return true, nil
 }
 

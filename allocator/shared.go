@@ -9,8 +9,9 @@ import (
 
 // A state directory may be shared by any number of allocators, in one
 // process or many (on Linux): every change takes the directory's lock
-// (flock on LockFile), reads the state file again when another allocator
-// changed it since, applies, writes the file atomically and lets go. Reads
+// (flock on LockFile, a file no other user can open: lock.go), reads the
+// state file again when another allocator changed it since, applies,
+// writes the file atomically and lets go. Reads
 // (Allocation, Allocations, Owners, Free, Devices) take no lock: they pick
 // up the last complete state file, which a rename replaces whole.
 //

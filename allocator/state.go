@@ -303,7 +303,7 @@ func openStore(dir, procRoot string) (*store, error) {
 	if err := os.MkdirAll(abs, 0o700); err != nil {
 		return nil, fmt.Errorf("state directory: %w", err)
 	}
-	f, err := os.OpenFile(filepath.Join(abs, LockFile), os.O_RDWR|os.O_CREATE, 0o600)
+	f, err := openLockFile(abs)
 	if err != nil {
 		return nil, fmt.Errorf("state directory lock: %w", err)
 	}
