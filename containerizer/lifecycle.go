@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"path/filepath"
 	"slices"
 	"sync"
 	"time"
@@ -12,13 +13,9 @@ import (
 	"github.com/gpuiso/gpuiso/allocator"
 	"github.com/gpuiso/gpuiso/isolator/mps"
 	"github.com/gpuiso/gpuiso/node"
+	"github.com/gpuiso/gpuiso/node/nvmlnode"
 	"github.com/gpuiso/gpuiso/volume"
 )
-
-// ErrNotAdopted: a container its runtime lists cannot be adopted (its
-// record does not read, its owner has another container, or its GPUs are
-// held by another owner). It is left alone.
-var ErrNotAdopted = node.Sentinel(node.ErrInvalid, "container cannot be adopted")
 
 // LifecycleConfig is what a Lifecycle works with. Allocator and a
 // runtime (Runtime or Runtimes) are required; zero values of the rest mean
@@ -55,6 +52,17 @@ type LifecycleConfig struct {
 	Supervisor *allocator.Holder
 	// Logger receives what the Lifecycle does (default: nothing).
 	Logger *slog.Logger
+	// ProcRoot is the proc file system in which the Lifecycle tells the
+	// supervisors and holders of containers dead or alive. Empty means that
+	// of a runtime that names one (native's Config.ProcRoot), else /proc;
+	// runtimes that name different ones are refused.
+	ProcRoot string
+}
+
+// procRooted is a Runtime that tells dead from live processes in a proc
+// file system of its own (the native runtime's Config.ProcRoot).
+type procRooted interface {
+	ProcRoot() string
 }
 
 // Lifecycle is the one implementation of a container's life over one or
@@ -66,6 +74,8 @@ type Lifecycle struct {
 	rts  []*routed // in the order given; one per kind
 	prep *Preparer
 	log  *slog.Logger
+	// proc is the proc file system of liveness checks.
+	proc string
 
 	table Table[*lifeEntry]
 	mu    sync.Mutex // guards the entries' fields
@@ -129,7 +139,20 @@ func NewLifecycle(cfg LifecycleConfig) (*Lifecycle, error) {
 				r.sup = &h
 			}
 		}
+		if p, ok := rt.(procRooted); ok {
+			switch own := p.ProcRoot(); {
+			case own == "":
+			case cfg.ProcRoot == "":
+				cfg.ProcRoot = own
+			case filepath.Clean(own) != filepath.Clean(cfg.ProcRoot):
+				return nil, fmt.Errorf("lifecycle: the %s runtime's proc root %s is not %s: %w", rt.Kind(), own, cfg.ProcRoot, node.ErrInvalid)
+			}
+		}
 		l.rts = append(l.rts, r)
+	}
+	l.cfg.ProcRoot, l.proc = cfg.ProcRoot, cfg.ProcRoot
+	if l.proc == "" {
+		l.proc = node.DefaultProcRoot
 	}
 	l.cfg.Runtime, l.cfg.Runtimes = nil, nil
 	l.log = cfg.Logger
@@ -306,8 +329,24 @@ func (l *Lifecycle) Wait(ctx context.Context, id string) (ExitStatus, error) {
 	return st, nil
 }
 
-// Update changes a running container's GPUs where the runtime can
-// (Updater); others refuse with an error matching ErrNotSupported.
+// Update changes a running container's whole GPUs to gpus where its
+// runtime can (Updater), in the order of Resize: the allocator is the
+// record of what the container holds, and the container returned (on
+// error too, when known) holds what the allocator holds for it afterwards.
+// A process killed inside Update leaves a container the next Recover
+// adopts with what the allocator holds, its devices enforced again (see
+// Repairer).
+//
+// Its errors match, by node's kinds: ErrNotSupported (node.ErrNotSupported)
+// for a runtime that cannot update (Docker) or a container that has
+// exited; ErrUnknownContainer (node.ErrNotFound) for an id no running or
+// exited container has; node.ErrInvalid for a count that cannot be asked
+// (ErrInvalidSpec for none or fewer; allocator.ErrInvalidRequest for more
+// than the node has, or a container holding a share or MIG devices) or a
+// Lifecycle not made (ErrNotMade); node.ErrInsufficient
+// (allocator.ErrInsufficient, allocator.ErrQuotaExceeded) when the GPUs to
+// grow onto are not free now. A failure to enforce the devices comes as
+// the runtime reports it; the container then keeps what it had.
 func (l *Lifecycle) Update(ctx context.Context, id string, gpus int) (Container, error) {
 	if !l.made() {
 		return Container{}, fmt.Errorf("update %s: %w", id, ErrNotMade)
@@ -323,22 +362,32 @@ func (l *Lifecycle) Update(ctx context.Context, id string, gpus int) (Container,
 	if st != StateRunning {
 		return Container{}, fmt.Errorf("update %s: container has exited: %w", id, ErrNotSupported)
 	}
-	rec, err = u.Update(ctx, l.cfg.Allocator, rec, gpus)
-	if err != nil {
-		return Container{}, fmt.Errorf("update %s to %d gpus: %w", id, gpus, err)
+	next, err := u.Update(ctx, l.cfg.Allocator, rec, gpus)
+	// What it holds now is what the allocator says, whatever the step
+	// that failed.
+	if al, aerr := l.cfg.Allocator.Allocation(id); aerr == nil {
+		next.GPUs = slices.Clone(al.Devices)
+	} else if errors.Is(aerr, allocator.ErrUnknownOwner) {
+		next.GPUs = nil
 	}
 	l.mu.Lock()
-	rec.Exit = e.rec.Exit // a Wait meanwhile keeps what it learnt
-	e.rec = rec
+	next.Exit = e.rec.Exit // a Wait meanwhile keeps what it learnt
+	e.rec = next
 	l.mu.Unlock()
-	return describe(e.rt, rec, st), nil
+	if err != nil {
+		return describe(e.rt, next, st), fmt.Errorf("update %s to %d gpus: %w", id, gpus, err)
+	}
+	return describe(e.rt, next, st), nil
 }
 
 // Destroy stops and removes the container and gives back its GPUs and its
-// use of the volume. A launching container is waited for (see Table); an
-// unknown one is not an error, but an id no container can have is
-// ErrInvalidSpec. On error the container is as it was, to be destroyed
-// again.
+// use of the volume. A launching container is waited for (see Table). An
+// id the Lifecycle does not know whose runtime still lists a container (one
+// Recover could not adopt, or a killed launch's reservation) that no other
+// live process supervises has that removed, and what its owner holds given
+// back; an id with nothing left is not an error, but an id no container
+// can have is ErrInvalidSpec. On error the container is as it was, to be
+// destroyed again.
 func (l *Lifecycle) Destroy(ctx context.Context, id string) error {
 	if !l.made() {
 		return fmt.Errorf("destroy %s: %w", id, ErrNotMade)
@@ -352,7 +401,7 @@ func (l *Lifecycle) Destroy(ctx context.Context, id string) error {
 		return fmt.Errorf("destroy: %w", err)
 	}
 	if !ok {
-		return nil
+		return l.destroyLeft(ctx, id)
 	}
 	l.mu.Lock()
 	rec, exited := e.rec, e.rec.Exit != nil
@@ -362,6 +411,37 @@ func (l *Lifecycle) Destroy(ctx context.Context, id string) error {
 	}
 	l.log.InfoContext(ctx, "destroyed", "id", id, "runtime id", rec.RuntimeID)
 	return l.table.Remove(id)
+}
+
+// destroyLeft removes what the runtimes still list of id, a container the
+// Lifecycle does not know, with what its owner holds: a container Recover
+// could not adopt, a reservation or an ended container no one is left
+// for. The id is reserved meanwhile, so that no launch of it begins. A
+// launch in progress or a container of another live supervisor is left to
+// it.
+func (l *Lifecycle) destroyLeft(ctx context.Context, id string) error {
+	if err := l.table.Begin(id, &lifeEntry{}); err != nil {
+		return fmt.Errorf("destroy: %w", err)
+	}
+	defer l.table.Settle(id, false)
+	var errs []error
+	for _, rt := range l.rts {
+		recs, err := rt.List(ctx)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("destroy %s: %s: %w", id, rt.Kind(), err))
+			continue
+		}
+		for _, r := range recs {
+			if r.ID != id || rt.supervision(r.Supervisor, l.proc) == supLive {
+				continue
+			}
+			l.log.InfoContext(ctx, "removing a container not adopted", "id", id, "kind", rt.Kind(), "runtime id", r.RuntimeID, "reserved", r.Reserved)
+			if err := l.unlaunch(ctx, rt, r); err != nil {
+				errs = append(errs, fmt.Errorf("destroy %s: %w", id, err))
+			}
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // teardown stops (when kill) and removes rec's container, then gives back
@@ -434,4 +514,40 @@ func (l *Lifecycle) Containers() []Container {
 		out = append(out, describe(x.Value.rt, rec, x.State))
 	}
 	return out
+}
+
+// Usage reports what container id's processes use of its GPUs, where its
+// runtime can tell (UsageReader: the native runtime with NVML); others
+// refuse with an error matching ErrNotSupported.
+func (l *Lifecycle) Usage(ctx context.Context, id string) (nvmlnode.Usage, error) {
+	if !l.made() {
+		return nvmlnode.Usage{}, fmt.Errorf("usage of %s: %w", id, ErrNotMade)
+	}
+	e, rec, _, err := l.lookup(id)
+	if err != nil {
+		return nvmlnode.Usage{}, fmt.Errorf("usage: %w", err)
+	}
+	u, ok := e.rt.Runtime.(UsageReader)
+	if !ok {
+		return nvmlnode.Usage{}, fmt.Errorf("usage of %s: a %s container: %w", id, e.rt.Kind(), ErrNotSupported)
+	}
+	return u.Usage(ctx, rec)
+}
+
+// TempDir makes a directory for this process's own use while it runs
+// (such as the unpacked image a container of it runs in), where a runtime
+// makes them (TempDirMaker: the native runtime, in its state directory;
+// the first such runtime of the Lifecycle); a recovery removes it once the
+// process has died. Without such a runtime it fails with an error matching
+// ErrNotSupported.
+func (l *Lifecycle) TempDir() (string, error) {
+	if !l.made() {
+		return "", fmt.Errorf("temporary directory: %w", ErrNotMade)
+	}
+	for _, rt := range l.rts {
+		if m, ok := rt.Runtime.(TempDirMaker); ok {
+			return m.TempDir()
+		}
+	}
+	return "", fmt.Errorf("temporary directory: no runtime makes one: %w", ErrNotSupported)
 }

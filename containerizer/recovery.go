@@ -23,10 +23,15 @@ import (
 //   - another live process: its, left to it by both; its GPUs are claimed
 //     (allocator.Claim) so that a lost allocator state cannot hand them out.
 //
-// Adopting claims the recorded GPUs (a no-op when the allocator holds them
-// already, an error when they are another's) and the volume use again; a
-// Lifecycle with a Supervisor takes over the containers of dead
-// supervisors it adopts (Adopter, allocator.SetHolder).
+// Adopting claims the container's GPUs (a no-op when the allocator holds
+// them already, an error when they are another's) and the volume use
+// again; a Lifecycle with a Supervisor takes over the containers of dead
+// supervisors it adopts (Adopter, allocator.SetHolder). The allocator is
+// the record of what a container holds: for a runtime that can bring a
+// container in line with it (Repairer), what the allocator holds for the
+// owner is claimed, whatever the container's record says (a process
+// killed inside Update leaves them apart), and the runtime then enforces
+// that again and records it.
 //
 // A runtime that reserves ids (Reserver) lists the reservations of
 // launches not finished (Record.Reserved): those of dead processes (and,
@@ -43,55 +48,81 @@ const (
 	supDead
 )
 
-// supervision classes h, a container's supervisor, for a container of rt.
-func (rt *routed) supervision(h *allocator.Holder) supervision {
+// supervision classes h, a container's supervisor, for a container of rt,
+// telling the dead in the proc file system proc.
+func (rt *routed) supervision(h *allocator.Holder, proc string) supervision {
 	switch {
 	case h == nil:
 		return supNone
 	case rt.sup != nil && *h == *rt.sup:
 		return supSelf
-	case h.Dead(""):
+	case h.Dead(proc):
 		return supDead
 	}
 	return supLive
 }
 
 // claim makes the allocator hold rec's GPUs (or its share) for its owner,
-// and a memory share's MPS daemon run; holder, when set, holds them
-// afterwards, in the claim's one change on disk (allocator.HeldBy).
-func (l *Lifecycle) claim(ctx context.Context, rec Record, holder *allocator.Holder) error {
+// and a memory share's MPS daemon run, and returns rec with what is held.
+// With follow, the allocator is the record: where it holds the owner
+// already, that is what is claimed (and returned), whatever rec says.
+// holder, when set, holds them afterwards, in the claim's one change on
+// disk (allocator.HeldBy).
+func (l *Lifecycle) claim(ctx context.Context, rec Record, holder *allocator.Holder, follow bool) (Record, error) {
 	var opts []allocator.ClaimOption
 	if holder != nil {
 		opts = append(opts, allocator.HeldBy(*holder))
 	}
+	var al allocator.Allocation
 	var err error
-	if rec.Share != nil && len(rec.GPUs) == 1 {
-		_, err = l.cfg.Allocator.ClaimShare(ctx, rec.ID, rec.GPUs[0], *rec.Share, opts...)
-	} else {
-		_, err = l.cfg.Allocator.Claim(ctx, rec.ID, rec.GPUs, opts...)
+	for range 3 {
+		want := rec
+		if follow {
+			if cur, aerr := l.cfg.Allocator.Allocation(rec.ID); aerr == nil {
+				want.GPUs, want.Share = cur.Devices, cur.Share
+			}
+		}
+		if want.Share != nil && len(want.GPUs) == 1 {
+			al, err = l.cfg.Allocator.ClaimShare(ctx, rec.ID, want.GPUs[0], *want.Share, opts...)
+		} else {
+			al, err = l.cfg.Allocator.Claim(ctx, rec.ID, want.GPUs, opts...)
+		}
+		if !follow || !errors.Is(err, allocator.ErrClaimMismatch) {
+			break
+		}
+		// The allocator changed between its reading and the claim.
 	}
 	if err != nil {
-		return fmt.Errorf("%w: %w", ErrNotAdopted, err)
+		return rec, err
+	}
+	if follow {
+		rec.GPUs, rec.Share = slices.Clone(al.Devices), nil
+		if al.Share != nil {
+			s := *al.Share
+			rec.Share = &s
+		}
 	}
 	if rec.Share != nil && rec.Share.Mode == allocator.ShareMemory && len(rec.GPUs) == 1 && l.cfg.MPS != nil {
 		// Running already (idempotent), or started again in place: the
 		// container's mounts of its directories stay good.
 		if _, err := l.cfg.MPS.Start(ctx, rec.ID, rec.GPUs[0], ShareLimits(*rec.Share)); err != nil {
-			return err
+			return rec, err
 		}
 	}
-	return nil
+	return rec, nil
 }
 
 // claimLive claims the GPUs of another live supervisor's container: held
 // by that supervisor where the allocator had lost them (or held them with
-// no holder); a holder the allocator names is kept.
+// no holder); a holder the allocator names is kept, and so is what the
+// allocator holds for the owner (its supervisor may be updating it).
 func (l *Lifecycle) claimLive(ctx context.Context, rec Record) error {
 	holder := rec.Supervisor
 	if al, err := l.cfg.Allocator.Allocation(rec.ID); err == nil && al.Holder != nil {
 		holder = nil
 	}
-	return l.claim(ctx, rec, holder)
+	_, err := l.claim(ctx, rec, holder, true)
+	return err
 }
 
 // Recover adopts the containers every runtime still has, with their GPUs
@@ -207,13 +238,13 @@ func (l *Lifecycle) adopt(ctx context.Context, rt *routed, records []Record, fou
 			if r.ID != "" {
 				listed[r.ID] = true
 			}
-			errs = append(errs, fmt.Errorf("recover container %s: %w: %w", r.RuntimeID, ErrNotAdopted, r.Err))
+			errs = append(errs, fmt.Errorf("recover: %w", notAdopted(rt, r, r.Err)))
 			continue
 		}
 		if r.Reserved {
 			// A launch in progress (another live process's, or this
 			// Lifecycle's), or one a dead process left, which goes.
-			if _, _, err := l.table.Get(r.ID); err == nil || rt.supervision(r.Supervisor) == supLive {
+			if _, _, err := l.table.Get(r.ID); err == nil || rt.supervision(r.Supervisor, l.proc) == supLive {
 				listed[r.ID] = true
 			} else if err := l.unlaunch(ctx, rt, r); err != nil {
 				listed[r.ID] = true
@@ -221,7 +252,7 @@ func (l *Lifecycle) adopt(ctx context.Context, rt *routed, records []Record, fou
 			}
 			continue
 		}
-		sup := rt.supervision(r.Supervisor)
+		sup := rt.supervision(r.Supervisor, l.proc)
 		if sup == supDead && r.Exit != nil && r.ID != "" {
 			// Ended with its supervisor gone: no one is left to take its
 			// exit status, and what it held goes back.
@@ -237,12 +268,12 @@ func (l *Lifecycle) adopt(ctx context.Context, rt *routed, records []Record, fou
 		if sup == supLive {
 			// Another live process's: its GPUs stay held, it stays its.
 			if err := l.claimLive(ctx, r); err != nil {
-				errs = append(errs, fmt.Errorf("recover container %s: %w", r.RuntimeID, err))
+				errs = append(errs, fmt.Errorf("recover: %w", notAdopted(rt, r, err)))
 			}
 			continue
 		}
 		if other, dup := found[r.ID]; dup {
-			errs = append(errs, fmt.Errorf("recover %s container %s: %w: owner %s has another container (%s): %w", rt.Kind(), r.RuntimeID, ErrNotAdopted, r.ID, other.rt.Kind(), ErrContainerExists))
+			errs = append(errs, fmt.Errorf("recover: %w", notAdopted(rt, r, fmt.Errorf("owner %s has another container (%s): %w", r.ID, other.rt.Kind(), ErrContainerExists))))
 			continue
 		}
 		// A dead supervisor's container is taken over, in the claim: its
@@ -251,15 +282,27 @@ func (l *Lifecycle) adopt(ctx context.Context, rt *routed, records []Record, fou
 		if sup == supDead && rt.sup != nil {
 			holder = rt.sup
 		}
-		if err := l.claim(ctx, r, holder); err != nil {
-			errs = append(errs, fmt.Errorf("recover container %s: %w", r.RuntimeID, err))
+		rep, repairs := rt.Runtime.(Repairer)
+		claimed, err := l.claim(ctx, r, holder, repairs)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("recover: %w", notAdopted(rt, r, err)))
 			continue
 		}
+		r = claimed
 		if holder != nil {
-			var err error
 			if r, err = l.takeOver(ctx, rt, r); err != nil {
-				errs = append(errs, fmt.Errorf("recover container %s: %w: %w", r.RuntimeID, ErrNotAdopted, err))
+				errs = append(errs, fmt.Errorf("recover: %w", notAdopted(rt, r, err)))
 				continue
+			}
+		}
+		if repairs {
+			// Its devices and record as the allocator has them: a process
+			// killed inside Update may have left either behind. It is
+			// adopted either way, holding what it holds.
+			if fixed, err := rep.Repair(ctx, l.cfg.Allocator, r); err != nil {
+				errs = append(errs, fmt.Errorf("recover %s: %w", r.ID, err))
+			} else {
+				r = fixed
 			}
 		}
 		if r.VolumeVersion != "" && l.cfg.Volumes != nil {
@@ -281,7 +324,7 @@ func (l *Lifecycle) live(listed map[string]bool) []string {
 		live = append(live, x.ID) // a launch in flight holds its GPUs
 	}
 	for _, al := range l.cfg.Allocator.Allocations() {
-		if h := al.Holder; h != nil && !l.supervises(*h) && !h.Dead("") {
+		if h := al.Holder; h != nil && !l.supervises(*h) && !h.Dead(l.proc) {
 			live = append(live, al.Owner) // another process's
 		}
 	}
@@ -408,7 +451,7 @@ func (l *Lifecycle) Clean(ctx context.Context) ([]string, error) {
 	}
 	dead := map[string]bool{}
 	for _, al := range l.cfg.Allocator.Allocations() {
-		if al.Holder != nil && al.Holder.Dead("") {
+		if al.Holder != nil && al.Holder.Dead(l.proc) {
 			dead[al.Owner] = true
 		}
 	}
@@ -451,7 +494,7 @@ func (l *Lifecycle) Clean(ctx context.Context) ([]string, error) {
 func (l *Lifecycle) clean(ctx context.Context, rt *routed, records []Record, dead map[string]bool) (cleaned []string, ok bool, errs []error) {
 	failed := false
 	for _, r := range records {
-		switch sup := rt.supervision(r.Supervisor); {
+		switch sup := rt.supervision(r.Supervisor, l.proc); {
 		case sup == supDead || (r.ID != "" && dead[r.ID]):
 			l.log.InfoContext(ctx, "removing a container whose supervisor died", "id", r.ID, "kind", rt.Kind(), "runtime id", r.RuntimeID)
 			if err := rt.Remove(ctx, r); err != nil {
@@ -474,11 +517,16 @@ func (l *Lifecycle) clean(ctx context.Context, rt *routed, records []Record, dea
 			// A launch in progress: its GPUs are held by its supervisor.
 		case sup == supLive && r.Err == nil:
 			if err := l.claimLive(ctx, r); err != nil {
-				errs = append(errs, fmt.Errorf("clean: container %s: %w", r.RuntimeID, err))
+				errs = append(errs, fmt.Errorf("clean: %w", notAdopted(rt, r, err)))
 			}
 		case sup == supLive:
-			errs = append(errs, fmt.Errorf("clean: container %s: %w: %w", r.RuntimeID, ErrNotAdopted, r.Err))
+			errs = append(errs, fmt.Errorf("clean: %w", notAdopted(rt, r, r.Err)))
 		}
 	}
 	return cleaned, !failed, errs
+}
+
+// notAdopted is why rt's container rec is not adopted.
+func notAdopted(rt *routed, rec Record, err error) *NotAdoptedError {
+	return &NotAdoptedError{ID: rec.ID, RuntimeID: rec.RuntimeID, Kind: rt.Kind(), Err: err}
 }

@@ -36,7 +36,7 @@ func resizeAllocator(t *testing.T) *allocator.Allocator {
 type resizeLog struct {
 	a       *allocator.Allocator
 	steps   []string
-	failAt  int // the Enforce call (1-based) that fails; 0: none
+	failAt  int // the Enforce call (1-based) that fails; 0: none; -1: every one
 	enforce int
 }
 
@@ -53,7 +53,7 @@ func (l *resizeLog) step() containerizer.Resize {
 		Enforce: func(_ context.Context, gpus []node.DeviceRef) error {
 			l.enforce++
 			l.steps = append(l.steps, fmt.Sprintf("allow %d (held %d)", len(gpus), l.held()))
-			if l.enforce == l.failAt {
+			if l.enforce == l.failAt || l.failAt < 0 {
 				return errors.New("enforce failed")
 			}
 			return nil
@@ -68,7 +68,8 @@ func (l *resizeLog) step() containerizer.Resize {
 // TestResizeOrder: a grow holds the GPUs before it allows them, a shrink
 // denies the GPUs that go before it frees them, so that no GPU is ever
 // allowed to a container that does not hold it; a failed step leaves the
-// container holding, and allowed, what it had.
+// container holding, and allowed, what it had: a failed grow denies the
+// new GPUs before it gives them back, and keeps them held while it cannot.
 func TestResizeOrder(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
@@ -83,8 +84,9 @@ func TestResizeOrder(t *testing.T) {
 		{"shrink", 3, 1, 0, "allow 1 (held 3); record 1 (held 1)", 1},
 		{"shrink to none", 2, 0, 0, "allow 0 (held 2); record 0 (held 0)", 0},
 		{"same", 2, 2, 0, "", 2},
-		{"grow, enforce fails", 1, 3, 1, "record 3 (held 3); allow 3 (held 3); record 1 (held 1)", 1},
-		{"grow from none, enforce fails", 0, 2, 1, "record 2 (held 2); allow 2 (held 2); record 0 (held 0)", 0},
+		{"grow, enforce fails", 1, 3, 1, "record 3 (held 3); allow 3 (held 3); allow 1 (held 3); record 1 (held 1)", 1},
+		{"grow from none, enforce fails", 0, 2, 1, "record 2 (held 2); allow 2 (held 2); allow 0 (held 2); record 0 (held 0)", 0},
+		{"grow, enforce and its undo fail", 1, 3, -1, "record 3 (held 3); allow 3 (held 3); allow 1 (held 3)", 3},
 		{"shrink, enforce fails", 3, 1, 1, "allow 1 (held 3); allow 3 (held 3)", 3},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -96,13 +98,13 @@ func TestResizeOrder(t *testing.T) {
 			}
 			l := &resizeLog{a: a, failAt: tc.failAt}
 			al, err := l.step().To(t.Context(), tc.to)
-			if (err != nil) != (tc.failAt > 0) {
+			if (err != nil) != (tc.failAt != 0) {
 				t.Fatalf("To(%d) = %+v, %v", tc.to, al, err)
 			}
 			if got := strings.Join(l.steps, "; "); got != tc.want {
 				t.Errorf("steps %q\nwant  %q", got, tc.want)
 			}
-			if l.held() != tc.held || (err == nil && len(al.Devices) != tc.to) {
+			if l.held() != tc.held || (err == nil && len(al.Devices) != tc.to) || (err != nil && len(al.Devices) != 0 && len(al.Devices) != tc.held) {
 				t.Errorf("holds %d, returned %d devices; want %d", l.held(), len(al.Devices), tc.held)
 			}
 		})

@@ -5,6 +5,7 @@ import (
 
 	"github.com/gpuiso/gpuiso/allocator"
 	"github.com/gpuiso/gpuiso/node"
+	"github.com/gpuiso/gpuiso/node/nvmlnode"
 )
 
 // Runtime is what a back end does for a Lifecycle: it runs containers,
@@ -49,6 +50,34 @@ type Updater interface {
 	// (the Lifecycle's one allocator) with it, and returns its record; on
 	// error it keeps what it had.
 	Update(ctx context.Context, alloc *allocator.Allocator, rec Record, gpus int) (Record, error)
+}
+
+// Repairer is an Updater whose containers a process killed inside Update
+// can leave allowed, or recorded with, other GPUs than the allocator holds
+// for them (see Resize: the allocator is the record of what a container
+// holds, the container's own record follows it). Recover has it bring every
+// container it adopts in line with the allocator.
+type Repairer interface {
+	// Repair makes rec's container reach exactly what alloc holds for its
+	// owner (nothing, when it holds nothing): its device nodes and device
+	// rules (and CPUs) where it still runs, then its record; it returns
+	// the record.
+	Repair(ctx context.Context, alloc *allocator.Allocator, rec Record) (Record, error)
+}
+
+// UsageReader is a Runtime that reports what a container's processes use
+// of its GPUs (Lifecycle.Usage).
+type UsageReader interface {
+	// Usage reads the use of rec's GPUs by its container's processes.
+	Usage(ctx context.Context, rec Record) (nvmlnode.Usage, error)
+}
+
+// TempDirMaker is a Runtime that makes directories for its process's own
+// use, which a recovery removes once that process has died
+// (Lifecycle.TempDir).
+type TempDirMaker interface {
+	// TempDir makes a new directory and returns its path.
+	TempDir() (string, error)
 }
 
 // Supervised is a Runtime that names the supervisor of its containers

@@ -3,7 +3,6 @@ package native
 import (
 	"context"
 	"fmt"
-	"slices"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
@@ -31,17 +30,19 @@ var _ containerizer.Containerizer = (*Containerizer)(nil)
 // Usage reports what the container's processes use of its GPUs, as NVML
 // tells: memory per GPU and, where the driver keeps samples, utilisation.
 // Without NVML (Config.NVML) it fails with an error matching
-// isolator.ErrNotSupported.
+// isolator.ErrNotSupported. It is the Lifecycle's Usage, which a Lifecycle
+// over NewRuntime's Runtime has too.
 func (c *Containerizer) Usage(ctx context.Context, id string) (nvmlnode.Usage, error) {
 	if c == nil || c.rt == nil {
 		return nvmlnode.Usage{}, fmt.Errorf("usage of %s: %w", id, containerizer.ErrNotMade)
 	}
-	i := slices.IndexFunc(c.Containers(), func(ct containerizer.Container) bool { return ct.ID == id })
-	if i < 0 {
-		return nvmlnode.Usage{}, fmt.Errorf("usage of %s: %w", id, containerizer.ErrUnknownContainer)
-	}
-	gpus := c.Containers()[i].GPUs
-	cfg := c.rt.cfg
+	return c.Lifecycle.Usage(ctx, id)
+}
+
+// Usage reads the use of rec's GPUs by its container's processes
+// (containerizer.UsageReader).
+func (r *runner) Usage(ctx context.Context, rec containerizer.Record) (nvmlnode.Usage, error) {
+	id, cfg := rec.ID, r.cfg
 	if cfg.NVML == nil {
 		return nvmlnode.Usage{}, fmt.Errorf("usage of %s: no NVML: %w", id, isolator.ErrNotSupported)
 	}
@@ -53,7 +54,7 @@ func (c *Containerizer) Usage(ctx context.Context, id string) (nvmlnode.Usage, e
 	if err != nil {
 		return nvmlnode.Usage{}, fmt.Errorf("usage of %s: %w", id, err)
 	}
-	u, err := nvmlnode.ReadUsage(ctx, cfg.NVML, gpus, pids)
+	u, err := nvmlnode.ReadUsage(ctx, cfg.NVML, rec.GPUs, pids)
 	if err != nil {
 		return u, fmt.Errorf("usage of %s: %w", id, err)
 	}

@@ -54,6 +54,7 @@ var (
 	_ containerizer.Adopter    = (*runner)(nil)
 	_ containerizer.Cleaner    = (*runner)(nil)
 	_ containerizer.Updater    = (*runner)(nil)
+	_ containerizer.Repairer   = (*runner)(nil)
 	_ containerizer.Supervised = (*runner)(nil)
 )
 
@@ -61,6 +62,9 @@ var (
 type proc struct {
 	rec  record
 	plan *isolator.Plan
+	// stale are the device nodes of an update's plan not finished (see
+	// enforce): they may be in the container's /dev beside plan's.
+	stale []isolator.DeviceNode
 	// config is what Start hands the init through w.
 	config initConfig
 	w      *os.File

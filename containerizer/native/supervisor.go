@@ -119,13 +119,24 @@ func (r *runner) dead(name string) bool {
 // behind. Containers that keep the host's file system do not see it, as
 // they do not see the state directory. Remove it when done with it.
 // Recover leaves the directories of dead processes alone, since a
-// container it re-adopts may run in one.
+// container it re-adopts may run in one. It is the Lifecycle's TempDir,
+// which a Lifecycle over NewRuntime's Runtime has too
+// (containerizer.TempDirMaker).
 func (c *Containerizer) TempDir() (string, error) {
 	if c == nil || c.rt == nil {
 		return "", fmt.Errorf("temporary directory: %w", containerizer.ErrNotMade)
 	}
-	return os.MkdirTemp(c.rt.cfg.StateDir, tempPrefix+node.Process(c.rt.self).String()+"-")
+	return c.rt.TempDir()
 }
+
+// TempDir makes a directory as Containerizer.TempDir says.
+func (r *runner) TempDir() (string, error) {
+	return os.MkdirTemp(r.cfg.StateDir, tempPrefix+node.Process(r.self).String()+"-")
+}
+
+// ProcRoot is the proc file system in which the runtime tells processes
+// dead or alive (Config.ProcRoot): its Lifecycle's too.
+func (r *runner) ProcRoot() string { return r.cfg.ProcRoot }
 
 // deadTemp tells whether name is a TempDir of a dead process.
 func (r *runner) deadTemp(name string) bool {
