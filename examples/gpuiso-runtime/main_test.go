@@ -236,5 +236,5 @@ func endsWithRemedy(line string) bool {
 			return true
 		}
 	}
-	return strings.Contains(line[strings.LastIndex(line, ": ")+2:], "give its unit")
+	return strings.Contains(line[strings.LastIndex(line, ": ")+2:], "give its unit") || strings.HasSuffix(line, ": give --simulate one of the shipped topologies")
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/gpuiso/gpuiso/allocator"
 	"github.com/gpuiso/gpuiso/node"
+	"github.com/gpuiso/gpuiso/node/simnode"
 )
 
 // progName prefixes every line gpuiso-runtime writes on stderr.
@@ -31,6 +32,12 @@ func withRemedy(err error, do string) error {
 	return &remedyError{err: err, do: do}
 }
 
+// saysWhatToDo marks an error whose own text ends with what to do (the
+// node's: a missing driver names --simulate, a refused simulated tree says
+// why): nothing is added to it but "run as root" where root is missing,
+// and the way out of an unknown topology.
+func saysWhatToDo(err error) error { return withRemedy(err, "") }
+
 // remedies say what to do about an error of each kind, the first that
 // matches: the runtime's own kinds, then the library's.
 var remedies = []struct {
@@ -46,7 +53,7 @@ var remedies = []struct {
 	{ErrContainerExists, "delete that container first, or use another id"},
 	{ErrCorruptRecord, "delete the container (its record is settled and removed), then create it again"},
 	{context.DeadlineExceeded, "try again once the holder is done, or raise --timeout"},
-	{fs.ErrPermission, "run gpuiso-runtime as root, as the engine's runtime"},
+	{fs.ErrPermission, needsRoot},
 	{allocator.ErrUnknownDevice, "name a GPU the node has (gpuinfo lists them)"},
 	{node.ErrInsufficient, "wait for a container to give back its GPUs, or ask for fewer or another GPU"},
 	{node.ErrExists, "delete the container that holds it first, or ask for another"},
@@ -56,6 +63,9 @@ var remedies = []struct {
 	{node.ErrCorrupt, "move the corrupt file aside, then try again"},
 	{node.ErrInvalid, "correct the request and create the container again"},
 }
+
+// needsRoot is what to do about a permission gpuiso-runtime lacks.
+const needsRoot = "run gpuiso-runtime as root, as the engine's runtime"
 
 // defaultRemedy says what to do about an error of no known kind.
 const defaultRemedy = "see the --log file for what came before, correct it and try again"
@@ -70,9 +80,16 @@ func refusal(err error) string { return progName + ": " + remedied(err) }
 func remedied(err error) string {
 	do := defaultRemedy
 	var r *remedyError
-	if errors.As(err, &r) {
+	switch {
+	case errors.As(err, &r) && r.do == "" && errors.Is(err, fs.ErrPermission):
+		do = needsRoot
+	case errors.As(err, &r) && r.do == "" && errors.Is(err, simnode.ErrUnknownTopology):
+		do = "give --simulate one of the shipped topologies"
+	case errors.As(err, &r) && r.do == "":
+		return err.Error()
+	case errors.As(err, &r):
 		do = r.do
-	} else {
+	default:
 		for _, m := range remedies {
 			if errors.Is(err, m.kind) {
 				do = m.do

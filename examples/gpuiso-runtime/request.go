@@ -554,7 +554,7 @@ func (rt *Runtime) checkDevices(ctx context.Context, spec *specs.Spec) error {
 	}
 	inv, _, err := openNode(ctx, rt.Settings)
 	if err != nil {
-		return err
+		return saysWhatToDo(err)
 	}
 	dir, err := filepath.Abs(rt.StateDir)
 	if err != nil {

@@ -90,7 +90,7 @@ func (rt *Runtime) Prepare(ctx context.Context, c CreateArgs) (*prepared, error)
 
 	inv, _, err := openNode(ctx, rt.Settings)
 	if err != nil {
-		return nil, fmt.Errorf("container %s: %w", c.ID, err)
+		return nil, saysWhatToDo(fmt.Errorf("container %s: %w", c.ID, err))
 	}
 	opts := []allocator.Option{allocator.WithShared(rt.sharedGPUs(inv)...)}
 	if rt.StateDir != "" {
