@@ -44,6 +44,13 @@ type Config struct {
 	// takes none: its Lifecycle's manager runs them, and the runtime hides
 	// their directory from every container (containerizer.Prepared.MPSDir).
 	MPS *mps.Manager
+	// MPSRegistry is where the node's MPS managers record their
+	// directories, whatever program made them (default
+	// mps.DefaultRegistry; see mps.Registered). A container that keeps the
+	// host's file system has every directory recorded there masked, with
+	// gpuiso's default state directories (GPUISOStateDirs): no other
+	// program's daemon is within its reach either.
+	MPSRegistry string
 	// NVML reports the containers' GPU usage (see Usage); nil means usage
 	// is not supported.
 	NVML nvml.Interface

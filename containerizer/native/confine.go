@@ -9,6 +9,7 @@ import (
 
 	"github.com/gpuiso/gpuiso/containerizer"
 	"github.com/gpuiso/gpuiso/internal/linux"
+	"github.com/gpuiso/gpuiso/isolator/mps"
 )
 
 // DefaultCapabilities are the capabilities a container's command gets when
@@ -78,6 +79,57 @@ func engineDirs() []string {
 		"/var/lib/docker", "/var/lib/containerd", "/var/lib/containers",
 		"/var/lib/kubelet", "/var/lib/crio", "/var/lib/lxd", "/var/lib/incus",
 	}
+}
+
+// GPUISOStateDirs are the default state directories of gpuiso's programs
+// (gpurun, the agent, the kubelet plugin, gpuiso-runtime's index, the
+// native and Docker containerizers, the volume manager): masked, with
+// every directory the MPS registry records, in a container that keeps the
+// host's file system. Those under /run and /var/run are behind the
+// container's private tmpfs already; they are listed for a host whose /run
+// is elsewhere.
+func GPUISOStateDirs() []string {
+	return []string{
+		"/var/lib/gpuiso", "/var/lib/gpuiso-kubelet-plugin",
+		"/run/gpuiso", "/var/run/gpuiso", "/run/gpuiso-runtime", "/var/run/gpuiso-runtime",
+	}
+}
+
+// hiddenDirs are the directories a container that keeps the host's file
+// system has masked beyond the engines' (engineDirs): own (its own MPS
+// manager's directory, when set), gpuiso's default state directories and
+// the registered MPS directories, sorted, each once. A directory that would
+// hide the whole host, or a path the container needs of its own (/dev,
+// /proc, /sys, /tmp), is left out: the registry is root's, but a careless
+// manager directory must not blind every container.
+func hiddenDirs(own string, registered []string) []string {
+	var out []string
+	for _, d := range slices.Concat([]string{own}, GPUISOStateDirs(), registered) {
+		if d == "" || !filepath.IsAbs(d) {
+			continue
+		}
+		d = filepath.Clean(d)
+		if slices.ContainsFunc([]string{"/dev", "/proc", "/sys", "/tmp"}, func(p string) bool {
+			return p == d || strings.HasPrefix(p, d+"/") || d == "/"
+		}) {
+			continue
+		}
+		if !slices.Contains(out, d) {
+			out = append(out, d)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// hidden is hiddenDirs of the registry as it is now; a registry that does
+// not read whole is reported and what it gave is used.
+func (r *runner) hidden(own string) []string {
+	reg, err := mps.Registered(r.cfg.MPSRegistry)
+	if err != nil {
+		r.cfg.Logger.Warn("mps registry", "err", err)
+	}
+	return hiddenDirs(own, reg)
 }
 
 // confinementOf checks spec's confinement fields and turns them into what

@@ -38,3 +38,30 @@ func TestConfinementOf(t *testing.T) {
 		})
 	}
 }
+
+// TestHiddenDirs: a container with the host's view has its own manager's
+// directory, gpuiso's default state directories and every registered MPS
+// directory masked, each once; nothing that would hide the host or what
+// the container needs of its own.
+func TestHiddenDirs(t *testing.T) {
+	defaults := GPUISOStateDirs()
+	for _, tc := range []struct {
+		name       string
+		own        string
+		registered []string
+		want       []string
+	}{
+		{name: "defaults", want: defaults},
+		{name: "own and registered", own: "/var/lib/gpuiso/gpurun/mps", registered: []string{"/srv/runtime/mps", "/opt/x/mps/"},
+			want: append(slices.Clone(defaults), "/var/lib/gpuiso/gpurun/mps", "/srv/runtime/mps", "/opt/x/mps")},
+		{name: "duplicates", own: "/srv/a", registered: []string{"/srv/a", "/var/lib/gpuiso"}, want: append(slices.Clone(defaults), "/srv/a")},
+		{name: "never the host or a container's own", registered: []string{"/", "/tmp", "/dev", "/sys/x/..", "relative", ""}, want: defaults},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			want := slices.Sorted(slices.Values(tc.want))
+			if got := hiddenDirs(tc.own, tc.registered); !slices.Equal(got, want) {
+				t.Errorf("hiddenDirs = %v, want %v", got, want)
+			}
+		})
+	}
+}

@@ -83,9 +83,12 @@
 //     connect(2) on a socket; the container engines' state directories
 //     (/var/lib/docker, /var/lib/containerd, /var/lib/containers,
 //     /var/lib/kubelet, ...) are masked; the containerizer's own state
-//     directory is masked, and so is the MPS daemons' (Config.MPS): a
-//     memory share's container reaches its own daemon alone, at
-//     /tmp/nvidia-mps. A socket a host program keeps anywhere else
+//     directory is masked, and so are the MPS daemons' of every manager of
+//     the node, whatever program made it (Config.MPS's, those recorded in
+//     the MPS registry, Config.MPSRegistry, and gpuiso's default state
+//     directories, GPUISOStateDirs): a memory share's container reaches its
+//     own daemon alone, at /tmp/nvidia-mps, and no container reaches
+//     another program's. A socket a host program keeps anywhere else
 //     stays reachable read-only; a container with a root file system of
 //     its own has none of these concerns, and is the form to use for code
 //     you do not trust.

@@ -27,8 +27,9 @@ type initConfig struct {
 	ExitFile string        `json:"exitFile"`
 	Confine  confinement   `json:"confine"`
 	// Masked are host directories a container with the host's view must
-	// not see (the MPS daemons' directory: only its own daemon's pipe
-	// directory, bound by the plan, is the container's).
+	// not see (every MPS manager's directory and gpuiso's state
+	// directories: only its own daemon's pipe directory, bound by the
+	// plan, is the container's).
 	Masked []string `json:"masked,omitempty"`
 	// ExtraFiles is how many descriptors after the config's (fd 3) the
 	// command gets, as its fds 3, 4, ...

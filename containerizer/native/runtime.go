@@ -338,9 +338,7 @@ func (r *runner) startInit(ctx context.Context, spec containerizer.Spec, pr *pro
 		}
 	}
 	pr.config = initConfig{Args: spec.Command, Env: env, Dir: spec.Dir, DevDir: r.devDir(id), Mounts: pr.plan.Mounts, ExitFile: r.exitPath(id), Confine: cf, ExtraFiles: len(spec.ExtraFiles), Bare: r.bare}
-	if mpsDir != "" {
-		pr.config.Masked = []string{mpsDir}
-	}
+	pr.config.Masked = r.hidden(mpsDir)
 	pr.child, pr.w, keep = cmd, w, true
 	go r.reap(pr)
 	return nil
