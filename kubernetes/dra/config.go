@@ -41,7 +41,9 @@ import (
 // the request was allocated; a configuration that does not hold fails
 // the claim's preparation with an error naming the field, which the
 // kubelet reports as an event of the pod. ShareConfig, the older
-// unversioned form, is still read (as sharing.mps.computePercent).
+// unversioned form, is still read (as sharing.mps.computePercent), as
+// strictly; an object naming its kind (or apiVersion) twice is refused
+// whatever the two say.
 type GPUConfig struct {
 	APIVersion string `json:"apiVersion"`
 	Kind       string `json:"kind"`
@@ -107,19 +109,25 @@ func ParseDeviceConfig(driver string, b []byte) (GPUConfig, error) {
 	if driver == "" {
 		driver = DefaultDriverName
 	}
+	// The head is read as strictly as the rest: a repeated apiVersion or
+	// kind is refused here, so that no form is chosen by the last of two.
 	var head struct {
 		APIVersion string `json:"apiVersion"`
 		Kind       string `json:"kind"`
 	}
-	if err := sigsjson.UnmarshalCaseSensitivePreserveInts(b, &head); err != nil {
+	strict, err := sigsjson.UnmarshalStrict(b, &head, sigsjson.DisallowDuplicateFields)
+	if err != nil {
 		return GPUConfig{}, configErr("", "", err)
+	}
+	if len(strict) > 0 {
+		return GPUConfig{}, configErr(head.Kind, "", errors.Join(strict...))
 	}
 	switch head.Kind {
 	case GPUConfigKind:
 	case "", ShareConfigKind:
 		sc, err := ParseShareConfig(b)
 		if err != nil {
-			return GPUConfig{}, fmt.Errorf("%w: %w", ErrInvalidDeviceConfig, err)
+			return GPUConfig{}, configErr(ShareConfigKind, "", err)
 		}
 		c := GPUConfig{APIVersion: driver + "/" + ConfigVersion, Kind: GPUConfigKind}
 		if sc.ComputePercent != nil {
@@ -137,7 +145,7 @@ func ParseDeviceConfig(driver string, b []byte) (GPUConfig, error) {
 		return GPUConfig{}, configErr(GPUConfigKind, "apiVersion", fmt.Errorf("%q, want %s", head.APIVersion, want))
 	}
 	var c GPUConfig
-	strict, err := sigsjson.UnmarshalStrict(b, &c, sigsjson.DisallowDuplicateFields, sigsjson.DisallowUnknownFields)
+	strict, err = sigsjson.UnmarshalStrict(b, &c, sigsjson.DisallowDuplicateFields, sigsjson.DisallowUnknownFields)
 	if err != nil {
 		return GPUConfig{}, configErr(GPUConfigKind, "", err)
 	}

@@ -77,6 +77,16 @@ func TestParseDeviceConfig(t *testing.T) {
 		{"unknown kind", `{"apiVersion":"gpu.gpuiso.io/v1","kind":"GpuConfig"}`, `kind: unknown kind`},
 		{"not an object", `[1]`, "opaque configuration"},
 		{"bad share config", `{"kind":"ShareConfig","computePercent":101}`, "compute percentage 101"},
+		// One object, one kind: a second kind is refused whichever comes
+		// last, and no form is read by a laxer decoder.
+		{"second kind, share last", `{` + head + `,"kind":"ShareConfig","computePercent":50}`, `duplicate field "kind"`},
+		{"second kind, gpu last", `{"kind":"ShareConfig",` + head + `}`, `duplicate field "kind"`},
+		{"share config twice", `{"kind":"ShareConfig","kind":"ShareConfig"}`, `duplicate field "kind"`},
+		{"share field twice", `{"kind":"ShareConfig","computePercent":10,"computePercent":90}`, `duplicate field "computePercent"`},
+		{"share field of another case", `{"kind":"ShareConfig","ComputePercent":90}`, `unknown field "ComputePercent"`},
+		{"kind of another case", `{"Kind":"ShareConfig","computePercent":90}`, `unknown field "Kind"`},
+		{"apiVersion twice", `{"apiVersion":"gpu.example.com/v1",` + head + `}`, `duplicate field "apiVersion"`},
+		{"data after the object", `{"kind":"ShareConfig"} {}`, "opaque configuration"},
 	}
 	for _, tt := range bad {
 		t.Run(tt.name, func(t *testing.T) {

@@ -1,11 +1,11 @@
 package dra
 
 import (
-	"bytes"
-	"encoding/json"
+	"errors"
 	"fmt"
 
 	resourceapi "k8s.io/api/resource/v1"
+	sigsjson "sigs.k8s.io/json"
 )
 
 // ShareConfig is the configuration of a share of a GPU that a DeviceClass
@@ -38,16 +38,17 @@ type ShareConfig struct {
 const ShareConfigKind = "ShareConfig"
 
 // ParseShareConfig reads the parameters of an opaque configuration as a
-// ShareConfig and checks them.
+// ShareConfig and checks them. It decodes as strictly as
+// ParseDeviceConfig does a GPUConfig: field names are case-sensitive, and
+// an unknown or repeated field (a second kind) is refused.
 func ParseShareConfig(b []byte) (ShareConfig, error) {
 	var c ShareConfig
-	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&c); err != nil {
+	strict, err := sigsjson.UnmarshalStrict(b, &c, sigsjson.DisallowDuplicateFields, sigsjson.DisallowUnknownFields)
+	if err != nil {
 		return ShareConfig{}, fmt.Errorf("share configuration: %w: %v", ErrInvalidShare, err)
 	}
-	if dec.More() {
-		return ShareConfig{}, fmt.Errorf("share configuration: %w: data after the object", ErrInvalidShare)
+	if len(strict) > 0 {
+		return ShareConfig{}, fmt.Errorf("share configuration: %w: %w", ErrInvalidShare, errors.Join(strict...))
 	}
 	if c.Kind != "" && c.Kind != ShareConfigKind {
 		return ShareConfig{}, fmt.Errorf("share configuration: kind %q, want %s: %w", c.Kind, ShareConfigKind, ErrInvalidShare)
