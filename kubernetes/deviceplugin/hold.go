@@ -123,6 +123,7 @@ func (m *Manager) Adopt(ctx context.Context) ([]string, error) {
 	slices.Sort(held)
 	if len(held) > 0 {
 		m.cfg.Logger.Info("held the devices of running pods", "owners", held)
+		m.cfg.heldChanged()
 	}
 	if err := errors.Join(errs...); err != nil {
 		return held, fmt.Errorf("adopt the devices of running pods: %w", err)

@@ -276,3 +276,63 @@ func TestAllocateHoldsMIGDevices(t *testing.T) {
 		t.Fatalf("Reconcile = %v, %v", released, err)
 	}
 }
+
+// TestHeldChanged: Config.HeldChanged is called as soon as what the
+// plugin holds changes (a container's GPU or time slice held, devices
+// given back by Reconcile, devices of running pods adopted), so that a
+// DRA driver on the same allocator taints a held device at once; a
+// refused container and a Reconcile that gives nothing back do not call
+// it.
+func TestHeldChanged(t *testing.T) {
+	s, pr := holding(t, time.Millisecond)
+	calls := 0
+	cfg := deviceplugin.Config{Dir: s.dir, Shared: []string{s.inv.Devices[7].UUID}, Replicas: 2,
+		PodResources: filepath.Join(s.dir, "pod-resources.sock"), TimeSliceGrace: time.Millisecond, HeldChanged: func() { calls++ }}
+	mgr, err := deviceplugin.New(s.inv, s.alloc, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.mgr = mgr
+	ctx := t.Context()
+	u := func(i int) string { return s.inv.Devices[i].UUID }
+	step := func(what string, want int) {
+		t.Helper()
+		if calls != want {
+			t.Fatalf("%s: HeldChanged called %d times in all, want %d", what, calls, want)
+		}
+	}
+	if _, err := s.plugin(t, "nvidia.com/gpu").Container([]string{u(0)}); err != nil {
+		t.Fatal(err)
+	}
+	step("a GPU handed out", 1)
+	if _, err := s.alloc.Claim(ctx, "claim-a", []node.DeviceRef{s.inv.Devices[1].Ref()}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.plugin(t, "nvidia.com/gpu").Container([]string{u(1)}); !errors.Is(err, deviceplugin.ErrHeld) {
+		t.Fatalf("a claim's GPU: %v, want ErrHeld", err)
+	}
+	step("a container refused", 1)
+	ts := s.plugin(t, deviceplugin.DefaultSharedResourceName).Devices()
+	if _, err := s.plugin(t, deviceplugin.DefaultSharedResourceName).Container([]string{ts[0].ID}); err != nil {
+		t.Fatal(err)
+	}
+	step("a time slice handed out", 2)
+
+	time.Sleep(5 * time.Millisecond) // past the grace of what was just handed out
+	pr.set(map[string][]string{"nvidia.com/gpu": {u(0)}, deviceplugin.DefaultSharedResourceName: {ts[0].ID}})
+	if released, err := s.mgr.Reconcile(ctx); err != nil || len(released) != 0 {
+		t.Fatalf("Reconcile with every pod running = %v, %v", released, err)
+	}
+	step("a Reconcile that gives nothing back", 2)
+	pr.set(nil)
+	if released, err := s.mgr.Reconcile(ctx); err != nil || len(released) != 2 {
+		t.Fatalf("Reconcile after the pods = %v, %v, want two owners", released, err)
+	}
+	step("a Reconcile that gives back", 3)
+
+	pr.set(map[string][]string{"nvidia.com/gpu": {u(2)}})
+	if held, err := s.mgr.Adopt(ctx); err != nil || len(held) != 1 {
+		t.Fatalf("Adopt = %v, %v", held, err)
+	}
+	step("Adopt", 4)
+}

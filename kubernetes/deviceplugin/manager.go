@@ -76,6 +76,21 @@ type Config struct {
 	TimeSliceGrace time.Duration
 	// Logger, when set, receives the manager's events.
 	Logger *slog.Logger
+	// HeldChanged, when set, is called once what the plugin holds in the
+	// allocator changed: after Allocate held a container's devices or
+	// time slices, after Reconcile gave some back and after Adopt held
+	// some. A DRA driver on the same allocator publishes the devices held
+	// so with a taint (dra.HeldTaint): calling its publish from here
+	// taints a device the moment a pod has it, not at the next refresh.
+	// It is called on the caller's goroutine and must not block long.
+	HeldChanged func()
+}
+
+// heldChanged calls Config.HeldChanged.
+func (c *Config) heldChanged() {
+	if c.HeldChanged != nil {
+		c.HeldChanged()
+	}
 }
 
 func (c *Config) defaults() error {

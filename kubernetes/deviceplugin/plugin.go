@@ -316,6 +316,9 @@ func (p *Plugin) container(ctx context.Context, ids []string) (*pluginapi.Contai
 			return nil, errors.Join(append([]error{err}, release(ctx, keeper, took)...)...)
 		}
 	}
+	if len(took) > 0 || len(sliced) > 0 {
+		p.cfg.heldChanged()
+	}
 	return resp, nil
 }
 

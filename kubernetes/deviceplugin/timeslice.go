@@ -210,6 +210,7 @@ func (m *Manager) Reconcile(ctx context.Context) ([]string, error) {
 	slices.Sort(released)
 	if len(released) > 0 {
 		m.cfg.Logger.Info("released devices no pod uses", "owners", released)
+		m.cfg.heldChanged()
 	}
 	return released, errors.Join(errs...)
 }

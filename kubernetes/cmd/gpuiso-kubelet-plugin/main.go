@@ -63,6 +63,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -301,9 +302,18 @@ func serve(ctx context.Context, f *flags, log *slog.Logger) error {
 		}
 	}()
 	var refreshers []func()
+	// The DRA driver's slice taints the devices the device plugin holds
+	// (dra.HeldTaint): it is published again the moment they change, so
+	// that the scheduler gives no claim a device a pod has just got.
+	var republish atomic.Pointer[func()]
 	dpConfig := deviceplugin.Config{
 		ResourceName: f.resourceName, Dir: f.devicePluginDir, DeviceSpecs: f.deviceSpecs, Logger: log,
 		Shared: shared, Replicas: f.share.timeSlices, SharedResourceName: f.share.sharedResource, PodResources: f.share.podResources,
+		HeldChanged: func() {
+			if p := republish.Load(); p != nil {
+				(*p)()
+			}
+		},
 	}
 	if !f.devicePlugin && client != nil && f.dra {
 		// The device plugin is off, but one may have run here before: the
@@ -370,6 +380,7 @@ func serve(ctx context.Context, f *flags, log *slog.Logger) error {
 			}
 			defer stop()
 			refreshers = append(refreshers, publish)
+			republish.Store(&publish)
 			prepared = count
 		}
 	} else if f.dra {
