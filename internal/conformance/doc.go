@@ -42,6 +42,19 @@
 //     that is not gpuiso's): the instance's recovery after two kills leaves
 //     them all running and returns within a bound.
 //
+// TestUpdateKillPoints kills inside Lifecycle.Update, where the native
+// runtime grows or shrinks a running container: the test binary itself is
+// the program (one Lifecycle, the native runtime, two containers), and it
+// SIGKILLs itself at each point of a grow and of a shrink in turn (every
+// step the update logs, before and after every application of device
+// rules), on cgroup v1 and v2. After each kill a recovery in the test's
+// own process must adopt both containers, each allowed exactly the GPUs
+// the allocator holds for it (read-write opens of every GPU's node from
+// inside its device cgroup: ENXIO where allowed, EPERM where denied), with
+// exactly their nodes in its /dev and its record, no GPU allowed to both;
+// Destroy of both then leaves nothing. The Lifecycle writes no CDI spec:
+// a kill inside a CDI write is isolator/cdi's to test.
+//
 // TestChainKilledInCgroupDelete makes directly the state that a kill of
 // the agent inside its cgroup removal leaves, which the random kills found.
 //

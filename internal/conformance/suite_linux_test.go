@@ -15,11 +15,18 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpuiso/gpuiso/containerizer/native"
 	"github.com/gpuiso/gpuiso/internal/testenv"
 	gpucgroups "github.com/gpuiso/gpuiso/isolator/cgroups"
 )
 
-func TestMain(m *testing.M) { testenv.Main(m) }
+func TestMain(m *testing.M) {
+	native.Init() // the init of the updating program's containers
+	if os.Getenv(updateChildEnv) != "" {
+		os.Exit(runUpdateChild())
+	}
+	testenv.Main(m)
+}
 
 // Environment variables that replay or widen the suite.
 const (
