@@ -432,10 +432,13 @@ func (i *Isolator) rulesFor(id string, gpus []node.DeviceRef) ([]isolator.Rule, 
 	return plan.Rules, nil
 }
 
-// Update changes the number of whole GPUs container id holds, live. A
-// shrink first denies the GPUs that go, then frees them; a grow takes the
-// new GPUs, then allows them: no GPU is ever reachable from two
-// containers. It returns what the container holds afterwards.
+// Update changes the number of whole GPUs container id holds, live, in
+// the order of containerizer.Resize. A shrink first denies the GPUs that
+// go, then frees them, then records that; a grow takes the new GPUs,
+// records them, then allows them: no GPU is ever reachable from two
+// containers, and an agent killed at any step leaves a container that
+// Recover holds and enforces as the allocator has it (the record follows).
+// It returns what the container holds afterwards.
 func (i *Isolator) Update(ctx context.Context, id string, gpus int) (allocator.Allocation, error) {
 	if err := i.made(); err != nil {
 		return allocator.Allocation{}, err
@@ -458,7 +461,7 @@ func (i *Isolator) update(ctx context.Context, id string, gpus int) (allocator.A
 		return allocator.Allocation{}, err
 	}
 	parent, name := i.target(rec)
-	step := containerizer.Resize{Allocator: i.alloc, Owner: id,
+	step := containerizer.Resize{Allocator: i.alloc, Owner: id, Logger: i.log,
 		Enforce: func(ctx context.Context, gpus []node.DeviceRef) error {
 			plan, err := i.planFor(id, gpus)
 			if err != nil {
