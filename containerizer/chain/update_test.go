@@ -50,8 +50,8 @@ func (k *killPoints) Handle(_ context.Context, r slog.Record) error {
 }
 
 func (k *killPoints) Enabled(context.Context, slog.Level) bool { return true }
-func (k *killPoints) WithAttrs([]slog.Attr) slog.Handler      { return k }
-func (k *killPoints) WithGroup(string) slog.Handler           { return k }
+func (k *killPoints) WithAttrs([]slog.Attr) slog.Handler       { return k }
+func (k *killPoints) WithGroup(string) slog.Handler            { return k }
 
 // killingDevices is the fake device cgroup with kill points around Apply.
 type killingDevices struct {
