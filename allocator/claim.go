@@ -74,6 +74,9 @@ func (a *Allocator) claim(ctx context.Context, owner string, devices []node.Devi
 	if len(want.mig) == 0 && want.devices == 0 {
 		return Allocation{Owner: owner}, nil
 	}
+	if o.created && len(want.mig) > 0 && a.cfg.migManager == nil {
+		return Allocation{}, fmt.Errorf("MIG devices claimed as created on demand without a MIG manager: %w", node.ErrNotSupported)
+	}
 	h := &holding{shared: -1, devices: want.devices, mig: want.mig, holder: o.holder}
 	usable := a.usable() | a.emptyMIGParents()
 	for _, p := range a.positions(want.devices) {
@@ -94,7 +97,18 @@ func (a *Allocator) claim(ctx context.Context, owner string, devices []node.Devi
 		return Allocation{}, err
 	}
 	a.apply(owner, h)
-	if err := a.persist(ctx, func() { a.apply(owner, nil) }); err != nil {
+	was := make([]bool, len(h.mig))
+	for i, k := range h.mig {
+		was[i] = a.mig.units[k].dynamic
+		a.mig.units[k].dynamic = a.mig.units[k].dynamic || o.created
+	}
+	undo := func() {
+		a.apply(owner, nil)
+		for i, k := range h.mig {
+			a.mig.units[k].dynamic = was[i]
+		}
+	}
+	if err := a.persist(ctx, undo); err != nil {
 		return Allocation{}, err
 	}
 	if a.cfg.logger.Enabled(ctx, slog.LevelDebug) {
@@ -107,7 +121,22 @@ func (a *Allocator) claim(ctx context.Context, owner string, devices []node.Devi
 type ClaimOption func(*claimOptions) error
 
 type claimOptions struct {
-	holder *Holder
+	holder  *Holder
+	created bool
+}
+
+// Created makes the MIG devices that Claim makes owner hold count as
+// created on demand (WithMIGManager): Release destroys them, as it does
+// those AllocateMIGAt made. It is how a recovery takes over a MIG device
+// its own record says it was creating when the process ended, after the
+// MIG manager made the device and before the allocator recorded it, so
+// that the device does not stay behind for good. Without a MIG manager a
+// claim of MIG devices with it fails with node.ErrNotSupported.
+func Created() ClaimOption {
+	return func(o *claimOptions) error {
+		o.created = true
+		return nil
+	}
 }
 
 // HeldBy makes h the holder of the claimed allocation (as Request.Holder
