@@ -55,6 +55,11 @@ type Config struct {
 	// HealthResend is how often WatchHealthStatus sends the devices'
 	// health again when it did not change (default DefaultHealthResend).
 	HealthResend time.Duration
+	// MIGDestroyer, with dynamic MIG, destroys the GPU instance a
+	// preparation cut short may have left without a compute instance at
+	// its placement (see MIGPlacementDestroyer); without it such an
+	// instance stays.
+	MIGDestroyer MIGPlacementDestroyer
 	// LeaveOutUnhealthy leaves unhealthy devices out of the slice instead
 	// of publishing them with a taint (Slice.TaintKey, default
 	// TaintKey(DriverName)), for a cluster without device taints.
@@ -401,8 +406,9 @@ func (d *Driver) Restore(ctx context.Context) ([]string, error) {
 }
 
 // rollback undoes whatever of cp's preparation happened: the allocator's
-// hold, the CDI spec, the checkpoint. Each step tolerates its part being
-// absent. The caller holds d.mu.
+// hold (and the dynamic MIG device made for it, even one the allocator
+// had not recorded yet: takeOverMIG), the CDI spec, the checkpoint. Each
+// step tolerates its part being absent. The caller holds d.mu.
 func (d *Driver) rollback(ctx context.Context, cp Checkpoint) error {
 	if cp.Share != nil {
 		// The daemon goes before the share: a daemon that cannot be
@@ -416,6 +422,13 @@ func (d *Driver) rollback(ctx context.Context, cp Checkpoint) error {
 		}
 	}
 	var errs []error
+	if slices.ContainsFunc(cp.Devices, func(pd PreparedDevice) bool { return pd.MIG != nil }) {
+		// A dynamic MIG device made and not yet recorded by the
+		// allocator is held now, so that Release destroys it.
+		if err := d.takeOverMIG(ctx, cp); err != nil {
+			return err
+		}
+	}
 	if err := d.alloc.Release(ctx, cp.Owner); err != nil && !errors.Is(err, allocator.ErrUnknownOwner) {
 		errs = append(errs, err)
 	}

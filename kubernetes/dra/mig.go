@@ -38,6 +38,17 @@ type PreparedMIG struct {
 	CI      int    `json:"ci,omitempty"`
 }
 
+// MIGPlacementDestroyer destroys the GPU instance at a placement of a GPU
+// (the one whose first memory slice is start), its compute instances
+// first when it has any. A creation cut short after NVML made the GPU
+// instance and before it made its compute instance leaves a GPU instance
+// that no discovery lists as a MIG device (it has no "MIG-" UUID): only
+// its placement finds it. No instance there is an error matching
+// node.ErrNotFound.
+type MIGPlacementDestroyer interface {
+	DestroyMIGAt(ctx context.Context, parent string, start int) error
+}
+
 // madeMIG are the MIG devices the driver made for claims, by UUID. A
 // device is made and recorded here under its lock, and the node's devices
 // are read under it for the slice (view), so that a device just made is
@@ -202,6 +213,60 @@ func (d *Driver) planInventory(al allocator.Allocation) *node.Inventory {
 		}
 	}
 	return d.inv
+}
+
+// takeOverMIG makes cp's owner hold, as created on demand, the MIG devices
+// cp recorded that the allocator does not hold for it: a preparation cut
+// short between the MIG manager making the device and the allocator
+// recording it left one at the recorded placement (with the recorded UUID
+// when the checkpoint has it), held by nobody. Releasing the owner then
+// destroys it. A placement with no such device may still hold a GPU
+// instance without a compute instance: it is destroyed through
+// Config.MIGDestroyer. The caller holds d.mu.
+func (d *Driver) takeOverMIG(ctx context.Context, cp Checkpoint) error {
+	if _, err := d.alloc.Allocation(cp.Owner); err == nil {
+		return nil // the allocator recorded it: Release destroys it
+	}
+	var errs []error
+	for _, pd := range cp.Devices {
+		pm := pd.MIG
+		if pm == nil {
+			continue
+		}
+		uuid := ""
+		for _, dev := range d.alloc.Devices() {
+			if dev.UUID != pm.Parent {
+				continue
+			}
+			for _, m := range dev.MIGDevices {
+				if m.Placement.Start != pm.Start || m.Profile != pm.Profile || (pd.UUID != "" && m.UUID != pd.UUID) {
+					continue
+				}
+				if owners, err := d.alloc.Owners(m.UUID); err == nil && len(owners) == 0 {
+					uuid = m.UUID
+				}
+			}
+		}
+		if uuid != "" {
+			if _, err := d.alloc.Claim(ctx, cp.Owner, []node.DeviceRef{{UUID: uuid}}, allocator.Created()); err != nil {
+				errs = append(errs, fmt.Errorf("take over MIG device %s made for claim %s: %w", uuid, cp.UID, err))
+				continue
+			}
+			d.cfg.Logger.Info("found a MIG device made for a preparation cut short", "claim", cp.Namespace+"/"+cp.Name, "mig", uuid)
+			continue
+		}
+		if d.cfg.MIGDestroyer == nil {
+			continue
+		}
+		err := d.cfg.MIGDestroyer.DestroyMIGAt(ctx, pm.Parent, pm.Start)
+		switch {
+		case err == nil:
+			d.cfg.Logger.Info("destroyed a GPU instance made for a preparation cut short", "claim", cp.Namespace+"/"+cp.Name, "gpu", pm.Parent, "start", pm.Start)
+		case !errors.Is(err, node.ErrNotFound):
+			errs = append(errs, fmt.Errorf("destroy the GPU instance at %d of %s made for claim %s: %w", pm.Start, pm.Parent, cp.UID, err))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // restoreMIG brings the MIG devices made for claims in line with the

@@ -3,8 +3,10 @@ package dra_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -39,6 +41,13 @@ func newDynEnv(t *testing.T) *dynEnv {
 // allocator on the same state with the node's MIG manager, and Restore.
 func (e *dynEnv) driver(t *testing.T) (*dra.Driver, *allocator.Allocator) {
 	t.Helper()
+	return e.driverWith(t, func(m *simnode.MIGManager) allocator.MIGManager { return m }, nil)
+}
+
+// driverWith is driver with the node's MIG manager as wrap returns it and
+// destroyer as the driver's Config.MIGDestroyer.
+func (e *dynEnv) driverWith(t *testing.T, wrap func(*simnode.MIGManager) allocator.MIGManager, destroyer dra.MIGPlacementDestroyer) (*dra.Driver, *allocator.Allocator) {
+	t.Helper()
 	for _, d := range []string{e.allocDir, e.cdiDir} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			t.Fatal(err)
@@ -48,12 +57,13 @@ func (e *dynEnv) driver(t *testing.T) (*dra.Driver, *allocator.Allocator) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, err := allocator.New(inv, allocator.WithStateDir(e.allocDir), allocator.WithMIGManager(e.sim.MIGManager(e.host)))
+	a, err := allocator.New(inv, allocator.WithStateDir(e.allocDir), allocator.WithMIGManager(wrap(e.sim.MIGManager(e.host))))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { a.Close() })
-	d, err := dra.New(inv, a, dra.Config{CDIDir: e.cdiDir, StateDir: e.stateDir, Slice: dra.SliceOptions{DynamicMIG: []string{e.sim.UUID(0), e.sim.UUID(1)}}})
+	d, err := dra.New(inv, a, dra.Config{CDIDir: e.cdiDir, StateDir: e.stateDir, Slice: dra.SliceOptions{DynamicMIG: []string{e.sim.UUID(0), e.sim.UUID(1)}},
+		MIGDestroyer: destroyer})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -444,4 +454,103 @@ func TestDynamicMIGNeedsPlacer(t *testing.T) {
 	if _, err := os.Stat(e.stateDir); !os.IsNotExist(err) {
 		t.Errorf("the refused driver made its state directory: %v", err)
 	}
+}
+
+// killedAfterCreate is the node's MIG manager with the plugin killed the
+// moment NVML has made a device: the preparing goroutine ends there
+// (runtime.Goexit runs only the deferred unlocks), before the allocator
+// or the checkpoint records the device, as a crash would leave them.
+type killedAfterCreate struct{ *simnode.MIGManager }
+
+func (k killedAfterCreate) CreateMIGAt(ctx context.Context, parent, profile string, start int) (node.MIGDevice, error) {
+	dev, err := k.MIGManager.CreateMIGAt(ctx, parent, profile, start)
+	if err == nil {
+		runtime.Goexit()
+	}
+	return dev, err
+}
+
+// placementsDestroyed records DestroyMIGAt's calls; it finds no instance
+// (the simulated driver keeps no GPU instance without its compute
+// instance).
+type placementsDestroyed struct{ calls []string }
+
+func (p *placementsDestroyed) DestroyMIGAt(_ context.Context, parent string, start int) error {
+	p.calls = append(p.calls, fmt.Sprintf("%s@%d", parent, start))
+	return fmt.Errorf("no GPU instance at %d: %w", start, node.ErrNotFound)
+}
+
+// TestDynamicMIGKilledBeforeRecord: a plugin killed after NVML made a
+// claim's MIG device and before anything recorded it leaves the device on
+// the GPU and the claim's checkpoint started with the placement alone; the
+// next start destroys the device (nobody else holds it, and the placement
+// is the claim's), publishes the placement again, and the claim's next
+// Prepare makes its device anew instead of finding it in the way. A
+// placement with no MIG device left is handed to Config.MIGDestroyer, for
+// a GPU instance made without its compute instance.
+func TestDynamicMIGKilledBeforeRecord(t *testing.T) {
+	ctx := context.Background()
+	e := newDynEnv(t)
+	d, a := e.driverWith(t, func(m *simnode.MIGManager) allocator.MIGManager { return killedAfterCreate{m} }, nil)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		d.Prepare(ctx, claim("killed", "mig-0-1g-10gb-3"))
+		t.Error("Prepare returned past the kill")
+	}()
+	<-done
+	a.Close()
+	if made := e.sim.MIGDevices(0); len(made) != 1 || made[0].Start != 3 {
+		t.Fatalf("GPU 0 after the kill holds %+v, want the device made at 3", made)
+	}
+	cp, err := dra.ReadCheckpoint(e.stateDir, "killed")
+	if err != nil || cp.State != dra.StatePrepareStarted || cp.Devices[0].MIG == nil || cp.Devices[0].UUID != "" {
+		t.Fatalf("the killed claim's checkpoint: %+v, %v", cp, err)
+	}
+
+	destroyer := &placementsDestroyed{}
+	d, a = e.driverWith(t, func(m *simnode.MIGManager) allocator.MIGManager { return m }, destroyer)
+	if made := e.sim.MIGDevices(0); len(made) != 0 {
+		t.Fatalf("GPU 0 after the restart holds %+v, want nothing", made)
+	}
+	if len(destroyer.calls) != 0 {
+		t.Errorf("DestroyMIGAt called for %v although the device was found", destroyer.calls)
+	}
+	e.checkGone(t, d, a, "killed")
+	published := false
+	for _, s := range d.Resources("n").Pools["n"].Slices {
+		for _, dev := range s.Devices {
+			published = published || dev.Name == "mig-0-1g-10gb-3"
+		}
+	}
+	if !published {
+		t.Error("the killed claim's placement is not published after the restart")
+	}
+	devs, err := d.Prepare(ctx, claim("killed", "mig-0-1g-10gb-3"))
+	if err != nil {
+		t.Fatalf("the killed claim prepared again: %v", err)
+	}
+	made := e.sim.MIGDevices(0)
+	if len(made) != 1 {
+		t.Fatalf("GPU 0 holds %+v", made)
+	}
+	e.checkPrepared(t, d, a, "killed", devs, []string{made[0].UUID})
+	if err := d.Unprepare(ctx, "killed"); err != nil {
+		t.Fatal(err)
+	}
+
+	// Killed after the GPU instance and before its compute instance:
+	// no MIG device at the placement, which goes to the destroyer.
+	a.Close()
+	cut := dra.Checkpoint{UID: "gi", State: dra.StatePrepareStarted, Owner: "claim-gi", Devices: []dra.PreparedDevice{{
+		Requests: []string{"r0"}, Pool: "n", Device: "mig-0-2g-20gb-4", MIG: &dra.PreparedMIG{Parent: e.sim.UUID(0), Profile: "2g.20gb", Start: 4, Size: 2},
+	}}}
+	if err := dra.WriteCheckpoint(e.stateDir, cut); err != nil {
+		t.Fatal(err)
+	}
+	d, a = e.driverWith(t, func(m *simnode.MIGManager) allocator.MIGManager { return m }, destroyer)
+	if want := []string{e.sim.UUID(0) + "@4"}; !slices.Equal(destroyer.calls, want) {
+		t.Errorf("DestroyMIGAt calls %v, want %v", destroyer.calls, want)
+	}
+	e.checkGone(t, d, a, "gi")
 }

@@ -1,10 +1,14 @@
 package main
 
 import (
+	"context"
 	"flag"
 	"fmt"
 
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+
 	"github.com/gpuiso/gpuiso/allocator"
+	"github.com/gpuiso/gpuiso/kubernetes/dra"
 	"github.com/gpuiso/gpuiso/node"
 	"github.com/gpuiso/gpuiso/node/simnode"
 )
@@ -15,6 +19,10 @@ type migFlags struct {
 	// manager makes and destroys the node's MIG devices: the simulated
 	// node's, or NVML's (set by openNode).
 	manager allocator.MIGPlacer
+	// destroyer destroys a GPU instance by its placement, with or without
+	// a compute instance: NVML's (set by openNode); the simulated driver
+	// keeps no GPU instance without its compute instance.
+	destroyer dra.MIGPlacementDestroyer
 }
 
 func (m *migFlags) register(fs *flag.FlagSet) {
@@ -79,4 +87,56 @@ func (m *migFlags) simulated(sim *simnode.Node, host *simnode.Host) error {
 	}
 	m.manager = sim.MIGManager(host)
 	return nil
+}
+
+// nvmlPlacements destroys GPU instances by placement through NVML
+// (dra.MIGPlacementDestroyer): what a creation cut short between the GPU
+// instance and its compute instance left, which no MIG device lists.
+type nvmlPlacements struct{ lib nvml.Interface }
+
+func (p nvmlPlacements) DestroyMIGAt(ctx context.Context, parent string, start int) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if ret := p.lib.Init(); ret != nvml.SUCCESS {
+		return fmt.Errorf("destroy the GPU instance at %d of %s: init NVML: %s", start, parent, nvml.ErrorString(ret))
+	}
+	defer p.lib.Shutdown()
+	h, ret := p.lib.DeviceGetHandleByUUID(parent)
+	if ret != nvml.SUCCESS {
+		return fmt.Errorf("destroy the GPU instance at %d of %s: %s", start, parent, nvml.ErrorString(ret))
+	}
+	for idx := range nvml.GPU_INSTANCE_PROFILE_COUNT {
+		info, ret := h.GetGpuInstanceProfileInfo(idx)
+		if ret != nvml.SUCCESS {
+			continue
+		}
+		gis, ret := h.GetGpuInstances(&info)
+		if ret != nvml.SUCCESS {
+			continue
+		}
+		for _, gi := range gis {
+			gii, ret := gi.GetInfo()
+			if ret != nvml.SUCCESS || int(gii.Placement.Start) != start {
+				continue
+			}
+			for cp := range nvml.COMPUTE_INSTANCE_PROFILE_COUNT {
+				ciInfo, ret := gi.GetComputeInstanceProfileInfo(cp, nvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
+				if ret != nvml.SUCCESS {
+					continue
+				}
+				cis, _ := gi.GetComputeInstances(&ciInfo)
+				for _, ci := range cis {
+					if ret := ci.Destroy(); ret != nvml.SUCCESS {
+						return fmt.Errorf("destroy a compute instance of the GPU instance at %d of %s: %s", start, parent, nvml.ErrorString(ret))
+					}
+				}
+			}
+			if ret := gi.Destroy(); ret != nvml.SUCCESS {
+				return fmt.Errorf("destroy the GPU instance at %d of %s: %s", start, parent, nvml.ErrorString(ret))
+			}
+			return nil
+		}
+	}
+	return fmt.Errorf("no GPU instance at %d of %s: %w", start, parent, node.ErrNotFound)
 }

@@ -209,6 +209,7 @@ func openNode(ctx context.Context, f *flags) (*node.Inventory, nvml.Interface, s
 		inv, err := nvmlnode.Discover(ctx, opts...)
 		if err == nil && f.mig.dynamic {
 			f.mig.manager, err = nvmlnode.NewMIGManager(opts...)
+			f.mig.destroyer = nvmlPlacements{lib: lib}
 		}
 		return inv, lib, node.DefaultSysRoot, err
 	}
@@ -459,7 +460,7 @@ func startDRA(ctx context.Context, f *flags, inv *node.Inventory, alloc *allocat
 		DriverName: f.driverName, CDIDir: f.cdiDir, StateDir: filepath.Join(f.stateDir, "claims"),
 		Slice: dra.SliceOptions{PCIeRoot: pcieRoot, Shared: shared, ShareMin: least, ShareStep: step, DynamicMIG: f.mig.gpus(inv)}, MPS: daemons, Logger: log,
 		Observer: obs,
-		NodeName: f.nodeName, LeaveOutUnhealthy: !f.healthTaints,
+		NodeName: f.nodeName, LeaveOutUnhealthy: !f.healthTaints, MIGDestroyer: f.mig.destroyer,
 	})
 	if err != nil {
 		closeMPS()
