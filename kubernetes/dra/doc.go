@@ -96,8 +96,11 @@
 // to one (ErrMIGClaim). Restore keeps the devices of prepared claims (held
 // again, standing for their placements in the slice), rolls back a
 // preparation cut short that recorded a placement (destroying its device if
-// it was made), and releases, destroying what was made for it, an owner of
-// claims the allocator still has with no checkpoint left.
+// it was made, even if the allocator had not recorded it yet: the unheld
+// device at the placement is taken over first, and a GPU instance without
+// a compute instance there goes to Config.MIGDestroyer), and releases,
+// destroying what was made for it, an owner of claims the allocator still
+// has with no checkpoint left.
 //
 // # Prepare and unprepare
 //
