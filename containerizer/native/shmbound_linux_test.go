@@ -1,0 +1,88 @@
+package native_test
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/gpuiso/gpuiso/allocator"
+	"github.com/gpuiso/gpuiso/containerizer"
+	"github.com/gpuiso/gpuiso/containerizer/native"
+	"github.com/gpuiso/gpuiso/internal/testenv"
+	"github.com/gpuiso/gpuiso/isolator/cgroups"
+	"github.com/gpuiso/gpuiso/isolator/mps"
+)
+
+// TestShareShmBounded: a memory share's container that writes 3 GiB into
+// its /dev/shm gets ENOSPC at the MPS manager's documented size
+// (mps.DefaultShmBytes, as a plain container's /dev/shm), and the disk of
+// the state directories does not grow by it while the share holds what
+// it wrote.
+func TestShareShmBounded(t *testing.T) {
+	testenv.RequireSimulatedMPS(t)
+	n := newNode(t, cgroups.V2)
+	ctx := context.Background()
+	m, err := mps.New(filepath.Join(t.TempDir(), "mps"), mps.WithRegistry(filepath.Join(t.TempDir(), "registry")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		m.Sweep(ctx, nil)
+		m.Close()
+	}()
+	alloc, err := allocator.New(n.inv, allocator.WithShared("0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := native.New(native.Config{Allocator: alloc, Inventory: n.inv, Isolator: n.iso, MPS: m, StateDir: filepath.Join(t.TempDir(), "state")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	free := func() int64 {
+		var st unix.Statfs_t
+		if err := unix.Statfs(m.Dir(), &st); err != nil {
+			t.Fatal(err)
+		}
+		return int64(st.Bavail) * st.Bsize
+	}
+	before := free()
+	var out bytes.Buffer
+	script := `dd if=/dev/zero of=/dev/shm/fill bs=1M count=3072 2>&1 | grep -o 'No space left on device' | head -1
+		echo "size: $(wc -c < /dev/shm/fill)"`
+	if _, err := c.Launch(ctx, containerizer.Spec{ID: "filler", Command: []string{"/bin/sh", "-c", script},
+		GPUs: allocator.Request{Share: &allocator.Share{MemoryBytes: 1 << 30}}, Stdout: &out, Stderr: &out}); err != nil {
+		t.Fatal(err)
+	}
+	defer c.Destroy(ctx, "filler")
+	if st, err := c.Wait(ctx, "filler"); err != nil || st.Code != 0 {
+		t.Fatalf("exit %+v, %v\n%s", st, err, out.String())
+	}
+	// The share still holds what its container wrote.
+	lost := before - free()
+	got := lines(out.String())
+	if !got["No space left on device"] {
+		t.Errorf("no ENOSPC writing 3 GiB into /dev/shm:\n%s", out.String())
+	}
+	for l := range got {
+		if s, ok := strings.CutPrefix(l, "size: "); ok {
+			if n, err := strconv.ParseInt(s, 10, 64); err != nil || n > mps.DefaultShmBytes {
+				t.Errorf("/dev/shm took %s bytes, more than its %d", s, mps.DefaultShmBytes)
+			}
+		}
+	}
+	if lost > 32<<20 {
+		t.Errorf("the state directory's disk lost %d bytes to the share's /dev/shm", lost)
+	}
+	if err := c.Destroy(ctx, "filler"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(m.Dir(), "filler")); !os.IsNotExist(err) {
+		t.Errorf("the share's directory after Destroy: %v", err)
+	}
+}
