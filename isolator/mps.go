@@ -29,7 +29,11 @@ type MPS struct {
 	PipeDir string `json:"pipeDir"`
 	// ShmDir is the host directory the daemon and its server have as
 	// /dev/shm, bound read-write at MPSShmDir in place of the container's
-	// own: the memory MPS clients share with their server.
+	// own: the memory MPS clients share with their server. Package
+	// isolator/mps makes both directories bounded tmpfs mounts of their
+	// own (mps.DefaultShmBytes, as a container's own /dev/shm), so the
+	// bind carries the bound, and what the container writes there counts
+	// in its memory cgroup, as its own /dev/shm would.
 	ShmDir string `json:"shmDir"`
 }
 
