@@ -2,8 +2,10 @@ package native
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"runtime"
 	"slices"
 	"sync"
@@ -219,4 +221,49 @@ func uuids(refs []node.DeviceRef) []string {
 		out = append(out, d.UUID)
 	}
 	return out
+}
+
+// TestBareDestroyNotAdopted: a container Recover cannot adopt (its GPU
+// is another owner's by then) is reported with one kind, and Destroy of
+// its id removes it (its cgroup with its processes, /dev, state) and lets
+// the id be launched again.
+func TestBareDestroyNotAdopted(t *testing.T) {
+	n := newBareNode(t)
+	ctx := context.Background()
+	_, err := n.c.Launch(ctx, containerizer.Spec{ID: "job", Command: []string{"sleep", "60"}, GPUs: allocator.Request{Devices: []string{"1"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A restart whose allocator lost its state, another owner holding
+	// the GPU meanwhile.
+	if n.alloc, err = allocator.New(n.inv); err != nil {
+		t.Fatal(err)
+	}
+	// Held by a live process (this test's parent), which the recovery's
+	// reconciliation keeps.
+	parent, err := allocator.ProcessHolder("", os.Getppid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n.alloc.Allocate(ctx, "other", allocator.Request{Devices: []string{"1"}, Holder: &parent}); err != nil {
+		t.Fatal(err)
+	}
+	n.c = n.open(t)
+	_, err = n.c.Recover(ctx)
+	if !errors.Is(err, containerizer.ErrNotAdopted) || errors.Is(err, node.ErrUnavailable) || errors.Is(err, node.ErrExists) {
+		t.Fatalf("recover: %v; want ErrNotAdopted alone of node's kinds", err)
+	}
+	if err := n.c.Destroy(ctx, "job"); err != nil {
+		t.Fatal(err)
+	}
+	n.nothingLeft(t, "job")
+	if al, err := n.alloc.Allocation("other"); err != nil || len(al.Devices) != 1 {
+		t.Errorf("the other owner's GPU: %+v, %v", al, err)
+	}
+	if err := n.alloc.Release(ctx, "other"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n.c.Launch(ctx, containerizer.Spec{ID: "job", Command: []string{"sleep", "60"}, GPUs: allocator.Request{Count: 1}}); err != nil {
+		t.Fatalf("launch of the id again: %v", err)
+	}
 }
