@@ -60,11 +60,29 @@
 // recovery removes with what its owner held), [Adopter] records the
 // supervisor that takes over a dead one's container, [Cleaner] sweeps
 // leftovers of its own after a recovery, [Updater] resizes a running
-// container's GPUs, and [Supervised] names the supervisor of its
-// containers itself (the native runtime: the process that runs it). The containerizers of packages docker and native are
-// Lifecycles over their runtimes (Docker containers and their labels; a
-// state directory of records, cgroups and inits), so both recover the
-// same way.
+// container's GPUs, [Repairer] brings a container in line with the
+// allocator after a kill inside an update, [UsageReader] and
+// [TempDirMaker] answer [Lifecycle.Usage] and [Lifecycle.TempDir], and
+// [Supervised] names the supervisor of its containers itself (the native
+// runtime: the process that runs it). The containerizers of packages
+// docker and native are Lifecycles over their runtimes (Docker containers
+// and their labels; a state directory of records, cgroups and inits), so
+// both recover the same way.
+//
+// # The allocator is the record
+//
+// What a container holds is what the allocator holds for its owner; the
+// container's own record follows it. An update runs in the one order of
+// [Resize] (a grow allocates, records, then allows; a shrink denies,
+// releases, then records), so that a process killed at any step leaves the
+// allocator holding every GPU the container may reach. Recover then claims
+// what the allocator holds, has a [Repairer] runtime enforce that again
+// (device rules and /dev nodes) and record it, and adopts the container
+// whatever step it was killed at. A container it still cannot adopt (its
+// record unreadable, its GPUs another's) is reported with a
+// [*NotAdoptedError], of one kind (ErrNotAdopted, node.ErrInvalid), and
+// Destroy of its id removes it and gives back what its owner holds, so no
+// id is left that neither Recover nor Destroy settles.
 //
 // Every back end owns, per container: the allocation named by the
 // container's id, its isolation (cgroup, or Docker container), its
