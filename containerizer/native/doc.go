@@ -185,7 +185,11 @@
 // # Live updates
 //
 // [Containerizer.Update] grows or shrinks a running container's GPUs. Growing
-// allocates first, then adds the nodes and the cgroup rules. Shrinking denies
-// the GPUs that go (rules, then nodes) before it frees them in the allocator,
-// so that a GPU is never reachable from two containers.
+// allocates first, records that, then adds the nodes and the cgroup rules.
+// Shrinking denies the GPUs that go (rules, then nodes) before it frees
+// them in the allocator, then records that, so that a GPU is never
+// reachable from two containers. The allocator is the record of what a
+// container holds: a process killed at any step leaves a container that
+// Recover adopts with what the allocator holds, its rules, /dev nodes and
+// record made that again (containerizer.Repairer).
 package native
