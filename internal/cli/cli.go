@@ -96,12 +96,15 @@ func OpenNodeIn(ctx context.Context, simulate, dir string, opts ...simnode.Optio
 // made again where a killed call left it half made; then reused. Close
 // leaves it. root must be new, empty or such a tree: a directory holding
 // anything else, or the host's own /, /dev, /proc or /sys, is refused
-// before anything is written, and nothing gpuiso did not make is removed.
-func OpenSharedNode(ctx context.Context, simulate, root string) (*Node, error) {
+// before anything is written, and nothing gpuiso did not make is removed;
+// so is a root that root does not own, or that others may write in (or
+// whose parents are so: simnode.ErrUntrusted). opts configure the
+// simulated node.
+func OpenSharedNode(ctx context.Context, simulate, root string, opts ...simnode.Option) (*Node, error) {
 	if simulate == "" {
 		return OpenNode(ctx, "")
 	}
-	sim, err := simnode.New(simulate)
+	sim, err := simnode.New(simulate, opts...)
 	if err != nil {
 		return nil, err
 	}
