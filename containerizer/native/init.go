@@ -62,7 +62,7 @@ func runInit() int {
 	// close-on-exec came along: it stops here. Only fds 0-2 and the
 	// ExtraFiles the spec names reach the command.
 	if err := linux.CloseExecFrom(3); err != nil {
-		fmt.Fprintf(os.Stderr, "gpuiso init: %v\n", err)
+		fmt.Fprintf(os.Stderr, "%s: %v\n", initName(), err)
 		return exitInitFailed
 	}
 	// The config arrives on fd 3 only after the containerizer has moved
@@ -72,14 +72,14 @@ func runInit() int {
 	err := json.NewDecoder(pipe).Decode(&cfg)
 	pipe.Close()
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "gpuiso init: read config: %v\n", err)
+		fmt.Fprintf(os.Stderr, "%s: read config: %v\n", initName(), err)
 		return exitInitFailed
 	}
 	// The state directory is opened now: a container with its own root
 	// file system leaves the host's behind.
 	state, err := os.OpenRoot(filepath.Dir(cfg.ExitFile))
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "gpuiso init: %v\n", err)
+		fmt.Fprintf(os.Stderr, "%s: %v\n", initName(), err)
 		return exitInitFailed
 	}
 	defer state.Close()
@@ -88,9 +88,25 @@ func runInit() int {
 		return code // the container was not set up: nothing to record
 	}
 	if err := writeExit(state, filepath.Base(cfg.ExitFile), exitRecord{Code: code}); err != nil {
-		fmt.Fprintf(os.Stderr, "gpuiso init: record exit status: %v\n", err)
+		fmt.Fprintf(os.Stderr, "%s: record exit status: %v\n", initName(), err)
 	}
 	return code
+}
+
+// initName begins the init's own lines: the name of the program whose
+// binary it is (gpurun), as that program's other lines begin.
+func initName() string { return filepath.Base(os.Args[0]) }
+
+// startRemedy says what to do about a command that could not be started
+// with the exit code code.
+func startRemedy(code int) string {
+	switch code {
+	case exitNotFound:
+		return ": check the command's name, or give its full path in the container"
+	case exitNotRunnable:
+		return ": check that it is an executable file of the container"
+	}
+	return ""
 }
 
 // runCommand sets the container up, runs its command confined (see
@@ -102,7 +118,7 @@ func runCommand(cfg initConfig) (int, bool) {
 	defer signal.Stop(sigs)
 	cmd, code, err := startContainer(cfg)
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "gpuiso init: %v\n", err)
+		fmt.Fprintf(os.Stderr, "%s: %v%s\n", initName(), err, startRemedy(code))
 		return code, false
 	}
 	go func() {
