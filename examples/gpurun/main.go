@@ -36,7 +36,9 @@
 // docker run and Kubernetes' default topology policy do: pinning halves a
 // two-socket node's CPUs for the command, which the caller must ask for.
 //
-// --gpu-memory SIZE (4GiB, 512M) asks for a memory share of one GPU instead
+// --gpu-memory SIZE (4GiB, 512M: a unit is required, so that a bare 4096
+// meant as MiB is refused when the flags are read rather than taken as
+// bytes) asks for a memory share of one GPU instead
 // of whole GPUs: SIZE of its memory, counted by the allocator, with
 // --gpu-compute PERCENT of its compute, enforced by an MPS control daemon
 // of the share's own (package isolator/mps), whose pipe directory the
@@ -52,7 +54,10 @@
 // instead of whole GPUs, on a node with MIG enabled on some GPUs
 // (--simulate hgx-h100-mig). --simulate runs on a simulated node: real
 // cgroups and real device nodes with NVIDIA's numbers, made by the first run
-// of the state directory (sim/NAME) and kept for the next. gpurun needs root.
+// of the state directory (sim/NAME) and kept for the next. gpurun needs
+// root: without it, it says so in one line and exits 125, having made
+// nothing. Its errors are one line, "gpurun: ...", ending with what to do
+// (a usage error with "(see gpurun --help)").
 //
 // Runs keep their state in a state directory: --state-dir DIR, or
 // /var/lib/gpuiso/gpurun without it. It holds each container's record
@@ -68,6 +73,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -84,6 +90,7 @@ import (
 	"github.com/gpuiso/gpuiso/containerizer/rootfs"
 	"github.com/gpuiso/gpuiso/internal/cli"
 	"github.com/gpuiso/gpuiso/internal/linux"
+	"github.com/gpuiso/gpuiso/isolator"
 	"github.com/gpuiso/gpuiso/isolator/cgroups"
 	"github.com/gpuiso/gpuiso/isolator/mps"
 	"github.com/gpuiso/gpuiso/node/simnode"
@@ -132,7 +139,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	devices := fs.String("devices", "", "comma-separated GPUs (indexes, UUIDs, bus ids or MIG- UUIDs) instead of --gpus")
 	mig := fs.String("mig", "", "MIG `PROFILE` (e.g. 1g.10gb): --gpus MIG devices of it instead of whole GPUs")
 	policy := fs.String("policy", string(allocator.PolicyTopology), "placement policy: topology, pack or spread")
-	gpuMemory := fs.String("gpu-memory", "", "a memory share of one GPU instead of whole GPUs: `SIZE` (4GiB, 512M), enforced by an MPS control daemon of its own")
+	gpuMemory := fs.String("gpu-memory", "", "a memory share of one GPU instead of whole GPUs: `SIZE` with a unit (4GiB, 512MiB), enforced by an MPS control daemon of its own")
 	gpuCompute := fs.Int("gpu-compute", 0, "with --gpu-memory: the share's `PERCENT` of the GPU's compute (MPS active threads, 1 to 100)")
 	timeSlice := fs.Bool("gpu-time-slice", false, "a time slice of one GPU: the GPU whole, beside its other time slices, isolated from none of them")
 	stateDir := fs.String("state-dir", "", "keep the state in `DIR` (containers' records, image trees, and the allocator's state, shared with every gpurun that names it; default /var/lib/gpuiso/gpurun, with the allocator in memory)")
@@ -199,25 +206,27 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		return usageErr("a share (--gpu-memory, --gpu-time-slice) and --mig exclude each other: MIG devices are not shared")
 	case (set["gpu-memory"] || *timeSlice) && set["gpus"] && *gpus != 1:
 		return usageErr("a share (--gpu-memory, --gpu-time-slice) is of one GPU, not --gpus %d", *gpus)
+	case *gpus < 0:
+		return usageErr("--gpus %d: want 0 or more GPUs", *gpus)
 	}
 	var usr *containerizer.User
 	if *user != "" {
 		u, err := containerizer.ParseUser(*user)
 		if err != nil {
-			return fail("--user: %v", err)
+			return usageErr("--user %q: want a numeric UID or UID:GID (such as 1000:1000)", *user)
 		}
 		usr = &u
 	}
 	if *maxBytes < 0 || *maxEntries < 0 {
-		return fail("--max-image-bytes and --max-image-entries take a positive number")
+		return usageErr("--max-image-bytes and --max-image-entries take a positive number")
 	}
 	netMode, err := containerizer.ParseNetwork(*network)
 	if err != nil {
-		return fail("--network: %v", err)
+		return usageErr("--network %q: want none (its own, loopback only) or host", *network)
 	}
 	affinity, err := containerizer.ParseCPUAffinity(*cpuAffinity)
 	if err != nil {
-		return fail("--cpu-affinity: %v", err)
+		return usageErr("--cpu-affinity %q: want numa (the CPUs of its GPUs' NUMA nodes) or none (every CPU)", *cpuAffinity)
 	}
 	req := allocator.Request{Count: *gpus, MIG: *mig}
 	if *devices != "" {
@@ -229,6 +238,9 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	if set["gpu-memory"] || *timeSlice {
 		req.Count, req.Share = 0, &allocator.Share{Mode: allocator.ShareTime}
 		if set["gpu-memory"] {
+			if err := cli.SizeUnit("gpu-memory", *gpuMemory); err != nil {
+				return usageErr("%v", err)
+			}
 			b, err := allocator.ParseBytes(*gpuMemory)
 			if err != nil {
 				return usageErr("--gpu-memory: %v", err)
@@ -249,6 +261,9 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		isoOpts = append(isoOpts, cgroups.WithVersion(cgroups.V2))
 	default:
 		return usageErr("--cgroup %q: want v1 or v2", *version)
+	}
+	if !cli.IsRoot() {
+		return cli.NeedsRoot(stderr, "gpurun", "to make its containers' namespaces, cgroups and device nodes", "")
 	}
 	// Runs share a state directory: --state-dir, or defaultStateDir. It
 	// holds under native the containers' records (one directory each,
@@ -376,6 +391,9 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		if code, ok := cli.StartStatus(err); ok {
 			fmt.Fprintf(stderr, "gpurun: %v\n", err)
 			return code
+		}
+		if errors.Is(err, isolator.ErrUnknownNUMANode) {
+			return fail("%s", cli.ExplainNUMA(err))
 		}
 		return fail("%v", err)
 	}

@@ -61,8 +61,10 @@ func TestSimulated(t *testing.T) {
 }
 
 // TestNoDriver: on this host's real node (no kernel driver) gpurun says so
-// in one line and exits non-zero.
+// in one line and exits non-zero. (Without root it says that it needs
+// root: TestNeedsRoot.)
 func TestNoDriver(t *testing.T) {
+	testenv.RequireRoot(t)
 	testenv.RequireNVIDIALibraries(t)
 	if _, err := os.Stat("/proc/driver/nvidia/version"); err == nil {
 		t.Skip("the NVIDIA kernel driver is loaded here")
