@@ -134,7 +134,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	shares := fs.Uint64("cpu-shares", 1024, "the container's CPU shares (cgroup2: converted to a weight)")
 	memory := fs.Int64("memory", 0, "the container's memory limit in `BYTES` (0: none)")
 	cpuAffinity := fs.String("cpu-affinity", "none", "`numa`: the GPU isolator pins the container to its GPUs' NUMA nodes; none: every CPU")
-	gpuMemory := fs.String("gpu-memory", "", "a memory share of one GPU instead of --gpus: `SIZE` (4GiB, 512M), held by an MPS control daemon of its own")
+	gpuMemory := fs.String("gpu-memory", "", "a memory share of one GPU instead of --gpus: `SIZE` with a unit (4GiB, 512MiB), held by an MPS control daemon of its own")
 	gpuCompute := fs.Int("gpu-compute", 0, "with --gpu-memory: the share's `PERCENT` of the GPU's compute (1 to 100)")
 	timeSlice := fs.Bool("gpu-time-slice", false, "a time slice of one GPU instead of --gpus, isolated from none of its other time slices")
 	if code, done := cli.Parse(fs, args, usage, stdout, stderr); done {
@@ -150,6 +150,9 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		}
 		req = allocator.Request{Share: &allocator.Share{Mode: allocator.ShareTime}}
 		if set["gpu-memory"] {
+			if err := cli.SizeUnit("gpu-memory", *gpuMemory); err != nil {
+				return cli.Usagef(stderr, "agent", "%v", err)
+			}
 			b, err := allocator.ParseBytes(*gpuMemory)
 			if err != nil {
 				return cli.Usagef(stderr, "agent", "--gpu-memory: %v", err)
@@ -175,10 +178,10 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	}
 	affinity, err := containerizer.ParseCPUAffinity(*cpuAffinity)
 	if err != nil {
-		return cli.Usagef(stderr, "agent", "--cpu-affinity: %v", err)
+		return cli.Usagef(stderr, "agent", "--cpu-affinity %q: want numa (the CPUs of its GPUs' NUMA nodes) or none (every CPU)", *cpuAffinity)
 	}
 	if !linux.IsRoot() {
-		return cli.Errorf(stderr, "agent", "needs root (cgroups)")
+		return cli.NeedsRoot(stderr, "agent", "to make its containers' cgroups and device rules", "")
 	}
 	a, err := open(ctx, *simulate, *stateDir, affinity)
 	if err != nil {
