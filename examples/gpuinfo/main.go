@@ -2,8 +2,18 @@
 // in `nvidia-smi topo -m` notation, the driver and CUDA versions, the
 // driver's control devices, and the shares of GPUs that gpurun's runs hold.
 //
-//	gpuinfo [--simulate NAME [--driver-version V] | --nvml-library PATH] [--json]
+//	gpuinfo [--simulate NAME [--driver-version V] [--sim-root DIR] | --nvml-library PATH] [--json]
 //	        [--dev-root DIR] [--proc-root DIR] [--sys-root DIR] [--state-dir DIR]
+//
+// --dev-root, --proc-root and --sys-root name the directories discovery
+// reads instead of /dev, /proc and /sys (--dev-root: the directory of the
+// device nodes, as in every gpuiso program). --simulate alone shows a
+// simulated node with device nodes of its own, made for the run (root
+// needed; without root gpuinfo says so in one line and exits 125);
+// --sim-root DIR shows the simulated node whose host tree gpuiso-runtime,
+// nvcdi or an earlier gpuinfo made in DIR (--sim-root there too), made
+// there if missing. A --dev-root that holds such a tree is refused, naming
+// --sim-root.
 //
 // Shares are read from gpurun's state directory (--state-dir, default
 // /var/lib/gpuiso/gpurun; not with --dev-root, --proc-root or --sys-root
@@ -49,7 +59,7 @@ func main() {
 	os.Exit(code)
 }
 
-const usage = `usage: gpuinfo [--simulate NAME [--driver-version V] | --nvml-library PATH] [--json]
+const usage = `usage: gpuinfo [--simulate NAME [--driver-version V] [--sim-root DIR] | --nvml-library PATH] [--json]
                [--dev-root DIR] [--proc-root DIR] [--sys-root DIR] [--state-dir DIR]
 
 Print what gpuiso sees on this node (or a simulated one): its GPUs with their
@@ -64,6 +74,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	driverVersion := fs.String("driver-version", "", "simulated driver `VERSION` (default: the host's NVIDIA libraries', if any)")
 	asJSON := fs.Bool("json", false, "print the inventory as JSON")
 	devRoot := fs.String("dev-root", node.DefaultDevRoot, "`DIR` holding the device nodes")
+	simRoot := fs.String("sim-root", "", "with --simulate: the simulated node's host tree in `DIR` (as gpuiso-runtime and nvcdi --sim-root make it), made there if missing")
 	procRoot := fs.String("proc-root", node.DefaultProcRoot, "proc file system `DIR`")
 	sysRoot := fs.String("sys-root", node.DefaultSysRoot, "sys file system `DIR`")
 	library := fs.String("nvml-library", "", "`PATH` of libnvidia-ml.so.1 (default: the dynamic loader's search)")
@@ -79,6 +90,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return cli.Usagef(stderr, "gpuinfo", "--nvml-library and --simulate exclude each other")
 	case *driverVersion != "" && *simulate == "":
 		return cli.Usagef(stderr, "gpuinfo", "--driver-version applies to --simulate only")
+	case *simRoot != "" && *simulate == "":
+		return cli.Usagef(stderr, "gpuinfo", "--sim-root applies to --simulate only")
+	case *simRoot != "" && (set["dev-root"] || set["proc-root"] || set["sys-root"]):
+		return cli.Usagef(stderr, "gpuinfo", "--sim-root and --dev-root, --proc-root or --sys-root exclude each other: the simulated host tree has its own")
+	case *simRoot != "" && !filepath.IsAbs(*simRoot):
+		return cli.Usagef(stderr, "gpuinfo", "--sim-root %q: want an absolute path", *simRoot)
+	case set["dev-root"] && simnode.IsHostTree(*devRoot):
+		return cli.Usagef(stderr, "gpuinfo", "--dev-root %s holds a simulated node's host tree, not device nodes: give it as --simulate NAME --sim-root %s", *devRoot, *devRoot)
 	}
 
 	var simOpts []simnode.Option
@@ -102,9 +121,24 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 		return code
 	}
-	note := ""
 	if *simulate != "" && !hostPaths {
-		nd, err := cli.OpenNode(ctx, *simulate, simOpts...)
+		if _, err := simnode.New(*simulate, simOpts...); errors.Is(err, simnode.ErrUnknownTopology) {
+			return cli.Usagef(stderr, "gpuinfo", "--simulate: %v", err)
+		}
+		needsRoot := func() int {
+			return cli.NeedsRoot(stderr, "gpuinfo", "to make the simulated node's device nodes",
+				"run it as root, or add --dev-root DIR to show the node without its device nodes")
+		}
+		if *simRoot == "" && !cli.IsRoot() {
+			return needsRoot()
+		}
+		var nd *cli.Node
+		var err error
+		if *simRoot != "" {
+			nd, err = cli.OpenSharedNode(ctx, *simulate, *simRoot, simOpts...)
+		} else {
+			nd, err = cli.OpenNode(ctx, *simulate, simOpts...)
+		}
 		if err == nil {
 			defer nd.Close()
 			// Its device nodes as the containers see them, not in the
@@ -128,13 +162,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			}
 			return show(stdout, stderr, nd.Inventory, *simulate, *asJSON, "")
 		}
-		if errors.Is(err, simnode.ErrUnknownTopology) {
-			return cli.Usagef(stderr, "gpuinfo", "--simulate: %v", err)
+		if errors.Is(err, os.ErrPermission) && !cli.IsRoot() {
+			return needsRoot()
 		}
-		if !errors.Is(err, os.ErrPermission) {
-			return cli.Errorf(stderr, "gpuinfo", "%v", err)
-		}
-		note = "simulated device nodes need root: run gpuinfo as root to see the device numbers containers get"
+		return cli.Errorf(stderr, "gpuinfo", "%v", err)
 	}
 
 	opts := []nvmlnode.Option{nvmlnode.WithDevRoot(*devRoot), nvmlnode.WithProcRoot(*procRoot), nvmlnode.WithSysRoot(*sysRoot)}
@@ -155,11 +186,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return cli.Errorf(stderr, "gpuinfo", "%s", cli.ExplainDiscover(err))
 	}
-	if note != "" {
-		// The host's control devices are not the simulated node's.
-		inv.ControlDevices = nil
-	}
-	return show(stdout, stderr, inv, *simulate, *asJSON, note)
+	return show(stdout, stderr, inv, *simulate, *asJSON, "")
 }
 
 func show(stdout, stderr io.Writer, inv *node.Inventory, simulated string, asJSON bool, note string) int {

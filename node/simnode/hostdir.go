@@ -135,6 +135,20 @@ func wholeHost(root string) (*Host, error) {
 	return h, nil
 }
 
+// IsHostTree reports whether dir holds a simulated host tree: one marked
+// as gpuiso's, or an earlier version's whole tree. It reads only dir's
+// own entries; it says nothing of whether the tree may be used.
+func IsHostTree(dir string) bool {
+	if dir == "" {
+		return false
+	}
+	if marked(dir) {
+		return true
+	}
+	ok, _ := legacyTree(dir)
+	return ok
+}
+
 // legacyTree reports whether root holds exactly what an earlier version
 // made for a shared tree (dev, proc, sys, .lock and .complete, no marker):
 // found whole, it is read as it is, but never written to or removed.
