@@ -2,20 +2,26 @@
 // specs that give gpuiso's GPUs to any CDI runtime (Podman, containerd,
 // CRI-O, Docker 25+).
 //
-//	nvcdi generate [--dir DIR] [--kind VENDOR/CLASS] [--volume PATH] [--simulate NAME [--dev-root DIR]]
+//	nvcdi generate [--dir DIR] [--kind VENDOR/CLASS] [--volume PATH] [--simulate NAME [--sim-root DIR]]
 //	nvcdi list     [--dir DIR]...
 //	nvcdi validate FILE
 //
-// generate writes the spec of this node (or of a simulated one, whose device
-// nodes it makes under --dev-root, root needed) and prints the names of its
+// generate writes the spec of this node (or of a simulated one, whose host
+// tree it makes in --sim-root, root needed, or finds there) and prints the
+// names of its
 // devices, one a line, ready for "podman run --device NAME". Run it when the
 // agent starts and whenever a GPU's health changes: an unchanged spec is left
 // untouched. Like docker run, it exits with 125 on any error of its own (a
 // bad flag included) and prints the usage only for --help.
+//
+// --sim-root was spelt --dev-root before; every other gpuiso program's
+// --dev-root names a directory of device nodes, so that spelling is now
+// refused with a line naming --sim-root.
 package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -55,10 +61,10 @@ commands:
 
 var usages = map[string]string{
 	"generate": `usage: nvcdi generate [--dir DIR] [--kind VENDOR/CLASS] [--volume PATH]
-                      [--simulate NAME [--dev-root DIR]]
+                      [--simulate NAME [--sim-root DIR]]
 
 Write the CDI spec of this node's GPUs (or of a simulated node, whose device
-nodes it makes under --dev-root, as root) and print the names of its devices,
+tree it makes in --sim-root, as root) and print the names of its devices,
 one a line, ready for "podman run --device NAME". An unchanged spec is left
 untouched.
 `,
@@ -74,8 +80,8 @@ Check a spec file as CDI runtimes read it.
 
 // Exit statuses.
 
-// defaultSimRoot is where --simulate makes a node's device nodes unless
-// --dev-root says otherwise: they must outlive the command, since the spec
+// defaultSimRoot is where --simulate makes a node's host tree unless
+// --sim-root says otherwise: they must outlive the command, since the spec
 // names them.
 const defaultSimRoot = "/var/run/gpuiso/simnodes"
 
@@ -97,14 +103,15 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	prog := "nvcdi " + cmd
 	fs := flag.NewFlagSet(prog, flag.ContinueOnError)
 	var dirs multi
-	var dir, kind, vol, simulate, devRoot *string
+	var dir, kind, vol, simulate, simRoot, devRoot *string
 	switch cmd {
 	case "generate":
 		dir = fs.String("dir", cdi.DefaultDir, "spec `DIR` to write to")
 		kind = fs.String("kind", cdi.DefaultKind, "device kind, `VENDOR/CLASS`")
 		vol = fs.String("volume", "", "driver volume to mount at "+volume.ContainerPath+" (the `PATH` nvvolume build printed); none by default")
 		simulate = fs.String("simulate", "", "the simulated node `NAME`: "+strings.Join(simnode.Names(), ", "))
-		devRoot = fs.String("dev-root", "", "with --simulate: `DIR` to make the node's device nodes under (default "+defaultSimRoot+"/NAME)")
+		simRoot = fs.String("sim-root", "", "with --simulate: the simulated node's host tree in `DIR`, made there if missing, found there after (default "+defaultSimRoot+"/NAME)")
+		devRoot = fs.String("dev-root", "", "the old spelling of --sim-root, refused")
 	case "list":
 		fs.Var(&dirs, "dir", "spec `DIR`, repeatable (default "+strings.Join(cdi.DefaultDirs(), " and ")+")")
 	}
@@ -155,8 +162,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if !filepath.IsAbs(*dir) {
 		return fail("nvcdi generate: --dir %q: not an absolute path", *dir)
 	}
-	if *devRoot != "" && *simulate == "" {
-		return cli.Usagef(stderr, prog, "--dev-root applies to --simulate only")
+	if cli.Set(fs)["dev-root"] {
+		return cli.Usagef(stderr, prog, "--dev-root is now --sim-root (the simulated node's host tree; gpuiso's other programs' --dev-root is a directory of device nodes): give --sim-root %s", *devRoot)
+	}
+	if *simRoot != "" && *simulate == "" {
+		return cli.Usagef(stderr, prog, "--sim-root applies to --simulate only")
 	}
 	opts := []cdi.Option{cdi.WithKind(*kind)}
 	if *vol != "" {
@@ -175,11 +185,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			return fail("nvcdi generate: %s", cli.ExplainDiscover(err))
 		}
 	} else {
-		root := *devRoot
+		root := *simRoot
 		if root == "" {
 			root = filepath.Join(defaultSimRoot, *simulate)
 		}
 		if inv, err = simulated(ctx, *simulate, root); err != nil {
+			if errors.Is(err, os.ErrPermission) && !cli.IsRoot() {
+				return cli.NeedsRoot(stderr, prog, "to make the simulated node's device nodes", "run it as root")
+			}
 			return fail("nvcdi generate: %v", err)
 		}
 	}
@@ -202,22 +215,16 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	return cli.ExitOK
 }
 
-// simulated discovers the simulated node name whose host tree lives under
+// simulated discovers the simulated node name whose host tree lives in
 // root: made there on first use (root needed), read again afterwards, so
 // that the spec's device nodes stay where it names them.
 func simulated(ctx context.Context, name, root string) (*node.Inventory, error) {
-	sim, err := simnode.New(name)
+	if !filepath.IsAbs(root) {
+		return nil, fmt.Errorf("--sim-root %q: not an absolute path: give an absolute one", root)
+	}
+	nd, err := cli.OpenSharedNode(ctx, name, root)
 	if err != nil {
 		return nil, err
 	}
-	if !filepath.IsAbs(root) {
-		return nil, fmt.Errorf("--dev-root %q: not an absolute path", root)
-	}
-	host := &simnode.Host{Root: root, DevRoot: filepath.Join(root, "dev"), ProcRoot: filepath.Join(root, "proc"), SysRoot: filepath.Join(root, "sys")}
-	if _, err := os.Stat(filepath.Join(host.ProcRoot, "devices")); err != nil {
-		if host, err = sim.MakeHost(root); err != nil {
-			return nil, fmt.Errorf("simulated node %s (needs root): %w", name, err)
-		}
-	}
-	return nvmlnode.Discover(ctx, sim.DiscoverOptions(host)...)
+	return nd.Inventory, nil
 }

@@ -27,7 +27,8 @@ func TestUsageErrors(t *testing.T) {
 		{"flag of another command", []string{"list", "--kind", "a.com/b"}, "flag provided but not defined"},
 		{"bad kind", []string{"generate", "--dir", dir, "--kind", "nvidia"}, "--kind"},
 		{"relative dir", []string{"generate", "--dir", "cdi"}, "not an absolute path"},
-		{"dev root without simulate", []string{"generate", "--dir", dir, "--dev-root", "/tmp/x"}, "--simulate only"},
+		{"sim root without simulate", []string{"generate", "--dir", dir, "--sim-root", "/tmp/x"}, "--simulate only"},
+		{"the old --dev-root", []string{"generate", "--dir", dir, "--simulate", "pcie8", "--dev-root", "/tmp/x"}, "--dev-root is now --sim-root"},
 		{"unknown topology", []string{"generate", "--dir", dir, "--simulate", "dgx9"}, "dgx9"},
 		{"relative volume", []string{"generate", "--dir", dir, "--volume", "vol"}, "not an absolute path"},
 		{"extra argument", []string{"generate", "--dir", dir, "extra"}, "unexpected arguments"},
@@ -73,7 +74,7 @@ func TestGenerate(t *testing.T) {
 	testenv.RequireRoot(t)
 	tmp := t.TempDir()
 	dir, devRoot := filepath.Join(tmp, "cdi"), filepath.Join(tmp, "node")
-	args := []string{"generate", "--simulate", "dgx1-volta", "--dev-root", devRoot, "--dir", dir}
+	args := []string{"generate", "--simulate", "dgx1-volta", "--sim-root", devRoot, "--dir", dir}
 	var stdout, stderr bytes.Buffer
 	if code := run(context.Background(), args, &stdout, &stderr); code != 0 {
 		t.Fatalf("exit %d: %s", code, stderr.String())
@@ -90,7 +91,7 @@ func TestGenerate(t *testing.T) {
 	for _, d := range spec.Devices[:1] {
 		hp := d.ContainerEdits.DeviceNodes[0].HostPath
 		if !strings.HasPrefix(hp, filepath.Join(devRoot, "dev")+"/") {
-			t.Errorf("device node %s not under --dev-root", hp)
+			t.Errorf("device node %s not under --sim-root", hp)
 		}
 		if _, err := os.Stat(hp); err != nil {
 			t.Errorf("device node: %v", err)
