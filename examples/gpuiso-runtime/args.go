@@ -22,7 +22,10 @@ type Settings struct {
 	// owned by the containers that name them. "" only isolates.
 	StateDir string
 	// Simulate names a simulated node (--simulate) whose host tree lives
-	// under DevRoot (--dev-root), made on first use and kept.
+	// under DevRoot (--sim-root), made on first use and kept, only in a
+	// directory that root owns, as every parent, and no one else may
+	// write in. --dev-root is --sim-root's old spelling, still read: the
+	// other programs' --dev-root (gpuinfo's) is a directory of device nodes.
 	Simulate, DevRoot string
 	// Log is the log file (--log), shared with runc, in LogFormat
 	// (--log-format: text or json, as runc writes it).
@@ -53,7 +56,7 @@ type Settings struct {
 }
 
 // Flags of gpuiso-runtime itself (with a value each).
-var ownFlags = []string{"runc", "state-dir", "simulate", "dev-root", "cdi-kind", "swarm-resource", "swarm-memory-resource", "shared-gpus", "accept-env-request", "accept-cdi-annotations", "timeout"}
+var ownFlags = []string{"runc", "state-dir", "simulate", "sim-root", "dev-root", "cdi-kind", "swarm-resource", "swarm-memory-resource", "shared-gpus", "accept-env-request", "accept-cdi-annotations", "timeout"}
 
 // defaultTimeout is create's deadline without --timeout.
 const defaultTimeout = 30 * time.Second
@@ -105,7 +108,10 @@ func splitArgs(args []string) (s Settings, cmd string, rest []string, err error)
 			s.StateDir = value
 		case "simulate":
 			s.Simulate = value
-		case "dev-root":
+		case "sim-root", "dev-root":
+			if s.DevRoot != "" {
+				return Settings{}, "", nil, fmt.Errorf("--sim-root given twice (--dev-root is its old spelling): give it once: %w", ErrUsage)
+			}
 			s.DevRoot = value
 		case "cdi-kind":
 			s.CDIKind = value
@@ -154,7 +160,7 @@ func splitArgs(args []string) (s Settings, cmd string, rest []string, err error)
 		return Settings{}, "", nil, fmt.Errorf("--log-format %q: want text or json: %w", s.LogFormat, ErrUsage)
 	}
 	if (s.Simulate == "") != (s.DevRoot == "") {
-		return Settings{}, "", nil, fmt.Errorf("--simulate and --dev-root go together: %w", ErrUsage)
+		return Settings{}, "", nil, fmt.Errorf("--simulate and --sim-root (or its old spelling --dev-root) go together: give both or neither: %w", ErrUsage)
 	}
 	return s, cmd, rest, nil
 }

@@ -8,10 +8,11 @@ import (
 )
 
 // openNode discovers the node gpuiso-runtime runs on: the host's, or the
-// simulated node s names, whose host tree under s.DevRoot is made on first
-// use and kept (cli.OpenSharedNode), so that every call sees the same
-// device nodes. It returns the inventory and the directory holding the
-// node's device nodes.
+// simulated node s names, whose host tree under s.DevRoot (--sim-root) is
+// made on first use and kept (cli.OpenSharedNode), so that every call sees
+// the same device nodes; a directory that another user owns or may write
+// in, as any parent of it, is refused (simnode.ErrUntrusted). It returns
+// the inventory and the directory holding the node's device nodes.
 func openNode(ctx context.Context, s Settings) (*node.Inventory, string, error) {
 	nd, err := cli.OpenSharedNode(ctx, s.Simulate, s.DevRoot)
 	if err != nil {
