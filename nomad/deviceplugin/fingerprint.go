@@ -223,7 +223,11 @@ func (p *Plugin) Fingerprint(_ *device.FingerprintRequest, stream device.DeviceP
 			}
 			return grpcError(ErrNotConfigured)
 		}
+		if !st.enter() {
+			continue // replaced: the next turn reads the configuration in force
+		}
 		resp := st.fingerprint()
+		st.leave()
 		if last == nil || !proto.Equal(resp, last) {
 			if err := stream.Send(resp); err != nil {
 				return err

@@ -340,10 +340,28 @@ func TestReconfigureRefusedKeepsConfig(t *testing.T) {
 	if err := l.configure(s.config(map[string]any{"env": "devices", "dev_root": foreign}), ""); status.Code(err) != codes.AlreadyExists || !strings.Contains(err.Error(), "not made by gpuiso") {
 		t.Fatalf("a host tree of foreign files: %v", err)
 	}
-	fp := l.fingerprints(t).until(t, "a fingerprint", func(*device.FingerprintResponse) bool { return true })
+	fps := l.fingerprints(t)
+	fp := fps.until(t, "a fingerprint", func(*device.FingerprintResponse) bool { return true })
 	g := group(fp, s.inv.Devices[0].Model)
 	if g == nil || stringAttr(g, "isolation") != "runtime" || len(g.GetDevices()) != len(s.inv.Devices) {
 		t.Fatalf("after refused reconfigurations: %v", fp)
+	}
+	// One that takes is seen by the open stream.
+	if err := l.configure(s.config(map[string]any{"env": "devices"}), ""); err != nil {
+		t.Fatal(err)
+	}
+	fps.until(t, "devices mode", func(fp *device.FingerprintResponse) bool {
+		g := group(fp, s.inv.Devices[0].Model)
+		return g != nil && stringAttr(g, "isolation") == "devices"
+	})
+	// Disabled: no device, and no reservation.
+	if err := l.configure(s.config(map[string]any{"enabled": false}), ""); err != nil {
+		t.Fatal(err)
+	}
+	fps.until(t, "no device", func(fp *device.FingerprintResponse) bool { return len(fp.GetDeviceGroup()) == 0 })
+	_, err := l.device.Reserve(context.Background(), &device.ReserveRequest{DeviceIds: []string{s.inv.Devices[0].UUID}})
+	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "disabled") {
+		t.Fatalf("reserve on a disabled plugin: %v", err)
 	}
 }
 

@@ -25,7 +25,11 @@ func (p *Plugin) Reserve(ctx context.Context, req *device.ReserveRequest) (*devi
 	if st == nil {
 		return nil, grpcError(ErrNotConfigured)
 	}
+	if !st.enter() {
+		return nil, grpcError(ErrNotConfigured)
+	}
 	res, err := st.reserve(ctx, req.GetDeviceIds())
+	st.leave()
 	if err != nil {
 		return nil, grpcError(err)
 	}

@@ -45,7 +45,24 @@ type state struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 	nvmlUp bool
+
+	// life guards the allocator and NVML against close: calls hold it
+	// for reading (enter, leave), close for writing.
+	life   sync.RWMutex
+	closed bool
 }
+
+// enter reports whether st is still open, and keeps it so until leave.
+func (st *state) enter() bool {
+	st.life.RLock()
+	if st.closed {
+		st.life.RUnlock()
+		return false
+	}
+	return true
+}
+
+func (st *state) leave() { st.life.RUnlock() }
 
 // open discovers the node cfg describes and starts its watchers.
 func open(ctx context.Context, cfg Config, sim *simnode.Node, log *slog.Logger, notify func()) (*state, error) {
@@ -146,6 +163,12 @@ func (st *state) close() error {
 		st.cancel()
 	}
 	st.wg.Wait()
+	st.life.Lock()
+	defer st.life.Unlock()
+	if st.closed {
+		return nil
+	}
+	st.closed = true
 	var errs []error
 	if st.nvmlUp {
 		if r := st.lib.Shutdown(); r != nvml.SUCCESS {

@@ -96,7 +96,12 @@ func (p *Plugin) Stats(req *device.StatsRequest, stream device.DevicePlugin_Stat
 			}
 			return grpcError(ErrNotConfigured)
 		}
-		if err := stream.Send(st.stats(st.fingerprint().GetDeviceGroup())); err != nil {
+		if !st.enter() {
+			continue // replaced: the next turn reads the configuration in force
+		}
+		resp := st.stats(st.fingerprint().GetDeviceGroup())
+		st.leave()
+		if err := stream.Send(resp); err != nil {
 			return err
 		}
 		select {
