@@ -22,6 +22,7 @@ import (
 	"github.com/gpuiso/gpuiso/containerizer/record"
 	"github.com/gpuiso/gpuiso/containerizer/rootfs"
 	"github.com/gpuiso/gpuiso/internal/ldcache"
+	"github.com/gpuiso/gpuiso/internal/linux"
 	"github.com/gpuiso/gpuiso/isolator"
 	"github.com/gpuiso/gpuiso/isolator/cdi"
 	"github.com/gpuiso/gpuiso/isolator/cgroups"
@@ -56,7 +57,9 @@ func TestVocabularyTypedErrors(t *testing.T) {
 			{&simnode.HostPathError{Dir: "/proc/x", Resolved: "/proc/x"}, simnode.ErrHostPath, node.ErrInvalid},
 			{&simnode.HostPathError{Dir: "/dev/x", Resolved: "/dev/x"}, simnode.ErrRealDev, node.ErrInvalid},
 		},
-		"node/simnode.NotOwnedError": {{&simnode.NotOwnedError{Dir: "/tmp/x", Entries: []string{"a"}}, simnode.ErrNotOwned, node.ErrExists}},
+		"node/simnode.NotOwnedError":  {{&simnode.NotOwnedError{Dir: "/tmp/x", Entries: []string{"a"}}, simnode.ErrNotOwned, node.ErrExists}},
+		"node/simnode.ExistsError":    {{&simnode.ExistsError{Dir: "/tmp/sim", Path: "/tmp/sim/dev"}, simnode.ErrTreeExists, node.ErrExists}},
+		"node/simnode.UntrustedError": {{&simnode.UntrustedError{Dir: "/tmp/sim", Path: "/tmp/sim", Reason: "owned by uid 65534"}, simnode.ErrUntrusted, node.ErrInvalid}},
 		"node/nvmlnode.NVMLError": {
 			{&nvmlnode.NVMLError{Op: "init", Device: -1, Return: nvml.ERROR_LIBRARY_NOT_FOUND}, nvmlnode.ErrLibraryNotFound, node.ErrNotSupported},
 			{&nvmlnode.NVMLError{Op: "init", Device: -1, Return: nvml.ERROR_DRIVER_NOT_LOADED}, nvmlnode.ErrDriverNotLoaded, node.ErrUnavailable},
@@ -69,6 +72,7 @@ func TestVocabularyTypedErrors(t *testing.T) {
 		"allocator.QuotaError":          {{&allocator.QuotaError{Group: "g", Limit: 1, Used: 1, Requested: 1}, allocator.ErrQuotaExceeded, node.ErrInsufficient}},
 		"allocator.StateError":          {{&allocator.StateError{File: "state.json", Err: errors.New("bad checksum")}, allocator.ErrCorruptState, node.ErrCorrupt}},
 		"allocator.ClaimError":          {{&allocator.ClaimError{Owner: "c1", Held: []string{"GPU-a"}, Claimed: []string{"GPU-b"}}, allocator.ErrClaimMismatch, node.ErrExists}},
+		"allocator.UnsafeLockError":     {{&allocator.UnsafeLockError{Path: "/var/lib/gpuiso/allocator/.lock", Reason: "owned by uid 1000"}, allocator.ErrUnsafeLock, node.ErrCorrupt}},
 		"allocator.LockError":           {{&allocator.LockError{Dir: "/run/x", Err: context.DeadlineExceeded}, allocator.ErrLocked, node.ErrUnavailable}},
 		"containerizer.TransitionError": {{&containerizer.TransitionError{ID: "c1", From: containerizer.StateExited, To: containerizer.StateRunning}, containerizer.ErrTransition, node.ErrInvalid}},
 		// Its cause's kinds are hidden: a container whose GPUs are
@@ -85,6 +89,7 @@ func TestVocabularyTypedErrors(t *testing.T) {
 		// A LayerError names the layer of its cause and matches what the
 		// cause matches.
 		"containerizer/rootfs.LayerError": {{&rootfs.LayerError{Layer: "blobs/sha256/x", Err: limit}, rootfs.ErrLimit, node.ErrInvalid}},
+		"volume.LockError":                {{&volume.LockError{Root: "/var/run/gpuiso/volumes", Err: context.DeadlineExceeded}, volume.ErrLocked, node.ErrUnavailable}},
 		"volume.UnsafeError":              {{&volume.UnsafeError{Path: "/var/run/gpuiso", Reason: "group-writable"}, volume.ErrUnsafe, node.ErrCorrupt}},
 		"volume.DamagedError":             {{&volume.DamagedError{Path: "/v", Problems: []string{"lib: size"}}, volume.ErrDamaged, node.ErrCorrupt}},
 		"volume.VersionError":             {{&volume.VersionError{Tried: []error{errors.New("no proc")}}, volume.ErrNoDriverVersion, node.ErrUnavailable}},
@@ -95,6 +100,7 @@ func TestVocabularyTypedErrors(t *testing.T) {
 		"isolator/cdi.KindError":          {{&cdi.KindError{Kind: "x", Reason: "no class"}, cdi.ErrInvalidKind, node.ErrInvalid}},
 		"isolator/cdi.SpecError":          {{&cdi.SpecError{Path: "/etc/cdi/x.json", Err: errors.New("no devices")}, cdi.ErrInvalidSpec, node.ErrInvalid}},
 		"isolator/cgroups.VerifyError":    {{&cgroups.VerifyError{Owner: "c1"}, cgroups.ErrVerify, node.ErrCorrupt}},
+		"internal/linux.UnsafeLockError":  {{&linux.UnsafeLockError{Path: "/run/x/.lock", Reason: "a link"}, linux.ErrUnsafeLock, node.ErrCorrupt}},
 		"internal/ldcache.FormatError": {
 			{&ldcache.FormatError{Offset: 3, Reason: "truncated"}, ldcache.ErrInvalid, node.ErrInvalid},
 			{&ldcache.FormatError{Offset: 0, Reason: "old layout alone", Unsupported: true}, ldcache.ErrUnsupported, node.ErrNotSupported},
