@@ -465,3 +465,31 @@ func TestReserveRefused(t *testing.T) {
 		t.Errorf("the other 7 GPUs are not free: %v", err)
 	}
 }
+
+// TestIgnoredGPUs: GPUs named in ignored_gpu_ids, by UUID or index, are
+// not offered, and cannot be reserved.
+func TestIgnoredGPUs(t *testing.T) {
+	s := simulate(t, "dgx1-volta")
+	ignored := s.inv.Devices[1].UUID
+	l := load(t, s.config(map[string]any{"ignored_gpu_ids": []string{ignored, "5"}}))
+	fp := l.fingerprints(t).until(t, "a fingerprint", func(*device.FingerprintResponse) bool { return true })
+	var ids []string
+	for _, g := range fp.GetDeviceGroup() {
+		for _, d := range g.GetDevices() {
+			ids = append(ids, d.GetID())
+		}
+	}
+	var want []string
+	for i, d := range s.inv.Devices {
+		if i != 1 && i != 5 {
+			want = append(want, d.UUID)
+		}
+	}
+	if !slices.Equal(ids, want) {
+		t.Fatalf("offered %v, want %v", ids, want)
+	}
+	_, err := l.device.Reserve(context.Background(), &device.ReserveRequest{DeviceIds: []string{ignored}})
+	if status.Code(err) != codes.NotFound {
+		t.Fatalf("reserve of an ignored GPU: %v", err)
+	}
+}
