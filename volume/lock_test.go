@@ -189,7 +189,16 @@ func TestStrangerHoldsNothing(t *testing.T) {
 	_, err = m.GC(ctx)
 	must(t, err)
 
+	if _, err := exec.LookPath("flock"); err != nil {
+		t.Fatalf("no flock command to try the lock as nobody: %v", err)
+	}
 	lock := filepath.Join(root, lockDir, lockName)
+	// The control: nobody lists the root.
+	cmd := exec.Command("ls", root)
+	cmd.SysProcAttr = nobody()
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("nobody cannot list %s: %v: %s", root, err, out)
+	}
 	for _, args := range [][]string{
 		{"flock", "-n", lock, "true"},
 		{"ls", filepath.Join(root, usersDir)},
