@@ -15,8 +15,8 @@
 // bad flag included) and prints the usage only for --help.
 //
 // --sim-root was spelt --dev-root before; every other gpuiso program's
-// --dev-root names a directory of device nodes, so that spelling is now
-// refused with a line naming --sim-root.
+// --dev-root names a directory of device nodes, so that spelling is read as
+// --sim-root with a line on stderr saying so.
 package main
 
 import (
@@ -111,7 +111,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		vol = fs.String("volume", "", "driver volume to mount at "+volume.ContainerPath+" (the `PATH` nvvolume build printed); none by default")
 		simulate = fs.String("simulate", "", "the simulated node `NAME`: "+strings.Join(simnode.Names(), ", "))
 		simRoot = fs.String("sim-root", "", "with --simulate: the simulated node's host tree in `DIR`, made there if missing, found there after (default "+defaultSimRoot+"/NAME)")
-		devRoot = fs.String("dev-root", "", "the old spelling of --sim-root, refused")
+		devRoot = fs.String("dev-root", "", "the old spelling of --sim-root (`DIR`), read as it with a warning")
 	case "list":
 		fs.Var(&dirs, "dir", "spec `DIR`, repeatable (default "+strings.Join(cdi.DefaultDirs(), " and ")+")")
 	}
@@ -163,7 +163,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return fail("nvcdi generate: --dir %q: not an absolute path", *dir)
 	}
 	if cli.Set(fs)["dev-root"] {
-		return cli.Usagef(stderr, prog, "--dev-root is now --sim-root (the simulated node's host tree; gpuiso's other programs' --dev-root is a directory of device nodes): give --sim-root %s", *devRoot)
+		switch {
+		case cli.Set(fs)["sim-root"]:
+			return cli.Usagef(stderr, prog, "--dev-root is the old spelling of --sim-root: give --sim-root once")
+		case *simulate == "":
+			return cli.Usagef(stderr, prog, "--dev-root (the old spelling of --sim-root) applies to --simulate only")
+		}
+		fmt.Fprintf(stderr, "%s: --dev-root is the old spelling of --sim-root (the simulated node's host tree; gpuiso's other programs' --dev-root is a directory of device nodes): read as --sim-root %s; write --sim-root\n", prog, *devRoot)
+		*simRoot = *devRoot
 	}
 	if *simRoot != "" && *simulate == "" {
 		return cli.Usagef(stderr, prog, "--sim-root applies to --simulate only")
