@@ -106,6 +106,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return cli.Usagef(stderr, prog, "no image (dockerrun [flags] IMAGE [CMD...])")
 	case set["gpus"] && set["devices"]:
 		return cli.Usagef(stderr, prog, "--gpus and --devices exclude each other: --devices names the GPUs, and their number")
+	case *gpus < 0:
+		return cli.Usagef(stderr, prog, "--gpus %d: want 0 or more GPUs", *gpus)
+	}
+	if !cli.IsRoot() {
+		return cli.NeedsRoot(stderr, "dockerrun", "to hold GPUs in its state directory and give their device nodes to containers", "")
 	}
 	req := allocator.Request{Count: *gpus}
 	if *devices != "" {
