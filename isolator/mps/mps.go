@@ -1006,7 +1006,7 @@ func Daemons(ctx context.Context, dir string) ([]Daemon, error) {
 	if err != nil {
 		return nil, fmt.Errorf("list MPS daemons: %w", err)
 	}
-	m := &Manager{dir: abs, procRoot: node.DefaultProcRoot}
+	m := &Manager{dir: abs, procRoot: node.DefaultProcRoot, sem: make(chan struct{}, 1)} // made, for List
 	return m.List(ctx)
 }
 
