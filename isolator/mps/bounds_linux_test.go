@@ -90,6 +90,9 @@ func TestShareDirsBounded(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer m.Stop(ctx, "bounded")
+	if ds, err := mps.Daemons(ctx, dir); err != nil || len(ds) != 1 || ds[0].Pid != d.Pid || !ds[0].Alive {
+		t.Fatalf("Daemons = %+v, %v", ds, err)
+	}
 	before := freeBytes(t, dir)
 	for _, c := range []struct {
 		dir  string
