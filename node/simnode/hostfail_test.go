@@ -290,3 +290,36 @@ func replace(t *testing.T, p string, mk func() error) {
 		t.Fatal(err)
 	}
 }
+
+// TestHostReadOnly: on a read-only file system MakeHost and OpenHost fail
+// with an error, never panic, and make nothing.
+func TestHostReadOnly(t *testing.T) {
+	testenv.RequireRoot(t)
+	sim, err := simnode.New("pcie8")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mnt := t.TempDir()
+	if err := unix.Mount("tmpfs", mnt, "tmpfs", unix.MS_RDONLY, "mode=0755"); err != nil {
+		t.Skipf("mount tmpfs: %v", err)
+	}
+	defer unix.Unmount(mnt, unix.MNT_DETACH)
+	for name, call := range map[string]func() error{
+		"MakeHost":       func() error { _, err := sim.MakeHost(mnt); return err },
+		"MakeHost below": func() error { _, err := sim.MakeHost(filepath.Join(mnt, "a", "b")); return err },
+		"OpenHost":       func() error { _, err := sim.OpenHost(context.Background(), mnt); return err },
+		"OpenHost below": func() error {
+			_, err := sim.OpenHost(context.Background(), filepath.Join(mnt, "sim", "pcie8"))
+			return err
+		},
+		"Remove of nothing": func() error { return (&simnode.Host{Root: mnt}).Remove() },
+	} {
+		err := noPanic(t, name, call)
+		if name != "Remove of nothing" && err == nil {
+			t.Errorf("%s on a read-only file system: no error", name)
+		}
+		if left := dirNames(mnt); len(left) != 0 {
+			t.Errorf("%s left %v", name, left)
+		}
+	}
+}
