@@ -38,6 +38,18 @@
 // where the nodes would be the host's). [Host.Remove] removes only what
 // MakeHost made, and only in a marked tree: a file of anyone else's stays.
 //
+// A host tree decides which devices a node's GPUs are, so only root may be
+// able to change it: MakeHost and OpenHost refuse a directory owned by
+// another user, or one that group or others may write in, or a parent of
+// it that is so (a sticky parent such as /tmp is fine when the directory
+// below it is root's) with [ErrUntrusted]. The tree is made and read
+// in-root: an [os.Root] of the directory, device nodes made in an open
+// directory, /proc/devices and dev read without following a link out of
+// the tree; a whole tree that holds a link, a device node of a major not
+// its own (/dev/mem's) or majors that are not free local ones of the host
+// is refused ([ErrUntrusted] too). MakeHost over a tree is [ErrTreeExists].
+// On any failure both remove what they made, and never panic.
+//
 // # MIG
 //
 // A MIG-capable model names its profile table ("migProfiles": a100-40gb,
