@@ -18,13 +18,15 @@ const UpdateEnv = "GPUISO_UPDATE_MANIFESTS"
 // chartVariants are value sets the chart must render to objects the API
 // server accepts.
 var chartVariants = map[string][]string{
-	"defaults":          nil,
-	"device plugin":     {"--set", "devicePlugin.enabled=true", "--set", "dra.enabled=false"},
-	"both with metrics": {"--set", "devicePlugin.enabled=true", "--set", "metrics.enabled=true", "--set", "hostNetwork=true"},
-	"simulated":         {"--set", "simulate.kind=dgx1-volta", "--set", "apiServer.host=127.0.0.1", "--set-string", "apiServer.port=6443"},
-	"shares":            {"--set", "sharing.gpus=all", "--set", "sharing.config.kind=ShareConfig", "--set", "sharing.config.computePercent=50"},
-	"dynamic MIG":       {"--set", "dra.dynamicMIG=true"},
-	"operator's driver": {"--set", "driverRoot=/run/nvidia/driver", "--set-string", "nodeSelector.gpuiso\\.io/gpu=true"},
+	"defaults":                     nil,
+	"device plugin":                {"--set", "devicePlugin.enabled=true", "--set", "dra.enabled=false"},
+	"both with metrics":            {"--set", "devicePlugin.enabled=true", "--set", "metrics.enabled=true", "--set", "hostNetwork=true"},
+	"simulated":                    {"--set", "simulate.kind=dgx1-volta", "--set", "apiServer.host=127.0.0.1", "--set-string", "apiServer.port=6443"},
+	"shares":                       {"--set", "sharing.gpus=all", "--set", "sharing.config.kind=ShareConfig", "--set", "sharing.config.computePercent=50"},
+	"dynamic MIG":                  {"--set", "dra.dynamicMIG=true"},
+	"metrics on the pod's address": {"--set", "metrics.enabled=true", "--set", "metrics.address=podIP"},
+	"not confined":                 {"--set", "confinePlugin=false"},
+	"operator's driver":            {"--set", "driverRoot=/run/nvidia/driver", "--set-string", "nodeSelector.gpuiso\\.io/gpu=true"},
 }
 
 // TestChart renders the chart: with its defaults exactly the plain
@@ -73,6 +75,11 @@ func TestChart(t *testing.T) {
 			if err := os.WriteFile(f, []byte(out), 0o644); err != nil {
 				t.Fatal(err)
 			}
+			// The pod mounts parts of the driver root, never the
+			// host's /.
+			if strings.Contains(out, "path: /\n") {
+				t.Errorf("the host's / is mounted:\n%s", out)
+			}
 			res, err := c.Kubectl(t.Context(), "apply", "--dry-run=server", "-f", f)
 			if err != nil {
 				t.Fatalf("%v\n%s\nthe rendered manifests:\n%s", err, res, out)
@@ -85,6 +92,25 @@ func TestChart(t *testing.T) {
 	// Bad values are refused at render time.
 	if _, err := noCluster.run(t.Context(), "template", release, chartDir, "--set", "dra.enabled=false"); err == nil {
 		t.Error("a chart serving nothing rendered")
+	}
+	for _, p := range []string{"/", "..", "usr/../..", ""} {
+		if _, err := noCluster.run(t.Context(), "template", release, chartDir, "--set", "driverPaths[0]="+p); err == nil {
+			t.Errorf("driver path %q rendered", p)
+		}
+	}
+	// By default the plugin is confined, and /metrics stays inside the
+	// pod.
+	for _, want := range []string{"kind: ValidatingAdmissionPolicy\n", "kind: ValidatingAdmissionPolicyBinding\n"} {
+		if !strings.Contains(rendered, want) {
+			t.Errorf("the default rendering has no %s", strings.TrimSpace(want))
+		}
+	}
+	metrics, err := noCluster.run(t.Context(), "template", release, chartDir, "--set", "metrics.enabled=true")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(metrics, "--metrics-address=127.0.0.1:") || strings.Contains(metrics, "containerPort") {
+		t.Errorf("metrics on by default listen beyond the pod's loopback:\n%s", metrics)
 	}
 }
 

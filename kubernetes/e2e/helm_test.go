@@ -132,7 +132,8 @@ const (
 // image, imported into the nodes beforehand (never pulled), each node's
 // simulated kind from its label, the host's network and the API server's
 // address (the cluster has neither a pod network nor kube-proxy), a quick
-// health refresh, metrics on a free port.
+// health refresh, metrics on a free port of the node's address (the
+// nodes share the host's loopback).
 func installValues(t *testing.T, c *cluster.Cluster, metricsPort int) []string {
 	t.Helper()
 	rc, err := clientcmd.BuildConfigFromFlags("", c.Kubeconfig)
@@ -150,7 +151,7 @@ func installValues(t *testing.T, c *cluster.Cluster, metricsPort int) []string {
 		"--set", "hostNetwork=true",
 		"--set", "apiServer.host=" + host, "--set-string", "apiServer.port=" + port,
 		"--set", "healthRefresh=2s",
-		"--set", "metrics.enabled=true", "--set", "metrics.port=" + strconv.Itoa(metricsPort),
+		"--set", "metrics.enabled=true", "--set", "metrics.port=" + strconv.Itoa(metricsPort), "--set", "metrics.address=podIP",
 	}
 }
 
