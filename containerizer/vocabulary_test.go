@@ -85,6 +85,7 @@ func TestVocabulary(t *testing.T) {
 		"containerizer/chain.ErrStillRunning":       chain.ErrStillRunning,
 		"containerizer/chain.ErrInUse":              chain.ErrInUse,
 		"containerizer/chain.ErrClosed":             chain.ErrClosed,
+		"containerizer/chain.ErrUnsafeLock":         chain.ErrUnsafeLock,
 		"containerizer/chain.ErrCorruptRecord":      chain.ErrCorruptRecord,
 		"isolator.ErrInvalidRule":                   isolator.ErrInvalidRule,
 		"isolator.ErrNoMIGCaps":                     isolator.ErrNoMIGCaps,

@@ -101,6 +101,8 @@ func TestVocabularyTypedErrors(t *testing.T) {
 		"isolator/cdi.SpecError":          {{&cdi.SpecError{Path: "/etc/cdi/x.json", Err: errors.New("no devices")}, cdi.ErrInvalidSpec, node.ErrInvalid}},
 		"isolator/cgroups.VerifyError":    {{&cgroups.VerifyError{Owner: "c1"}, cgroups.ErrVerify, node.ErrCorrupt}},
 		"internal/linux.UnsafeLockError":  {{&linux.UnsafeLockError{Path: "/run/x/.lock", Reason: "a link"}, linux.ErrUnsafeLock, node.ErrCorrupt}},
+		// The agent's state directory lock.
+		"containerizer/chain.UnsafeLockError": {{&chain.UnsafeLockError{Path: "/var/lib/agent/.lock", Reason: "owned by uid 1000"}, chain.ErrUnsafeLock, node.ErrCorrupt}},
 		"internal/ldcache.FormatError": {
 			{&ldcache.FormatError{Offset: 3, Reason: "truncated"}, ldcache.ErrInvalid, node.ErrInvalid},
 			{&ldcache.FormatError{Offset: 0, Reason: "old layout alone", Unsupported: true}, ldcache.ErrUnsupported, node.ErrNotSupported},

@@ -38,7 +38,10 @@ type Config struct {
 	Volumes *volume.Manager
 	// StateDir holds one record per prepared container (created if
 	// missing). One isolator at a time owns it: New fails with ErrInUse
-	// while another holds it (until its Close).
+	// while another holds it (until its Close), without waiting. It is
+	// private to the isolator's user (made 0700, an older one tightened
+	// to it): one another user owns or may write to, or whose lock file
+	// another user could open, is refused (ErrUnsafeLock).
 	StateDir string
 	// Cgroups enforces the device rules; nil means cgroups.New(). An
 	// isolator on the default parent is moved to the state directory's own
@@ -158,9 +161,12 @@ func New(cfg Config) (*Isolator, error) {
 const lockFile = ".lock"
 
 // lockDir takes dir's lock without waiting: ErrInUse when another isolator
-// holds it.
+// holds it. dir becomes a directory no other user may list (0700; an
+// older release's 0755 one is tightened) and the lock a file (0600) no
+// other user can open; a directory or lock file another user owns, or may
+// write to or open, is an *UnsafeLockError and is left as it is.
 func lockDir(dir string) (*os.File, error) {
-	f, err := os.OpenFile(filepath.Join(dir, lockFile), os.O_RDWR|os.O_CREATE, 0o600)
+	f, err := openLock(dir)
 	if err != nil {
 		return nil, err
 	}
@@ -169,6 +175,28 @@ func lockDir(dir string) (*os.File, error) {
 	if err := linux.Lock(ctx, f); err != nil {
 		f.Close()
 		return nil, err
+	}
+	return f, nil
+}
+
+// openLock opens dir's lock file, making it when missing, with the checks
+// of lockDir. Where they cannot be made (other systems) the file is opened
+// as it is.
+func openLock(dir string) (*os.File, error) {
+	err := linux.PrivateDir(dir, os.Geteuid())
+	var f *os.File
+	if err == nil {
+		f, err = linux.OpenLockFile(dir, lockFile, os.Geteuid())
+	}
+	if errors.Is(err, linux.ErrNotSupported) {
+		return os.OpenFile(filepath.Join(dir, lockFile), os.O_RDWR|os.O_CREATE, 0o600)
+	}
+	var ue *linux.UnsafeLockError
+	if errors.As(err, &ue) {
+		return nil, &UnsafeLockError{Path: ue.Path, Reason: ue.Reason}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("state directory lock: %w", err)
 	}
 	return f, nil
 }
