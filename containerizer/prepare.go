@@ -108,14 +108,16 @@ var ErrNoVolume = node.Sentinel(node.ErrNotSupported, "the image needs the drive
 // Prepare turns spec into what its container gets, in order, each step with
 // its undo: the image's NVIDIA_REQUIRE_* conditions on
 // the driver, before anything is held; the allocation (a spec asking for no
-// GPU holds nothing and gets every GPU denied, with
-// NVIDIA_VISIBLE_DEVICES=void); the conditions on the allocated devices (a
-// MIG device is checked as its parent GPU: its architecture and brand); the
-// driver volume, only for a container with its own root file system whose
-// image asks for it; and the plan, with the allocation's environment (such
-// as a shared GPU's memory limit) and, for a spec that asks for it
-// (CPUAffinityNUMA), the CPUs and memory nodes local to its GPUs. On error
-// nothing is held.
+// GPU holds nothing and gets every GPU denied); the conditions on the
+// allocated devices (a MIG device is checked as its parent GPU: its
+// architecture and brand); the driver volume, only for a container with its
+// own root file system whose image asks for it; and the plan
+// (isolator.NewPlan), whose environment names the allocated devices
+// (NVIDIA_VISIBLE_DEVICES and CUDA_VISIBLE_DEVICES, "void" and "" for
+// none) over the volume's variables and, for a memory share, its client
+// limits (allocator.Share.ClientEnv); for a spec that asks for it
+// (CPUAffinityNUMA), the plan also holds the CPUs and memory nodes local to
+// its GPUs. On error nothing is held.
 //
 // spec.ID is trusted to be a valid owner id (node.ValidateOwner): the
 // caller's door checks it once (Lifecycle.Launch, the chain isolator, the
