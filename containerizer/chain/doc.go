@@ -49,8 +49,12 @@
 // (Launch.Plan.Mounts).
 //
 // One isolator at a time holds a state directory (New takes its lock,
-// Close gives it up; a second New fails with ErrInUse), so that a
-// restarted agent never races a live one over the same containers.
+// Close gives it up; a second New fails with ErrInUse at once), so that a
+// restarted agent never races a live one over the same containers. The
+// directory is private to the agent's user (0700) and its lock a 0600 file
+// in it: one that another user owns, or could open, write or replace, is
+// refused (ErrUnsafeLock), for that user could otherwise hold the lock, or
+// the records, of every agent.
 //
 // # Recovery
 //
