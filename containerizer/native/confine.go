@@ -61,6 +61,12 @@ type confinement struct {
 	Seccomp []linux.SeccompInstruction `json:"seccomp,omitempty"`
 }
 
+// shmBytes bounds a container's own /dev/shm (a tmpfs, nosuid, nodev,
+// noexec): 64 MiB, Docker's default, and what a memory share's /dev/shm
+// holds (mps.DefaultShmBytes). Its pages count in the container's memory
+// cgroup.
+const shmBytes = 64 << 20
+
 // privateDirs are the host's directories a container that keeps the host's
 // file system gets a private, empty, writable tmpfs over (nosuid, nodev):
 // /tmp and /var/tmp, shared by every user of the host, and /run (and

@@ -149,7 +149,7 @@ func setupFS(cfg initConfig) error {
 	if err := linux.MountDevpts(at("/dev/pts")); err != nil {
 		return err
 	}
-	if err := linux.MountTmpfs(at("/dev/shm"), 0o777|os.ModeSticky); err != nil {
+	if err := linux.MountSizedTmpfs(at("/dev/shm"), 0o777|os.ModeSticky, shmBytes, 0); err != nil {
 		return err
 	}
 	if err := r.Tmpfs("/tmp", 0o777|os.ModeSticky); err != nil {

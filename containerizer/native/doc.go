@@ -75,6 +75,10 @@
 //   - /tmp is a private tmpfs (nosuid, nodev) in every container, and so is
 //     /var/tmp in a container that keeps the host's file system: neither
 //     of the host's shared, world-writable directories is reachable.
+//     /dev/shm is a private tmpfs of 64 MiB (nosuid, nodev, noexec), as
+//     Docker's: a write past it fails with ENOSPC; a memory share's
+//     container has its MPS daemon's in its place, as bounded (package
+//     isolator/mps). Their pages count in the container's memory cgroup.
 //   - Without a root file system of its own the container sees the host's
 //     file system read-only, nosuid and nodev, with these rules: the host's
 //     runtime directories, /run and /var/run, where daemons keep their

@@ -86,3 +86,14 @@ func TestShareShmBounded(t *testing.T) {
 		t.Errorf("the share's directory after Destroy: %v", err)
 	}
 }
+
+// TestShmBounded: a plain container's own /dev/shm stops with ENOSPC at
+// 64 MiB, as Docker's does.
+func TestShmBounded(t *testing.T) {
+	n := newNode(t, cgroups.V2)
+	out, _ := n.run(t, "plain", allocator.Request{}, `dd if=/dev/zero of=/dev/shm/fill bs=1M count=3072 2>&1 | grep -o 'No space left on device' | head -1
+		echo "size: $(wc -c < /dev/shm/fill)"`)
+	if !lines(out)["No space left on device"] || !lines(out)["size: "+strconv.Itoa(64<<20)] {
+		t.Errorf("writing 3 GiB into /dev/shm:\n%s", out)
+	}
+}
