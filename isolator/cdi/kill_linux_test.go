@@ -201,6 +201,13 @@ func TestKilledWriter(t *testing.T) {
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
+		waited := false
+		t.Cleanup(func() { // a round that failed before its kill
+			if !waited {
+				cmd.Process.Kill()
+				cmd.Wait()
+			}
+		})
 		lines := make(chan struct{}, 1<<16)
 		go func() {
 			sc := bufio.NewScanner(out)
@@ -254,6 +261,7 @@ func TestKilledWriter(t *testing.T) {
 			t.Fatal(err)
 		}
 		cmd.Wait() // reaped: its temporary file names a dead writer now
+		waited = true
 		if temp != "" {
 			inside++
 		}
