@@ -26,12 +26,14 @@
 // /proc/devices lists.
 //
 // A host tree is gpuiso's by its marks: a marker file written into the
-// directory before anything else and removed last, and a completion mark
-// written once the tree is whole. MakeHost takes only a new or empty
-// directory (or one holding a marked tree whose dev, proc and sys are
-// gone); [Node.OpenHost] makes the tree on first use and finds it
-// afterwards, making once under a lock on the directory, and making again a
-// marked tree a killed call left without its completion mark. Both refuse,
+// directory before anything else (but OpenHost's lock) and removed last,
+// and a completion mark written once the tree is whole. MakeHost takes only
+// a new or empty directory (or one holding a marked tree whose dev, proc
+// and sys are gone); [Node.OpenHost] makes the tree on first use and finds
+// it afterwards, making once under the lock .lock.d/make.lock (a 0600 file
+// in a 0700 directory, which no other user can hold; a wait ends at
+// [HostLockTimeout] in a [*HostLockError]), and making again a marked tree
+// a killed call left without its completion mark. Both refuse,
 // before writing anything, a directory holding files gpuiso did not make
 // ([ErrNotOwned]) and the host's own root directory, /dev, /proc and /sys
 // or anything in them, symlinks resolved ([ErrHostPath]; [ErrRealDev] too

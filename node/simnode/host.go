@@ -8,6 +8,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -140,8 +141,8 @@ func hostAt(root string) *Host {
 	return &Host{Root: root, DevRoot: filepath.Join(root, "dev"), ProcRoot: filepath.Join(root, "proc"), SysRoot: filepath.Join(root, "sys")}
 }
 
-// Remove deletes what MakeHost made in Root: its dev, proc and sys and its
-// marks (Root itself stays). A Root that is not a simulated host tree
+// Remove deletes what MakeHost or OpenHost made in Root: its dev, proc and
+// sys, the makers' lock and its marks (Root itself stays). A Root that is not a simulated host tree
 // gpuiso made is refused and left as it is (a [*NotOwnedError], or a
 // [*HostPathError] for the host's own directories).
 func (h *Host) Remove() error {
@@ -155,6 +156,12 @@ func (h *Host) Remove() error {
 	if !marked(root) {
 		if names, err := entries(root); errors.Is(err, fs.ErrNotExist) || (err == nil && len(names) == 0) {
 			return nil // nothing there
+		} else if err == nil && slices.Equal(names, []string{makeLockDir}) && ownMakeLock(root) {
+			// Only the makers' lock, left by a wait that ended.
+			if err := removeMakeLock(root); err != nil {
+				return fmt.Errorf("remove simulated host %s: %w", h.Root, err)
+			}
+			return nil
 		}
 		return fmt.Errorf("remove simulated host %s: %w", h.Root, owned(root))
 	}
@@ -163,7 +170,7 @@ func (h *Host) Remove() error {
 	if err := os.Remove(filepath.Join(root, completeName)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("remove simulated host %s: %w", h.Root, err)
 	}
-	if err := removeTree(root); err != nil {
+	if err := errors.Join(removeTree(root), removeMakeLock(root)); err != nil {
 		return fmt.Errorf("remove simulated host %s: %w", h.Root, err)
 	}
 	if err := os.Remove(filepath.Join(root, markerName)); err != nil && !errors.Is(err, fs.ErrNotExist) {

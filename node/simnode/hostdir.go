@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/gpuiso/gpuiso/internal/linux"
 	"github.com/gpuiso/gpuiso/node"
@@ -16,22 +17,72 @@ import (
 
 // The files that mark a directory as a simulated host tree gpuiso made.
 const (
-	// markerName is written before anything else is made in the directory
-	// and removed last: a directory holding it is gpuiso's, and its dev,
-	// proc and sys may be removed and made again.
+	// markerName is written before anything but the makers' lock is made
+	// in the directory and removed last: a directory holding it is
+	// gpuiso's, and its dev, proc and sys may be removed and made again.
 	markerName = ".gpuiso-simulated-host"
 	// completeName is written once the tree is whole.
 	completeName = ".complete"
 	// lockName is the lock file of trees made before the marker existed;
 	// such a tree is still read (see legacyTree), never written.
 	lockName = ".lock"
+	// makeLockDir holds makeLockName, the lock the makers of a tree take
+	// turns through: a directory of mode 0700 and a file of mode 0600,
+	// both the maker's user's, so that no other user can open the file
+	// and hold its lock. It is made before the marker and removed before
+	// it; a directory holding nothing else is still claimable.
+	makeLockDir  = ".lock.d"
+	makeLockName = "make.lock"
 )
+
+// HostLockTimeout is how long OpenHost waits for another process making the
+// same host tree, when the caller's context does not end sooner.
+const HostLockTimeout = 2 * time.Minute
+
+// ErrHostLocked: another process held a host tree's lock until the wait for
+// it ended (HostLockTimeout, or the caller's context). See HostLockError.
+var ErrHostLocked = node.Sentinel(node.ErrUnavailable, "simulated host tree locked")
+
+// HostLockError is a wait for a host tree's lock that ended while another
+// process held it.
+type HostLockError struct {
+	// Dir is the host tree's directory.
+	Dir string
+	// Holder is the process holding the lock, as it named itself on taking
+	// it; nil when unknown.
+	Holder *node.Process
+	// Command is the holder's command name, "" when unknown.
+	Command string
+	// Err is why the wait ended: context.DeadlineExceeded, or the
+	// context's cause.
+	Err error
+}
+
+func (e *HostLockError) Error() string {
+	who := "another process (unknown)"
+	if e.Holder != nil {
+		who = fmt.Sprintf("pid %d started at %d", e.Holder.Pid, e.Holder.Start)
+		if e.Command != "" {
+			who = fmt.Sprintf("pid %d (%s) started at %d", e.Holder.Pid, e.Command, e.Holder.Start)
+		}
+	}
+	return fmt.Sprintf("simulated host tree %s held by %s: %v: %s", e.Dir, who, e.Err, ErrHostLocked)
+}
+
+// Unwrap returns why the wait ended.
+func (e *HostLockError) Unwrap() error { return e.Err }
+
+// Is matches ErrHostLocked and node.ErrUnavailable.
+func (e *HostLockError) Is(target error) bool { return errors.Is(ErrHostLocked, target) }
 
 // OpenHost returns the node's host tree in dir: made there on first use (as
 // MakeHost makes it, root needed) and found there afterwards, so that every
-// process sees the same device nodes. Concurrent calls make it once (the
-// maker holds a lock on dir itself); a tree a killed call left half made is
-// made again. dir is refused as MakeHost refuses it, before anything is
+// process sees the same device nodes. Concurrent calls make it once: the
+// makers take turns through the lock file .lock.d/make.lock in dir (mode
+// 0600 in a directory of mode 0700, so that no other user can hold it), and
+// a wait ends at HostLockTimeout or with ctx, whichever comes first, in a
+// [*HostLockError] naming the holder where known. A tree a killed call left
+// half made is made again. dir is refused as MakeHost refuses it, before anything is
 // written: only a tree marked as gpuiso's is ever written to or removed,
 // and only in a directory that no other user owns or may write in (an
 // [*UntrustedError]). A tree found whole is read in-root and refused (an
@@ -46,14 +97,14 @@ func (n *Node) OpenHost(ctx context.Context, dir string) (*Host, error) {
 	if ctx == nil {
 		return nil, fmt.Errorf("open simulated host in %s: nil context: %w", dir, node.ErrInvalid)
 	}
-	h, err := n.openHost(ctx, dir)
+	h, err := n.openHost(ctx, dir, HostLockTimeout)
 	if err != nil {
 		return nil, fmt.Errorf("open simulated host in %s: %w", dir, err)
 	}
 	return h, nil
 }
 
-func (n *Node) openHost(ctx context.Context, dir string) (h *Host, err error) {
+func (n *Node) openHost(ctx context.Context, dir string, timeout time.Duration) (h *Host, err error) {
 	root, made, err := hostDir(dir)
 	if err != nil {
 		return nil, err
@@ -81,15 +132,19 @@ func (n *Node) openHost(ctx context.Context, dir string) (h *Host, err error) {
 		return nil, err
 	}
 	defer r.Close()
-	lock, err := r.Open(".")
+	lock, err := lockHost(ctx, root, timeout)
 	if err != nil {
 		return nil, err
 	}
-	defer lock.Close()
-	if err := linux.Lock(ctx, lock); err != nil {
-		return nil, err
-	}
-	defer linux.Unlock(lock)
+	defer func() {
+		if err != nil && !marked(root) {
+			// Nothing of the tree is left: the lock goes too, while
+			// held (a waiter finds its file gone and locks a new one).
+			removeMakeLock(root)
+		}
+		linux.Unlock(lock)
+		lock.Close()
+	}()
 	if h, err := wholeHost(root); h != nil || err != nil {
 		return h, err
 	}
@@ -112,6 +167,105 @@ func (n *Node) openHost(ctx context.Context, dir string) (h *Host, err error) {
 		return nil, err
 	}
 	return h, nil
+}
+
+// lockHost takes the makers' lock of the trusted directory root, making
+// its directory and file when missing, and waits for it no longer than
+// timeout and ctx: a wait that ends is a *HostLockError. It returns the
+// locked file.
+func lockHost(ctx context.Context, root string, timeout time.Duration) (*os.File, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	dir := filepath.Join(root, makeLockDir)
+	path := filepath.Join(dir, makeLockName)
+	uid := os.Geteuid()
+	for {
+		if err := linux.PrivateDir(dir, uid); err != nil {
+			return nil, fmt.Errorf("simulated host tree lock: %w", err)
+		}
+		f, err := linux.OpenLockFile(dir, makeLockName, uid)
+		var unsafe *linux.UnsafeLockError
+		if errors.Is(err, fs.ErrNotExist) && ctx.Err() == nil {
+			continue // the directory was removed meanwhile
+		}
+		if err != nil && !errors.As(err, &unsafe) {
+			os.Remove(dir) // made here, or left by a killed call: only if empty
+		}
+		if err != nil {
+			return nil, fmt.Errorf("simulated host tree lock: %w", err)
+		}
+		if err := linux.Lock(ctx, f); err != nil {
+			defer f.Close()
+			if ctx.Err() != nil {
+				return nil, lockError(ctx, root, f, err)
+			}
+			return nil, fmt.Errorf("lock simulated host tree: %w", err)
+		}
+		held, err1 := f.Stat()
+		now, err2 := os.Lstat(path)
+		if err1 == nil && (errors.Is(err2, fs.ErrNotExist) || err2 == nil && !os.SameFile(held, now)) {
+			// Removed (or made again) by its holder meanwhile.
+			linux.Unlock(f)
+			f.Close()
+			continue
+		}
+		if err := errors.Join(err1, err2); err != nil {
+			linux.Unlock(f)
+			f.Close()
+			return nil, fmt.Errorf("simulated host tree lock: %w", err)
+		}
+		linux.RecordHolder(f, node.DefaultProcRoot)
+		return f, nil
+	}
+}
+
+// lockError describes a wait for the lock f of root that ended: the
+// process the lock file names, when it still runs.
+func lockError(ctx context.Context, root string, f *os.File, waitErr error) error {
+	cause := context.Cause(ctx)
+	if cause == nil {
+		cause = waitErr
+	}
+	e := &HostLockError{Dir: root, Err: cause}
+	if p, command, ok := linux.RecordedHolder(f, node.DefaultProcRoot); ok {
+		e.Holder = &node.Process{Pid: p.Pid, Start: p.Start}
+		e.Command = command
+	}
+	return e
+}
+
+// ownMakeLock reports whether root holds the makers' lock directory as
+// gpuiso makes it: a directory (not a link) of the calling user's, holding
+// nothing but the lock file.
+func ownMakeLock(root string) bool {
+	dir := filepath.Join(root, makeLockDir)
+	fi, err := os.Lstat(dir)
+	if err != nil || !fi.IsDir() || fi.Mode().Perm()&0o077 != 0 {
+		return false
+	}
+	if uid, ok := linux.Owner(fi); !ok || uid != uint32(os.Geteuid()) {
+		return false
+	}
+	names, err := entries(dir)
+	return err == nil && (len(names) == 0 || len(names) == 1 && names[0] == makeLockName)
+}
+
+// removeMakeLock removes the makers' lock directory of root, if gpuiso's.
+func removeMakeLock(root string) error {
+	if _, err := os.Lstat(filepath.Join(root, makeLockDir)); errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if !ownMakeLock(root) {
+		return &NotOwnedError{Dir: root, Entries: []string{makeLockDir}}
+	}
+	dir := filepath.Join(root, makeLockDir)
+	if err := os.Remove(filepath.Join(dir, makeLockName)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	if err := os.Remove(dir); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	return nil
 }
 
 // wholeHost is the complete tree at root with the majors its /proc/devices
@@ -257,8 +411,12 @@ func claimable(root string) error {
 // process may have marked root since (the listing then holds the marker
 // and what it made after it), or be removing its tree (the marker goes
 // last, so it may be all that was listed): neither is a user's directory.
+// The makers' lock directory, made before the marker, is gpuiso's where it
+// is as gpuiso makes it (ownMakeLock).
 func claimableEntries(root string, names []string) error {
-	others := slices.DeleteFunc(slices.Clone(names), func(n string) bool { return n == markerName })
+	others := slices.DeleteFunc(slices.Clone(names), func(n string) bool {
+		return n == markerName || n == makeLockDir && ownMakeLock(root)
+	})
 	if len(others) == 0 || marked(root) {
 		return nil
 	}
