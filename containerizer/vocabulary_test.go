@@ -131,6 +131,7 @@ func TestVocabulary(t *testing.T) {
 		"node/nvmlnode.ErrGPULost":                  nvmlnode.ErrGPULost,
 		"node/nvmlnode.ErrLibraryNotFound":          nvmlnode.ErrLibraryNotFound,
 		"node/nvmlnode.ErrNotNVML":                  nvmlnode.ErrNotNVML,
+		"node/simnode.ErrHostLocked":                simnode.ErrHostLocked,
 		"node/simnode.ErrHostPath":                  simnode.ErrHostPath,
 		"node/simnode.ErrInvalidSpec":               simnode.ErrInvalidSpec,
 		"node/simnode.ErrInvalidVersion":            simnode.ErrInvalidVersion,

@@ -59,6 +59,7 @@ func TestVocabularyTypedErrors(t *testing.T) {
 		},
 		"node/simnode.NotOwnedError":  {{&simnode.NotOwnedError{Dir: "/tmp/x", Entries: []string{"a"}}, simnode.ErrNotOwned, node.ErrExists}},
 		"node/simnode.ExistsError":    {{&simnode.ExistsError{Dir: "/tmp/sim", Path: "/tmp/sim/dev"}, simnode.ErrTreeExists, node.ErrExists}},
+		"node/simnode.HostLockError":  {{&simnode.HostLockError{Dir: "/tmp/sim", Err: context.DeadlineExceeded}, simnode.ErrHostLocked, node.ErrUnavailable}},
 		"node/simnode.UntrustedError": {{&simnode.UntrustedError{Dir: "/tmp/sim", Path: "/tmp/sim", Reason: "owned by uid 65534"}, simnode.ErrUntrusted, node.ErrInvalid}},
 		"node/nvmlnode.NVMLError": {
 			{&nvmlnode.NVMLError{Op: "init", Device: -1, Return: nvml.ERROR_LIBRARY_NOT_FOUND}, nvmlnode.ErrLibraryNotFound, node.ErrNotSupported},
