@@ -67,6 +67,9 @@ pkgs+=(nvidia-cuda-mps)
 # qemu-system-x86: the cgroup2-only VM suite (internal/vmtest) boots Debian's
 # own kernel under it (step 5).
 [ "$driver_only" -eq 1 ] || pkgs+=(qemu-system-x86)
+# protobuf-compiler: make check regenerates the nomad/ module's protocol code
+# with protoc and fails when it differs from what is committed.
+[ "$driver_only" -eq 1 ] || pkgs+=(protobuf-compiler)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
