@@ -2,6 +2,8 @@ package testenv
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/gpuiso/gpuiso/node"
@@ -20,7 +22,16 @@ func SimulatedNode(tb testing.TB, name string) (*simnode.Node, *simnode.Host, *n
 	if err != nil {
 		tb.Fatal(err)
 	}
-	host, err := node.MakeHost(tb.TempDir())
+	// A host tree is made only where no other user may write (simnode
+	// refuses one that another user could point at other devices); the
+	// test's temporary directories are so whatever the test's umask.
+	dir := tb.TempDir()
+	for _, d := range []string{filepath.Dir(dir), dir} {
+		if err := os.Chmod(d, 0o755); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	host, err := node.MakeHost(dir)
 	if err != nil {
 		tb.Fatal(err)
 	}
