@@ -13,7 +13,6 @@ import (
 	"github.com/gpuiso/gpuiso/allocator"
 	"github.com/gpuiso/gpuiso/isolator/mps"
 	"github.com/gpuiso/gpuiso/node"
-	"github.com/gpuiso/gpuiso/node/nvmlnode"
 	"github.com/gpuiso/gpuiso/volume"
 )
 
@@ -519,17 +518,17 @@ func (l *Lifecycle) Containers() []Container {
 // Usage reports what container id's processes use of its GPUs, where its
 // runtime can tell (UsageReader: the native runtime with NVML); others
 // refuse with an error matching ErrNotSupported.
-func (l *Lifecycle) Usage(ctx context.Context, id string) (nvmlnode.Usage, error) {
+func (l *Lifecycle) Usage(ctx context.Context, id string) (node.Usage, error) {
 	if !l.made() {
-		return nvmlnode.Usage{}, fmt.Errorf("usage of %s: %w", id, ErrNotMade)
+		return node.Usage{}, fmt.Errorf("usage of %s: %w", id, ErrNotMade)
 	}
 	e, rec, _, err := l.lookup(id)
 	if err != nil {
-		return nvmlnode.Usage{}, fmt.Errorf("usage: %w", err)
+		return node.Usage{}, fmt.Errorf("usage: %w", err)
 	}
 	u, ok := e.rt.Runtime.(UsageReader)
 	if !ok {
-		return nvmlnode.Usage{}, fmt.Errorf("usage of %s: a %s container: %w", id, e.rt.Kind(), ErrNotSupported)
+		return node.Usage{}, fmt.Errorf("usage of %s: a %s container: %w", id, e.rt.Kind(), ErrNotSupported)
 	}
 	return u.Usage(ctx, rec)
 }

@@ -5,7 +5,6 @@ import (
 
 	"github.com/gpuiso/gpuiso/allocator"
 	"github.com/gpuiso/gpuiso/node"
-	"github.com/gpuiso/gpuiso/node/nvmlnode"
 )
 
 // Runtime is what a back end does for a Lifecycle: it runs containers,
@@ -69,7 +68,7 @@ type Repairer interface {
 // of its GPUs (Lifecycle.Usage).
 type UsageReader interface {
 	// Usage reads the use of rec's GPUs by its container's processes.
-	Usage(ctx context.Context, rec Record) (nvmlnode.Usage, error)
+	Usage(ctx context.Context, rec Record) (node.Usage, error)
 }
 
 // TempDirMaker is a Runtime that makes directories for its process's own

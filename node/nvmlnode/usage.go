@@ -11,23 +11,13 @@ import (
 	"github.com/gpuiso/gpuiso/node"
 )
 
-// Usage is what a container uses of its GPUs, as NVML reports it.
-type Usage struct {
-	GPUs []GPUUsage `json:"gpus"`
-}
+// Usage is what a container uses of its GPUs, as NVML reports it: the
+// node model's [node.Usage], named here as before.
+type Usage = node.Usage
 
-// GPUUsage is one GPU's share used by the container's processes.
-type GPUUsage struct {
-	UUID string `json:"uuid"`
-	// Processes are the container's processes NVML lists on the GPU.
-	Processes []int `json:"processes,omitempty"`
-	// MemoryBytes is the GPU memory those processes hold.
-	MemoryBytes uint64 `json:"memoryBytes"`
-	// SMUtilization and MemoryUtilization are the processes' busiest recent
-	// sample, in percent; nil where NVML keeps no per-process samples.
-	SMUtilization     *uint32 `json:"smUtilization,omitempty"`
-	MemoryUtilization *uint32 `json:"memoryUtilization,omitempty"`
-}
+// GPUUsage is one GPU's share used by the container's processes
+// ([node.GPUUsage]).
+type GPUUsage = node.GPUUsage
 
 // ReadUsage asks NVML (initialised by the caller) what the processes pids
 // use of gpus. A driver that cannot list a GPU's processes gives an error
