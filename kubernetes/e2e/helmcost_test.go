@@ -213,7 +213,7 @@ func testSlice16(t *testing.T, c *cluster.Cluster) {
 		t.Fatal(err)
 	}
 	defer w.Stop()
-	cmd := exec.Command(pluginBin, "--simulate", "dgx2", "--dev-root", filepath.Join(dir, "host"), "--state-dir", filepath.Join(dir, "state"),
+	cmd := exec.Command(pluginBin, "--simulate", "dgx2", "--sim-root", filepath.Join(dir, "host"), "--state-dir", filepath.Join(dir, "state"),
 		"--node-name", nodeName, "--kubeconfig", c.Kubeconfig, "--cdi-dir", filepath.Join(dir, "cdi"), "--device-plugin=false",
 		"--kubelet-plugins-dir", filepath.Join(dir, "plugins"), "--kubelet-registry-dir", filepath.Join(dir, "registry"))
 	var log syncBuffer

@@ -149,7 +149,7 @@ func startPlugin(t *testing.T, c *cluster.Cluster, profile string, extra ...stri
 	t.Helper()
 	dir := t.TempDir()
 	p := &plugin{t: t, c: c, profile: profile, stateDir: filepath.Join(dir, "state"), devRoot: filepath.Join(dir, "host")}
-	p.args = append([]string{"--simulate", profile, "--dev-root", p.devRoot, "--state-dir", p.stateDir,
+	p.args = append([]string{"--simulate", profile, "--sim-root", p.devRoot, "--state-dir", p.stateDir,
 		"--node-name", cluster.NodeName, "--kubeconfig", c.Kubeconfig, "--cdi-dir", c.CDIDir,
 		"--kubelet-plugins-dir", c.PluginsDir(), "--kubelet-registry-dir", c.RegistryDir(),
 		"--device-plugin-dir", c.DevicePluginDir, "--health-refresh", "1s",

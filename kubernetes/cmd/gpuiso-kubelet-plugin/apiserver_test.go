@@ -171,7 +171,7 @@ func TestAPIServer(t *testing.T) {
 	}
 
 	plugins := filepath.Join(dir, "plugins")
-	args := []string{"--simulate", "dgx1-volta", "--dev-root", filepath.Join(dir, "host"), "--device-plugin=false",
+	args := []string{"--simulate", "dgx1-volta", "--sim-root", filepath.Join(dir, "host"), "--device-plugin=false",
 		"--kubeconfig", kubeconfig, "--node-name", "n1", "--state-dir", filepath.Join(dir, "state"),
 		"--cdi-dir", filepath.Join(dir, "cdi"), "--kubelet-plugins-dir", plugins, "--kubelet-registry-dir", filepath.Join(dir, "reg")}
 	if err := os.MkdirAll(filepath.Join(dir, "reg"), 0o755); err != nil {

@@ -38,7 +38,7 @@ type deployFlags struct {
 
 func (d *deployFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&d.inCluster, "in-cluster", false, "use the pod's service account (a DaemonSet's credentials) instead of --kubeconfig")
-	fs.StringVar(&d.simulateLabel, "simulate-label", "", "with --dev-root: simulate the node kind the Node's label `KEY` names (a test cluster whose nodes are of several kinds)")
+	fs.StringVar(&d.simulateLabel, "simulate-label", "", "with --sim-root: simulate the node kind the Node's label `KEY` names (a test cluster whose nodes are of several kinds)")
 	fs.StringVar(&d.driverRoot, "driver-root", "", "load NVML from the driver installed under `DIR` (the host's root as mounted in the pod; default: the program's own library path)")
 	fs.StringVar(&d.daemonSet, "daemonset", "", "`NAMESPACE/NAME` of the DaemonSet running the program: when it is gone at exit (uninstall), the program removes what it left on the node")
 	fs.StringVar(&d.metricsAddr, "metrics-address", "", "serve Prometheus metrics on `ADDR` (host:port) at /metrics, and /healthz")
@@ -53,7 +53,7 @@ func (d *deployFlags) check(f *flags) string {
 	case d.simulateLabel != "" && f.simulate != "":
 		return "--simulate-label and --simulate exclude each other"
 	case d.simulateLabel != "" && f.devRoot == "":
-		return "--simulate-label needs --dev-root DIR for the simulated host tree"
+		return "--simulate-label needs --sim-root DIR for the simulated host tree"
 	case d.simulateLabel != "" && !d.inCluster && f.kubeconfig == "":
 		return "--simulate-label needs credentials (--in-cluster or --kubeconfig) to read the Node"
 	case d.driverRoot != "" && (d.simulateLabel != "" || f.simulate != ""):

@@ -57,7 +57,7 @@ func TestHealthService(t *testing.T) {
 	if err := os.MkdirAll(filepath.Join(dir, "reg"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	args := []string{"--simulate", "dgx1-volta", "--dev-root", filepath.Join(dir, "host"), "--device-plugin=false",
+	args := []string{"--simulate", "dgx1-volta", "--sim-root", filepath.Join(dir, "host"), "--device-plugin=false",
 		"--kubeconfig", kubeconfig, "--node-name", "n1", "--state-dir", state, "--health-refresh", "200ms",
 		"--cdi-dir", filepath.Join(dir, "cdi"), "--kubelet-plugins-dir", plugins, "--kubelet-registry-dir", filepath.Join(dir, "reg")}
 	sock := filepath.Join(plugins, "gpu.gpuiso.io", "dra.sock")

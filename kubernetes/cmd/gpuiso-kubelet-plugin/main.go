@@ -124,7 +124,8 @@ func parse(args []string, stderr io.Writer) (*flags, int, bool) {
 	fs.StringVar(&f.driverName, "driver-name", dra.DefaultDriverName, "the DRA driver's name")
 	fs.StringVar(&f.resourceName, "resource-name", "nvidia.com/gpu", "the device plugin's resource for whole GPUs")
 	fs.StringVar(&f.simulate, "simulate", "", "simulate a node: "+strings.Join(simnode.Names(), ", "))
-	fs.StringVar(&f.devRoot, "dev-root", "", "with --simulate: the directory of the simulated host tree (made when missing, reused otherwise); else the device-node directory (default /dev)")
+	fs.StringVar(&f.devRoot, "dev-root", "", "the device-node directory (default /dev); with --simulate, the old spelling of --sim-root")
+	simRoot := fs.String("sim-root", "", "with --simulate: the directory of the simulated host tree (made when missing, reused otherwise; root must own it and every parent, none writable by others)")
 	fs.BoolVar(&f.devicePlugin, "device-plugin", true, "serve the device plugin (default false with credentials and the DRA driver: DRA serves --extended-resource-name)")
 	fs.BoolVar(&f.dra, "dra", true, "serve the DRA driver (needs --kubeconfig)")
 	fs.BoolVar(&f.deviceSpecs, "device-specs", false, "device plugin: answer Allocate with device nodes too, for runtimes without CDI")
@@ -147,8 +148,16 @@ func parse(args []string, stderr io.Writer) (*flags, int, bool) {
 		fmt.Fprintf(stderr, "gpuiso-kubelet-plugin: unexpected arguments %q\n", fs.Args())
 		return nil, 2, true
 	}
+	if *simRoot != "" {
+		if f.devRoot != "" && f.devRoot != *simRoot {
+			fmt.Fprintln(stderr, "gpuiso-kubelet-plugin: --sim-root and --dev-root name different directories: give the simulated host tree as --sim-root alone (see --help)")
+			return nil, 2, true
+		}
+		// A simulated node's device nodes are those of its tree.
+		f.devRoot = *simRoot
+	}
 	if f.simulate != "" && f.devRoot == "" {
-		fmt.Fprintln(stderr, "gpuiso-kubelet-plugin: --simulate needs --dev-root DIR for the simulated host tree")
+		fmt.Fprintln(stderr, "gpuiso-kubelet-plugin: --simulate needs --sim-root DIR for the simulated host tree")
 		return nil, 2, true
 	}
 	if f.nodeName == "" {
@@ -221,13 +230,12 @@ func openNode(ctx context.Context, f *flags) (*node.Inventory, nvml.Interface, s
 	if err != nil {
 		return nil, nil, "", err
 	}
-	host := &simnode.Host{Root: root, DevRoot: filepath.Join(root, "dev"), ProcRoot: filepath.Join(root, "proc"), SysRoot: filepath.Join(root, "sys")}
-	if _, err := os.Stat(host.DevRoot); errors.Is(err, os.ErrNotExist) {
-		// A first start makes the tree; a restart reuses it (its
-		// /proc/devices names the majors it was made with).
-		if host, err = sim.MakeHost(root); err != nil {
-			return nil, nil, "", fmt.Errorf("simulated host (needs root): %w", err)
-		}
+	// A first start makes the tree; a restart reuses it (its /proc/devices
+	// names the majors it was made with). Either way it is checked: only
+	// in a directory no other user may write, read in-root.
+	host, err := sim.OpenHost(ctx, root)
+	if err != nil {
+		return nil, nil, "", fmt.Errorf("simulated host (needs root): %w", err)
 	}
 	if err := f.mig.simulated(sim, host); err != nil {
 		return nil, nil, "", err

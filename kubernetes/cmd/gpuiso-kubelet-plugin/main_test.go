@@ -26,7 +26,7 @@ func TestFlags(t *testing.T) {
 		code int
 		want string
 	}{
-		{name: "simulate without dev root", args: []string{"--simulate", "dgx1-volta"}, code: 2, want: "--dev-root"},
+		{name: "simulate without dev root", args: []string{"--simulate", "dgx1-volta"}, code: 2, want: "--sim-root"},
 		{name: "nothing to serve", args: []string{"--device-plugin=false", "--dra=false"}, code: 2, want: "nothing to serve"},
 		{name: "unknown flag", args: []string{"--nope"}, code: 2, want: "nope"},
 		{name: "stray argument", args: []string{"x"}, code: 2, want: "unexpected"},
@@ -92,7 +92,7 @@ func TestRunSimulated(t *testing.T) {
 	go s.Serve(l)
 	t.Cleanup(s.Stop)
 
-	args := []string{"--simulate", "dgx1-volta", "--dev-root", filepath.Join(dir, "host"), "--device-plugin-dir", dp,
+	args := []string{"--simulate", "dgx1-volta", "--sim-root", filepath.Join(dir, "host"), "--device-plugin-dir", dp,
 		"--state-dir", filepath.Join(dir, "state"), "--cdi-dir", filepath.Join(dir, "cdi"), "--node-name", "n1"}
 	for round := range 2 {
 		ctx, cancel := context.WithCancel(t.Context())
