@@ -110,6 +110,7 @@ type config struct {
 	lockTimeout time.Duration
 	shmBytes    uint64
 	pipeBytes   uint64
+	plainDirs   bool
 	registry    string
 	logger      *slog.Logger
 }
@@ -191,6 +192,22 @@ func WithShmSize(bytes uint64) Option {
 	}
 }
 
+// WithPlainDirs keeps each share's /dev/shm and pipe directory plain
+// directories of the manager's directory, as releases before the bounded
+// ones made them, instead of tmpfs mounts of their own. It is for a manager
+// whose mounts the container runtime does not see: a program in a mount
+// namespace of its own that does not propagate to the node's (a kubelet
+// plugin in a pod without bidirectional mount propagation), where a
+// container would bind the empty directory under the mount and never
+// reach its daemon. Nothing then bounds what a share's container writes
+// there but the disk of the manager's directory.
+func WithPlainDirs() Option {
+	return func(c *config) error {
+		c.plainDirs = true
+		return nil
+	}
+}
+
 // WithPipeSize bounds each share's pipe directory, a tmpfs of its own
 // (default DefaultPipeBytes; at least 64 KiB).
 func WithPipeSize(bytes uint64) Option {
@@ -251,6 +268,7 @@ type Manager struct {
 	lockTimeout time.Duration
 	shmBytes    uint64
 	pipeBytes   uint64
+	plainDirs   bool
 	log         *slog.Logger
 
 	// sem, with the lock file, lets one change at a time work on the
@@ -312,7 +330,7 @@ func New(dir string, opts ...Option) (*Manager, error) {
 		}
 	}
 	return &Manager{dir: abs, bin: c.bin, procRoot: c.procRoot, timeout: c.timeout, lockTimeout: c.lockTimeout,
-		shmBytes: c.shmBytes, pipeBytes: c.pipeBytes, log: c.logger, sem: make(chan struct{}, 1), lock: f}, nil
+		shmBytes: c.shmBytes, pipeBytes: c.pipeBytes, plainDirs: c.plainDirs, log: c.logger, sem: make(chan struct{}, 1), lock: f}, nil
 }
 
 // ownDir makes dir, a directory of the calling user, its alone (0700),
@@ -541,7 +559,7 @@ func (m *Manager) start(ctx context.Context, owner string, gpu node.DeviceRef, l
 	// never the disk the manager's directory is on. A dead daemon started
 	// again in place keeps what its container may hold: its mounts, or,
 	// for a share an earlier release started, its plain directories.
-	if !again {
+	if !again && !m.plainDirs {
 		if err := m.mountDirs(d); err != nil {
 			return d, err
 		}

@@ -139,6 +139,10 @@ func (f *flags) mpsManager() (*mps.Manager, error) {
 	} else if f.deploy.driverRoot != "" {
 		opts = append(opts, mps.WithDriverRoot(f.deploy.driverRoot))
 	}
+	// The plugin runs in a pod whose mounts do not reach the node's
+	// containerd, so a share's directories stay plain directories there
+	// (see mps.WithPlainDirs).
+	opts = append(opts, mps.WithPlainDirs())
 	m, err := mps.New(filepath.Join(f.stateDir, "mps"), opts...)
 	if err != nil {
 		return nil, fmt.Errorf("memory shares of --shared-gpus: %w", err)
