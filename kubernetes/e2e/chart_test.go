@@ -25,7 +25,7 @@ var chartVariants = map[string][]string{
 	"shares":                       {"--set", "sharing.gpus=all", "--set", "sharing.config.kind=ShareConfig", "--set", "sharing.config.computePercent=50"},
 	"dynamic MIG":                  {"--set", "dra.dynamicMIG=true"},
 	"metrics on the pod's address": {"--set", "metrics.enabled=true", "--set", "metrics.address=podIP"},
-	"not confined":                 {"--set", "confinePlugin=false"},
+	"confined":                     {"--set", "confinePlugin=true"},
 	"operator's driver":            {"--set", "driverRoot=/run/nvidia/driver", "--set-string", "nodeSelector.gpuiso\\.io/gpu=true"},
 }
 
@@ -98,11 +98,15 @@ func TestChart(t *testing.T) {
 			t.Errorf("driver path %q rendered", p)
 		}
 	}
-	// By default the plugin is confined, and /metrics stays inside the
+	// Asked, the plugin is confined; by default /metrics stays inside the
 	// pod.
+	confined, err := noCluster.run(t.Context(), "template", release, chartDir, "--set", "confinePlugin=true")
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, want := range []string{"kind: ValidatingAdmissionPolicy\n", "kind: ValidatingAdmissionPolicyBinding\n"} {
-		if !strings.Contains(rendered, want) {
-			t.Errorf("the default rendering has no %s", strings.TrimSpace(want))
+		if !strings.Contains(confined, want) {
+			t.Errorf("the confined rendering has no %s", strings.TrimSpace(want))
 		}
 	}
 	metrics, err := noCluster.run(t.Context(), "template", release, chartDir, "--set", "metrics.enabled=true")
