@@ -44,11 +44,7 @@ func TestPluginConfined(t *testing.T) {
 	if out, err := h.run(ctx, append([]string{"install", release, chartDir, "--namespace", "default", "--wait", "--timeout", "3m"}, values...)...); err != nil {
 		t.Fatalf("%v\n%s\n%s", err, out, c.Logs(2000))
 	}
-	// A cleanup runs after the test's context ended: the uninstall waits
-	// on a context of its own, and the next install clears what is left.
-	t.Cleanup(func() {
-		h.run(context.Background(), "uninstall", release, "--namespace", "default", "--wait", "--timeout", "2m")
-	})
+	h.uninstallAtEnd(t, c, nil)
 	until(t, "the DaemonSet on every node", func() bool { return daemonSetRolled(t, c) })
 	// Under the policy each plugin still labels its Node and publishes
 	// its node's slice.

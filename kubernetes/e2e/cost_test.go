@@ -126,7 +126,8 @@ func settled(t *testing.T, c *cluster.Cluster, addr string) {
 				}
 			}
 		}
-		return scrapeMetrics(t, addr)["gpuiso_claims_prepared"] == 0
+		m, err := tryMetrics(t, addr) // the plugin may not listen yet
+		return err == nil && m["gpuiso_claims_prepared"] == 0
 	})
 }
 

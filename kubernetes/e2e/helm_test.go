@@ -106,6 +106,43 @@ func requireHelm(t *testing.T, c *cluster.Cluster) *helm {
 	return &helm{bin: bin, home: t.TempDir(), c: c}
 }
 
+// uninstallAtEnd uninstalls the release when t ends, unless done says it
+// is gone already, and waits until the plugin's namespace and every
+// node's slice are gone: the next test's plugin process is then the only
+// one of the node's driver. The cleanup runs after t's context ended, so
+// it has a context of its own.
+func (h *helm) uninstallAtEnd(t *testing.T, c *cluster.Cluster, done *bool) {
+	t.Cleanup(func() {
+		if done != nil && *done {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		defer cancel()
+		if out, err := h.run(ctx, "uninstall", release, "--namespace", "default", "--wait", "--timeout", "2m"); err != nil {
+			t.Errorf("uninstall: %v\n%s", err, out)
+		}
+		for {
+			_, err := c.Client.CoreV1().Namespaces().Get(ctx, pluginNS, metav1.GetOptions{})
+			l, lerr := c.Client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{})
+			left := 0
+			for _, s := range l.Items {
+				if s.Spec.Driver == driver {
+					left++
+				}
+			}
+			if apierrors.IsNotFound(err) && lerr == nil && left == 0 {
+				return
+			}
+			select {
+			case <-ctx.Done():
+				t.Errorf("after the uninstall: the plugin's namespace (%v) or %d slices are left", err, left)
+				return
+			case <-time.After(200 * time.Millisecond):
+			}
+		}
+	})
+}
+
 func (h *helm) run(ctx context.Context, args ...string) (string, error) {
 	if h.c != nil {
 		args = append(args, "--kubeconfig", h.c.Kubeconfig)
@@ -557,11 +594,7 @@ func TestHelm(t *testing.T) {
 		t.Logf("helm install (%v):\n%s", time.Since(start).Round(time.Millisecond), out)
 	}
 	uninstalled := false
-	t.Cleanup(func() {
-		if !uninstalled {
-			h.run(context.Background(), "uninstall", release, "--namespace", "default", "--wait", "--timeout", "2m")
-		}
-	})
+	h.uninstallAtEnd(t, c, &uninstalled)
 	until(t, "the DaemonSet on every node", func() bool { return daemonSetRolled(t, c) })
 	if pods := pluginPods(t, c); len(pods) != len(c.Nodes) {
 		t.Fatalf("plugin pods on %d nodes, want %d", len(pods), len(c.Nodes))

@@ -14,9 +14,20 @@ import (
 // value.
 func scrapeMetrics(t *testing.T, addr string) map[string]float64 {
 	t.Helper()
-	resp, err := http.Get("http://" + addr + "/metrics")
+	m, err := tryMetrics(t, addr)
 	if err != nil {
 		t.Fatal(err)
+	}
+	return m
+}
+
+// tryMetrics is scrapeMetrics for a plugin that may not listen yet: a
+// refused connection is its error.
+func tryMetrics(t *testing.T, addr string) (map[string]float64, error) {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		return nil, err
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
@@ -24,7 +35,7 @@ func scrapeMetrics(t *testing.T, addr string) map[string]float64 {
 		t.Fatalf("GET /metrics: %s, %v", resp.Status, err)
 	}
 	out := map[string]float64{}
-	for _, l := range strings.Split(string(b), "\n") {
+	for l := range strings.SplitSeq(string(b), "\n") {
 		if l == "" || strings.HasPrefix(l, "#") {
 			continue
 		}
@@ -35,7 +46,7 @@ func scrapeMetrics(t *testing.T, addr string) map[string]float64 {
 		}
 		out[l[:i]] = v
 	}
-	return out
+	return out, nil
 }
 
 // freeAddr is a loopback address with a port free now.
