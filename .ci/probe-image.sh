@@ -29,7 +29,8 @@ if command -v docker >/dev/null 2>&1 && timeout 10 docker version >/dev/null 2>&
 fi
 if command -v podman >/dev/null 2>&1; then
   quiet podman build -q -t "$tag" "$ctx"
-  [ -n "$built" ] || quiet podman save --format docker-archive -o bin/gpuiso-probe.tar "$tag"
+  # Podman's docker-archive writer refuses an existing file.
+  [ -n "$built" ] || { rm -f bin/gpuiso-probe.tar && quiet podman save --format docker-archive -o bin/gpuiso-probe.tar "$tag"; }
   echo "probe-image: $tag in Podman" >&2
   built=1
 fi
