@@ -8,6 +8,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source .ci/env.sh
 bash .ci/provision.sh --driver-only
-go build -o bin/ ./examples/...
+go build -o bin/ $(go list ./examples/... | grep -v /examples/gpuiso-runtime$) ./cmd/...
 exec bin/gpurun --simulate "${SIM:-dgx1-volta}" --gpus 2 -- \
   sh -c 'ls -l /dev; echo NVIDIA_VISIBLE_DEVICES=$NVIDIA_VISIBLE_DEVICES'

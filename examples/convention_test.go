@@ -1,5 +1,5 @@
-// Package examples holds the test that the example programs (all but
-// gpuiso-runtime, which speaks the OCI runtime CLI) follow one
+// Package examples holds the test that the example programs (gpuiso-runtime,
+// which speaks the OCI runtime CLI, is in cmd/ and not one of them) follow one
 // command-line convention (internal/cli): help on stdout with a usage line,
 // docker run's exit status 125 for their own errors (usage errors included),
 // flags spelt --name, and per-subcommand help.

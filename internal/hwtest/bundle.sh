@@ -34,7 +34,7 @@ max=$((64 << 20)) # the tarball's limit in bytes
 # then the cgroup2 suites: isolation on the real kernel, the runtimes, the
 # agent, the recovery conformance suite.
 hw_pkgs=(internal/hwtest node/nvmlnode)
-v2_pkgs=(isolator/cgroups containerizer/native containerizer/chain examples/agent examples/gpurun internal/conformance examples/gpuiso-runtime)
+v2_pkgs=(isolator/cgroups containerizer/native containerizer/chain examples/agent examples/gpurun internal/conformance cmd/gpuiso-runtime)
 pkgs=("${v2_pkgs[@]}")
 [ "$vm" -eq 1 ] || pkgs=("${hw_pkgs[@]}" "${pkgs[@]}")
 

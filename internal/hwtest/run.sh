@@ -116,7 +116,7 @@ if [ "$vm" -eq 1 ]; then
   # gpuiso-runtime under runc alone (the VM has no container engine).
   # gpuiso-runtime first: run after the native suite, its two runs took
   # ten times as long under TCG (30 s and more rather than 3 s).
-  suite gpuiso-runtime examples/gpuiso-runtime -test.run='^TestRunc(Isolation|MIG)$' "$@"
+  suite gpuiso-runtime cmd/gpuiso-runtime -test.run='^TestRunc(Isolation|MIG)$' "$@"
   suite cgroups isolator/cgroups "$@"
   suite chain containerizer/chain "$@"
   suite native containerizer/native -test.skip='^TestLiveUpdate$' "$@"
@@ -133,7 +133,7 @@ else
   suite chain containerizer/chain "$@"
   suite agent examples/agent "$@"
   suite gpurun examples/gpurun "$@"
-  suite gpuiso-runtime examples/gpuiso-runtime "$@"
+  suite gpuiso-runtime cmd/gpuiso-runtime "$@"
   suite conformance internal/conformance "$@"
 fi
 

@@ -18,7 +18,7 @@ import (
 func buildRuntime(t *testing.T) string {
 	t.Helper()
 	out := filepath.Join(t.TempDir(), "gpuiso-runtime")
-	cmd := exec.Command("go", "build", "-buildvcs=false", "-o", out, "./examples/gpuiso-runtime")
+	cmd := exec.Command("go", "build", "-buildvcs=false", "-o", out, "./cmd/gpuiso-runtime")
 	cmd.Dir = filepath.Join("..", "..")
 	if b, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("build gpuiso-runtime: %v\n%s", err, b)

@@ -77,7 +77,7 @@ func startAgent(t *testing.T, nomad string) *agent {
 	plugins := filepath.Join(dir, "plugins")
 	build(t, "..", "./cmd/gpuiso-nomad-plugin", filepath.Join(plugins, "gpuiso-nomad-plugin"))
 	runtime := filepath.Join(dir, "gpuiso-runtime")
-	build(t, filepath.Join("..", ".."), "./examples/gpuiso-runtime", runtime)
+	build(t, filepath.Join("..", ".."), "./cmd/gpuiso-runtime", runtime)
 
 	devRoot, stateDir := filepath.Join(dir, "node"), filepath.Join(dir, "state")
 	sim, err := simnode.New(topology)

@@ -34,7 +34,7 @@ func buildRuntime(t testing.TB) string {
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	out := filepath.Join(dir, "gpuiso-runtime")
-	cmd := exec.Command("go", "build", "-buildvcs=false", "-o", out, "github.com/gpuiso/gpuiso/examples/gpuiso-runtime")
+	cmd := exec.Command("go", "build", "-buildvcs=false", "-o", out, "github.com/gpuiso/gpuiso/cmd/gpuiso-runtime")
 	if b, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("build gpuiso-runtime: %v\n%s", err, b)
 	}

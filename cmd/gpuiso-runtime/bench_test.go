@@ -16,7 +16,7 @@ import (
 // (passed through) and for one asking for 2 GPUs of a simulated node (spec
 // edited, driver volume mounted).
 //
-//	sudo go test -run '^$' -bench DockerRun -benchtime 20x ./examples/gpuiso-runtime
+//	sudo go test -run '^$' -bench DockerRun -benchtime 20x ./cmd/gpuiso-runtime
 func BenchmarkDockerRun(b *testing.B) {
 	testenv.RequireRoot(b)
 	testenv.RequireNVIDIALibraries(b)
