@@ -97,7 +97,7 @@ gpuinfo: build
 
 ## hwtest: build the hardware suite into hwbundle/ (test binaries, probe, cudacheck, run.sh, tarball)
 hwtest:
-	bash internal/hwtest/bundle.sh hwbundle
+	bash internal/testing/hwtest/bundle.sh hwbundle
 
 ## hwrun: run the hardware suite on this node (root, NVIDIA GPUs); builds it first if needed
 hwrun: $(if $(wildcard hwbundle/run.sh),,hwtest)

@@ -64,7 +64,7 @@ pkgs+=(nvidia-cuda-mps)
 # libseccomp-dev: runc 1.3, built by current-docker.sh (step 4), links it,
 # and finds it with pkg-config (not installed with it on a minimal Debian).
 [ "$driver_only" -eq 1 ] || pkgs+=(libseccomp-dev pkg-config)
-# qemu-system-x86: the cgroup2-only VM suite (internal/vmtest) boots Debian's
+# qemu-system-x86: the cgroup2-only VM suite (internal/testing/vmtest) boots Debian's
 # own kernel under it (step 5).
 [ "$driver_only" -eq 1 ] || pkgs+=(qemu-system-x86)
 # protobuf-compiler: make check regenerates the nomad/ module's protocol code

@@ -8,7 +8,7 @@ module=github.com/gpuiso/gpuiso
 allowed=(
 	"$module/internal/linux"
 	# Test support: linked into test binaries only, never into the library.
-	"$module/internal/testenv"
+	"$module/internal/testing/testenv"
 	# The example programs' shared command line (signals, exit codes): part
 	# of the programs, never imported by the library.
 	"$module/internal/cli"

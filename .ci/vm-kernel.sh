@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Fetches what the cgroup2-only VM suite (internal/vmtest) boots: Debian's
+# Fetches what the cgroup2-only VM suite (internal/testing/vmtest) boots: Debian's
 # own kernel and a static busybox, from their .debs (apt-get download,
 # unpacked with dpkg-deb -x: nothing is installed), into a cache directory
 # (default /var/cache/gpuiso/vm). qemu-system-x86 itself is a package that

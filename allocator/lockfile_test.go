@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/gpuiso/gpuiso/allocator"
-	"github.com/gpuiso/gpuiso/internal/testenv"
+	"github.com/gpuiso/gpuiso/internal/testing/testenv"
 )
 
 // TestLockFileChecked: the state directory's lock file is opened only when

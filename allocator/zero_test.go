@@ -4,7 +4,7 @@ import (
 	"testing"
 
 	"github.com/gpuiso/gpuiso/allocator"
-	"github.com/gpuiso/gpuiso/internal/testenv"
+	"github.com/gpuiso/gpuiso/internal/testing/testenv"
 )
 
 // TestZeroValues: an Allocator not made with New refuses every call.

@@ -18,7 +18,7 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/gpuiso/gpuiso/internal/testenv"
+	"github.com/gpuiso/gpuiso/internal/testing/testenv"
 )
 
 var programs = []string{"agent", "allocsim", "dockerrun", "gpuinfo", "gpurun", "nvcdi", "nvvolume"}

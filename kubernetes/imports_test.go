@@ -129,7 +129,7 @@ func TestImportsFinds(t *testing.T) {
 		}
 	}
 	write("dra/a.go", "package dra\n\nimport (\n\t\"os\"\n\n\t\"github.com/gpuiso/gpuiso/internal/linux\"\n\t\"github.com/gpuiso/gpuiso/node\"\n)\n")
-	write("dra/a_test.go", "package dra\n\nimport \"github.com/gpuiso/gpuiso/internal/testenv\"\n")
+	write("dra/a_test.go", "package dra\n\nimport \"github.com/gpuiso/gpuiso/internal/testing/testenv\"\n")
 	write("labels/l.go", "package labels\n\nimport \"github.com/gpuiso/gpuiso/internalx\"\n")
 	write("cmd/p/main.go", "package main\n\nimport \"github.com/gpuiso/gpuiso/kubernetes/internal/cluster\"\n")
 	write("cmd/p/main_test.go", "package main\n\nimport \"github.com/gpuiso/gpuiso/kubernetes/internal/cluster\"\n")

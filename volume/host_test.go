@@ -10,7 +10,7 @@ import (
 	"testing"
 
 	"github.com/gpuiso/gpuiso/internal/linux"
-	"github.com/gpuiso/gpuiso/internal/testenv"
+	"github.com/gpuiso/gpuiso/internal/testing/testenv"
 )
 
 // These tests build volumes from the host's own NVIDIA driver. They need

@@ -12,7 +12,7 @@ import (
 	"testing"
 
 	"github.com/gpuiso/gpuiso/internal/ldcache"
-	"github.com/gpuiso/gpuiso/internal/testenv"
+	"github.com/gpuiso/gpuiso/internal/testing/testenv"
 )
 
 // These tests lay the host's installed NVIDIA driver out the ways drivers

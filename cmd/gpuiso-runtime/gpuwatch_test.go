@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gpuiso/gpuiso/internal/conformance"
+	"github.com/gpuiso/gpuiso/internal/testing/conformance"
 	"github.com/gpuiso/gpuiso/node/nvmlnode"
 	"github.com/gpuiso/gpuiso/node/simnode"
 )

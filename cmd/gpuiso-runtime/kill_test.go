@@ -20,7 +20,7 @@ import (
 
 	"github.com/gpuiso/gpuiso/allocator"
 	"github.com/gpuiso/gpuiso/internal/linux"
-	"github.com/gpuiso/gpuiso/internal/testenv"
+	"github.com/gpuiso/gpuiso/internal/testing/testenv"
 )
 
 // The kill points are reached with a runc that stops there: the test

@@ -12,7 +12,7 @@ import (
 
 	"github.com/opencontainers/runtime-spec/specs-go"
 
-	"github.com/gpuiso/gpuiso/internal/testenv"
+	"github.com/gpuiso/gpuiso/internal/testing/testenv"
 )
 
 // asMainEnv makes the test binary run gpuiso-runtime's main, so that tests

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gpuiso/gpuiso/internal/testenv"
+	"github.com/gpuiso/gpuiso/internal/testing/testenv"
 )
 
 // heldBy is what the owners of container id hold, in any runc root (an

@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"github.com/gpuiso/gpuiso/internal/linux"
-	"github.com/gpuiso/gpuiso/internal/testenv"
+	"github.com/gpuiso/gpuiso/internal/testing/testenv"
 	"github.com/gpuiso/gpuiso/isolator/mps"
 )
 

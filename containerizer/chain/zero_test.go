@@ -3,7 +3,7 @@ package chain
 import (
 	"testing"
 
-	"github.com/gpuiso/gpuiso/internal/testenv"
+	"github.com/gpuiso/gpuiso/internal/testing/testenv"
 )
 
 // TestZeroValues: an Isolator not made with New refuses every call with an

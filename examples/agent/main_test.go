@@ -19,7 +19,7 @@ import (
 	"github.com/gpuiso/gpuiso/allocator"
 	"github.com/gpuiso/gpuiso/containerizer/chain"
 	"github.com/gpuiso/gpuiso/internal/cli"
-	"github.com/gpuiso/gpuiso/internal/testenv"
+	"github.com/gpuiso/gpuiso/internal/testing/testenv"
 	gpucgroups "github.com/gpuiso/gpuiso/isolator/cgroups"
 )
 

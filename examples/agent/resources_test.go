@@ -10,7 +10,7 @@ import (
 	"github.com/containerd/cgroups/v3"
 	"github.com/containerd/cgroups/v3/cgroup2"
 
-	"github.com/gpuiso/gpuiso/internal/testenv"
+	"github.com/gpuiso/gpuiso/internal/testing/testenv"
 )
 
 // TestResources runs a container with --cpu-shares 512 and --memory 256

@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"github.com/gpuiso/gpuiso/containerizer/native"
-	"github.com/gpuiso/gpuiso/internal/testenv"
+	"github.com/gpuiso/gpuiso/internal/testing/testenv"
 )
 
 func TestMain(m *testing.M) {

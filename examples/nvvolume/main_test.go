@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/gpuiso/gpuiso/internal/linux"
-	"github.com/gpuiso/gpuiso/internal/testenv"
+	"github.com/gpuiso/gpuiso/internal/testing/testenv"
 )
 
 func TestUsageErrors(t *testing.T) {

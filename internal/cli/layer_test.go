@@ -65,7 +65,7 @@ func TestLayerAllowed(t *testing.T) {
 		"github.com/gpuiso/gpuiso/volume":           false,
 		"github.com/gpuiso/gpuiso/allocator":        false,
 		"github.com/gpuiso/gpuiso/nodes":            false,
-		"github.com/gpuiso/gpuiso/internal/testenv": false,
+		"github.com/gpuiso/gpuiso/internal/testing/testenv": false,
 		"github.com/NVIDIA/go-nvml/pkg/nvml":        false,
 	} {
 		if got := layerAllowed(path); got != want {

@@ -11,7 +11,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/gpuiso/gpuiso/internal/testenv"
+	"github.com/gpuiso/gpuiso/internal/testing/testenv"
 )
 
 var update = flag.Bool("update", false, "rewrite the encoded fixtures and the fuzz seed corpus under testdata/")

@@ -3,7 +3,7 @@ package cgroups_test
 import (
 	"testing"
 
-	"github.com/gpuiso/gpuiso/internal/testenv"
+	"github.com/gpuiso/gpuiso/internal/testing/testenv"
 	"github.com/gpuiso/gpuiso/isolator/cgroups"
 )
 

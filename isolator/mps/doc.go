@@ -116,7 +116,7 @@
 //   - The pinned memory limit counts each client's own CUDA context, not
 //     only its allocations: in a 1 GiB share on an H100 or an H200 (driver
 //     580) a process allocates 448 MiB but not 512 MiB, in a 2 GiB share
-//     1280 MiB but not 1536 MiB (internal/hwtest's TestMPSShares).
+//     1280 MiB but not 1536 MiB (internal/testing/hwtest's TestMPSShares).
 //
 // So gpuiso gives each share a daemon of its own, started by root with its
 // limits, and builds on what a container cannot change: the GPU its daemon

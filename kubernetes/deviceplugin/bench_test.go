@@ -5,7 +5,7 @@ import (
 	"testing"
 
 	"github.com/gpuiso/gpuiso/allocator"
-	"github.com/gpuiso/gpuiso/internal/testenv"
+	"github.com/gpuiso/gpuiso/internal/testing/testenv"
 	"github.com/gpuiso/gpuiso/kubernetes/deviceplugin"
 	"github.com/gpuiso/gpuiso/node"
 )

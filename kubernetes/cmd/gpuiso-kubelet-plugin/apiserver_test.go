@@ -25,7 +25,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
 
-	"github.com/gpuiso/gpuiso/internal/testenv"
+	"github.com/gpuiso/gpuiso/internal/testing/testenv"
 )
 
 // K8sBinEnv names the directory of the pinned Kubernetes binaries

@@ -9,7 +9,7 @@ import (
 	"testing"
 
 	"github.com/gpuiso/gpuiso/internal/linux"
-	"github.com/gpuiso/gpuiso/internal/testenv"
+	"github.com/gpuiso/gpuiso/internal/testing/testenv"
 )
 
 // TestReap: a cluster whose owner died is torn down by the next Start

@@ -18,7 +18,7 @@ import (
 	"github.com/gpuiso/gpuiso/containerizer/chain"
 	"github.com/gpuiso/gpuiso/containerizer/native"
 	"github.com/gpuiso/gpuiso/internal/linux"
-	"github.com/gpuiso/gpuiso/internal/testenv"
+	"github.com/gpuiso/gpuiso/internal/testing/testenv"
 	"github.com/gpuiso/gpuiso/volume"
 )
 

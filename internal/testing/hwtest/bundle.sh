@@ -7,9 +7,9 @@
 #
 #   bundle.sh [--vm] [DIR]
 #
-# The bundle holds the hardware suites (internal/hwtest, node/nvmlnode) and
+# The bundle holds the hardware suites (internal/testing/hwtest, node/nvmlnode) and
 # the cgroup2 suites: the isolation and runtime suites that the
-# cgroup2-only VM of internal/vmtest runs too (see run.sh). The example
+# cgroup2-only VM of internal/testing/vmtest runs too (see run.sh). The example
 # programs those suites run (gpurun, agent, gpuiso-runtime) are their test
 # binaries run as the program (a two-line script each), which keeps the
 # tarball under its limit. --vm builds the VM's bundle: the cgroup2 suites
@@ -33,8 +33,8 @@ max=$((64 << 20)) # the tarball's limit in bytes
 # The suites worth running on real hardware (this package, real discovery),
 # then the cgroup2 suites: isolation on the real kernel, the runtimes, the
 # agent, the recovery conformance suite.
-hw_pkgs=(internal/hwtest node/nvmlnode)
-v2_pkgs=(isolator/cgroups containerizer/native containerizer/chain examples/agent examples/gpurun internal/conformance cmd/gpuiso-runtime)
+hw_pkgs=(internal/testing/hwtest node/nvmlnode)
+v2_pkgs=(isolator/cgroups containerizer/native containerizer/chain examples/agent examples/gpurun internal/testing/conformance cmd/gpuiso-runtime)
 pkgs=("${v2_pkgs[@]}")
 [ "$vm" -eq 1 ] || pkgs=("${hw_pkgs[@]}" "${pkgs[@]}")
 
@@ -63,7 +63,7 @@ if [ -x "$runc" ]; then
 else
   echo "bundle: no $runc (bash .ci/current-docker.sh builds it): run.sh will use the node's runc, if any" >&2
 fi
-install -m 0755 internal/hwtest/run.sh "$stage/run.sh"
+install -m 0755 internal/testing/hwtest/run.sh "$stage/run.sh"
 git rev-parse --short HEAD >"$stage/REVISION" 2>/dev/null || echo unknown >"$stage/REVISION"
 
 if [ "$vm" -eq 0 ]; then

@@ -41,7 +41,7 @@
 //
 // # The suites
 //
-// internal/hwtest's bundle.sh --vm builds the cgroup2 suites' test binaries
+// internal/testing/hwtest's bundle.sh --vm builds the cgroup2 suites' test binaries
 // (go test -c: the isolator, the native containerizer with its escape and
 // boundary tests, the chain, the agent, gpurun, gpuiso-runtime with the
 // bundle's runc, the conformance suite) and run.sh --vm runs them as root

@@ -42,7 +42,7 @@ const (
 	Podman          Suite = "podman"          // rootful Podman, a CDI runtime
 	CurrentDocker   Suite = "current-docker"  // a current Docker daemon (API 1.44+) built by .ci/current-docker.sh
 	Kubernetes      Suite = "kubernetes"      // a one-node Kubernetes cluster from the pinned build of .ci/k8s-build.sh
-	CgroupV2VM      Suite = "cgroup2-vm"      // the cgroup2-only VM of internal/vmtest: qemu and the kernel .ci/vm-kernel.sh caches
+	CgroupV2VM      Suite = "cgroup2-vm"      // the cgroup2-only VM of internal/testing/vmtest: qemu and the kernel .ci/vm-kernel.sh caches
 	GPU             Suite = "gpu"             // a real NVIDIA GPU with a loaded kernel driver
 	NUMA            Suite = "numa"            // a host with two NUMA nodes or more (the cgroup2-only VM has two)
 )

@@ -53,13 +53,13 @@ func requiresAll() bool {
 // GPUs of a simulated node. Where a real NVIDIA kernel driver is loaded, the
 // daemon refuses a GPU the driver does not have (it ends at its start), so
 // such a test skips there, whatever the required suites: the hardware
-// suite's share test (internal/hwtest) covers shares on that node's real
+// suite's share test (internal/testing/hwtest) covers shares on that node's real
 // GPUs.
 func RequireSimulatedMPS(tb testing.TB) string {
 	tb.Helper()
 	bin := RequireMPS(tb)
 	if _, err := os.Stat("/proc/driver/nvidia/version"); err == nil {
-		tb.Skip("a real NVIDIA driver is loaded: its MPS daemon refuses a simulated GPU (internal/hwtest's share test covers this node's GPUs)")
+		tb.Skip("a real NVIDIA driver is loaded: its MPS daemon refuses a simulated GPU (internal/testing/hwtest's share test covers this node's GPUs)")
 	}
 	return bin
 }

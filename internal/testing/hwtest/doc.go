@@ -1,7 +1,7 @@
 // Package hwtest is gpuiso's hardware suite: the assertions that only a
 // node with real NVIDIA GPUs and a loaded kernel driver can prove. It has no
 // API; its tests are the product. They need the "gpu" suite (see
-// internal/testenv), which the project's full test command does not require,
+// internal/testing/testenv), which the project's full test command does not require,
 // and skip with a reason elsewhere.
 //
 // On a GPU node the suite asserts that
@@ -35,7 +35,7 @@
 // GPUISO_PROBE, GPUISO_CUDACHECK and GPUISO_PROGRAM_DIR, which run.sh sets,
 // or next to themselves.
 //
-// The cgroup2-only VM of internal/vmtest runs the same cgroup2 suites from
+// The cgroup2-only VM of internal/testing/vmtest runs the same cgroup2 suites from
 // the same scripts (bundle.sh --vm, run.sh --vm), narrowed to its budget.
 //
 // Without a GPU the tests that can run anyway do: cudacheck is built with

@@ -13,11 +13,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gpuiso/gpuiso/internal/testenv"
+	"github.com/gpuiso/gpuiso/internal/testing/testenv"
 )
 
 // root is the repository root, from this package's directory.
-const root = "../.."
+const root = "../../.."
 
 // documents are the files whose runnable blocks run, in order.
 func documents(t *testing.T) []string {

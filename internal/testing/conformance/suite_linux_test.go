@@ -16,7 +16,7 @@ import (
 	"time"
 
 	"github.com/gpuiso/gpuiso/containerizer/native"
-	"github.com/gpuiso/gpuiso/internal/testenv"
+	"github.com/gpuiso/gpuiso/internal/testing/testenv"
 	gpucgroups "github.com/gpuiso/gpuiso/isolator/cgroups"
 )
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs gpuiso's hardware suite from its bundle (see `make hwtest`), as root on
 # a node with NVIDIA GPUs, or the cgroup2 suites in the cgroup2-only VM of
-# internal/vmtest. Needs no Go, Docker or registry; it never changes a GPU's
+# internal/testing/vmtest. Needs no Go, Docker or registry; it never changes a GPU's
 # settings (MIG mode included). Exit status 0 means every suite passed.
 #
 #   run.sh [--vm] [--src DIR] [--quiet] [TEST BINARY ARGS...]
@@ -124,9 +124,9 @@ if [ "$vm" -eq 1 ]; then
     GPUISO_CONCURRENT_ROUNDS=${GPUISO_CONCURRENT_ROUNDS:-1} GPUISO_CRASH_KILLS=${GPUISO_CRASH_KILLS:-5} \
     suite gpurun examples/gpurun -test.skip='^TestImageBoundary$' "$@"
   suite agent examples/agent "$@"
-  GPUISO_CONFORMANCE_KILLS=${GPUISO_CONFORMANCE_KILLS:-3} suite conformance internal/conformance -test.run='^TestConformance$/^(native|chain)$' "$@"
+  GPUISO_CONFORMANCE_KILLS=${GPUISO_CONFORMANCE_KILLS:-3} suite conformance internal/testing/conformance -test.run='^TestConformance$/^(native|chain)$' "$@"
 else
-  suite hwtest internal/hwtest "$@"
+  suite hwtest internal/testing/hwtest "$@"
   suite nvmlnode node/nvmlnode -test.run='^TestDiscover(RealGPU|DriverNotLoaded)$' "$@"
   suite cgroups isolator/cgroups "${golden[@]}" "$@"
   suite native containerizer/native "$@"
@@ -134,7 +134,7 @@ else
   suite agent examples/agent "$@"
   suite gpurun examples/gpurun "$@"
   suite gpuiso-runtime cmd/gpuiso-runtime "$@"
-  suite conformance internal/conformance "$@"
+  suite conformance internal/testing/conformance "$@"
 fi
 
 if [ "$vm" -eq 1 ]; then

@@ -18,7 +18,7 @@ import (
 	"github.com/moby/moby/client"
 
 	"github.com/gpuiso/gpuiso/containerizer/docker"
-	"github.com/gpuiso/gpuiso/internal/testenv"
+	"github.com/gpuiso/gpuiso/internal/testing/testenv"
 	isodocker "github.com/gpuiso/gpuiso/isolator/docker"
 )
 

@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"github.com/gpuiso/gpuiso/containerizer/native"
-	"github.com/gpuiso/gpuiso/internal/testenv"
+	"github.com/gpuiso/gpuiso/internal/testing/testenv"
 )
 
 func TestMain(m *testing.M) {
@@ -52,7 +52,7 @@ func cudaCheck(t testing.TB) string {
 // directory.
 func buildCUDACheck(t testing.TB) string {
 	t.Helper()
-	src, err := filepath.Abs(filepath.Join("..", "..", "testdata", "cudacheck", "cudacheck.c"))
+	src, err := filepath.Abs(filepath.Join("..", "..", "..", "testdata", "cudacheck", "cudacheck.c"))
 	if err != nil || !isFile(src) {
 		t.Skipf("no prebuilt cudacheck (%s) and no source tree to build it from", cudaCheckEnv)
 	}

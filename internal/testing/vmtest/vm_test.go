@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gpuiso/gpuiso/internal/testenv"
+	"github.com/gpuiso/gpuiso/internal/testing/testenv"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }
@@ -35,7 +35,7 @@ var passed = []string{"GPUISO_SUITES", "GPUISO_CONFORMANCE_SEED", "GPUISO_CONFOR
 
 // TestCgroup2VM is the cgroup2-only VM step of the full test command: on a
 // host that is not cgroup2-only (this hybrid one: v1 controllers, a cgroup2
-// with none), it builds the cgroup2 suites' test binaries (internal/hwtest's
+// with none), it builds the cgroup2 suites' test binaries (internal/testing/hwtest's
 // bundle.sh --vm), boots Debian's kernel under qemu with cgroup_no_v1=all,
 // two NUMA nodes and the host's /usr shared read-only, and runs them there as
 // root (run.sh --vm): the native containerizer, the chain, the agent,
@@ -59,7 +59,7 @@ func TestCgroup2VM(t *testing.T) {
 			missing = append(missing, fmt.Sprintf("%s: %v", tool, err))
 		}
 	}
-	src, err := filepath.Abs(filepath.Join("..", ".."))
+	src, err := filepath.Abs(filepath.Join("..", "..", ".."))
 	if err == nil {
 		if _, err = os.Stat(filepath.Join(src, "internal", "hwtest", "bundle.sh")); err != nil {
 			missing = append(missing, fmt.Sprintf("the source tree: %v", err))
