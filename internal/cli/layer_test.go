@@ -58,15 +58,15 @@ func TestLayer(t *testing.T) {
 
 func TestLayerAllowed(t *testing.T) {
 	for path, want := range map[string]bool{
-		"os":                                        true,
-		"github.com/gpuiso/gpuiso/node":             true,
-		"github.com/gpuiso/gpuiso/node/simnode":     true,
-		"github.com/gpuiso/gpuiso/internal/linux":   true,
-		"github.com/gpuiso/gpuiso/volume":           false,
-		"github.com/gpuiso/gpuiso/allocator":        false,
-		"github.com/gpuiso/gpuiso/nodes":            false,
+		"os":                                                true,
+		"github.com/gpuiso/gpuiso/node":                     true,
+		"github.com/gpuiso/gpuiso/node/simnode":             true,
+		"github.com/gpuiso/gpuiso/internal/linux":           true,
+		"github.com/gpuiso/gpuiso/volume":                   false,
+		"github.com/gpuiso/gpuiso/allocator":                false,
+		"github.com/gpuiso/gpuiso/nodes":                    false,
 		"github.com/gpuiso/gpuiso/internal/testing/testenv": false,
-		"github.com/NVIDIA/go-nvml/pkg/nvml":        false,
+		"github.com/NVIDIA/go-nvml/pkg/nvml":                false,
 	} {
 		if got := layerAllowed(path); got != want {
 			t.Errorf("layerAllowed(%q) = %v; want %v", path, got, want)
