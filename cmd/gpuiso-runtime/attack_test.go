@@ -448,9 +448,7 @@ func TestImageCompatFiles(t *testing.T) {
 // gets one of them, and the GPU held before stays out of its view.
 func TestAllClaimsNothing(t *testing.T) {
 	r := newAttackRig(t)
-	if _, err := exec.LookPath("runc"); err != nil {
-		t.Skipf("no runc: %v", err)
-	}
+	testenv.RequireRunc(t)
 	probe := testenv.BuildProbe(t)
 	root := t.TempDir()
 	rt := func(args ...string) (string, error) {
@@ -548,9 +546,7 @@ func waitOutput(t *testing.T, path, want string) string {
 // naming the owner, and nothing is created; a free GPU's node passes.
 func TestDeviceOfOwnedGPU(t *testing.T) {
 	r := newAttackRig(t)
-	if _, err := exec.LookPath("runc"); err != nil {
-		t.Skipf("no runc: %v", err)
-	}
+	testenv.RequireRunc(t)
 	probe := testenv.BuildProbe(t)
 	root := t.TempDir()
 	rt := func(args ...string) (string, error) {

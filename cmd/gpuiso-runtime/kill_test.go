@@ -189,12 +189,7 @@ func newRig(t *testing.T) *rig {
 	t.Helper()
 	testenv.RequireRoot(t)
 	testenv.RequireNVIDIALibraries(t)
-	if _, err := exec.LookPath("runc"); err != nil {
-		if testenv.Required(testenv.Root) {
-			t.Fatalf("no runc: %v", err)
-		}
-		t.Skipf("no runc: %v", err)
-	}
+	testenv.RequireRunc(t)
 	r := &rig{bin: buildRuntime(t), state: t.TempDir(), root: t.TempDir(), probe: testenv.BuildProbe(t)}
 	r.sim, _, _ = simNode(t, "dgx1-volta")
 	return r

@@ -180,12 +180,7 @@ func TestOwnershipAcrossClients(t *testing.T) {
 // out again once it is dead, though nobody deleted it.
 func TestOwnershipDeadContainer(t *testing.T) {
 	testenv.RequireRoot(t)
-	if _, err := exec.LookPath("runc"); err != nil {
-		if testenv.Required(testenv.Root) {
-			t.Fatalf("no runc: %v", err)
-		}
-		t.Skipf("no runc: %v", err)
-	}
+	testenv.RequireRunc(t)
 	bin := buildRuntime(t)
 	sim, _, _ := simNode(t, "dgx1-volta")
 	state := t.TempDir()
@@ -314,12 +309,7 @@ func probeBundle(t *testing.T, probe string, edit func(proc map[string]any)) str
 // refused in one line and runc created nothing for it.
 func TestOwnershipConcurrent(t *testing.T) {
 	testenv.RequireRoot(t)
-	if _, err := exec.LookPath("runc"); err != nil {
-		if testenv.Required(testenv.Root) {
-			t.Fatalf("no runc: %v", err)
-		}
-		t.Skipf("no runc: %v", err)
-	}
+	testenv.RequireRunc(t)
 	bin := buildRuntime(t)
 	sim, _, _ := simNode(t, "dgx1-volta")
 	state, root := t.TempDir(), t.TempDir()

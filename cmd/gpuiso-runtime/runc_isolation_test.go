@@ -20,12 +20,7 @@ import (
 func TestRuncIsolation(t *testing.T) {
 	testenv.RequireRoot(t)
 	testenv.RequireNVIDIALibraries(t)
-	if _, err := exec.LookPath("runc"); err != nil {
-		if testenv.Required(testenv.Root) {
-			t.Fatalf("no runc: %v", err)
-		}
-		t.Skipf("no runc: %v", err)
-	}
+	testenv.RequireRunc(t)
 	bin := buildRuntime(t)
 	sim, major, gpus := simNode(t, "dgx1-volta")
 	dir := probeBundle(t, testenv.BuildProbe(t), func(proc map[string]any) {

@@ -22,12 +22,7 @@ import (
 func TestRuncMIG(t *testing.T) {
 	testenv.RequireRoot(t)
 	testenv.RequireNVIDIALibraries(t)
-	if _, err := exec.LookPath("runc"); err != nil {
-		if testenv.Required(testenv.Root) {
-			t.Fatalf("no runc: %v", err)
-		}
-		t.Skipf("no runc: %v", err)
-	}
+	testenv.RequireRunc(t)
 	bin := buildRuntime(t)
 	sim, _, _ := simNode(t, "hgx-h100-mig")
 	n, err := simnode.New("hgx-h100-mig")

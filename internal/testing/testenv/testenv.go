@@ -13,6 +13,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -40,6 +41,7 @@ const (
 	Docker          Suite = "docker"          // a Docker daemon that answers
 	NVIDIALibraries Suite = "nvidia-libs"     // the NVIDIA user-space driver (libnvidia-ml.so.1)
 	Podman          Suite = "podman"          // rootful Podman, a CDI runtime
+	Runc            Suite = "runc"            // a runc binary on PATH (the OCI runtime gpuiso-runtime hands bundles to)
 	CurrentDocker   Suite = "current-docker"  // a current Docker daemon (API 1.44+) built by .ci/current-docker.sh
 	Kubernetes      Suite = "kubernetes"      // a one-node Kubernetes cluster from the pinned build of .ci/k8s-build.sh
 	CgroupV2VM      Suite = "cgroup2-vm"      // the cgroup2-only VM of internal/testing/vmtest: qemu and the kernel .ci/vm-kernel.sh caches
@@ -52,7 +54,7 @@ const (
 // suite; the cgroup2-only VM suite, which proves that host's case on a
 // hybrid one, then skips by itself.
 func Suites() []Suite {
-	all := []Suite{Root, CgroupV1Devices, CgroupV2, Docker, NVIDIALibraries, Podman, CurrentDocker, Kubernetes, CgroupV2VM}
+	all := []Suite{Root, CgroupV1Devices, CgroupV2, Docker, NVIDIALibraries, Podman, Runc, CurrentDocker, Kubernetes, CgroupV2VM}
 	if CgroupV2Only() {
 		all = slices.DeleteFunc(all, func(s Suite) bool { return s == CgroupV1Devices })
 	}
@@ -253,6 +255,22 @@ func RequireGPU(tb testing.TB) {
 	if _, err := os.Stat("/dev/nvidiactl"); err != nil {
 		skip(tb, GPU, "no /dev/nvidiactl: %v", err)
 	}
+}
+
+// RequireRunc skips tb unless a runc binary on PATH answers "runc
+// --version". It returns the binary's path.
+func RequireRunc(tb testing.TB) string {
+	tb.Helper()
+	path, err := exec.LookPath("runc")
+	if err != nil {
+		skip(tb, Runc, "no runc on PATH (bash .ci/provision.sh installs it): %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if out, err := exec.CommandContext(ctx, path, "--version").CombinedOutput(); err != nil {
+		skip(tb, Runc, "%s --version: %v: %s", path, err, strings.TrimSpace(string(out)))
+	}
+	return path
 }
 
 // CurrentDockerEnv names the directory holding a current Docker daemon and
