@@ -19,7 +19,7 @@ import (
 	"github.com/gpuiso/gpuiso/containerizer/native"
 	"github.com/gpuiso/gpuiso/internal/testing/testenv"
 	"github.com/gpuiso/gpuiso/isolator/cgroups"
-	isodocker "github.com/gpuiso/gpuiso/isolator/docker"
+	"github.com/gpuiso/gpuiso/isolator/dockerconfig"
 	"github.com/gpuiso/gpuiso/isolator/mps"
 	"github.com/gpuiso/gpuiso/node"
 	"github.com/gpuiso/gpuiso/node/simnode"
@@ -162,7 +162,7 @@ func TestConformance(t *testing.T) {
 				},
 				leftovers: func(id string) []string {
 					list, err := cli.ContainerList(context.Background(), client.ContainerListOptions{All: true,
-						Filters: make(client.Filters).Add("label", docker.LabelNamespace+"="+ns).Add("label", isodocker.LabelOwner+"="+id)})
+						Filters: make(client.Filters).Add("label", docker.LabelNamespace+"="+ns).Add("label", dockerconfig.LabelOwner+"="+id)})
 					if err != nil {
 						return []string{err.Error()}
 					}

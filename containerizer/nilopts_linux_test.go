@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/gpuiso/gpuiso/allocator"
-	czdocker "github.com/gpuiso/gpuiso/containerizer/docker"
+	"github.com/gpuiso/gpuiso/containerizer/docker"
 	"github.com/gpuiso/gpuiso/containerizer/rootfs"
 	"github.com/gpuiso/gpuiso/isolator"
 	"github.com/gpuiso/gpuiso/isolator/cdi"
@@ -19,7 +19,7 @@ import (
 )
 
 // someClient is a Docker client that is not nil; nothing calls it.
-type someClient struct{ czdocker.Client }
+type someClient struct{ docker.Client }
 
 // TestNilOptions: every constructor of the library that takes functional
 // options refuses a nil one with an error of kind node.ErrInvalid, rather
@@ -49,7 +49,7 @@ func TestNilOptions(t *testing.T) {
 			return err
 		},
 		"rootfs.Unpack":     func() error { _, err := rootfs.Unpack(ctx, t.TempDir(), t.TempDir(), nil); return err },
-		"docker.NewRuntime": func() error { _, err := czdocker.NewRuntime(someClient{}, nil); return err },
+		"docker.NewRuntime": func() error { _, err := docker.NewRuntime(someClient{}, nil); return err },
 		"volume.New":        func() error { _, err := volume.New(nil); return err },
 		"cdi.New":           func() error { _, err := cdi.New(inv, nil); return err },
 		"cgroups.New":       func() error { _, err := cgroups.New(nil); return err },

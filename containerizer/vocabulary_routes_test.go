@@ -13,18 +13,18 @@ import (
 
 	"github.com/gpuiso/gpuiso/allocator"
 	"github.com/gpuiso/gpuiso/containerizer"
-	czdocker "github.com/gpuiso/gpuiso/containerizer/docker"
-	"github.com/gpuiso/gpuiso/containerizer/record"
+	"github.com/gpuiso/gpuiso/containerizer/docker"
 	"github.com/gpuiso/gpuiso/internal/testing/testenv"
 	"github.com/gpuiso/gpuiso/isolator/cdi"
 	"github.com/gpuiso/gpuiso/node"
 	"github.com/gpuiso/gpuiso/node/simnode"
+	"github.com/gpuiso/gpuiso/record"
 	"github.com/gpuiso/gpuiso/volume"
 )
 
 // imagelessDaemon is a Docker daemon that has no image and no container.
 // Any other call panics (the embedded nil Client).
-type imagelessDaemon struct{ czdocker.Client }
+type imagelessDaemon struct{ docker.Client }
 
 func (imagelessDaemon) ImageInspect(_ context.Context, ref string, _ ...client.ImageInspectOption) (client.ImageInspectResult, error) {
 	return client.ImageInspectResult{}, fmt.Errorf("Error response from daemon: No such image: %s: %w", ref, cerrdefs.ErrNotFound)
@@ -54,7 +54,7 @@ func TestFailureRoutes(t *testing.T) {
 	if _, err := plain.Allocate(ctx, "held", allocator.Request{Count: 3}); err != nil {
 		t.Fatal(err)
 	}
-	drt, err := czdocker.NewRuntime(imagelessDaemon{})
+	drt, err := docker.NewRuntime(imagelessDaemon{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -171,7 +171,7 @@ func TestFailureRoutes(t *testing.T) {
 			return volume.Check(volume.Image{Env: []string{"NVIDIA_REQUIRE_CUDA=cuda>=99.0"}}, volume.Driver{Version: "535.104.05", CUDA: node.CUDAVersion(12020)}, nil)
 		}, node.ErrNotSupported},
 		{"an unknown network", func() error { _, err := containerizer.ParseNetwork("bridge"); return err }, node.ErrInvalid},
-		{"a Docker runtime without a client", func() error { _, err := czdocker.NewRuntime(nil); return err }, node.ErrInvalid},
+		{"a Docker runtime without a client", func() error { _, err := docker.NewRuntime(nil); return err }, node.ErrInvalid},
 		{"a requirement that does not parse", func() error { _, err := volume.ParseRequirement("NVIDIA_REQUIRE_CUDA", "cuda>>1"); return err }, node.ErrInvalid},
 	} {
 		t.Run(tt.name, func(t *testing.T) {

@@ -14,18 +14,18 @@ import (
 	"github.com/gpuiso/gpuiso/allocator"
 	"github.com/gpuiso/gpuiso/containerizer"
 	"github.com/gpuiso/gpuiso/containerizer/chain"
-	czdocker "github.com/gpuiso/gpuiso/containerizer/docker"
-	"github.com/gpuiso/gpuiso/containerizer/record"
+	"github.com/gpuiso/gpuiso/containerizer/docker"
 	"github.com/gpuiso/gpuiso/containerizer/rootfs"
 	"github.com/gpuiso/gpuiso/isolator"
 	"github.com/gpuiso/gpuiso/isolator/cdi"
 	"github.com/gpuiso/gpuiso/isolator/cgroups"
-	isodocker "github.com/gpuiso/gpuiso/isolator/docker"
+	"github.com/gpuiso/gpuiso/isolator/dockerconfig"
 	"github.com/gpuiso/gpuiso/isolator/mps"
 	"github.com/gpuiso/gpuiso/isolator/oci"
 	"github.com/gpuiso/gpuiso/node"
 	"github.com/gpuiso/gpuiso/node/nvmlnode"
 	"github.com/gpuiso/gpuiso/node/simnode"
+	"github.com/gpuiso/gpuiso/record"
 	"github.com/gpuiso/gpuiso/volume"
 )
 
@@ -64,15 +64,15 @@ func TestVocabulary(t *testing.T) {
 		"containerizer.ErrNotSupported":             containerizer.ErrNotSupported,
 		"containerizer.ErrTransition":               containerizer.ErrTransition,
 		"containerizer.ErrUnknownContainer":         containerizer.ErrUnknownContainer,
-		"containerizer/docker.ErrDaemonUnavailable": czdocker.ErrDaemonUnavailable,
+		"containerizer/docker.ErrDaemonUnavailable": docker.ErrDaemonUnavailable,
 		"containerizer/record.ErrCorrupt":           record.ErrCorrupt,
 		"containerizer/record.ErrNoRecord":          record.ErrNoRecord,
 		"containerizer/record.ErrInvalidKey":        record.ErrInvalidKey,
 		"containerizer/record.ErrInvalidOptions":    record.ErrInvalidOptions,
 		"containerizer/record.ErrInvalidEntry":      record.ErrInvalidEntry,
 		"containerizer/record.ErrNotMade":           record.ErrNotMade,
-		"containerizer/docker.ErrNoVolume":          czdocker.ErrNoVolume,
-		"containerizer/docker.ErrNotManaged":        czdocker.ErrNotManaged,
+		"containerizer/docker.ErrNoVolume":          docker.ErrNoVolume,
+		"containerizer/docker.ErrNotManaged":        docker.ErrNotManaged,
 		"containerizer/rootfs.ErrFormat":            rootfs.ErrFormat,
 		"containerizer/rootfs.ErrNotEmpty":          rootfs.ErrNotEmpty,
 		"containerizer/rootfs.ErrLimit":             rootfs.ErrLimit,
@@ -100,9 +100,9 @@ func TestVocabulary(t *testing.T) {
 		"isolator/cdi.ErrInvalidDir":                cdi.ErrInvalidDir,
 		"isolator/cgroups.ErrNotMade":               cgroups.ErrNotMade,
 		"isolator/cgroups.ErrVerify":                cgroups.ErrVerify,
-		"isolator/docker.ErrInvalidLabels":          isodocker.ErrInvalidLabels,
-		"isolator/docker.ErrInvalidPlan":            isodocker.ErrInvalidPlan,
-		"isolator/docker.ErrNilConfig":              isodocker.ErrNilConfig,
+		"isolator/dockerconfig.ErrInvalidLabels":    dockerconfig.ErrInvalidLabels,
+		"isolator/dockerconfig.ErrInvalidPlan":      dockerconfig.ErrInvalidPlan,
+		"isolator/dockerconfig.ErrNilConfig":        dockerconfig.ErrNilConfig,
 		"isolator/oci.ErrNoLinux":                   oci.ErrNoLinux,
 		"isolator/mps.ErrNoControl":                 mps.ErrNoControl,
 		"isolator/mps.ErrInvalid":                   mps.ErrInvalid,

@@ -18,18 +18,18 @@ import (
 	"github.com/gpuiso/gpuiso/allocator"
 	"github.com/gpuiso/gpuiso/containerizer"
 	"github.com/gpuiso/gpuiso/containerizer/chain"
-	czdocker "github.com/gpuiso/gpuiso/containerizer/docker"
-	"github.com/gpuiso/gpuiso/containerizer/record"
+	"github.com/gpuiso/gpuiso/containerizer/docker"
 	"github.com/gpuiso/gpuiso/containerizer/rootfs"
 	"github.com/gpuiso/gpuiso/internal/ldcache"
 	"github.com/gpuiso/gpuiso/internal/linux"
 	"github.com/gpuiso/gpuiso/isolator"
 	"github.com/gpuiso/gpuiso/isolator/cdi"
 	"github.com/gpuiso/gpuiso/isolator/cgroups"
-	isodocker "github.com/gpuiso/gpuiso/isolator/docker"
+	"github.com/gpuiso/gpuiso/isolator/dockerconfig"
 	"github.com/gpuiso/gpuiso/node"
 	"github.com/gpuiso/gpuiso/node/nvmlnode"
 	"github.com/gpuiso/gpuiso/node/simnode"
+	"github.com/gpuiso/gpuiso/record"
 	"github.com/gpuiso/gpuiso/volume"
 )
 
@@ -84,24 +84,24 @@ func TestVocabularyTypedErrors(t *testing.T) {
 			{&containerizer.NotAdoptedError{ID: "c1", Kind: containerizer.KindDocker, Err: &allocator.ClaimError{Owner: "c1"}}, containerizer.ErrNotAdopted, node.ErrInvalid},
 			{&containerizer.NotAdoptedError{RuntimeID: "x", Kind: containerizer.KindNative, Err: &record.CorruptError{Path: "/run/x", Err: errors.New("bad checksum")}}, containerizer.ErrNotAdopted, node.ErrInvalid},
 		},
-		"containerizer/docker.DaemonError":  {{&czdocker.DaemonError{Op: "inspect image", Err: errors.New("connection refused")}, czdocker.ErrDaemonUnavailable, node.ErrUnavailable}},
+		"containerizer/docker.DaemonError":  {{&docker.DaemonError{Op: "inspect image", Err: errors.New("connection refused")}, docker.ErrDaemonUnavailable, node.ErrUnavailable}},
 		"containerizer/record.CorruptError": {{&record.CorruptError{Path: "/run/x/c1/container.json", Err: errors.New("bad checksum")}, record.ErrCorrupt, node.ErrCorrupt}},
 		"containerizer/rootfs.LimitError":   {{limit, rootfs.ErrLimit, node.ErrInvalid}},
 		// A LayerError names the layer of its cause and matches what the
 		// cause matches.
-		"containerizer/rootfs.LayerError": {{&rootfs.LayerError{Layer: "blobs/sha256/x", Err: limit}, rootfs.ErrLimit, node.ErrInvalid}},
-		"volume.LockError":                {{&volume.LockError{Root: "/var/run/gpuiso/volumes", Err: context.DeadlineExceeded}, volume.ErrLocked, node.ErrUnavailable}},
-		"volume.UnsafeError":              {{&volume.UnsafeError{Path: "/var/run/gpuiso", Reason: "group-writable"}, volume.ErrUnsafe, node.ErrCorrupt}},
-		"volume.DamagedError":             {{&volume.DamagedError{Path: "/v", Problems: []string{"lib: size"}}, volume.ErrDamaged, node.ErrCorrupt}},
-		"volume.VersionError":             {{&volume.VersionError{Tried: []error{errors.New("no proc")}}, volume.ErrNoDriverVersion, node.ErrUnavailable}},
-		"volume.SyntaxError":              {{&volume.SyntaxError{Expr: "cuda>>1", Token: ">>1", Reason: "bad operator"}, volume.ErrInvalidRequirement, node.ErrInvalid}},
-		"volume.UnmetError":               {{&volume.UnmetError{Source: "NVIDIA_REQUIRE_CUDA", Expr: "cuda>=13.0", Driver: "535.309.01", CUDA: "12.2", GPU: -1}, volume.ErrRequirementUnmet, node.ErrNotSupported}},
-		"volume.VersionMismatchError":     {{&volume.VersionMismatchError{Version: "535.1", Found: []string{"550.2"}}, volume.ErrVersionMismatch, node.ErrInvalid}},
-		"isolator/docker.LabelError":      {{&isodocker.LabelError{Label: "gpuiso.gpus", Value: "x", Reason: "not a list"}, isodocker.ErrInvalidLabels, node.ErrInvalid}},
-		"isolator/cdi.KindError":          {{&cdi.KindError{Kind: "x", Reason: "no class"}, cdi.ErrInvalidKind, node.ErrInvalid}},
-		"isolator/cdi.SpecError":          {{&cdi.SpecError{Path: "/etc/cdi/x.json", Err: errors.New("no devices")}, cdi.ErrInvalidSpec, node.ErrInvalid}},
-		"isolator/cgroups.VerifyError":    {{&cgroups.VerifyError{Owner: "c1"}, cgroups.ErrVerify, node.ErrCorrupt}},
-		"internal/linux.UnsafeLockError":  {{&linux.UnsafeLockError{Path: "/run/x/.lock", Reason: "a link"}, linux.ErrUnsafeLock, node.ErrCorrupt}},
+		"containerizer/rootfs.LayerError":  {{&rootfs.LayerError{Layer: "blobs/sha256/x", Err: limit}, rootfs.ErrLimit, node.ErrInvalid}},
+		"volume.LockError":                 {{&volume.LockError{Root: "/var/run/gpuiso/volumes", Err: context.DeadlineExceeded}, volume.ErrLocked, node.ErrUnavailable}},
+		"volume.UnsafeError":               {{&volume.UnsafeError{Path: "/var/run/gpuiso", Reason: "group-writable"}, volume.ErrUnsafe, node.ErrCorrupt}},
+		"volume.DamagedError":              {{&volume.DamagedError{Path: "/v", Problems: []string{"lib: size"}}, volume.ErrDamaged, node.ErrCorrupt}},
+		"volume.VersionError":              {{&volume.VersionError{Tried: []error{errors.New("no proc")}}, volume.ErrNoDriverVersion, node.ErrUnavailable}},
+		"volume.SyntaxError":               {{&volume.SyntaxError{Expr: "cuda>>1", Token: ">>1", Reason: "bad operator"}, volume.ErrInvalidRequirement, node.ErrInvalid}},
+		"volume.UnmetError":                {{&volume.UnmetError{Source: "NVIDIA_REQUIRE_CUDA", Expr: "cuda>=13.0", Driver: "535.309.01", CUDA: "12.2", GPU: -1}, volume.ErrRequirementUnmet, node.ErrNotSupported}},
+		"volume.VersionMismatchError":      {{&volume.VersionMismatchError{Version: "535.1", Found: []string{"550.2"}}, volume.ErrVersionMismatch, node.ErrInvalid}},
+		"isolator/dockerconfig.LabelError": {{&dockerconfig.LabelError{Label: "gpuiso.gpus", Value: "x", Reason: "not a list"}, dockerconfig.ErrInvalidLabels, node.ErrInvalid}},
+		"isolator/cdi.KindError":           {{&cdi.KindError{Kind: "x", Reason: "no class"}, cdi.ErrInvalidKind, node.ErrInvalid}},
+		"isolator/cdi.SpecError":           {{&cdi.SpecError{Path: "/etc/cdi/x.json", Err: errors.New("no devices")}, cdi.ErrInvalidSpec, node.ErrInvalid}},
+		"isolator/cgroups.VerifyError":     {{&cgroups.VerifyError{Owner: "c1"}, cgroups.ErrVerify, node.ErrCorrupt}},
+		"internal/linux.UnsafeLockError":   {{&linux.UnsafeLockError{Path: "/run/x/.lock", Reason: "a link"}, linux.ErrUnsafeLock, node.ErrCorrupt}},
 		// The agent's state directory lock.
 		"containerizer/chain.UnsafeLockError": {{&chain.UnsafeLockError{Path: "/var/lib/agent/.lock", Reason: "owned by uid 1000"}, chain.ErrUnsafeLock, node.ErrCorrupt}},
 		"internal/ldcache.FormatError": {

@@ -42,7 +42,7 @@
 //   - isolator/oci edits an OCI runtime spec (the form runc, containerd and
 //     CRI-O take, and the native containerizer builds on): device nodes, a
 //     deny-all followed by the plan's rules, mounts, environment;
-//   - isolator/docker computes a Docker container configuration: device
+//   - isolator/dockerconfig computes a Docker container configuration: device
 //     mappings (or, with NewCDI, a CDI device request), the plan's rules,
 //     bind mounts, environment and labels recording the owner;
 //   - isolator/cdi writes a Container Device Interface spec: per GPU the

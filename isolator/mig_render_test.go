@@ -8,7 +8,7 @@ import (
 	"github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/gpuiso/gpuiso/isolator"
-	isodocker "github.com/gpuiso/gpuiso/isolator/docker"
+	"github.com/gpuiso/gpuiso/isolator/dockerconfig"
 	"github.com/gpuiso/gpuiso/isolator/oci"
 	"github.com/gpuiso/gpuiso/node"
 )
@@ -42,7 +42,7 @@ func TestMIGRenderings(t *testing.T) {
 	}
 	slices.Sort(allowed)
 
-	cfg, err := isodocker.New(plan)
+	cfg, err := dockerconfig.New(plan)
 	if err != nil {
 		t.Fatal(err)
 	}

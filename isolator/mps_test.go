@@ -9,7 +9,7 @@ import (
 	"github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/gpuiso/gpuiso/isolator"
-	"github.com/gpuiso/gpuiso/isolator/docker"
+	"github.com/gpuiso/gpuiso/isolator/dockerconfig"
 	"github.com/gpuiso/gpuiso/isolator/oci"
 	"github.com/gpuiso/gpuiso/node"
 )
@@ -56,7 +56,7 @@ func TestPlanMPS(t *testing.T) {
 	if len(shm) != 1 || shm[0].Source != m.ShmDir[:len(m.ShmDir)-1] {
 		t.Fatalf("OCI /dev/shm mounts = %+v", shm)
 	}
-	dc, err := docker.New(plan)
+	dc, err := dockerconfig.New(plan)
 	if err != nil {
 		t.Fatal(err)
 	}

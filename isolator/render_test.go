@@ -13,7 +13,7 @@ import (
 
 	"github.com/gpuiso/gpuiso/isolator"
 	"github.com/gpuiso/gpuiso/isolator/cdi"
-	"github.com/gpuiso/gpuiso/isolator/docker"
+	"github.com/gpuiso/gpuiso/isolator/dockerconfig"
 	"github.com/gpuiso/gpuiso/isolator/oci"
 	"github.com/gpuiso/gpuiso/node"
 	"github.com/gpuiso/gpuiso/volume"
@@ -114,7 +114,7 @@ func TestRenderersAgree(t *testing.T) {
 	}
 	native.env = envMap(isolator.MergeEnv(imageEnv, plan.Env))
 
-	dc, err := docker.New(plan)
+	dc, err := dockerconfig.New(plan)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,7 +14,7 @@ import (
 	"github.com/gpuiso/gpuiso/containerizer/docker"
 	"github.com/gpuiso/gpuiso/internal/testing/testenv"
 	"github.com/gpuiso/gpuiso/isolator"
-	isodocker "github.com/gpuiso/gpuiso/isolator/docker"
+	"github.com/gpuiso/gpuiso/isolator/dockerconfig"
 	"github.com/gpuiso/gpuiso/node"
 )
 
@@ -63,7 +63,7 @@ func BenchmarkLaunch(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		dcfg, err := isodocker.New(plan)
+		dcfg, err := dockerconfig.New(plan)
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -8,7 +8,7 @@ import (
 
 	"github.com/gpuiso/gpuiso/isolator"
 	"github.com/gpuiso/gpuiso/isolator/cdi"
-	isodocker "github.com/gpuiso/gpuiso/isolator/docker"
+	"github.com/gpuiso/gpuiso/isolator/dockerconfig"
 )
 
 // DaemonInfo is what the containerizer asks a daemon to decide between CDI
@@ -26,7 +26,7 @@ var _ DaemonInfo = (*client.Client)(nil)
 // of kind (e.g. cdi.DefaultKind), whose spec the node keeps written (see
 // isolator/cdi); other daemons get device mappings as without it. The
 // choice is made once, at the first launch, and recorded on every
-// container in isodocker.LabelInjection.
+// container in dockerconfig.LabelInjection.
 func WithCDI(kind string) Option {
 	return func(c *config) error {
 		if err := cdi.ValidateKind(kind); err != nil {
@@ -39,11 +39,11 @@ func WithCDI(kind string) Option {
 
 // dockerConfig is the Docker configuration of plan: CDI requests where
 // WithCDI was given and the daemon takes them, device mappings otherwise.
-func (r *Runtime) dockerConfig(ctx context.Context, plan *isolator.Plan) (*isodocker.Config, error) {
+func (r *Runtime) dockerConfig(ctx context.Context, plan *isolator.Plan) (*dockerconfig.Config, error) {
 	if r.cfg.cdiKind == "" || !r.daemonCDI(ctx) {
-		return isodocker.New(plan)
+		return dockerconfig.New(plan)
 	}
-	return isodocker.NewCDI(plan, r.cfg.cdiKind)
+	return dockerconfig.NewCDI(plan, r.cfg.cdiKind)
 }
 
 // daemonCDI reports whether the daemon takes CDI device requests, asking it
@@ -69,7 +69,7 @@ func (r *Runtime) daemonCDI(ctx context.Context) bool {
 		r.cfg.logger.Debug("daemon info for CDI", slog.Any("err", err))
 		return false
 	}
-	ok = isodocker.CDISupported(ver.APIVersion, info.Info.CDISpecDirs)
+	ok = dockerconfig.CDISupported(ver.APIVersion, info.Info.CDISpecDirs)
 	r.cfg.logger.Info("GPU injection", slog.String("api", ver.APIVersion), slog.Any("cdiSpecDirs", info.Info.CDISpecDirs), slog.Bool("cdi", ok))
 	r.mu.Lock()
 	r.cdi, r.cdiKnown = ok, true

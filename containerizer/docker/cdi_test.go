@@ -18,7 +18,7 @@ import (
 	"github.com/gpuiso/gpuiso/containerizer"
 	"github.com/gpuiso/gpuiso/containerizer/docker"
 	"github.com/gpuiso/gpuiso/isolator/cdi"
-	isodocker "github.com/gpuiso/gpuiso/isolator/docker"
+	"github.com/gpuiso/gpuiso/isolator/dockerconfig"
 	"github.com/gpuiso/gpuiso/node/nvmlnode"
 	"github.com/gpuiso/gpuiso/node/simnode"
 )
@@ -73,10 +73,10 @@ func TestCDIChoice(t *testing.T) {
 		opts []docker.Option
 		want string
 	}{
-		{"docker 25 with CDI", "1.44", dirs, []docker.Option{docker.WithCDI(cdi.DefaultKind)}, isodocker.InjectionCDI},
-		{"docker 20.10", "1.41", dirs, []docker.Option{docker.WithCDI(cdi.DefaultKind)}, isodocker.InjectionDevices},
-		{"CDI off", "1.47", nil, []docker.Option{docker.WithCDI(cdi.DefaultKind)}, isodocker.InjectionDevices},
-		{"without WithCDI", "1.44", dirs, nil, isodocker.InjectionDevices},
+		{"docker 25 with CDI", "1.44", dirs, []docker.Option{docker.WithCDI(cdi.DefaultKind)}, dockerconfig.InjectionCDI},
+		{"docker 20.10", "1.41", dirs, []docker.Option{docker.WithCDI(cdi.DefaultKind)}, dockerconfig.InjectionDevices},
+		{"CDI off", "1.47", nil, []docker.Option{docker.WithCDI(cdi.DefaultKind)}, dockerconfig.InjectionDevices},
+		{"without WithCDI", "1.44", dirs, nil, dockerconfig.InjectionDevices},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			alloc, err := allocator.New(inv)
@@ -97,14 +97,14 @@ func TestCDIChoice(t *testing.T) {
 				t.Errorf("daemon asked %d times, want once", fake.asked)
 			}
 			hc, labels := fake.created.HostConfig, fake.created.Config.Labels
-			if labels[isodocker.LabelInjection] != tt.want {
-				t.Fatalf("injection label %q, want %q", labels[isodocker.LabelInjection], tt.want)
+			if labels[dockerconfig.LabelInjection] != tt.want {
+				t.Fatalf("injection label %q, want %q", labels[dockerconfig.LabelInjection], tt.want)
 			}
 			var mapped []string
 			for _, d := range hc.Devices {
 				mapped = append(mapped, d.PathInContainer)
 			}
-			if tt.want == isodocker.InjectionDevices {
+			if tt.want == dockerconfig.InjectionDevices {
 				gpus := []string{fmt.Sprintf("/dev/nvidia%d", inv.Devices[2].Minor), fmt.Sprintf("/dev/nvidia%d", inv.Devices[5].Minor)}
 				if len(hc.DeviceRequests) != 0 || !slices.Contains(mapped, gpus[0]) || !slices.Contains(mapped, gpus[1]) {
 					t.Errorf("device mappings %v, requests %+v; want %v mapped, no request", mapped, hc.DeviceRequests, gpus)
@@ -137,7 +137,7 @@ func TestCDIFallback(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if isodocker.CDISupported(ver.APIVersion, info.Info.CDISpecDirs) {
+	if dockerconfig.CDISupported(ver.APIVersion, info.Info.CDISpecDirs) {
 		t.Skipf("daemon %s (API %s) speaks CDI: no fallback to see", ver.Version, ver.APIVersion)
 	}
 	r.restart(t, docker.WithCDI(cdi.DefaultKind))
@@ -159,8 +159,8 @@ func TestCDIFallback(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := insp.Container.Config.Labels[isodocker.LabelInjection]; got != isodocker.InjectionDevices {
-		t.Errorf("daemon %s (API %s): injection label %q, want %q", ver.Version, ver.APIVersion, got, isodocker.InjectionDevices)
+	if got := insp.Container.Config.Labels[dockerconfig.LabelInjection]; got != dockerconfig.InjectionDevices {
+		t.Errorf("daemon %s (API %s): injection label %q, want %q", ver.Version, ver.APIVersion, got, dockerconfig.InjectionDevices)
 	}
 	if n := len(insp.Container.HostConfig.DeviceRequests); n != 0 {
 		t.Errorf("%d device requests sent to a daemon without CDI", n)

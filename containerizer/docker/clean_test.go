@@ -16,7 +16,7 @@ import (
 	"github.com/gpuiso/gpuiso/allocator"
 	"github.com/gpuiso/gpuiso/containerizer"
 	"github.com/gpuiso/gpuiso/containerizer/docker"
-	isodocker "github.com/gpuiso/gpuiso/isolator/docker"
+	"github.com/gpuiso/gpuiso/isolator/dockerconfig"
 	"github.com/gpuiso/gpuiso/node"
 	"github.com/gpuiso/gpuiso/node/nvmlnode"
 	"github.com/gpuiso/gpuiso/node/simnode"
@@ -76,7 +76,7 @@ func TestClean(t *testing.T) {
 	gpu := func(i int) node.DeviceRef { return inv.Devices[i].Ref() }
 	summary := func(id, owner string, sup *allocator.Holder, gpus ...node.DeviceRef) container.Summary {
 		raw, _ := json.Marshal(gpus)
-		labels := map[string]string{docker.LabelNamespace: "ns", isodocker.LabelOwner: owner, isodocker.LabelGPUs: string(raw)}
+		labels := map[string]string{docker.LabelNamespace: "ns", dockerconfig.LabelOwner: owner, dockerconfig.LabelGPUs: string(raw)}
 		if sup != nil {
 			labels[docker.LabelSupervisor] = supervisorLabel(*sup)
 		}
@@ -210,7 +210,7 @@ func TestRecoverSupervised(t *testing.T) {
 	mk := func(id, owner string, sup allocator.Holder, gpu int) container.Summary {
 		raw, _ := json.Marshal([]node.DeviceRef{inv.Devices[gpu].Ref()})
 		return container.Summary{ID: id, State: container.StateRunning, Labels: map[string]string{
-			docker.LabelNamespace: "ns", isodocker.LabelOwner: owner, isodocker.LabelGPUs: string(raw),
+			docker.LabelNamespace: "ns", dockerconfig.LabelOwner: owner, dockerconfig.LabelGPUs: string(raw),
 			docker.LabelSupervisor: supervisorLabel(sup)}}
 	}
 	alloc, err := allocator.New(inv)

@@ -21,7 +21,7 @@
 // created and no GPU held. The requirements that concern the GPUs themselves
 // (arch, brand) are checked on the GPUs the allocator chose, which are
 // released again when they fail. The container is then created with the
-// Docker isolator's configuration (package isolator/docker: device mappings
+// Docker isolator's configuration (package isolator/dockerconfig: device mappings
 // with "rwm", the volume read-only at /usr/local/nvidia, the environment)
 // and labels recording its owner, its GPUs, the volume and the
 // containerizer's namespace; its output is demultiplexed onto the spec's

@@ -18,7 +18,7 @@ import (
 
 	"github.com/gpuiso/gpuiso/allocator"
 	"github.com/gpuiso/gpuiso/containerizer"
-	isodocker "github.com/gpuiso/gpuiso/isolator/docker"
+	"github.com/gpuiso/gpuiso/isolator/dockerconfig"
 	"github.com/gpuiso/gpuiso/node"
 	"github.com/gpuiso/gpuiso/volume"
 )
@@ -273,11 +273,11 @@ func (r *Runtime) List(ctx context.Context) ([]containerizer.Record, error) {
 	}
 	var out []containerizer.Record
 	for _, s := range list.Items {
-		rec := containerizer.Record{RuntimeID: s.ID, ID: s.Labels[isodocker.LabelOwner]}
+		rec := containerizer.Record{RuntimeID: s.ID, ID: s.Labels[dockerconfig.LabelOwner]}
 		if h, ok := parseSupervisor(s.Labels[LabelSupervisor]); ok {
 			rec.Supervisor = &h
 		}
-		owner, gpus, err := isodocker.ParseLabels(s.Labels)
+		owner, gpus, err := dockerconfig.ParseLabels(s.Labels)
 		if err != nil {
 			rec.Err = fmt.Errorf("%w: %w", ErrNotManaged, err)
 			out = append(out, rec)

@@ -8,7 +8,7 @@ import (
 
 	"github.com/gpuiso/gpuiso/allocator"
 	"github.com/gpuiso/gpuiso/containerizer"
-	czdocker "github.com/gpuiso/gpuiso/containerizer/docker"
+	"github.com/gpuiso/gpuiso/containerizer/docker"
 	"github.com/gpuiso/gpuiso/node"
 )
 
@@ -152,8 +152,8 @@ func TestLifecycleRefusesUnmadeRuntimes(t *testing.T) {
 	for name, rt := range map[string]containerizer.Runtime{
 		"native zero":      &Runtime{},
 		"native typed nil": (*Runtime)(nil),
-		"docker zero":      &czdocker.Runtime{},
-		"docker typed nil": (*czdocker.Runtime)(nil),
+		"docker zero":      &docker.Runtime{},
+		"docker typed nil": (*docker.Runtime)(nil),
 	} {
 		t.Run(name, func(t *testing.T) {
 			l, err := containerizer.NewLifecycle(containerizer.LifecycleConfig{Runtime: rt, Allocator: n.alloc})

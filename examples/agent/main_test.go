@@ -14,13 +14,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/containerd/cgroups/v3"
+	cgroupsv3 "github.com/containerd/cgroups/v3"
 
 	"github.com/gpuiso/gpuiso/allocator"
 	"github.com/gpuiso/gpuiso/containerizer/chain"
 	"github.com/gpuiso/gpuiso/internal/cli"
 	"github.com/gpuiso/gpuiso/internal/testing/testenv"
-	gpucgroups "github.com/gpuiso/gpuiso/isolator/cgroups"
+	"github.com/gpuiso/gpuiso/isolator/cgroups"
 )
 
 // asAgentEnv makes the test binary the agent (its main), as the test
@@ -294,7 +294,7 @@ func exitCode(err error) int {
 func requireCgroups(t *testing.T) {
 	t.Helper()
 	testenv.RequireRoot(t)
-	if cgroups.Mode() == cgroups.Unified {
+	if cgroupsv3.Mode() == cgroupsv3.Unified {
 		testenv.RequireCgroupV2(t)
 	} else {
 		testenv.RequireCgroupV1Devices(t)
@@ -306,11 +306,11 @@ func requireCgroups(t *testing.T) {
 func noCgroups(t *testing.T, state, id string) {
 	t.Helper()
 	dirs := []string{"/sys/fs/cgroup/gpuiso-agent/" + id}
-	if cgroups.Mode() != cgroups.Unified {
+	if cgroupsv3.Mode() != cgroupsv3.Unified {
 		dirs = []string{
 			"/sys/fs/cgroup/cpu/gpuiso-agent/" + id,
 			"/sys/fs/cgroup/memory/gpuiso-agent/" + id,
-			filepath.Join(gpucgroups.DefaultV1Mount, chain.CgroupParent(filepath.Join(state, "gpu"))),
+			filepath.Join(cgroups.DefaultV1Mount, chain.CgroupParent(filepath.Join(state, "gpu"))),
 		}
 	}
 	for _, dir := range dirs {

@@ -18,7 +18,7 @@ import (
 	"github.com/gpuiso/gpuiso/allocator"
 	"github.com/gpuiso/gpuiso/containerizer/docker"
 	"github.com/gpuiso/gpuiso/internal/testing/testenv"
-	isodocker "github.com/gpuiso/gpuiso/isolator/docker"
+	"github.com/gpuiso/gpuiso/isolator/dockerconfig"
 )
 
 // asDockerrunEnv makes the test binary dockerrun itself: the multi-process
@@ -94,7 +94,7 @@ func (r *dockerRuns) containers() (all int, running map[string][]string) {
 		if c.State != "running" {
 			continue
 		}
-		owner, gpus, err := isodocker.ParseLabels(c.Labels)
+		owner, gpus, err := dockerconfig.ParseLabels(c.Labels)
 		if err != nil {
 			r.t.Error(err)
 			continue

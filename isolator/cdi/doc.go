@@ -71,7 +71,7 @@
 //
 // [Names] turns devices into the fully qualified names of their GPU
 // devices ("nvidia.com/gpu=GPU-..."): by UUID, which names the same GPU
-// whatever order NVML enumerates them in. isolator/docker's NewCDI hands
+// whatever order NVML enumerates them in. isolator/dockerconfig's NewCDI hands
 // them to a Docker daemon as a device request of the "cdi" driver, and
 // sets the allocation's environment in the container's configuration.
 // [AllocationNames] names an allocation's GPUs in the node's spec; a GPU

@@ -19,7 +19,7 @@ import (
 
 	"github.com/gpuiso/gpuiso/containerizer/docker"
 	"github.com/gpuiso/gpuiso/internal/testing/testenv"
-	isodocker "github.com/gpuiso/gpuiso/isolator/docker"
+	"github.com/gpuiso/gpuiso/isolator/dockerconfig"
 )
 
 // dockerSubject: examples/dockerrun on the host's Docker daemon.
@@ -87,7 +87,7 @@ func (d *dockerInstance) containers(ctx context.Context, all bool) ([]string, ma
 	owner := map[string]string{}
 	for _, c := range list.Items {
 		ids = append(ids, c.ID)
-		owner[c.ID] = c.Labels[isodocker.LabelOwner]
+		owner[c.ID] = c.Labels[dockerconfig.LabelOwner]
 	}
 	return ids, owner, nil
 }
@@ -163,10 +163,10 @@ func (d *dockerInstance) leftovers(ids []string, _ []string) []string {
 		left = append(left, fmt.Sprintf("Docker container %.12s of %s", id, owner[id]))
 	}
 	// A container of one of the runs that carries another namespace.
-	list, err := d.dc.ContainerList(ctx, client.ContainerListOptions{All: true, Filters: make(client.Filters).Add("label", isodocker.LabelOwner)})
+	list, err := d.dc.ContainerList(ctx, client.ContainerListOptions{All: true, Filters: make(client.Filters).Add("label", dockerconfig.LabelOwner)})
 	if err == nil {
 		for _, c := range list.Items {
-			if o := c.Labels[isodocker.LabelOwner]; slices.Contains(ids, o) && !slices.Contains(cids, c.ID) {
+			if o := c.Labels[dockerconfig.LabelOwner]; slices.Contains(ids, o) && !slices.Contains(cids, c.ID) {
 				left = append(left, fmt.Sprintf("Docker container %.12s of %s in namespace %q", c.ID, o, c.Labels[docker.LabelNamespace]))
 			}
 		}

@@ -17,7 +17,7 @@ import (
 
 	"github.com/gpuiso/gpuiso/containerizer/native"
 	"github.com/gpuiso/gpuiso/internal/testing/testenv"
-	gpucgroups "github.com/gpuiso/gpuiso/isolator/cgroups"
+	"github.com/gpuiso/gpuiso/isolator/cgroups"
 )
 
 func TestMain(m *testing.M) {
@@ -449,7 +449,7 @@ func neighbours(t *testing.T, e env) {
 }
 
 // gpuParent is gpuiso's shared default device cgroup parent.
-func gpuParent() string { return filepath.Join(hierarchy("devices"), gpucgroups.DefaultParent) }
+func gpuParent() string { return filepath.Join(hierarchy("devices"), cgroups.DefaultParent) }
 
 // cgroupProcess makes the cgroup directories dirs (one per hierarchy) and
 // moves one fresh process into all of them: someone else's live process.

@@ -1,4 +1,4 @@
-package docker_test
+package dockerconfig_test
 
 import (
 	"encoding/json"
@@ -14,7 +14,7 @@ import (
 	"github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/gpuiso/gpuiso/isolator"
-	"github.com/gpuiso/gpuiso/isolator/docker"
+	"github.com/gpuiso/gpuiso/isolator/dockerconfig"
 	"github.com/gpuiso/gpuiso/node"
 )
 
@@ -71,7 +71,7 @@ func TestApply(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			c, err := docker.New(plan(t, tt.gpus, tt.mounts, tt.env))
+			c, err := dockerconfig.New(plan(t, tt.gpus, tt.mounts, tt.env))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -113,7 +113,7 @@ func TestApply(t *testing.T) {
 				t.Fatal("applying twice differs from applying once")
 			}
 
-			owner, back, err := docker.ParseLabels(cfg.Labels)
+			owner, back, err := dockerconfig.ParseLabels(cfg.Labels)
 			if err != nil || owner != "task-1" || len(back) != len(tt.gpus) {
 				t.Fatalf("ParseLabels = %q, %v, %v; want task-1 and %v", owner, back, err, tt.gpus)
 			}
@@ -143,24 +143,24 @@ func TestNewRejects(t *testing.T) {
 			p.Devices = append([]isolator.DeviceNode(nil), good.Devices...)
 			p.Mounts = append([]specs.Mount(nil), good.Mounts...)
 			tt.edit(&p)
-			if c, err := docker.New(&p); !errors.Is(err, docker.ErrInvalidPlan) || c != nil {
+			if c, err := dockerconfig.New(&p); !errors.Is(err, dockerconfig.ErrInvalidPlan) || c != nil {
 				t.Fatalf("New = %+v, %v; want ErrInvalidPlan", c, err)
 			}
 		})
 	}
-	if _, err := docker.New(nil); !errors.Is(err, docker.ErrInvalidPlan) {
+	if _, err := dockerconfig.New(nil); !errors.Is(err, dockerconfig.ErrInvalidPlan) {
 		t.Fatalf("New(nil) = %v", err)
 	}
 }
 
 func TestApplyRejectsNil(t *testing.T) {
-	c, err := docker.New(plan(t, gpus, nil, nil))
+	c, err := dockerconfig.New(plan(t, gpus, nil, nil))
 	if err != nil {
 		t.Fatal(err)
 	}
 	cfg, _ := base()
 	before := *cfg
-	if err := c.Apply(cfg, nil); !errors.Is(err, docker.ErrNilConfig) {
+	if err := c.Apply(cfg, nil); !errors.Is(err, dockerconfig.ErrNilConfig) {
 		t.Fatalf("Apply(cfg, nil) = %v", err)
 	}
 	if !reflect.DeepEqual(*cfg, before) {
@@ -174,16 +174,16 @@ func TestParseLabelsRejects(t *testing.T) {
 		labels map[string]string
 	}{
 		{"not ours", map[string]string{"team": "ml"}},
-		{"bad owner", map[string]string{docker.LabelOwner: "../x", docker.LabelGPUs: "[]"}},
-		{"no gpus label", map[string]string{docker.LabelOwner: "task-1"}},
-		{"gpus not json", map[string]string{docker.LabelOwner: "task-1", docker.LabelGPUs: "0,1"}},
-		{"gpu without uuid", map[string]string{docker.LabelOwner: "task-1", docker.LabelGPUs: `[{"index":1,"minor":1}]`}},
+		{"bad owner", map[string]string{dockerconfig.LabelOwner: "../x", dockerconfig.LabelGPUs: "[]"}},
+		{"no gpus label", map[string]string{dockerconfig.LabelOwner: "task-1"}},
+		{"gpus not json", map[string]string{dockerconfig.LabelOwner: "task-1", dockerconfig.LabelGPUs: "0,1"}},
+		{"gpu without uuid", map[string]string{dockerconfig.LabelOwner: "task-1", dockerconfig.LabelGPUs: `[{"index":1,"minor":1}]`}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			_, _, err := docker.ParseLabels(tt.labels)
-			var le *docker.LabelError
-			if !errors.Is(err, docker.ErrInvalidLabels) || !errors.As(err, &le) {
+			_, _, err := dockerconfig.ParseLabels(tt.labels)
+			var le *dockerconfig.LabelError
+			if !errors.Is(err, dockerconfig.ErrInvalidLabels) || !errors.As(err, &le) {
 				t.Fatalf("ParseLabels = %v; want a *LabelError", err)
 			}
 		})

@@ -1,4 +1,4 @@
-package docker_test
+package dockerconfig_test
 
 import (
 	"testing"
@@ -6,7 +6,7 @@ import (
 	"github.com/moby/moby/api/types/container"
 
 	"github.com/gpuiso/gpuiso/isolator"
-	"github.com/gpuiso/gpuiso/isolator/docker"
+	"github.com/gpuiso/gpuiso/isolator/dockerconfig"
 )
 
 // TestCPUs: a plan that pins its container sets the host config's cpuset;
@@ -22,7 +22,7 @@ func TestCPUs(t *testing.T) {
 		{name: "not pinned", plan: isolator.Plan{Owner: "a"}, have: "2", cpus: "2"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c, err := docker.New(&tc.plan)
+			c, err := dockerconfig.New(&tc.plan)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -1,4 +1,4 @@
-package docker_test
+package dockerconfig_test
 
 import (
 	"fmt"
@@ -6,7 +6,7 @@ import (
 	"github.com/moby/moby/api/types/container"
 
 	"github.com/gpuiso/gpuiso/isolator"
-	"github.com/gpuiso/gpuiso/isolator/docker"
+	"github.com/gpuiso/gpuiso/isolator/dockerconfig"
 	"github.com/gpuiso/gpuiso/node"
 )
 
@@ -21,7 +21,7 @@ func Example() {
 	if err != nil {
 		panic(err)
 	}
-	c, err := docker.New(plan)
+	c, err := dockerconfig.New(plan)
 	if err != nil {
 		panic(err)
 	}
@@ -34,7 +34,7 @@ func Example() {
 		fmt.Println(d.PathOnHost, "->", d.PathInContainer, d.CgroupPermissions)
 	}
 	fmt.Println(cfg.Env[0])
-	fmt.Println(cfg.Labels[docker.LabelOwner])
+	fmt.Println(cfg.Labels[dockerconfig.LabelOwner])
 	// Output:
 	// /dev/nvidiactl -> /dev/nvidiactl rwm
 	// /dev/nvidia3 -> /dev/nvidia3 rwm

@@ -1,4 +1,4 @@
-// Package docker applies an isolator.Plan to a Docker container's
+// Package dockerconfig applies an isolator.Plan to a Docker container's
 // configuration, for containerizers that run GPU containers through the
 // Docker daemon's API rather than its NVIDIA runtime hook (--gpus needs the
 // hook on the daemon's host; this does not).
@@ -24,4 +24,4 @@
 // Docker's mount API cannot say nosuid or nodev for a bind mount; the
 // volume's files are root-owned and read-only, and the container's /dev is
 // the daemon's own, so neither option would change what a container can do.
-package docker
+package dockerconfig

@@ -1,4 +1,4 @@
-package docker_test
+package dockerconfig_test
 
 import (
 	"encoding/json"
@@ -13,7 +13,7 @@ import (
 	"github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/gpuiso/gpuiso/isolator/cdi"
-	"github.com/gpuiso/gpuiso/isolator/docker"
+	"github.com/gpuiso/gpuiso/isolator/dockerconfig"
 	"github.com/gpuiso/gpuiso/node"
 )
 
@@ -26,17 +26,17 @@ func TestApplyCDI(t *testing.T) {
 		env    []string
 		want   string
 	}{
-		{"cdi-gpus-1-3-volume", gpus, []specs.Mount{vol}, env, docker.InjectionCDI},
-		{"cdi-no-gpus", nil, nil, nil, docker.InjectionDevices},
+		{"cdi-gpus-1-3-volume", gpus, []specs.Mount{vol}, env, dockerconfig.InjectionCDI},
+		{"cdi-no-gpus", nil, nil, nil, dockerconfig.InjectionDevices},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			c, err := docker.NewCDI(plan(t, tt.gpus, tt.mounts, tt.env), cdi.DefaultKind)
+			c, err := dockerconfig.NewCDI(plan(t, tt.gpus, tt.mounts, tt.env), cdi.DefaultKind)
 			if err != nil {
 				t.Fatal(err)
 			}
 			cfg, hc := base()
-			hc.DeviceRequests = []container.DeviceRequest{{Driver: docker.CDIDriver, DeviceIDs: []string{"vendor.com/stale=0"}}}
+			hc.DeviceRequests = []container.DeviceRequest{{Driver: dockerconfig.CDIDriver, DeviceIDs: []string{"vendor.com/stale=0"}}}
 			if err := c.Apply(cfg, hc); err != nil {
 				t.Fatal(err)
 			}
@@ -63,11 +63,11 @@ func TestApplyCDI(t *testing.T) {
 			if string(got)+"\n" != string(want) {
 				t.Fatalf("configuration differs from %s (go test -update rewrites it):\n%s", golden, got)
 			}
-			if cfg.Labels[docker.LabelInjection] != tt.want {
-				t.Errorf("injection %q, want %q", cfg.Labels[docker.LabelInjection], tt.want)
+			if cfg.Labels[dockerconfig.LabelInjection] != tt.want {
+				t.Errorf("injection %q, want %q", cfg.Labels[dockerconfig.LabelInjection], tt.want)
 			}
 			again, hcAgain := base()
-			hcAgain.DeviceRequests = []container.DeviceRequest{{Driver: docker.CDIDriver, DeviceIDs: []string{"vendor.com/stale=0"}}}
+			hcAgain.DeviceRequests = []container.DeviceRequest{{Driver: dockerconfig.CDIDriver, DeviceIDs: []string{"vendor.com/stale=0"}}}
 			c.Apply(again, hcAgain)
 			c.Apply(again, hcAgain)
 			if !reflect.DeepEqual(again, cfg) || !reflect.DeepEqual(hcAgain, hc) {
@@ -75,7 +75,7 @@ func TestApplyCDI(t *testing.T) {
 			}
 		})
 	}
-	if _, err := docker.NewCDI(plan(t, gpus, nil, nil), "nvidia"); !errors.Is(err, node.ErrInvalid) {
+	if _, err := dockerconfig.NewCDI(plan(t, gpus, nil, nil), "nvidia"); !errors.Is(err, node.ErrInvalid) {
 		t.Errorf("bad kind: %v", err)
 	}
 }
@@ -97,7 +97,7 @@ func TestCDISupported(t *testing.T) {
 		{"1.x", dirs, false},
 	}
 	for _, tt := range tests {
-		if got := docker.CDISupported(tt.api, tt.dirs); got != tt.want {
+		if got := dockerconfig.CDISupported(tt.api, tt.dirs); got != tt.want {
 			t.Errorf("CDISupported(%q, %v) = %v, want %v", tt.api, tt.dirs, got, tt.want)
 		}
 	}
