@@ -23,6 +23,9 @@ protoc --proto_path=. \
 	--go_out="$tmp/out" --go_opt=module="$module" \
 	--go-grpc_out="$tmp/out" --go-grpc_opt=module="$module" \
 	"${protos[@]}"
+# protoc-gen-go names every import; an import's name that is its path's last
+# element says nothing, so it goes.
+find "$tmp/out" -name '*.pb.go' -exec sed -E -i 's/^\t([a-z0-9_]+) ("([^"]*\/)?\1")$/\t\2/' {} +
 if [ "${1:-}" = --check ]; then
 	generated=$(cd "$tmp/out" && find . -name '*.pb.go' | sort)
 	committed=$(find . -name '*.pb.go' | sort)

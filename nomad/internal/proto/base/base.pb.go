@@ -10,12 +10,12 @@
 package base
 
 import (
-	hclspec "github.com/gpuiso/gpuiso/nomad/internal/proto/hclspec"
-	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
-	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
-	reflect "reflect"
-	sync "sync"
-	unsafe "unsafe"
+	"github.com/gpuiso/gpuiso/nomad/internal/proto/hclspec"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/runtime/protoimpl"
+	"reflect"
+	"sync"
+	"unsafe"
 )
 
 const (

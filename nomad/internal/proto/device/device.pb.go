@@ -10,14 +10,14 @@
 package device
 
 import (
-	structs "github.com/gpuiso/gpuiso/nomad/internal/proto/structs"
-	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
-	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
-	durationpb "google.golang.org/protobuf/types/known/durationpb"
-	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
-	reflect "reflect"
-	sync "sync"
-	unsafe "unsafe"
+	"github.com/gpuiso/gpuiso/nomad/internal/proto/structs"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/runtime/protoimpl"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+	"reflect"
+	"sync"
+	"unsafe"
 )
 
 const (
