@@ -1,0 +1,340 @@
+package mps
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/gpuiso/gpuiso/internal/linux"
+	"github.com/gpuiso/gpuiso/node"
+)
+
+// Daemon is a share's MPS control daemon, as its record holds it.
+type Daemon struct {
+	// Owner is the share's owner (its container's id).
+	Owner string `json:"owner"`
+	// GPU is the UUID of the one GPU the daemon serves (its
+	// CUDA_VISIBLE_DEVICES), Index its index on the node.
+	GPU   string `json:"gpu"`
+	Index int    `json:"index"`
+	// Limits are the limits the daemon was given.
+	Limits Limits `json:"limits"`
+	// Pid and Start name the daemon's process (its start time, clock ticks
+	// since boot, tells it from a later process of the same pid); 0 while
+	// it starts.
+	Pid   int    `json:"pid,omitempty"`
+	Start uint64 `json:"start,omitempty"`
+	// Mark is the daemon's own mark, in the environment of its process
+	// and of the servers it starts (MarkEnv): how a recovery finds the
+	// servers of a daemon that was killed, whatever their pids.
+	Mark string `json:"mark"`
+	// Dir is the daemon's directory in the manager's; PipeDir, LogDir and
+	// ShmDir are in it: the pipe directory a container gets (bound at
+	// isolator.MPSPipeDir), the daemon's logs, and the directory the daemon
+	// and its container have as /dev/shm.
+	Dir     string `json:"dir"`
+	PipeDir string `json:"pipeDir"`
+	LogDir  string `json:"logDir"`
+	ShmDir  string `json:"shmDir"`
+	// Started is when it was started.
+	Started time.Time `json:"started"`
+	// Alive tells (List, Start) whether the daemon's process runs.
+	Alive bool `json:"-"`
+}
+
+// Where a daemon finds its directories in its own mount namespace: the
+// same paths its container's clients use (isolator.MPSPipeDir and
+// isolator.MPSShmDir), on a tmpfs of its own at /tmp.
+const (
+	daemonTmp     = "/tmp"
+	daemonPipeDir = "/tmp/nvidia-mps"
+	daemonLogDir  = "/tmp/nvidia-mps-log"
+	daemonShmDir  = "/dev/shm"
+)
+
+// Start gives owner's share of gpu its daemon, with limits, and returns it:
+// a control daemon of its own, serving that GPU alone, in a mount
+// namespace of its own, its limits set and read back before Start returns.
+// A running daemon of owner with the same GPU and limits is returned as it
+// is (Start is idempotent); one with others is ErrExists. A dead one of the
+// same share is started again in its directories, which its container may
+// still have mounted and write (where the kernel cannot keep the daemon
+// from following links planted there, it is not: ErrUnsafeRestart); what
+// a dead one of another share left is removed first. On error nothing is
+// left.
+func (m *Manager) Start(ctx context.Context, owner string, gpu node.DeviceRef, lim Limits) (Daemon, error) {
+	if err := m.made(); err != nil {
+		return Daemon{}, err
+	}
+	var d Daemon
+	err := m.locked(ctx, func() error {
+		var err error
+		d, err = m.start(ctx, owner, gpu, lim)
+		return err
+	})
+	if err != nil {
+		return Daemon{}, fmt.Errorf("start the MPS daemon of %s: %w", owner, err)
+	}
+	return d, nil
+}
+
+func (m *Manager) start(ctx context.Context, owner string, gpu node.DeviceRef, lim Limits) (d Daemon, err error) {
+	if err := node.ValidateOwner(owner); err != nil {
+		return d, fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
+	if gpu.UUID == "" || node.IsMIGUUID(gpu.UUID) || gpu.MIG != nil {
+		return d, fmt.Errorf("gpu %d (%q): a whole GPU with a UUID: %w", gpu.Index, gpu.UUID, ErrInvalid)
+	}
+	if err := lim.validate(); err != nil {
+		return d, err
+	}
+	lim.MemoryBytes = lim.mib() << 20
+	again := false // a dead daemon of the same share, started again in place
+	if old, err := m.read(owner); err == nil {
+		switch {
+		case old.Alive && old.GPU == gpu.UUID && old.Limits == lim:
+			return old, nil
+		case old.Alive:
+			return d, fmt.Errorf("daemon %d serves gpu %s with %+v: %w", old.Pid, old.GPU, old.Limits, ErrExists)
+		case old.GPU == gpu.UUID && old.Limits == lim:
+			// Its container may run on, its mounts of the directories
+			// in place: the same directories serve the new daemon.
+			if err := m.clear(ctx, old); err != nil {
+				return d, err
+			}
+			again = true
+		default:
+			if err := m.stop(ctx, old); err != nil {
+				return d, err
+			}
+		}
+	} else if _, serr := os.Lstat(m.daemonDir(owner)); !isNotExist(err) || serr == nil {
+		// An unreadable record, or a directory whose removal did not
+		// finish (its container wrote on in it): whatever it holds goes.
+		if err := m.stop(ctx, m.blank(owner)); err != nil {
+			return d, err
+		}
+	}
+	d = m.blank(owner)
+	d.GPU, d.Index, d.Limits, d.Started = gpu.UUID, gpu.Index, lim, time.Now().UTC()
+	var mark [12]byte
+	if _, err := rand.Read(mark[:]); err != nil {
+		return d, err
+	}
+	d.Mark = hex.EncodeToString(mark[:])
+	defer func() {
+		if err != nil {
+			m.stop(context.WithoutCancel(ctx), d)
+		}
+	}()
+	if err := os.Mkdir(d.Dir, 0o700); err != nil && !(again && os.IsExist(err)) {
+		return d, err
+	}
+	// The daemon's server runs as its client's user: the directories are
+	// every user's, as /tmp and /dev/shm are; the host reaches them only
+	// through the manager's directory, which is root's.
+	for _, sub := range []string{d.PipeDir, d.LogDir, d.ShmDir} {
+		if err := os.Mkdir(sub, 0o755); err != nil && !(again && os.IsExist(err)) {
+			return d, err
+		}
+	}
+	// Those the container writes are tmpfs mounts of their own, bounded,
+	// never the disk the manager's directory is on. A dead daemon started
+	// again in place keeps what its container may hold: its mounts, or,
+	// for a share an earlier release started, its plain directories.
+	if !again && !m.plainDirs {
+		if err := m.mountDirs(d); err != nil {
+			return d, err
+		}
+	}
+	for _, sub := range []string{d.PipeDir, d.LogDir, d.ShmDir} {
+		if err := os.Chmod(sub, 0o777|os.ModeSticky); err != nil {
+			return d, err
+		}
+	}
+	if err := m.write(d); err != nil { // a record before the process: a crash leaves it found
+		return d, err
+	}
+	log, err := os.OpenFile(filepath.Join(d.LogDir, "control.log"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+	if err != nil {
+		return d, err
+	}
+	defer log.Close()
+	began := time.Now()
+	cmd, err := m.startDaemon(d, log, again)
+	if err != nil {
+		return d, err
+	}
+	go cmd.Wait() // reaped whenever it ends
+	d.Pid = cmd.Process.Pid
+	st, err := linux.ReadProcStat(m.procRoot, d.Pid)
+	if err != nil {
+		linux.Kill(d.Pid)
+		return d, fmt.Errorf("daemon %d: %w", d.Pid, err)
+	}
+	d.Start = st.Start
+	if err := m.write(d); err != nil {
+		return d, err
+	}
+	if err := m.ready(ctx, d); err != nil {
+		return d, err
+	}
+	if err := m.setLimits(ctx, d); err != nil {
+		return d, err
+	}
+	d.Alive = true
+	m.log.InfoContext(ctx, "mps daemon started", "owner", owner, "gpu", gpu.UUID, "pid", d.Pid, "memory MiB", lim.mib(), "compute %", lim.ComputePercent, "took", time.Since(began))
+	return d, nil
+}
+
+// startDaemon starts d's control daemon, logging to log, in a mount
+// namespace where its directories are where its environment says. The
+// pipe and shared memory directories are its share's container's to
+// write: the daemon (root, as its starter) is given them nosymfollow, so
+// that it follows no link the container plants there to a host file (it
+// creates, chmods and binds files there by name). A kernel without
+// nosymfollow (before Linux 5.10) has them bound as they are for a new
+// daemon, whose directories no container has seen yet, and refuses again
+// (a dead daemon started again in the directories its container may
+// still write) with ErrUnsafeRestart.
+func (m *Manager) startDaemon(d Daemon, log *os.File, again bool) (*exec.Cmd, error) {
+	untrusted := true
+	for {
+		cmd := exec.Command(m.bin, "-f")
+		cmd.Env = m.env(d.GPU, d.Mark)
+		cmd.Stdout, cmd.Stderr = log, log
+		mounts := []linux.NamespaceMount{
+			{Target: daemonTmp, Mode: 0o777 | os.ModeSticky},
+			{Source: d.PipeDir, Target: daemonPipeDir, Untrusted: untrusted},
+			{Source: d.LogDir, Target: daemonLogDir},
+			{Source: d.ShmDir, Target: daemonShmDir, Untrusted: untrusted},
+		}
+		start := m.startFn
+		if start == nil {
+			start = linux.StartDaemon
+		}
+		err := start(cmd, mounts)
+		switch {
+		case err == nil:
+			return cmd, nil
+		case errors.Is(err, linux.ErrNotSupported) && untrusted && again:
+			return nil, fmt.Errorf("start %s in the directories of a share whose container may run: %w: %w", m.bin, err, ErrUnsafeRestart)
+		case errors.Is(err, linux.ErrNotSupported) && untrusted:
+			untrusted = false
+		default:
+			return nil, fmt.Errorf("start %s: %w", m.bin, err)
+		}
+	}
+}
+
+// env is the daemon's environment: its GPU, its directories as its own
+// namespace shows them, the search path of the driver's programs (the
+// control daemon starts nvidia-cuda-mps-server) and the caller's library
+// path (a driver outside the loader's default directories).
+func (m *Manager) env(uuid, mark string) []string {
+	path := filepath.Dir(m.bin) + ":/usr/local/nvidia/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+	env := []string{
+		"CUDA_VISIBLE_DEVICES=" + uuid,
+		MarkEnv + "=" + mark,
+		"CUDA_MPS_PIPE_DIRECTORY=" + daemonPipeDir,
+		"CUDA_MPS_LOG_DIRECTORY=" + daemonLogDir,
+		"PATH=" + path,
+	}
+	if v, ok := os.LookupEnv("LD_LIBRARY_PATH"); ok {
+		env = append(env, "LD_LIBRARY_PATH="+v)
+	}
+	return env
+}
+
+// mountDirs mounts a tmpfs of its size on each of d's pipe and shared
+// memory directories, new and empty, that has none yet.
+func (m *Manager) mountDirs(d Daemon) error {
+	for _, t := range []struct {
+		dir           string
+		bytes, inodes uint64
+	}{{d.PipeDir, m.pipeBytes, pipeInodes}, {d.ShmDir, m.shmBytes, 0}} {
+		mounted, err := linux.IsMountPoint(t.dir)
+		if err != nil {
+			return err
+		}
+		if mounted {
+			continue
+		}
+		if err := linux.MountSizedTmpfs(t.dir, 0o777|os.ModeSticky, t.bytes, t.inodes); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// unmountDirs detaches the tmpfs mounts of d's directories, not following
+// links; what is not mounted, or not there, is not an error.
+func unmountDirs(d Daemon) error {
+	var errs []error
+	for _, dir := range []string{d.PipeDir, d.ShmDir} {
+		if err := linux.UnmountAll(dir); err != nil && !errors.Is(err, linux.ErrNotSupported) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// blank is owner's daemon before it runs: its directories.
+func (m *Manager) blank(owner string) Daemon {
+	dir := m.daemonDir(owner)
+	return Daemon{Owner: owner, Dir: dir, PipeDir: filepath.Join(dir, "pipe"), LogDir: filepath.Join(dir, "log"), ShmDir: filepath.Join(dir, "shm")}
+}
+
+// ready waits until d's daemon answers on its control socket: the socket
+// is there and d's process holds the control lock. A daemon that ends
+// first is ErrDaemon, with the end of its log.
+func (m *Manager) ready(ctx context.Context, d Daemon) error {
+	ctx, cancel := context.WithTimeout(ctx, m.timeout)
+	defer cancel()
+	wait := 500 * time.Microsecond
+	proc := linux.Process{Pid: d.Pid, Start: d.Start}
+	for {
+		if _, err := os.Stat(filepath.Join(d.PipeDir, "control")); err == nil {
+			if pid, err := linux.LockHolder(filepath.Join(d.PipeDir, "control_lock")); err == nil && pid == d.Pid {
+				return nil
+			}
+		}
+		if !proc.Alive(m.procRoot) {
+			return fmt.Errorf("daemon %d ended at its start: %s: %w", d.Pid, logTail(d.LogDir), ErrDaemon)
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("daemon %d did not answer within %v: %w", d.Pid, m.timeout, ErrDaemon)
+		case <-t.C:
+		}
+		wait = min(2*wait, 20*time.Millisecond)
+	}
+}
+
+// logTail is the end of a daemon's log, for an error.
+func logTail(dir string) string {
+	f, err := os.Open(filepath.Join(dir, "control.log"))
+	if err != nil {
+		return "no log"
+	}
+	defer f.Close()
+	b, _ := io.ReadAll(io.LimitReader(f, 1<<16))
+	s := strings.TrimSpace(string(b))
+	if len(s) > 300 {
+		s = s[len(s)-300:]
+	}
+	if s == "" {
+		return "empty log"
+	}
+	return strings.ReplaceAll(s, "\n", " | ")
+}

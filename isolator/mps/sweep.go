@@ -1,0 +1,117 @@
+package mps
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+
+	"github.com/gpuiso/gpuiso/internal/linux"
+	"github.com/gpuiso/gpuiso/node"
+)
+
+// List returns the daemons of the manager's directory, by owner, each
+// with Alive set. A directory whose record does not read comes as a
+// daemon with only Owner and Dir.
+func (m *Manager) List(ctx context.Context) ([]Daemon, error) {
+	if err := m.made(); err != nil {
+		return nil, err
+	}
+	owners, err := m.owners()
+	if err != nil {
+		return nil, fmt.Errorf("list MPS daemons: %w", err)
+	}
+	var out []Daemon
+	for _, o := range owners {
+		d, err := m.read(o)
+		if isNotExist(err) {
+			if _, serr := os.Stat(m.daemonDir(o)); serr != nil {
+				continue // stopped since
+			}
+		}
+		if err != nil {
+			d = m.blank(o)
+		}
+		out = append(out, d)
+	}
+	return out, nil
+}
+
+// Daemons lists the daemons recorded under dir, a manager's directory, as
+// List does, without a manager: it needs no control binary, takes no lock
+// and changes nothing (a program that only shows them, say). A directory
+// that does not exist holds none.
+func Daemons(ctx context.Context, dir string) ([]Daemon, error) {
+	if _, err := os.Stat(dir); isNotExist(err) {
+		return nil, nil
+	}
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return nil, fmt.Errorf("list MPS daemons: %w", err)
+	}
+	m := &Manager{dir: abs, procRoot: node.DefaultProcRoot, sem: make(chan struct{}, 1)} // made, for List
+	return m.List(ctx)
+}
+
+// Sweep stops every daemon whose owner keep does not keep, and removes
+// what dead daemons of kept owners left (their servers) and what commands
+// to daemons left when their process was killed: the recovery of a
+// process that lost track of its shares. It returns the owners whose
+// daemons it stopped, sorted. A kept owner's dead daemon is not restarted
+// here: Start does that.
+func (m *Manager) Sweep(ctx context.Context, keep func(owner string) bool) ([]string, error) {
+	if err := m.made(); err != nil {
+		return nil, err
+	}
+	var stopped []string
+	var errs []error
+	err := m.locked(ctx, func() error {
+		owners, err := m.owners()
+		if err != nil {
+			return err
+		}
+		for _, o := range owners {
+			d, err := m.read(o)
+			if err != nil {
+				d = m.blank(o)
+			}
+			if keep != nil && keep(o) {
+				if !d.Alive && d.Pid > 0 {
+					for _, p := range m.strays(d) {
+						linux.Kill(p.Pid)
+					}
+				}
+				continue
+			}
+			if err := m.stop(ctx, d); err != nil {
+				errs = append(errs, fmt.Errorf("%s: %w", o, err))
+				continue
+			}
+			stopped = append(stopped, o)
+		}
+		return m.dropControls()
+	})
+	errs = append(errs, err)
+	if err := errors.Join(errs...); err != nil {
+		return stopped, fmt.Errorf("sweep MPS daemons: %w", err)
+	}
+	return stopped, nil
+}
+
+// owners lists the owners with a directory, sorted.
+func (m *Manager) owners() ([]string, error) {
+	entries, err := os.ReadDir(m.dir)
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, e := range entries {
+		if e.IsDir() && node.ValidateOwner(e.Name()) == nil {
+			out = append(out, e.Name())
+		}
+	}
+	slices.Sort(out)
+	return out, nil
+}
