@@ -20,7 +20,12 @@ import (
 // the cgroup let the open through to a driver that is not there; EPERM means
 // the cgroup denied it.
 
-func TestMain(m *testing.M) { Main(m) }
+func TestMain(m *testing.M) {
+	if os.Getenv(leakyEnv) != "" {
+		os.Exit(leakyMain(m))
+	}
+	MainCheckingLeaks(m)
+}
 
 // openIn starts a prober, lets enter move it into a cgroup, and returns what
 // each open gave.

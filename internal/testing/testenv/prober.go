@@ -22,11 +22,24 @@ const proberEnv = "GPUISO_TESTENV_PROBER"
 // Main runs a package's tests; test binaries that use StartProber call it
 // from TestMain. In a prober child it serves opens instead and never returns.
 func Main(m *testing.M) {
+	runMain(m.Run)
+}
+
+// MainCheckingLeaks is Main with CheckLeaks around the tests: a run that
+// leaves a descriptor open, a goroutine running or a child process behind
+// fails.
+func MainCheckingLeaks(m *testing.M, opts ...LeakOption) {
+	runMain(func() int { return CheckLeaks(m, opts...) })
+}
+
+// runMain serves opens in a prober child; otherwise it runs the tests with
+// their temporary files off the host's /tmp and exits with their code.
+func runMain(run func() int) {
 	if os.Getenv(proberEnv) == "1" {
 		serveProber()
 	}
 	cleanup := OffHostTmp()
-	code := m.Run()
+	code := run()
 	cleanup()
 	os.Exit(code)
 }
