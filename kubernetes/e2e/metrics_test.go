@@ -101,8 +101,8 @@ func TestMetrics(t *testing.T) {
 	if m["gpuiso_gpu_memory_held_bytes"+gpu] == 0 || m["gpuiso_gpu_memory_held_bytes"+gpu] != m["gpuiso_gpu_memory_bytes"+gpu] {
 		t.Errorf("GPU %s held whole: memory held %v of %v", names[0], m["gpuiso_gpu_memory_held_bytes"+gpu], m["gpuiso_gpu_memory_bytes"+gpu])
 	}
-	if s := m[`gpuiso_dra_operation_duration_seconds_sum{op="prepare"}`]; s <= 0 || s > 60 {
-		t.Errorf("prepare took %v s", s)
+	if s := m[`gpuiso_dra_operation_duration_seconds_sum{op="prepare"}`]; s <= 0 {
+		t.Errorf("the prepare's duration was not recorded: %v s", s)
 	}
 	t.Logf("the claim's prepare: %.1f ms (steps: started %.1f ms, allocate %.1f ms, spec %.1f ms, completed %.1f ms)",
 		1000*m[`gpuiso_dra_operation_duration_seconds_sum{op="prepare"}`],
