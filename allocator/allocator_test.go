@@ -10,6 +10,7 @@ import (
 
 	"github.com/gpuiso/gpuiso/allocator"
 	"github.com/gpuiso/gpuiso/node"
+	"github.com/gpuiso/gpuiso/node/attributes"
 )
 
 func TestAllocateRequests(t *testing.T) {
@@ -260,48 +261,27 @@ func TestSharedByMemory(t *testing.T) {
 	allocOK(t, a, "all", allocator.Request{Count: 4})
 }
 
+// TestNodeAttributesAndLabels: the deprecated renderings forward to
+// package attributes, with the allocator's health.
 func TestNodeAttributesAndLabels(t *testing.T) {
 	a := newAlloc(t, "dgx1-volta")
-	attrs := a.NodeAttributes()
-	want := map[string]string{"gpus": "8", "gpus_total": "8", "gpu_models": "Tesla V100-SXM2-16GB", "gpu_memory_mib": "16384", "driver_version": "535.104.05"}
-	for k, v := range want {
-		if attrs[k] != v {
-			t.Errorf("attribute %s = %q, want %q", k, attrs[k], v)
-		}
+	inv := a.Inventory()
+	inv.Devices = a.Devices()
+	attrs, labels := a.NodeAttributes(), a.Labels()
+	if fmt.Sprint(attrs) != fmt.Sprint(attributes.Mesos(inv)) || attrs["gpus"] != "8" {
+		t.Errorf("NodeAttributes() = %v, attributes.Mesos = %v", attrs, attributes.Mesos(inv))
 	}
-	if attrs["cuda_version"] == "" {
-		t.Error("no cuda_version")
+	if fmt.Sprint(labels) != fmt.Sprint(attributes.Labels(inv)) || labels["nvidia.com/gpu.count"] != "8" {
+		t.Errorf("Labels() = %v, attributes.Labels = %v", labels, attributes.Labels(inv))
 	}
-	if s := allocator.FormatMesosAttributes(map[string]string{"b": "x;y", "a": "1"}); s != "a:1;b:x_y" {
-		t.Errorf("mesos attributes %q", s)
-	}
-	labels := a.Labels()
-	wantLabels := map[string]string{
-		"nvidia.com/gpu.count": "8", "nvidia.com/gpu.product": "Tesla-V100-SXM2-16GB", "nvidia.com/gpu.memory": "16384",
-		"nvidia.com/gpu.family": "volta", "nvidia.com/gpu.compute.major": "7", "nvidia.com/gpu.compute.minor": "0",
-		"nvidia.com/cuda.driver.major": "535", "nvidia.com/cuda.driver.minor": "104", "nvidia.com/cuda.driver.rev": "05",
-	}
-	for k, v := range wantLabels {
-		if labels[k] != v {
-			t.Errorf("label %s = %q, want %q", k, labels[k], v)
-		}
-	}
-	if of := allocator.LabelsOf(a.Inventory()); fmt.Sprint(of) != fmt.Sprint(labels) {
-		t.Errorf("LabelsOf(the allocator's inventory) = %v, Labels() = %v", of, labels)
-	}
-	if allocator.LabelsOf(nil) != nil {
-		t.Error("labels of no inventory")
-	}
-	for in, want := range map[string]string{"Tesla V100-SXM2-16GB": "Tesla-V100-SXM2-16GB", "(x)": "x", "": "", strings.Repeat("a", 70): strings.Repeat("a", 63)} {
-		if got := allocator.LabelValue(in); got != want {
-			t.Errorf("LabelValue(%q) = %q, want %q", in, got, want)
-		}
+	if allocator.LabelsOf(nil) != nil || allocator.FormatMesosAttributes(map[string]string{"a": "1"}) != "a:1" || allocator.LabelValue("(x)") != "x" {
+		t.Error("a deprecated forwarder differs from package attributes")
 	}
 	if _, err := a.MarkUnhealthy(context.Background(), "0", "test"); err != nil {
 		t.Fatal(err)
 	}
-	if a.NodeAttributes()["gpus"] != "7" {
-		t.Error("unhealthy GPU counted")
+	if got := a.NodeAttributes()["gpus"]; got != "7" {
+		t.Errorf("gpus = %s with one GPU unhealthy, want 7", got)
 	}
 }
 

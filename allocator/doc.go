@@ -153,8 +153,7 @@
 //
 // # Node attributes
 //
-// [Allocator.NodeAttributes] (Mesos agent attributes, see
-// [FormatMesosAttributes]) and [Allocator.Labels] (Kubernetes node labels,
-// named as GPU feature discovery names them) describe the node's GPUs to
-// schedulers: count, models, memory, driver and CUDA versions.
+// The node's GPUs as schedulers filter nodes by them (Mesos agent
+// attributes, Kubernetes node labels) are package node/attributes'; give it
+// the inventory with the allocator's [Allocator.Devices] for their health.
 package allocator

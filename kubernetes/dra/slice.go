@@ -10,8 +10,8 @@ import (
 	"k8s.io/dynamic-resource-allocation/deviceattribute"
 	"k8s.io/utils/ptr"
 
-	"github.com/gpuiso/gpuiso/allocator"
 	"github.com/gpuiso/gpuiso/node"
+	"github.com/gpuiso/gpuiso/node/attributes"
 )
 
 // The attributes of a published device, in the driver's domain (a CEL
@@ -220,7 +220,7 @@ func commonAttributes(inv *node.Inventory, d node.Device, opts SliceOptions) map
 		}
 	}
 	setStr(AttrProductName, d.Model)
-	setStr(AttrModel, allocator.LabelValue(d.Model))
+	setStr(AttrModel, attributes.LabelValue(d.Model))
 	setStr(AttrBrand, d.Brand)
 	setStr(AttrArchitecture, d.Architecture)
 	if v, ok := semver(d.ComputeCapability); ok {
@@ -308,9 +308,9 @@ func NVLinkCliques(inv *node.Inventory) map[int]string {
 // alphanumerics, '-', '_' and '.' become '-', at most 63, trimmed of
 // non-alphanumeric ends.
 //
-// Deprecated: it is allocator.LabelValue, the one cleaner of label values
+// Deprecated: it is attributes.LabelValue (package node/attributes), the one cleaner of label values
 // (the node labels and the device attributes share it); call that.
-func LabelValue(s string) string { return allocator.LabelValue(s) }
+func LabelValue(s string) string { return attributes.LabelValue(s) }
 
 // semver writes a dotted version as the semantic version a version
 // attribute needs: "550.127.05" gives "550.127.5", "7.0" "7.0.0".

@@ -13,6 +13,7 @@ import (
 
 	"github.com/gpuiso/gpuiso/allocator"
 	"github.com/gpuiso/gpuiso/node"
+	"github.com/gpuiso/gpuiso/node/attributes"
 )
 
 // TaintKeyName is the name part of the key of the taint an unhealthy
@@ -91,7 +92,7 @@ func taintOf(reason string) (string, resourceapi.DeviceTaintEffect) {
 	case strings.Contains(r, "gpu is lost") || strings.Contains(r, "fallen off the bus"):
 		return "gpu-lost", resourceapi.DeviceTaintEffectNoExecute
 	}
-	if v := allocator.LabelValue(r); v != "" {
+	if v := attributes.LabelValue(r); v != "" {
 		return v, resourceapi.DeviceTaintEffectNoSchedule
 	}
 	return TaintKeyName, resourceapi.DeviceTaintEffectNoSchedule

@@ -2,7 +2,7 @@
 // schedulers that select nodes by label (the labels GPU feature discovery
 // writes), and applies them to the Node object.
 //
-// Labels is a pure function of the node model: allocator.LabelsOf
+// Labels is a pure function of the node model: the labels of package node/attributes
 // (nvidia.com/gpu.count, gpu.product, gpu.memory in MiB, gpu.family,
 // gpu.compute.major/minor, cuda.driver.major/minor/rev,
 // cuda.runtime.major/minor) plus MIG capability (nvidia.com/mig.capable)
@@ -24,18 +24,18 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/gpuiso/gpuiso/allocator"
 	"github.com/gpuiso/gpuiso/node"
+	"github.com/gpuiso/gpuiso/node/attributes"
 )
 
-// Labels returns the node labels of inv's GPUs: allocator.LabelsOf and the
+// Labels returns the node labels of inv's GPUs: attributes.Labels and the
 // MIG labels. It is a pure function of inv; a nil inv is refused
 // (node.ErrInvalid).
 func Labels(inv *node.Inventory) (map[string]string, error) {
 	if inv == nil {
 		return nil, fmt.Errorf("node labels: nil inventory: %w", node.ErrInvalid)
 	}
-	out := allocator.LabelsOf(inv)
+	out := attributes.Labels(inv)
 	capable := false
 	profiles := map[string]int{}
 	for _, d := range inv.Devices {
