@@ -44,7 +44,6 @@ var nodeKinds = []string{"dgx1-volta", "dgx-a100", "hgx-h100-mig"}
 // Where the chart and the scheduler configuration are, from this package.
 var (
 	chartDir        = filepath.Join("..", "deploy", "gpuiso")
-	manifestsFile   = filepath.Join("..", "deploy", "manifests", "gpuiso.yaml")
 	schedulerConfig = filepath.Join("..", "deploy", "scheduler", "bin-packing.yaml")
 )
 
@@ -83,8 +82,8 @@ func clusterConfig(probe string) (cluster.Config, error) {
 // HelmEnv names the helm binary; DefaultHelm (.ci/helm-build.sh's) without
 // it.
 const (
-	HelmEnv     = "GPUISO_HELM"
-	DefaultHelm = "/var/cache/gpuiso/helm-v4.3.1/bin/helm"
+	HelmEnv     = testenv.HelmEnv
+	DefaultHelm = testenv.DefaultHelm
 )
 
 // helm runs the pinned helm against the cluster, its own state in a
@@ -96,14 +95,7 @@ type helm struct {
 
 func requireHelm(t *testing.T, c *cluster.Cluster) *helm {
 	t.Helper()
-	bin := os.Getenv(HelmEnv)
-	if bin == "" {
-		bin = DefaultHelm
-	}
-	if _, err := os.Stat(bin); err != nil {
-		testenv.RequireKubernetes(t, fmt.Sprintf("helm %s (bash .ci/helm-build.sh builds it): %v", bin, err))
-	}
-	return &helm{bin: bin, home: t.TempDir(), c: c}
+	return &helm{bin: testenv.RequireHelm(t), home: t.TempDir(), c: c}
 }
 
 // uninstallAtEnd uninstalls the release when t ends, unless done says it

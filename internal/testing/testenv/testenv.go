@@ -44,6 +44,7 @@ const (
 	Runc            Suite = "runc"            // a runc binary on PATH (the OCI runtime gpuiso-runtime hands bundles to)
 	CurrentDocker   Suite = "current-docker"  // a current Docker daemon (API 1.44+) built by .ci/current-docker.sh
 	Kubernetes      Suite = "kubernetes"      // a one-node Kubernetes cluster from the pinned build of .ci/k8s-build.sh
+	Helm            Suite = "helm"            // the pinned helm of .ci/helm-build.sh (the chart's render and lint checks)
 	CgroupV2VM      Suite = "cgroup2-vm"      // the cgroup2-only VM of internal/testing/vmtest: qemu and the kernel .ci/vm-kernel.sh caches
 	GPU             Suite = "gpu"             // a real NVIDIA GPU with a loaded kernel driver
 	NUMA            Suite = "numa"            // a host with two NUMA nodes or more (the cgroup2-only VM has two)
@@ -54,7 +55,7 @@ const (
 // suite; the cgroup2-only VM suite, which proves that host's case on a
 // hybrid one, then skips by itself.
 func Suites() []Suite {
-	all := []Suite{Root, CgroupV1Devices, CgroupV2, Docker, NVIDIALibraries, Podman, Runc, CurrentDocker, Kubernetes, CgroupV2VM}
+	all := []Suite{Root, CgroupV1Devices, CgroupV2, Docker, NVIDIALibraries, Podman, Runc, CurrentDocker, Kubernetes, Helm, CgroupV2VM}
 	if CgroupV2Only() {
 		all = slices.DeleteFunc(all, func(s Suite) bool { return s == CgroupV1Devices })
 	}

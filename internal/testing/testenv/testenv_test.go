@@ -2,6 +2,7 @@ package testenv
 
 import (
 	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
@@ -24,6 +25,7 @@ func TestRequired(t *testing.T) {
 		{"all holds podman", "all", Podman, true},
 		{"all holds kubernetes", "all", Kubernetes, true},
 		{"all holds runc", "all", Runc, true},
+		{"all holds helm", "all", Helm, true},
 		{"all leaves hardware out", "all", GPU, false},
 		{"hardware by name", "all,gpu", GPU, true},
 	}
@@ -94,4 +96,36 @@ func (r *recorder) Fatalf(format string, args ...any) {
 func (r *recorder) Skipf(format string, args ...any) {
 	r.skipped, r.msg = true, fmt.Sprintf(format, args...)
 	runtime.Goexit()
+}
+
+// TestRequireHelm: with HelmEnv naming no file the gate skips, or fails
+// when the suite is required; naming one, it returns it.
+func TestRequireHelm(t *testing.T) {
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv(HelmEnv, exe)
+	if got := RequireHelm(t); got != exe {
+		t.Errorf("RequireHelm with %s=%s = %q", HelmEnv, exe, got)
+	}
+	for _, tt := range []struct {
+		env      string
+		wantFail bool
+	}{{"", false}, {"helm", true}, {"all", true}, {"kubernetes", false}} {
+		t.Run(tt.env, func(t *testing.T) {
+			t.Setenv(HelmEnv, filepath.Join(t.TempDir(), "helm"))
+			t.Setenv(RequireEnv, tt.env)
+			rec := &recorder{TB: t}
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				RequireHelm(rec)
+			}()
+			<-done
+			if rec.failed != tt.wantFail || rec.skipped == tt.wantFail || !strings.Contains(rec.msg, "no helm at") {
+				t.Fatalf("with %s=%q and no helm: failed %v, skipped %v; want failed %v (%s)", RequireEnv, tt.env, rec.failed, rec.skipped, tt.wantFail, rec.msg)
+			}
+		})
+	}
 }
