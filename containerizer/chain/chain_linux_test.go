@@ -15,7 +15,7 @@ import (
 	"github.com/gpuiso/gpuiso/node"
 )
 
-func TestMain(m *testing.M) { testenv.Main(m) }
+func TestMain(m *testing.M) { testenv.MainCheckingLeaks(m) }
 
 // TestIsolateProcess runs a real process isolated by the isolator on a
 // simulated node, for each cgroup version: it may open its GPUs' nodes and

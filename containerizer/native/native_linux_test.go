@@ -32,7 +32,7 @@ func TestMain(m *testing.M) {
 	if os.Getenv(agentEnv) != "" {
 		os.Exit(runAgent())
 	}
-	testenv.Main(m)
+	testenv.MainCheckingLeaks(m)
 }
 
 // sim is a simulated DGX-1 host (real device nodes under a temporary
