@@ -84,9 +84,9 @@ func TestVocabularyTypedErrors(t *testing.T) {
 			{&containerizer.NotAdoptedError{ID: "c1", Kind: containerizer.KindDocker, Err: &allocator.ClaimError{Owner: "c1"}}, containerizer.ErrNotAdopted, node.ErrInvalid},
 			{&containerizer.NotAdoptedError{RuntimeID: "x", Kind: containerizer.KindNative, Err: &record.CorruptError{Path: "/run/x", Err: errors.New("bad checksum")}}, containerizer.ErrNotAdopted, node.ErrInvalid},
 		},
-		"containerizer/docker.DaemonError":  {{&docker.DaemonError{Op: "inspect image", Err: errors.New("connection refused")}, docker.ErrDaemonUnavailable, node.ErrUnavailable}},
-		"containerizer/record.CorruptError": {{&record.CorruptError{Path: "/run/x/c1/container.json", Err: errors.New("bad checksum")}, record.ErrCorrupt, node.ErrCorrupt}},
-		"containerizer/rootfs.LimitError":   {{limit, rootfs.ErrLimit, node.ErrInvalid}},
+		"containerizer/docker.DaemonError": {{&docker.DaemonError{Op: "inspect image", Err: errors.New("connection refused")}, docker.ErrDaemonUnavailable, node.ErrUnavailable}},
+		"record.CorruptError":              {{&record.CorruptError{Path: "/run/x/c1/container.json", Err: errors.New("bad checksum")}, record.ErrCorrupt, node.ErrCorrupt}},
+		"containerizer/rootfs.LimitError":  {{limit, rootfs.ErrLimit, node.ErrInvalid}},
 		// A LayerError names the layer of its cause and matches what the
 		// cause matches.
 		"containerizer/rootfs.LayerError":  {{&rootfs.LayerError{Layer: "blobs/sha256/x", Err: limit}, rootfs.ErrLimit, node.ErrInvalid}},

@@ -11,9 +11,9 @@ import (
 
 	"github.com/gpuiso/gpuiso/allocator"
 	"github.com/gpuiso/gpuiso/containerizer"
-	rstore "github.com/gpuiso/gpuiso/containerizer/record"
 	"github.com/gpuiso/gpuiso/internal/linux"
 	"github.com/gpuiso/gpuiso/node"
+	rstore "github.com/gpuiso/gpuiso/record"
 )
 
 // record is what survives a restart of the containerizer: one per container,

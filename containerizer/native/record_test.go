@@ -10,8 +10,8 @@ import (
 
 	"github.com/gpuiso/gpuiso/allocator"
 	"github.com/gpuiso/gpuiso/containerizer"
-	rstore "github.com/gpuiso/gpuiso/containerizer/record"
 	"github.com/gpuiso/gpuiso/node"
+	rstore "github.com/gpuiso/gpuiso/record"
 )
 
 // copyRecord puts testdata's record of id in dir/id.

@@ -4,8 +4,8 @@ import (
 	"errors"
 	"testing"
 
-	"github.com/gpuiso/gpuiso/containerizer/record"
 	"github.com/gpuiso/gpuiso/node"
+	"github.com/gpuiso/gpuiso/record"
 )
 
 // TestParseRefusalIsCorrupt: every content Parse refuses (not JSON, another

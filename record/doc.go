@@ -1,9 +1,12 @@
 // Package record is the one store of what must outlive a process of
-// gpuiso: a container's record (package containerizer/native, the chain
-// isolator of package containerizer/chain) and a Kubernetes claim's
-// checkpoint (the DRA driver of the kubernetes module). It is public so
-// that the kubernetes module, which builds against the published core,
-// uses it as every other caller does.
+// gpuiso: the allocator's state, a container's record (package
+// containerizer/native, the chain isolator of package
+// containerizer/chain), an MPS daemon's record, a runtime's claim and a
+// Kubernetes claim's checkpoint (the DRA driver of the kubernetes
+// module). It sits below every package that keeps such state, and
+// imports only the node model. It is public so that the kubernetes
+// module, which builds against the published core, uses it as every
+// other caller does.
 //
 // # Model
 //
@@ -13,6 +16,13 @@
 // (any JSON-encodable type T), the key, the phase and, where there is one,
 // the process the entry belongs to ([node.Process], the module's one
 // process identity: a container's init, an allocation's holder).
+//
+// A [File] is one entry in a file of its own at a path its caller names
+// (the allocator's "allocations.json", a daemon's record in the daemon's
+// directory), written, read and checked as a Store's entries are. A
+// [Codec] is the format alone, encoding an entry to the bytes of its
+// file and decoding them back, for a caller that keeps the bytes it
+// wrote or reads them itself.
 //
 // Phases are two: [Started] is written before anything is taken (a crash
 // from there on leaves what was taken findable) and [Completed] once the
@@ -29,13 +39,15 @@
 //
 // A write replaces the file atomically: a temporary file in the same
 // directory, written, synced, renamed over the old one, and the directory
-// synced ([Options.NoSync] leaves out the two syncs for entries that
-// describe running processes, which no machine crash outlives; the
-// replacement stays atomic against the writer's death). A file that does
-// not parse, is of another format or a newer version, records another
-// key, names an unknown phase or fails its checksum is refused with a
-// [*CorruptError] (matching [ErrCorrupt] and node.ErrCorrupt); a missing
-// one is [ErrNoRecord] (matching node.ErrNotFound).
+// synced; the temporary file's name, ".<file>.<pid>.<random>.tmp", says
+// which process left it. [Options.NoSync] leaves out the two syncs for
+// entries that describe running processes, which no machine crash
+// outlives; the replacement stays atomic against the writer's death. A
+// file that does not parse, is of another format or a newer version,
+// records another key, names an unknown phase or fails its checksum is
+// refused with a [*CorruptError] (matching [ErrCorrupt] and
+// node.ErrCorrupt); a missing one is [ErrNoRecord] (matching
+// node.ErrNotFound).
 //
 // # Older files
 //

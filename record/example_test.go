@@ -5,8 +5,8 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/gpuiso/gpuiso/containerizer/record"
 	"github.com/gpuiso/gpuiso/node"
+	"github.com/gpuiso/gpuiso/record"
 )
 
 // A two-phase record: started before anything is taken, completed once the

@@ -1,9 +1,6 @@
 package record
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -12,7 +9,6 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/gpuiso/gpuiso/internal/linux"
 	"github.com/gpuiso/gpuiso/node"
 )
 
@@ -66,6 +62,8 @@ type Options[T any] struct {
 	// and Data) or an error; the store then checks the entry as it checks
 	// its own. nil refuses such files as corrupt.
 	Legacy func(b []byte) (Entry[T], error)
+	// Perm is the mode of the files written; 0 means 0600.
+	Perm fs.FileMode
 	// NoSync leaves out the syncs of a write and of a removal: the
 	// replacement is atomic against the writer's death, not a machine
 	// crash, after which the file may be empty (and reads as corrupt). It
@@ -74,12 +72,20 @@ type Options[T any] struct {
 	NoSync bool
 }
 
+// perm is the mode of the files written.
+func (o Options[T]) perm() fs.FileMode {
+	if o.Perm == 0 {
+		return 0o600
+	}
+	return o.Perm.Perm()
+}
+
 // Store is a directory of entries of type T, one file per key. Its
 // methods are safe for concurrent use on distinct keys; writers of one
 // key are serialised by the caller.
 type Store[T any] struct {
 	dir string
-	o   Options[T]
+	c   Codec[T]
 }
 
 // New returns the store of dir (which New neither reads nor makes).
@@ -90,13 +96,10 @@ type Store[T any] struct {
 // with ErrInvalidOptions, so that no entry lands wherever the process
 // happens to run.
 func New[T any](dir string, o Options[T]) (*Store[T], error) {
-	if o.Format == "" || o.Version < 1 {
-		return nil, fmt.Errorf("record store %q: format %q, version %d: %w", dir, o.Format, o.Version, ErrInvalidOptions)
+	if err := o.valid(); err != nil {
+		return nil, fmt.Errorf("record store %q: %w", dir, err)
 	}
-	if o.Name != "" && (strings.ContainsAny(o.Name, "/\\\x00") || o.Name == "." || o.Name == ".." || len(o.Name) > MaxKeyLen) {
-		return nil, fmt.Errorf("record store %q: file name %q: %w", dir, o.Name, ErrInvalidOptions)
-	}
-	return &Store[T]{dir: dir, o: o}, nil
+	return &Store[T]{dir: dir, c: Codec[T]{o: o}}, nil
 }
 
 // Dir is the store's directory.
@@ -107,12 +110,20 @@ func (s *Store[T]) Dir() string {
 	return s.dir
 }
 
+// Codec is the store's codec.
+func (s *Store[T]) Codec() (*Codec[T], error) {
+	if err := s.made(); err != nil {
+		return nil, err
+	}
+	return &s.c, nil
+}
+
 // made refuses a store not made with New.
 func (s *Store[T]) made() error {
-	if s == nil || s.o.Format == "" {
+	if s == nil {
 		return ErrNotMade
 	}
-	return nil
+	return s.c.made()
 }
 
 // writable refuses a store not made with New, or whose directory is not
@@ -121,8 +132,14 @@ func (s *Store[T]) writable() error {
 	if err := s.made(); err != nil {
 		return err
 	}
-	if !filepath.IsAbs(s.dir) {
-		return fmt.Errorf("record store %q: a directory that is not absolute is never written: %w", s.dir, ErrInvalidOptions)
+	return absolute(s.dir)
+}
+
+// absolute refuses a directory that is not absolute, where nothing is
+// written.
+func absolute(dir string) error {
+	if !filepath.IsAbs(dir) {
+		return fmt.Errorf("record store %q: a directory that is not absolute is never written: %w", dir, ErrInvalidOptions)
 	}
 	return nil
 }
@@ -159,35 +176,13 @@ func (s *Store[T]) Path(key string) (string, error) {
 	if err := ValidKey(key); err != nil {
 		return "", err
 	}
-	if s.o.Name != "" {
-		return filepath.Join(s.dir, key, s.o.Name), nil
+	if s.c.o.Name != "" {
+		return filepath.Join(s.dir, key, s.c.o.Name), nil
 	}
 	return filepath.Join(s.dir, key+ext), nil
 }
 
 const ext = ".json"
-
-// wire is an entry as a file holds it.
-type wire struct {
-	Format   string          `json:"format"`
-	Version  int             `json:"version"`
-	Key      string          `json:"key"`
-	Phase    Phase           `json:"phase"`
-	Process  *node.Process   `json:"process,omitempty"`
-	Data     json.RawMessage `json:"data"`
-	Checksum string          `json:"checksum,omitempty"`
-}
-
-// sum is the SHA-256 of w with Checksum empty, Data compacted.
-func (w wire) sum() (string, error) {
-	w.Checksum = ""
-	b, err := json.Marshal(w)
-	if err != nil {
-		return "", err
-	}
-	h := sha256.Sum256(b)
-	return hex.EncodeToString(h[:]), nil
-}
 
 // Write replaces e.Key's entry with e, in the store's version, atomically.
 // A key that is not valid (ErrInvalidKey), a phase that is neither Started
@@ -203,41 +198,40 @@ func (s *Store[T]) Write(e Entry[T]) error {
 	if err != nil {
 		return err
 	}
-	if !e.Phase.valid() {
-		return fmt.Errorf("record %s: phase %q: %w", e.Key, e.Phase, ErrInvalidEntry)
-	}
-	if e.Process != nil && !e.Process.Valid() {
-		return fmt.Errorf("record %s: process %d started at %d: %w", e.Key, e.Process.Pid, e.Process.Start, ErrInvalidEntry)
-	}
-	b, err := s.encode(e)
+	b, err := s.c.Encode(e)
 	if err != nil {
-		return fmt.Errorf("record %s: %w", e.Key, err)
+		return err
 	}
-	if s.o.NoSync {
-		err = linux.ReplaceFile(p, b, 0o600)
-	} else {
-		err = linux.WriteFileAtomic(p, "", b, 0o600, nil)
-	}
-	if err != nil {
+	if err := replacePath(p, b, s.c.o.perm(), !s.c.o.NoSync); err != nil {
 		return pathErr("record "+e.Key, err)
 	}
 	return nil
 }
 
-func (s *Store[T]) encode(e Entry[T]) ([]byte, error) {
-	data, err := json.Marshal(e.Data)
+// WriteIn is Write through dir, a handle on the directory that holds the
+// entry's file (the key's directory for a store with Options.Name, the
+// store's otherwise), opened before the writer lost the path to it (a
+// process that left the file system that holds the store, say). The
+// store's directory is not read, and need not be absolute.
+func (s *Store[T]) WriteIn(dir *os.Root, e Entry[T]) error {
+	if err := s.made(); err != nil {
+		return err
+	}
+	p, err := s.Path(e.Key)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	w := wire{Format: s.o.Format, Version: s.o.Version, Key: e.Key, Phase: e.Phase, Process: e.Process, Data: data}
-	if w.Checksum, err = w.sum(); err != nil {
-		return nil, err
+	if dir == nil {
+		return fmt.Errorf("record %s: no directory: %w", e.Key, ErrInvalidOptions)
 	}
-	b, err := json.Marshal(w)
+	b, err := s.c.Encode(e)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	return append(b, '\n'), nil
+	if err := replace(dir, filepath.Base(p), b, s.c.o.perm(), !s.c.o.NoSync); err != nil {
+		return pathErr("record "+e.Key, err)
+	}
+	return nil
 }
 
 // Read returns key's entry. A key without one is an error matching
@@ -248,79 +242,36 @@ func (s *Store[T]) Read(key string) (Entry[T], error) {
 	if err != nil {
 		return Entry[T]{}, err
 	}
-	b, err := os.ReadFile(p)
+	return s.c.readFile(p, key)
+}
+
+// readFile reads the entry of key in the file at path.
+func (c *Codec[T]) readFile(path, key string) (Entry[T], error) {
+	b, err := os.ReadFile(path)
 	if errors.Is(err, fs.ErrNotExist) {
 		return Entry[T]{}, fmt.Errorf("record %s: %w", key, ErrNoRecord)
 	}
 	if err != nil {
 		return Entry[T]{}, fmt.Errorf("record %s: %w", key, err)
 	}
-	e, err := s.parse(b)
+	e, err := c.decode(b)
 	if err != nil {
-		return Entry[T]{}, &CorruptError{Path: p, Err: err}
+		return Entry[T]{}, &CorruptError{Path: path, Err: err}
 	}
 	if e.Key != key {
-		return Entry[T]{}, &CorruptError{Path: p, Err: fmt.Errorf("records key %q", e.Key)}
+		return Entry[T]{}, &CorruptError{Path: path, Err: fmt.Errorf("records key %q", e.Key)}
 	}
 	return e, nil
 }
 
-// Parse reads the content of one file: an entry of the store's format, of
-// a version it knows, with a known phase, a valid process (or none) and
-// the checksum of what it holds; or, with Options.Legacy, a file of the
-// user's old shape. It says nothing of which key the file belongs to.
-// Content it refuses is an error matching ErrCorrupt.
+// Parse reads the content of one file as the store's Codec.Decode does.
+// It says nothing of which key the file belongs to. Content it refuses
+// is an error matching ErrCorrupt.
 func (s *Store[T]) Parse(b []byte) (Entry[T], error) {
 	if err := s.made(); err != nil {
 		return Entry[T]{}, err
 	}
-	e, err := s.parse(b)
-	if err != nil {
-		return Entry[T]{}, fmt.Errorf("%w: %w", ErrCorrupt, err)
-	}
-	return e, nil
-}
-
-func (s *Store[T]) parse(b []byte) (Entry[T], error) {
-	var w wire
-	if err := json.Unmarshal(b, &w); err != nil {
-		return Entry[T]{}, err
-	}
-	var e Entry[T]
-	if w.Data == nil || w.Format != s.o.Format {
-		if s.o.Legacy == nil {
-			return Entry[T]{}, fmt.Errorf("format %q, want %q", w.Format, s.o.Format)
-		}
-		var err error
-		if e, err = s.o.Legacy(b); err != nil {
-			return Entry[T]{}, err
-		}
-	} else {
-		if w.Version < 1 || w.Version > s.o.Version {
-			return Entry[T]{}, fmt.Errorf("%s version %d, this store reads 1 to %d", w.Format, w.Version, s.o.Version)
-		}
-		sum, err := w.sum()
-		if err != nil {
-			return Entry[T]{}, err
-		}
-		if sum != w.Checksum {
-			return Entry[T]{}, errors.New("checksum mismatch")
-		}
-		if err := json.Unmarshal(w.Data, &e.Data); err != nil {
-			return Entry[T]{}, err
-		}
-		e.Key, e.Phase, e.Process, e.Version = w.Key, w.Phase, w.Process, w.Version
-	}
-	if !e.Phase.valid() {
-		return Entry[T]{}, fmt.Errorf("unknown phase %q", e.Phase)
-	}
-	if e.Process != nil && !e.Process.Valid() {
-		return Entry[T]{}, fmt.Errorf("process %d started at %d", e.Process.Pid, e.Process.Start)
-	}
-	if ValidKey(e.Key) != nil {
-		return Entry[T]{}, fmt.Errorf("key %q", e.Key)
-	}
-	return e, nil
+	return s.c.Decode(b)
 }
 
 // Remove deletes key's entry; one already gone is not an error.
@@ -332,13 +283,7 @@ func (s *Store[T]) Remove(key string) error {
 	if err != nil {
 		return err
 	}
-	if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return fmt.Errorf("record %s: %w", key, err)
-	}
-	if s.o.NoSync {
-		return nil
-	}
-	if err := linux.SyncDir(filepath.Dir(p)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+	if err := removePath(p, !s.c.o.NoSync); err != nil {
 		return fmt.Errorf("record %s: %w", key, err)
 	}
 	return nil
@@ -367,7 +312,7 @@ func (s *Store[T]) List() ([]string, error) {
 	var out []string
 	for _, e := range entries {
 		key := e.Name()
-		if s.o.Name == "" {
+		if s.c.o.Name == "" {
 			var ok bool
 			if key, ok = strings.CutSuffix(key, ext); !ok || !e.Type().IsRegular() {
 				continue
@@ -375,7 +320,7 @@ func (s *Store[T]) List() ([]string, error) {
 		} else if !e.IsDir() {
 			continue
 		}
-		if ValidKey(key) == nil && (s.o.Name == "" || s.Exists(key)) {
+		if ValidKey(key) == nil && (s.c.o.Name == "" || s.Exists(key)) {
 			out = append(out, key)
 		}
 	}
@@ -392,7 +337,7 @@ func (s *Store[T]) Clean() error {
 		return err
 	}
 	dirs := []string{s.dir}
-	if s.o.Name != "" {
+	if s.c.o.Name != "" {
 		keys, err := s.List()
 		if err != nil {
 			return err
@@ -402,31 +347,39 @@ func (s *Store[T]) Clean() error {
 			dirs = append(dirs, filepath.Join(s.dir, k))
 		}
 	}
+	base := ext
+	if s.c.o.Name != "" {
+		base = s.c.o.Name
+	}
 	var errs []error
 	for _, d := range dirs {
-		entries, err := os.ReadDir(d)
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		for _, e := range entries {
-			if n := e.Name(); s.temp(n) && e.Type().IsRegular() {
-				if err := os.Remove(filepath.Join(d, n)); err != nil && !errors.Is(err, fs.ErrNotExist) {
-					errs = append(errs, err)
-				}
+		errs = append(errs, cleanDir(d, func(name string) bool { return isTemp(name, base) }))
+	}
+	return errors.Join(errs...)
+}
+
+// cleanDir removes the regular files of dir that temp names.
+func cleanDir(dir string, temp func(name string) bool) error {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, e := range entries {
+		if n := e.Name(); temp(n) && e.Type().IsRegular() {
+			if err := os.Remove(filepath.Join(dir, n)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				errs = append(errs, err)
 			}
 		}
 	}
 	return errors.Join(errs...)
 }
 
-// temp tells whether name is a temporary file of a write of this store
-// (".<file>.<random>.tmp" synced, ".<file>.<pid>.tmp" not).
-func (s *Store[T]) temp(name string) bool {
-	base := ext
-	if s.o.Name != "" {
-		base = s.o.Name
-	}
+// isTemp tells whether name is a temporary file of a write of a file
+// named base, or of any file ending in base (".<file>.<pid>.<random>.tmp"
+// synced, ".<file>.<pid>.tmp" not, and ".<file>.<random>.tmp" of the
+// synced writes of earlier releases).
+func isTemp(name, base string) bool {
 	rest, ok := strings.CutPrefix(name, ".")
 	return ok && strings.HasSuffix(name, ".tmp") && strings.Contains(rest, base+".")
 }
