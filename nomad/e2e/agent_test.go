@@ -95,7 +95,7 @@ func startAgent(t *testing.T, nomad string) *agent {
 	}
 	d := testenv.StartDockerd(t, map[string]any{"runtimes": map[string]any{"gpuiso": map[string]any{
 		"path":        runtime,
-		"runtimeArgs": []string{"--simulate", topology, "--dev-root", devRoot, "--state-dir", stateDir},
+		"runtimeArgs": []string{"--simulate", topology, "--sim-root", devRoot, "--state-dir", stateDir},
 	}}})
 	img := testenv.BuildProbeImage(t, d.Client, testenv.ProbeImage{})
 
@@ -110,7 +110,7 @@ ports {
   rpc  = %d
   serf = %d
 }
-plugin "gpuiso" {
+plugin "gpuiso-nomad-plugin" {
   config {
     simulate           = %q
     dev_root           = %q
@@ -124,6 +124,7 @@ plugin "docker" {
   config {
     endpoint       = %q
     nvidia_runtime = "gpuiso"
+    allow_runtimes = ["runc", "gpuiso"]
   }
 }
 plugin "raw_exec" {
@@ -269,7 +270,13 @@ func (a *agent) wait(t *testing.T, j *api.Job, evalID string) (string, bool) {
 			alloc, _, err = a.api.Allocations().Info(allocs[0].ID, nil)
 			return err == nil, err
 		case api.AllocClientStatusFailed, api.AllocClientStatusLost:
-			t.Fatalf("%s: allocation %s %s: %v", *j.ID, allocs[0].ID, allocs[0].ClientStatus, allocs[0].TaskStates)
+			var events []string
+			for task, st := range allocs[0].TaskStates {
+				for _, ev := range st.Events {
+					events = append(events, fmt.Sprintf("%s: %s %s", task, ev.Type, ev.DisplayMessage))
+				}
+			}
+			t.Fatalf("%s: allocation %s %s:\n%s", *j.ID, allocs[0].ID, allocs[0].ClientStatus, strings.Join(events, "\n"))
 		}
 		return false, nil
 	})
