@@ -92,4 +92,54 @@
 // claimed again as a share (allocator.ClaimShare, Record.Share), its daemon
 // kept or started again in place, and the daemons no share or container
 // explains are stopped.
+//
+// # Who cleans up what
+//
+// Every path that gives something back, in one place. Each is idempotent
+// (what is already gone is not an error) and each leaves what it cannot
+// give back held, never half given back, so that the next path finds it.
+//
+// In this package:
+//   - [Lifecycle.Destroy] kills and removes the container, then its owner's
+//     MPS daemon, allocation and volume use, then its reservation: a
+//     running container's teardown.
+//   - A failed [Lifecycle.Launch] removes what the runtime created, undoes
+//     the prepare step ([Prepared.Undo], each step's undo in reverse:
+//     daemon, plan, volume use, allocation) and drops the reservation.
+//   - Destroy of an id the Lifecycle does not know removes what the
+//     runtimes still list of it where no other live supervisor has it (a
+//     container [Lifecycle.Recover] did not adopt, a killed launch's
+//     reservation), with what its owner holds.
+//   - [Lifecycle.Recover] removes the containers no one can use (a launch
+//     killed before it started), reconciles the allocator against every
+//     runtime's list ([allocator.Allocator.Reconcile]) and stops the MPS
+//     daemons no share, container or launch explains
+//     ([mps.Manager.Sweep]).
+//   - [Lifecycle.Clean] removes the containers of provably dead
+//     supervisors and gives back what their owners hold, and claims for
+//     live supervisors what the allocator lost.
+//
+// In the runtimes and isolators:
+//   - The native runtime's Sweep (after Clean and Recover) removes the
+//     claim and temporary directories of dead processes and the cgroups no
+//     record explains, in its own cgroup parent only.
+//   - The chain isolator's Cleanup gives back one container's device
+//     cgroup, allocation, volume use and record; its Recover cleans up
+//     every record and cgroup no known container explains.
+//   - gpuiso-runtime's delete gives back a container's GPUs and volume use
+//     once runc no longer reports it alive, and settles the other records
+//     of its state directory.
+//   - The DRA driver's Unprepare releases a claim's devices, removes its
+//     CDI spec and then its checkpoint.
+//
+// Below them, each owner of a resource:
+//   - [allocator.Allocator.Release] gives back one owner;
+//     [allocator.Allocator.ReleaseDead] every owner whose holder is provably
+//     dead; [allocator.Allocator.Reconcile] every owner not named live.
+//   - The volume manager's Release drops one use of a version; its GC
+//     removes the volumes no one uses and what crashed builds left.
+//   - [mps.Manager.Stop] stops one owner's daemon; Sweep every daemon a
+//     keep predicate does not keep, and what killed commands left.
+//   - The CDI writer's Sweep removes the temporary files of writers that no
+//     longer run.
 package containerizer
