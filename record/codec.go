@@ -127,7 +127,7 @@ func (c *Codec[T]) Decode(b []byte) (Entry[T], error) {
 	if err := c.made(); err != nil {
 		return Entry[T]{}, err
 	}
-	e, err := c.decode(b)
+	e, err := c.decode(b, "")
 	if err != nil {
 		return Entry[T]{}, fmt.Errorf("%w: %w", ErrCorrupt, err)
 	}
@@ -135,8 +135,9 @@ func (c *Codec[T]) Decode(b []byte) (Entry[T], error) {
 }
 
 // decode is Decode without the ErrCorrupt: the reason alone, for a
-// CorruptError to carry.
-func (c *Codec[T]) decode(b []byte) (Entry[T], error) {
+// CorruptError to carry. key is the key of the file read, where it is
+// known: an entry of the Legacy reader without a key gets it.
+func (c *Codec[T]) decode(b []byte, key string) (Entry[T], error) {
 	var w wire
 	if err := json.Unmarshal(b, &w); err != nil {
 		return Entry[T]{}, err
@@ -149,6 +150,9 @@ func (c *Codec[T]) decode(b []byte) (Entry[T], error) {
 		var err error
 		if e, err = c.o.Legacy(b); err != nil {
 			return Entry[T]{}, err
+		}
+		if e.Key == "" {
+			e.Key = key
 		}
 	} else {
 		if w.Version < 1 || w.Version > c.o.Version {

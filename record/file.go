@@ -117,7 +117,7 @@ func (f *File[T]) Replace(b []byte) error {
 	if err := absolute(filepath.Dir(f.path)); err != nil {
 		return err
 	}
-	if e, err := f.c.decode(b); err != nil || e.Key != f.key {
+	if e, err := f.c.decode(b, ""); err != nil || e.Key != f.key {
 		return fmt.Errorf("record file %s: content that is no entry of key %q: %w", f.path, f.key, ErrInvalidEntry)
 	}
 	if err := replacePath(f.path, b, f.c.o.perm(), !f.c.o.NoSync); err != nil {
@@ -160,9 +160,9 @@ func (f *File[T]) Decode(b []byte) (Entry[T], error) {
 	if err := f.made(); err != nil {
 		return Entry[T]{}, err
 	}
-	e, err := f.c.Decode(b)
+	e, err := f.c.decode(b, f.key)
 	if err != nil {
-		return Entry[T]{}, err
+		return Entry[T]{}, fmt.Errorf("%w: %w", ErrCorrupt, err)
 	}
 	if e.Key != f.key {
 		return Entry[T]{}, fmt.Errorf("%w: records key %q, not %q", ErrCorrupt, e.Key, f.key)

@@ -176,3 +176,41 @@ func mustReadDir(t *testing.T, dir string) []string {
 	}
 	return out
 }
+
+// TestLegacyWithoutKey: a Legacy reader of an old shape that held no key
+// gives the key of the file read (Store.Read, File.Read, File.Decode);
+// where no file's key is known (Codec.Decode) such content is corrupt.
+func TestLegacyWithoutKey(t *testing.T) {
+	legacy := func(b []byte) (record.Entry[claim], error) {
+		return record.Entry[claim]{Phase: record.Completed, Version: 1, Data: claim{Owner: string(b)}}, nil
+	}
+	o := record.Options[claim]{Format: "test-claim", Version: 2, Legacy: legacy}
+	s, err := record.New(t.TempDir(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, _ := s.Path("k")
+	if err := os.WriteFile(p, []byte(`{"owner":"old"}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if e, err := s.Read("k"); err != nil || e.Key != "k" || e.Version != 1 {
+		t.Errorf("Store.Read = %+v, %v", e, err)
+	}
+	f, err := record.NewFile(p, "k", o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e, err := f.Read(); err != nil || e.Key != "k" {
+		t.Errorf("File.Read = %+v, %v", e, err)
+	}
+	if e, err := f.Decode([]byte(`{"owner":"old"}`)); err != nil || e.Key != "k" {
+		t.Errorf("File.Decode = %+v, %v", e, err)
+	}
+	c, err := f.Codec()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Decode([]byte(`{"owner":"old"}`)); !errors.Is(err, record.ErrCorrupt) {
+		t.Errorf("Codec.Decode = %v", err)
+	}
+}

@@ -60,7 +60,10 @@ type Options[T any] struct {
 	// format: one written before the store, in the user's old shape. It
 	// returns the entry the file means (its Key, Phase, Process, Version
 	// and Data) or an error; the store then checks the entry as it checks
-	// its own. nil refuses such files as corrupt.
+	// its own. An entry without a Key (an old shape that held none) gets
+	// the key of the file read, where one is known (Store.Read, File.Read
+	// and File.Decode; not Store.Parse or Codec.Decode). nil refuses such
+	// files as corrupt.
 	Legacy func(b []byte) (Entry[T], error)
 	// Perm is the mode of the files written; 0 means 0600.
 	Perm fs.FileMode
@@ -254,7 +257,7 @@ func (c *Codec[T]) readFile(path, key string) (Entry[T], error) {
 	if err != nil {
 		return Entry[T]{}, fmt.Errorf("record %s: %w", key, err)
 	}
-	e, err := c.decode(b)
+	e, err := c.decode(b, key)
 	if err != nil {
 		return Entry[T]{}, &CorruptError{Path: path, Err: err}
 	}

@@ -44,7 +44,7 @@ func TestBareReservationLeft(t *testing.T) {
 			if err := os.Mkdir(dir, 0o700); err != nil {
 				t.Fatal(err)
 			}
-			if err := writeJSON(filepath.Join(dir, supervisorFile), tc.sup); err != nil {
+			if err := writeSupervisor(dir, "left", tc.sup); err != nil {
 				t.Fatal(err)
 			}
 			sup := tc.sup
@@ -105,7 +105,7 @@ func TestBareList(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := writeJSON(filepath.Join(n.state, "reserved", supervisorFile), n.c.rt.self); err != nil {
+	if err := writeSupervisor(filepath.Join(n.state, "reserved"), "reserved", n.c.rt.self); err != nil {
 		t.Fatal(err)
 	}
 	// A record whose init is gone without recording its exit.

@@ -87,7 +87,7 @@ func runInit() int {
 	if !ran && code == exitInitFailed {
 		return code // the container was not set up: nothing to record
 	}
-	if err := writeExit(state, filepath.Base(cfg.ExitFile), exitRecord{Code: code}); err != nil {
+	if err := writeExit(state, cfg.ExitFile, exitRecord{Code: code}); err != nil {
 		fmt.Fprintf(os.Stderr, "%s: record exit status: %v\n", initName(), err)
 	}
 	return code

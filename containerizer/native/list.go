@@ -36,8 +36,7 @@ func (r *runner) List(ctx context.Context) ([]containerizer.Record, error) {
 			continue
 		}
 		var sup *allocator.Holder
-		var h allocator.Holder
-		if err := readJSON(r.supPath(id), &h); err == nil {
+		if h, err := r.readSupervisor(id); err == nil {
 			sup = &h
 		} else if _, serr := os.Stat(r.dir(id)); errors.Is(serr, fs.ErrNotExist) {
 			continue // removed since the listing
@@ -66,8 +65,7 @@ func (r *runner) listOne(ctx context.Context, id string, sup *allocator.Holder) 
 	}
 	out := r.public(rec)
 	out.Supervisor = sup
-	var ex exitRecord
-	if err := readJSON(r.exitPath(id), &ex); err == nil {
+	if ex, err := r.readExit(id); err == nil {
 		out.Exit = &containerizer.ExitStatus{Code: ex.Code}
 	} else if !alive(r.cfg.ProcRoot, rec.Pid, rec.Start) {
 		out.Exit = &containerizer.ExitStatus{Code: 128 + linux.SignalKill}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"path/filepath"
 
 	"github.com/opencontainers/runtime-spec/specs-go"
 
@@ -18,7 +19,7 @@ import (
 
 // record is what survives a restart of the containerizer: one per container,
 // in <state dir>/<id>/container.json, an entry of the state directory's
-// record store (package containerizer/record) of format
+// record store (package record) of format
 // "gpuiso-native-container", version 2: the id is its key, the init
 // process its process. Version 1, the runtime's own shape before the
 // store, is read still.
@@ -121,42 +122,127 @@ func legacyRecord(b []byte) (rstore.Entry[record], error) {
 	return e, nil
 }
 
-// exitRecord is written by the init when the command exits.
+// exitRecord is written by the init when the command exits: in
+// <state dir>/<id>/exit.json, an entry of format "gpuiso-native-exit",
+// version 2, keyed by the container's id. Version 1, {"code":N}, is read
+// still.
 type exitRecord struct {
 	Code int `json:"code"`
 }
 
-// writeJSON replaces path with v as JSON, atomically against this
-// process's death (linux.ReplaceFile). Records are not synced to disk: they
-// describe processes, which no machine crash outlives, and Recover treats a
-// record a crash left unreadable as a container that is gone.
-func writeJSON(path string, v any) error {
-	b, err := json.Marshal(v)
-	if err != nil {
-		return err
-	}
-	return linux.ReplaceFile(path, b, 0o600)
+const (
+	exitFormat  = "gpuiso-native-exit"
+	exitVersion = 2
+	exitFile    = "exit.json"
+)
+
+// exitOptions are the options of the exit records: name is the file in
+// each container's directory, or "" for one file alone. They are not
+// synced to disk: they describe processes, which no machine crash
+// outlives.
+func exitOptions(name string) rstore.Options[exitRecord] {
+	return rstore.Options[exitRecord]{Format: exitFormat, Version: exitVersion, Name: name, Legacy: legacyExit, NoSync: true}
 }
 
-// writeExit writes v to name in dir as writeJSON does, through a handle on
-// the directory opened before the init left the host's root.
-func writeExit(dir *os.Root, name string, v any) error {
-	b, err := json.Marshal(v)
-	if err != nil {
-		return err
+// legacyExit reads an exit record of version 1: the code alone.
+func legacyExit(b []byte) (rstore.Entry[exitRecord], error) {
+	var ex exitRecord
+	if err := json.Unmarshal(b, &ex); err != nil {
+		return rstore.Entry[exitRecord]{}, err
 	}
-	return linux.ReplaceFileIn(dir, name, b, 0o600)
+	return rstore.Entry[exitRecord]{Phase: rstore.Completed, Version: 1, Data: ex}, nil
 }
 
-func readJSON(path string, v any) error {
-	b, err := os.ReadFile(path)
+// readExit reads the exit status container id's init recorded.
+func (r *runner) readExit(id string) (exitRecord, error) {
+	s, err := rstore.New(r.cfg.StateDir, exitOptions(exitFile))
+	if err != nil {
+		return exitRecord{}, err
+	}
+	e, err := s.Read(id)
+	if err != nil {
+		return exitRecord{}, err
+	}
+	return e.Data, nil
+}
+
+// writeExit records the init's exit status at path (the container's
+// exit.json), through dir, a handle on the container's directory opened
+// before the init left the host's root. The container's id is the
+// directory's name.
+func writeExit(dir *os.Root, path string, ex exitRecord) error {
+	f, err := rstore.NewFile(path, filepath.Base(filepath.Dir(path)), exitOptions(""))
 	if err != nil {
 		return err
 	}
-	if err := json.Unmarshal(b, v); err != nil {
-		return fmt.Errorf("%s: %w", path, err)
+	return f.WriteIn(dir, rstore.Entry[exitRecord]{Phase: rstore.Completed, Data: ex})
+}
+
+// supervisorFormat is the format of the supervisor records, in
+// <state dir>/<id>/supervisor.json, keyed by the container's id; the
+// supervisor is the entry's process. Version 1, the holder's JSON alone,
+// is read still.
+const (
+	supervisorFormat  = "gpuiso-native-supervisor"
+	supervisorVersion = 2
+)
+
+// supervisorOptions are the options of the supervisor records: name is
+// the file in each container's directory, or "" for one file alone. They
+// are not synced to disk: they describe processes, which no machine crash
+// outlives.
+func supervisorOptions(name string) rstore.Options[struct{}] {
+	return rstore.Options[struct{}]{Format: supervisorFormat, Version: supervisorVersion, Name: name, Legacy: legacySupervisor, NoSync: true}
+}
+
+// legacySupervisor reads a supervisor record of version 1: the holder.
+func legacySupervisor(b []byte) (rstore.Entry[struct{}], error) {
+	var p node.Process
+	if err := json.Unmarshal(b, &p); err != nil {
+		return rstore.Entry[struct{}]{}, err
 	}
-	return nil
+	e := rstore.Entry[struct{}]{Phase: rstore.Completed, Version: 1}
+	if p != (node.Process{}) {
+		e.Process = &p
+	}
+	return e, nil
+}
+
+// supervisorEntry is the record of sup, the supervisor of container id:
+// the zero Holder (a process the proc file system could not tell) has no
+// process.
+func supervisorEntry(id string, sup allocator.Holder) rstore.Entry[struct{}] {
+	e := rstore.Entry[struct{}]{Key: id, Phase: rstore.Completed}
+	if p := node.Process(sup); p != (node.Process{}) {
+		e.Process = &p
+	}
+	return e
+}
+
+// writeSupervisor records sup as the supervisor of container id, in the
+// directory dir (the container's, or its claim's before the rename).
+func writeSupervisor(dir, id string, sup allocator.Holder) error {
+	f, err := rstore.NewFile(filepath.Join(dir, supervisorFile), id, supervisorOptions(""))
+	if err != nil {
+		return err
+	}
+	return f.Write(supervisorEntry(id, sup))
+}
+
+// readSupervisor reads the supervisor container id's directory names.
+func (r *runner) readSupervisor(id string) (allocator.Holder, error) {
+	s, err := rstore.New(r.cfg.StateDir, supervisorOptions(supervisorFile))
+	if err != nil {
+		return allocator.Holder{}, err
+	}
+	e, err := s.Read(id)
+	if err != nil {
+		return allocator.Holder{}, err
+	}
+	if e.Process == nil {
+		return allocator.Holder{}, nil
+	}
+	return allocator.Holder(*e.Process), nil
 }
 
 // startTime reads a process's start time from /proc/<pid>/stat.

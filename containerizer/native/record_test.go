@@ -113,3 +113,88 @@ func TestRecordErrors(t *testing.T) {
 		}
 	}
 }
+
+// TestLegacySupervisorAndExit: a supervisor record and an exit record of
+// version 1 (the holder's JSON, the code alone, checked in as the runtime
+// wrote them) read as the supervisor and the exit status they name, so
+// that an upgrade neither orphans a running container nor forgets how one
+// ended; written again, they are entries of the store with the same
+// content.
+func TestLegacySupervisorAndExit(t *testing.T) {
+	dir := t.TempDir()
+	copyRecord(t, dir, "c1")
+	for _, name := range []string{supervisorFile, exitFile} {
+		b, err := os.ReadFile(filepath.Join("testdata", "records-v1", "c1", name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "c1", name), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r := &runner{cfg: Config{StateDir: dir, ProcRoot: t.TempDir()}}
+	check := func(version string) {
+		t.Helper()
+		sup, err := r.readSupervisor("c1")
+		if err != nil || sup != (allocator.Holder{Pid: 4243, Start: 987654322}) {
+			t.Errorf("%s supervisor = %+v, %v", version, sup, err)
+		}
+		ex, err := r.readExit("c1")
+		if err != nil || ex.Code != 3 {
+			t.Errorf("%s exit = %+v, %v", version, ex, err)
+		}
+		out := r.listOne(context.Background(), "c1", nil)
+		if out.Exit == nil || out.Exit.Code != 3 {
+			t.Errorf("%s: listed exit %+v", version, out.Exit)
+		}
+	}
+	check("version 1")
+	if err := writeSupervisor(filepath.Join(dir, "c1"), "c1", allocator.Holder{Pid: 4243, Start: 987654322}); err != nil {
+		t.Fatal(err)
+	}
+	cdir, err := os.OpenRoot(filepath.Join(dir, "c1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cdir.Close()
+	if err := writeExit(cdir, filepath.Join(dir, "c1", exitFile), exitRecord{Code: 3}); err != nil {
+		t.Fatal(err)
+	}
+	for name, prefix := range map[string]string{
+		supervisorFile: `{"format":"gpuiso-native-supervisor","version":2,"key":"c1","phase":"completed","process":{"pid":4243,"start":987654322}`,
+		exitFile:       `{"format":"gpuiso-native-exit","version":2,"key":"c1","phase":"completed","data":{"code":3}`,
+	} {
+		if b, _ := os.ReadFile(filepath.Join(dir, "c1", name)); !strings.HasPrefix(string(b), prefix) {
+			t.Errorf("%s written as %s", name, b)
+		}
+	}
+	check("version 2")
+}
+
+// TestSupervisorUnknown: a supervisor the proc file system could not tell
+// (the zero holder) is recorded and read back as such; an exit record of
+// another container is not this one's.
+func TestSupervisorUnknown(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.Mkdir(filepath.Join(dir, "c2"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	r := &runner{cfg: Config{StateDir: dir, ProcRoot: t.TempDir()}}
+	if err := writeSupervisor(filepath.Join(dir, "c2"), "c2", allocator.Holder{}); err != nil {
+		t.Fatal(err)
+	}
+	if sup, err := r.readSupervisor("c2"); err != nil || sup != (allocator.Holder{}) {
+		t.Errorf("supervisor = %+v, %v", sup, err)
+	}
+	other, err := os.OpenRoot(filepath.Join(dir, "c2"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	if err := writeExit(other, filepath.Join(dir, "c3", exitFile), exitRecord{Code: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.readExit("c2"); !errors.Is(err, rstore.ErrCorrupt) {
+		t.Errorf("exit of another container read as %v", err)
+	}
+}

@@ -83,7 +83,7 @@ func (r *runner) dir(id string) string     { return filepath.Join(r.cfg.StateDir
 func (r *runner) rootDir(id string) string { return filepath.Join(r.dir(id), "root") }
 func (r *runner) devDir(id string) string  { return filepath.Join(r.dir(id), "dev") }
 func (r *runner) exitPath(id string) string {
-	return filepath.Join(r.dir(id), "exit.json")
+	return filepath.Join(r.dir(id), exitFile)
 }
 
 func (r *runner) Kind() containerizer.Kind { return containerizer.KindNative }
@@ -427,8 +427,7 @@ func (r *runner) watch(id string, pr *proc) {
 		}
 	}
 	code := 128 + linux.SignalKill // killed before it could record anything
-	var ex exitRecord
-	if err := readJSON(r.exitPath(id), &ex); err == nil {
+	if ex, err := r.readExit(id); err == nil {
 		code = ex.Code
 	}
 	r.exit(pr, code)
@@ -525,7 +524,7 @@ func (r *runner) Remove(ctx context.Context, rec containerizer.Record) error {
 
 // Adopt names sup the supervisor of rec's container.
 func (r *runner) Adopt(_ context.Context, rec containerizer.Record, sup allocator.Holder) (containerizer.Record, error) {
-	if err := writeJSON(r.supPath(rec.ID), sup); err != nil {
+	if err := writeSupervisor(r.dir(rec.ID), rec.ID, sup); err != nil {
 		return rec, fmt.Errorf("adopt %s: %w", rec.ID, err)
 	}
 	r.cfg.Logger.Info("container re-adopted", "id", rec.ID, "pid", rec.Pid, "gpus", len(rec.GPUs))

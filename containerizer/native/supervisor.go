@@ -59,8 +59,6 @@ func (r *runner) holder() *allocator.Holder {
 	return &h
 }
 
-func (r *runner) supPath(id string) string { return filepath.Join(r.dir(id), supervisorFile) }
-
 // claimName is the name of a claim directory of this process for container
 // id: ".new-<id>.<pid>.<start>", the process in node.Process's text form.
 func (r *runner) claimName(id string) string {
@@ -73,7 +71,7 @@ func (r *runner) claim(id string) error {
 	if err := os.Mkdir(tmp, 0o700); err != nil {
 		return err
 	}
-	if err := writeJSON(filepath.Join(tmp, supervisorFile), r.self); err != nil {
+	if err := writeSupervisor(tmp, id, r.self); err != nil {
 		os.RemoveAll(tmp)
 		return err
 	}
