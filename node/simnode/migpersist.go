@@ -4,13 +4,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io/fs"
-	"os"
 	"path/filepath"
 	"strconv"
 
-	"github.com/gpuiso/gpuiso/internal/linux"
 	"github.com/gpuiso/gpuiso/node"
+	"github.com/gpuiso/gpuiso/record"
 )
 
 // migLayoutPath is where a MIGManager with a host tree records the MIG
@@ -25,6 +23,33 @@ func migLayoutPath(h *Host) string {
 // index.
 type savedLayouts struct {
 	GPUs map[string][]MIGInstance `json:"gpus"`
+}
+
+// The record of the layouts is an entry of package record, of format
+// "gpuiso-sim-mig-layout", version 2; version 1, the layouts' JSON alone,
+// is read still.
+const (
+	migLayoutFormat  = "gpuiso-sim-mig-layout"
+	migLayoutVersion = 2
+	migLayoutKey     = "gpuiso-sim-mig-layout"
+)
+
+// migLayoutFile is the record of the layouts of host tree h. It is
+// readable by all (as the tree's proc side is) and synced, as the real
+// driver's state outlives a program.
+func migLayoutFile(h *Host) (*record.File[savedLayouts], error) {
+	return record.NewFile(migLayoutPath(h), migLayoutKey, record.Options[savedLayouts]{
+		Format: migLayoutFormat, Version: migLayoutVersion, Legacy: legacyLayouts, Perm: 0o644,
+	})
+}
+
+// legacyLayouts reads a record of version 1: the layouts alone.
+func legacyLayouts(b []byte) (record.Entry[savedLayouts], error) {
+	var saved savedLayouts
+	if err := json.Unmarshal(b, &saved); err != nil {
+		return record.Entry[savedLayouts]{}, err
+	}
+	return record.Entry[savedLayouts]{Phase: record.Completed, Version: 1, Data: saved}, nil
 }
 
 // saveLayoutLocked records the layout of every GPU with MIG enabled, GPU
@@ -45,11 +70,11 @@ func (n *Node) saveLayoutLocked(h *Host, i int, next []*migInstance) error {
 		}
 		out.GPUs[strconv.Itoa(k)] = layout
 	}
-	b, err := json.MarshalIndent(out, "", "  ")
-	if err != nil {
-		return err
+	f, err := migLayoutFile(h)
+	if err == nil {
+		err = f.Write(record.Entry[savedLayouts]{Phase: record.Completed, Data: out})
 	}
-	if err := linux.WriteFileAtomic(migLayoutPath(h), "", append(b, '\n'), 0o644, nil); err != nil {
+	if err != nil {
 		return fmt.Errorf("record the simulated MIG layout: %w", err)
 	}
 	return nil
@@ -66,17 +91,21 @@ func (n *Node) RestoreMIG(h *Host) error {
 	if h == nil {
 		return fmt.Errorf("simulated MIG layout: no host tree: %w", node.ErrInvalid)
 	}
-	b, err := os.ReadFile(migLayoutPath(h))
-	if errors.Is(err, fs.ErrNotExist) {
+	f, err := migLayoutFile(h)
+	if err != nil {
+		return fmt.Errorf("simulated MIG layout: %w", err)
+	}
+	e, err := f.Read()
+	if errors.Is(err, record.ErrNoRecord) {
 		return nil
+	}
+	if errors.Is(err, record.ErrCorrupt) {
+		return fmt.Errorf("simulated MIG layout %s: %w: %w", migLayoutPath(h), ErrMIGLayout, err)
 	}
 	if err != nil {
 		return err
 	}
-	var saved savedLayouts
-	if err := json.Unmarshal(b, &saved); err != nil {
-		return fmt.Errorf("simulated MIG layout %s: %w: %w", migLayoutPath(h), ErrMIGLayout, err)
-	}
+	saved := e.Data
 	table := n.spec.profiles()
 	layouts := map[int][]placed{}
 	n.mu.Lock()
