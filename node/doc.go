@@ -29,6 +29,20 @@
 // the supervisor label of Docker containers and the names of the native
 // runtime's and the programs' claim and temporary directories all use it.
 //
+// # Health
+//
+// A GPU's driver gives health signals ([Signal]: an XID, a double-bit ECC
+// error, the driver's recovery action, remapped rows or retired pages
+// pending, a failed remapping, an NVLink down or its errors counted, PCIe
+// replays, a thermal or power slowdown, a GPU fallen off the bus). A
+// [HealthTable] makes of each a [Verdict]: a [HealthState] (healthy,
+// inform: shown but not acted on, unhealthy: out of service) and an
+// [Action] (none, restart the application, drain, reset the GPU, reboot).
+// [DefaultHealthTable] follows NVIDIA's XID catalog and the recovery
+// actions; an operator extends or overrides it with rules of their own
+// ([ParseHealthRules] reads them as text), checked by
+// [HealthTable.Validate] (a bad rule is a [*HealthRuleError]).
+//
 // # Errors
 //
 // The package holds the error vocabulary of the whole module:

@@ -1,8 +1,9 @@
 // Package nvmlnode reads a node's GPUs through NVML
 // (github.com/NVIDIA/go-nvml) into the node model: [Discover] builds a
-// node.Inventory once, [Monitor] watches XID and ECC events and marks GPUs
-// unhealthy through a [Target] (an allocator), and [ReadUsage] reads the GPU
-// memory and utilisation of a container's processes.
+// node.Inventory once, [Monitor] watches the GPUs' health signals and marks
+// GPUs unhealthy, and healthy again, through a [Target] (an allocator), and
+// [ReadUsage] reads the GPU memory and utilisation of a container's
+// processes.
 //
 // NVML is loaded at run time (dlopen of libnvidia-ml.so.1), so one binary
 // serves nodes with and without GPUs: on a node without the library
@@ -16,6 +17,23 @@
 // the driver's majors from /proc/devices (falling back to [DefaultMajor] when
 // the driver is not loaded), stats each GPU's and control device's node
 // under the dev root, and records them in the inventory as data.
+//
+// # Health
+//
+// [Monitor] takes the driver's events (XID errors, double-bit ECC errors,
+// recovery-action changes) as they come and reads the polled signals
+// ([ReadHealth]: the driver's recovery action, remapped rows pending and
+// failed, retired pages pending, NVLink states and error counters, the
+// PCIe replay counter, thermal and power slowdowns, a GPU fallen off the
+// bus) every health period. A node.HealthTable (node.DefaultHealthTable,
+// after NVIDIA's XID catalog, or the operator's, [WithHealthTable]) makes
+// of each signal a state and an action: an unhealthy signal marks the GPU
+// (or the MIG device an event names), an informing one (XID 94, a
+// contained ECC error: restart the application) is only reported. When a
+// marked GPU's signals clear (not lost, nothing pending, recovery action
+// none where a reset was needed, no new fault for the quiet period) the
+// monitor marks it healthy again, within two health periods; a reason the
+// monitor did not write (an operator's) is left alone.
 //
 // # MIG
 //

@@ -12,16 +12,22 @@ import (
 	"github.com/gpuiso/gpuiso/node"
 )
 
-// applicationXIDs are the XIDs that an application's own faults raise
-// (graphics engine exception, MMU fault, reset channel, preemptive cleanup,
-// video processor exception, ...): they leave the GPU healthy.
+// applicationXIDs are the XIDs that the monitor once took for an
+// application's own faults.
 var applicationXIDs = [...]uint64{13, 31, 43, 45, 68, 109}
 
-// ApplicationXID tells whether xid is an application error that leaves the
-// GPU healthy (13, 31, 43, 45, 68, 109).
+// ApplicationXID tells whether xid is one of 13, 31, 43, 45, 68 and 109,
+// the XIDs the monitor once ignored.
+//
+// Deprecated: the monitor classifies XIDs by a node.HealthTable
+// (node.DefaultHealthTable, WithHealthTable), after NVIDIA's XID catalog:
+// there 109 needs a GPU reset and 94 only a restart of the application.
+// Use node.DefaultHealthTable().Classify.
 func ApplicationXID(xid uint64) bool { return slices.Contains(applicationXIDs[:], xid) }
 
-// Target is what the monitor marks: an allocator, in practice.
+// Target is what the monitor marks: an allocator, in practice. A target
+// that also has MarkHealthy(ctx, device) error (the allocator does) gets
+// the devices the monitor marked back when their signals clear.
 type Target interface {
 	// Devices are the GPUs to watch, as they are now.
 	Devices() []node.Device
@@ -30,15 +36,28 @@ type Target interface {
 	MarkUnhealthy(ctx context.Context, device, reason string) ([]string, error)
 }
 
+// healer is a Target that can hand a device out again.
+type healer interface {
+	MarkHealthy(ctx context.Context, device string) error
+}
+
 // HealthEvent is what the monitor saw and did.
 type HealthEvent struct {
-	// Device is the GPU, as it is now (unhealthy, unless MIG is set).
+	// Device is the GPU, as it is now (unhealthy when the verdict is,
+	// unless MIG is set).
 	Device node.Device
 	// MIG, when set, is the MIG device of Device that the driver named as
 	// the event's source: it alone is marked unhealthy.
 	MIG *node.MIGDevice
-	// XID is the XID error, or 0 for a double-bit ECC error.
+	// XID is the XID of an XID event, else 0.
 	XID uint64
+	// Verdict is the signal seen and what the health table makes of it:
+	// StateUnhealthy marked the device unhealthy, StateInform only tells.
+	Verdict node.Verdict
+	// Healed is set when the device, marked unhealthy by the monitor, was
+	// marked healthy again because its signals cleared; Verdict is then
+	// the one it was marked for.
+	Healed bool
 	// Owners are those holding the GPU: their containers are affected.
 	Owners []string
 	// Err is set when the event could not be acted on (the device stays as
@@ -46,22 +65,120 @@ type HealthEvent struct {
 	Err error
 }
 
+// DefaultHealthPeriod is how often the monitor reads the GPUs' polled
+// health signals by default.
+const DefaultHealthPeriod = 10 * time.Second
+
+// MonitorOption configures Monitor.
+type MonitorOption func(*monitorConfig) error
+
+type monitorConfig struct {
+	table  node.HealthTable
+	period time.Duration
+	quiet  time.Duration
+}
+
+// WithHealthTable sets the table that turns signals into health (default
+// node.DefaultHealthTable). A table that does not hold (node.HealthTable's
+// Validate) is refused.
+func WithHealthTable(t node.HealthTable) MonitorOption {
+	return func(c *monitorConfig) error {
+		if err := t.Validate(); err != nil {
+			return err
+		}
+		c.table = slices.Clone(t)
+		return nil
+	}
+}
+
+// WithHealthPeriod sets how often the polled signals are read (default
+// DefaultHealthPeriod); it must be positive.
+func WithHealthPeriod(d time.Duration) MonitorOption {
+	return func(c *monitorConfig) error {
+		if d <= 0 {
+			return fmt.Errorf("health period %s: %w", d, node.ErrInvalid)
+		}
+		c.period = d
+		return nil
+	}
+}
+
+// WithQuietPeriod sets how long a device marked unhealthy must go without
+// a new fault before it may be healthy again (default: the health
+// period); it must not be negative.
+func WithQuietPeriod(d time.Duration) MonitorOption {
+	return func(c *monitorConfig) error {
+		if d < 0 {
+			return fmt.Errorf("quiet period %s: %w", d, node.ErrInvalid)
+		}
+		c.quiet = d
+		return nil
+	}
+}
+
 // monitorPoll is how long one NVML wait lasts, bounding how long
 // cancellation takes to be noticed.
 const monitorPoll = 100 * time.Millisecond
 
-// Monitor watches lib's XID critical-error and double-bit ECC events for
-// the node's GPUs until ctx is done. An event that is not an application
-// XID marks the GPU unhealthy (so it is not handed out again until
-// MarkHealthy) and is reported to notify with the GPU's owners. A GPU
-// found lost (fallen off the bus) when the monitor starts or while it waits
-// is handled the same way. NVML is initialised for the monitor's lifetime.
-// A GPU that cannot be watched is reported to notify as an event with only
-// Err set; the monitor fails only when none can be watched. It returns ctx's error when ctx
-// ends.
-func Monitor(ctx context.Context, lib nvml.Interface, target Target, notify func(HealthEvent)) error {
+// gpuWatch is what the monitor keeps of one GPU.
+type gpuWatch struct {
+	handle     nvml.Device // nil while lost or not watched
+	registered bool        // events registered on handle
+	base, prev Reading
+	read       bool
+	// marked are the devices (the GPU, its MIG devices, by UUID) the
+	// monitor marked unhealthy, with the verdict.
+	marked map[string]node.Verdict
+	// lastFault is when a fault was last seen.
+	lastFault time.Time
+	// shown are the inform conditions told, not told again while they
+	// hold.
+	shown map[node.Signal]bool
+}
+
+// Monitor watches the node's GPUs until ctx is done: the driver's events
+// (XID critical errors, double-bit ECC errors, recovery-action changes)
+// as they come, and every health period (WithHealthPeriod) the polled
+// signals (ReadHealth: the recovery action, remapped rows, pending retired
+// pages, NVLinks and their error counters, PCIe replays, slowdowns, a GPU
+// fallen off the bus). The health table (WithHealthTable) makes of each
+// signal a node.Verdict. An unhealthy one marks the GPU unhealthy (an
+// event attributed to a GPU instance, the MIG device alone) and is
+// reported to notify with the owners; an inform one is only reported (a
+// condition once while it holds).
+//
+// A device the monitor marked is healthy again on its own (MarkHealthy,
+// when the target has it, reported with Healed set) at the first period
+// when its GPU is not lost, no unhealthy condition holds and no fault came
+// for the quiet period (WithQuietPeriod); when it was marked for a fault
+// whose action is a GPU reset or a reboot, the driver must also give a
+// recovery action, and it must be none: on a driver without one such a
+// device stays unhealthy until MarkHealthy. A device unhealthy when the
+// monitor starts, for a reason a Verdict wrote, is taken as marked by it.
+// A device marked for another reason since is left alone.
+//
+// NVML is initialised for the monitor's lifetime. A GPU that cannot be
+// watched is reported to notify as an event with only Err set; the
+// monitor fails only when none can be watched. It returns ctx's error when
+// ctx ends.
+func Monitor(ctx context.Context, lib nvml.Interface, target Target, notify func(HealthEvent), opts ...MonitorOption) error {
 	if lib == nil || target == nil || notify == nil {
 		return fmt.Errorf("monitor: nil NVML, target or callback: %w", node.ErrInvalid)
+	}
+	cfg := monitorConfig{period: DefaultHealthPeriod, quiet: -1}
+	for _, o := range opts {
+		if o == nil {
+			return fmt.Errorf("monitor: nil option: %w", node.ErrInvalid)
+		}
+		if err := o(&cfg); err != nil {
+			return fmt.Errorf("monitor: %w", err)
+		}
+	}
+	if cfg.table == nil {
+		cfg.table = node.DefaultHealthTable()
+	}
+	if cfg.quiet < 0 {
+		cfg.quiet = cfg.period
 	}
 	if ret := lib.Init(); ret != nvml.SUCCESS {
 		return fmt.Errorf("monitor: %w", nvmlError("init", -1, ret))
@@ -72,60 +189,45 @@ func Monitor(ctx context.Context, lib nvml.Interface, target Target, notify func
 		return fmt.Errorf("monitor: %w", nvmlError("create event set", -1, ret))
 	}
 	defer set.Free()
-
-	// mark marks GPU p unhealthy and tells the caller.
-	devices := target.Devices()
-	mark := func(p int, xid uint64, reason string) {
-		owners, err := target.MarkUnhealthy(ctx, devices[p].UUID, reason)
-		dev := devices[p].Clone()
-		if err == nil {
-			dev.Health = node.Unhealthy(reason)
-		}
-		notify(HealthEvent{Device: dev, XID: xid, Owners: owners, Err: err})
-	}
-	// markMIG marks MIG device m of GPU p unhealthy and tells the caller.
-	markMIG := func(p int, m node.MIGDevice, xid uint64, reason string) {
-		owners, err := target.MarkUnhealthy(ctx, m.UUID, reason)
-		if err == nil {
-			m.Health = node.Unhealthy(reason)
-		}
-		notify(HealthEvent{Device: devices[p].Clone(), MIG: &m, XID: xid, Owners: owners, Err: err})
-	}
-	handles := make([]nvml.Device, len(devices))
+	m := &monitor{ctx: ctx, lib: lib, target: target, notify: notify, cfg: cfg, set: set, started: time.Now()}
+	m.devices = target.Devices()
+	m.gpus = make([]gpuWatch, len(m.devices))
 	var problems []error
 	watched, gone := 0, 0
-	for p, d := range devices {
-		h, ret := handle(lib, d)
-		if ret == nvml.SUCCESS {
-			types := uint64(nvml.EventTypeXidCriticalError | nvml.EventTypeDoubleBitEccError)
-			if ret = h.RegisterEvents(types, set); ret != nvml.SUCCESS && ret != nvml.ERROR_GPU_IS_LOST {
-				ret = h.RegisterEvents(nvml.EventTypeXidCriticalError, set)
-			}
-		}
-		switch ret {
+	for p, d := range m.devices {
+		m.gpus[p].marked = map[string]node.Verdict{}
+		m.gpus[p].shown = map[node.Signal]bool{}
+		m.adopt(p)
+		switch ret := m.watch(p); ret {
 		case nvml.SUCCESS:
-			handles[p] = h
 			watched++
 		case nvml.ERROR_GPU_IS_LOST:
 			gone++
 			if d.Health.Healthy {
-				mark(p, 0, ErrGPULost.Error())
+				m.verdict(p, nil, node.Signal{Kind: node.SignalLost})
 			}
 		default:
 			problems = append(problems, nvmlError("watch events", d.Index, ret))
 		}
 	}
-	if watched == 0 && gone < len(devices) {
+	if watched == 0 && gone < len(m.devices) {
 		return fmt.Errorf("monitor: no GPU can be watched: %w", errors.Join(problems...))
 	}
 	for _, err := range problems {
 		notify(HealthEvent{Err: err})
 	}
+	m.poll()
+	next := time.Now().Add(cfg.period)
 	for {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		e, ret := set.Wait(uint32(monitorPoll / time.Millisecond))
+		if !time.Now().Before(next) {
+			m.poll()
+			next = time.Now().Add(cfg.period)
+		}
+		wait := min(monitorPoll, max(time.Until(next), time.Millisecond))
+		e, ret := set.Wait(uint32(max(wait/time.Millisecond, 1)))
 		switch ret {
 		case nvml.SUCCESS:
 		case nvml.ERROR_TIMEOUT:
@@ -133,13 +235,14 @@ func Monitor(ctx context.Context, lib nvml.Interface, target Target, notify func
 		case nvml.ERROR_GPU_IS_LOST:
 			// A watched GPU fell off the bus without saying which: ask
 			// each, and stop watching the lost ones.
-			for p, h := range handles {
+			for p := range m.gpus {
+				h := m.gpus[p].handle
 				if h == nil {
 					continue
 				}
 				if _, ret := h.GetUUID(); ret == nvml.ERROR_GPU_IS_LOST {
-					handles[p] = nil
-					mark(p, 0, ErrGPULost.Error())
+					m.gpus[p].handle, m.gpus[p].registered = nil, false
+					m.verdict(p, nil, node.Signal{Kind: node.SignalLost})
 				}
 			}
 			continue
@@ -149,32 +252,236 @@ func Monitor(ctx context.Context, lib nvml.Interface, target Target, notify func
 			}
 			return fmt.Errorf("monitor: %w", nvmlError("wait for events", -1, ret))
 		}
-		p := slices.IndexFunc(handles, func(h nvml.Device) bool { return h != nil && sameDevice(h, e.Device) })
-		if p < 0 {
+		m.event(e)
+	}
+}
+
+// monitor is one Monitor call's state.
+type monitor struct {
+	ctx     context.Context
+	lib     nvml.Interface
+	target  Target
+	notify  func(HealthEvent)
+	cfg     monitorConfig
+	set     nvml.EventSet
+	started time.Time
+	devices []node.Device // as the monitor started
+	gpus    []gpuWatch
+}
+
+// watch finds GPU p's handle and registers its events.
+func (m *monitor) watch(p int) nvml.Return {
+	g := &m.gpus[p]
+	h, ret := handle(m.lib, m.devices[p])
+	if ret != nvml.SUCCESS {
+		return ret
+	}
+	types := uint64(nvml.EventTypeXidCriticalError | nvml.EventTypeDoubleBitEccError | nvml.EventTypeGpuRecoveryAction)
+	if ret = h.RegisterEvents(types, m.set); ret != nvml.SUCCESS && ret != nvml.ERROR_GPU_IS_LOST {
+		types = nvml.EventTypeXidCriticalError | nvml.EventTypeDoubleBitEccError
+		if ret = h.RegisterEvents(types, m.set); ret != nvml.SUCCESS && ret != nvml.ERROR_GPU_IS_LOST {
+			ret = h.RegisterEvents(nvml.EventTypeXidCriticalError, m.set)
+		}
+	}
+	if ret != nvml.SUCCESS {
+		return ret
+	}
+	g.handle, g.registered = h, true
+	return nvml.SUCCESS
+}
+
+// adopt takes GPU p and its MIG devices as marked by the monitor when
+// they are unhealthy for a reason a Verdict wrote (a monitor before this
+// one).
+func (m *monitor) adopt(p int) {
+	g := &m.gpus[p]
+	d := m.devices[p]
+	if a, ok := node.VerdictAction(d.Health.Reason); ok && !d.Health.Healthy {
+		g.marked[d.UUID] = node.Verdict{State: node.StateUnhealthy, Action: a}
+		g.lastFault = m.started
+	}
+	for _, mig := range d.MIGDevices {
+		if a, ok := node.VerdictAction(mig.Health.Reason); ok && !mig.Health.Healthy {
+			g.marked[mig.UUID] = node.Verdict{State: node.StateUnhealthy, Action: a}
+			g.lastFault = m.started
+		}
+	}
+}
+
+// event handles one NVML event.
+func (m *monitor) event(e nvml.EventData) {
+	p := slices.IndexFunc(m.gpus, func(g gpuWatch) bool { return g.handle != nil && sameDevice(g.handle, e.Device) })
+	if p < 0 {
+		return
+	}
+	var s node.Signal
+	switch {
+	case e.EventType&nvml.EventTypeXidCriticalError != 0:
+		s = node.Signal{Kind: node.SignalXID, Value: e.EventData}
+	case e.EventType&nvml.EventTypeDoubleBitEccError != 0:
+		s = node.Signal{Kind: node.SignalDoubleBitECC}
+	case e.EventType&nvml.EventTypeGpuRecoveryAction != 0:
+		// The action itself is read now, as the next poll would.
+		m.pollGPU(p)
+		return
+	default:
+		return
+	}
+	// The target's MIG devices as they are now: a MIG device made since
+	// the monitor started (dynamic MIG) is one of them.
+	if migs := migSources(m.target.Devices()[p], e); len(migs) > 0 {
+		for _, mig := range migs {
+			m.verdict(p, &mig, s)
+		}
+		return
+	}
+	m.verdict(p, nil, s)
+}
+
+// verdict acts on signal s of GPU p (or of its MIG device mig) and tells.
+func (m *monitor) verdict(p int, mig *node.MIGDevice, s node.Signal) {
+	v := m.cfg.table.Classify(s)
+	g := &m.gpus[p]
+	dev := m.target.Devices()[p]
+	ev := HealthEvent{Device: dev, MIG: mig, Verdict: v}
+	if s.Kind == node.SignalXID {
+		ev.XID = s.Value
+	}
+	if v.State == node.StateUnhealthy {
+		g.lastFault = time.Now()
+		uuid := dev.UUID
+		if mig != nil {
+			uuid = mig.UUID
+		}
+		ev.Owners, ev.Err = m.target.MarkUnhealthy(m.ctx, uuid, v.String())
+		if ev.Err == nil {
+			g.marked[uuid] = v
+			if mig != nil {
+				ev.MIG.Health = v.Health()
+			} else {
+				ev.Device.Health = v.Health()
+			}
+		}
+	}
+	if v.State != node.StateHealthy {
+		m.notify(ev)
+	}
+}
+
+// poll reads the polled signals of every GPU.
+func (m *monitor) poll() {
+	for p := range m.gpus {
+		m.pollGPU(p)
+	}
+}
+
+// pollGPU reads GPU p's polled signals, acts on them and heals what
+// cleared.
+func (m *monitor) pollGPU(p int) {
+	g := &m.gpus[p]
+	var r Reading
+	if g.handle == nil {
+		// Lost, or never watched: try again (a reset brings a GPU back).
+		switch ret := m.watch(p); ret {
+		case nvml.SUCCESS:
+		case nvml.ERROR_GPU_IS_LOST:
+			r = Reading{Lost: true, Conditions: []node.Signal{{Kind: node.SignalLost}}}
+		default:
+			return
+		}
+	}
+	if !r.Lost {
+		r = ReadHealth(g.handle)
+	}
+	if r.Lost {
+		g.handle, g.registered = nil, false
+	}
+	if !g.read && !r.Lost {
+		g.base, g.prev, g.read = r, r, true
+	}
+	conditions, events := changes(g.base, g.prev, r)
+	conditions = append(slices.Clone(r.Conditions), conditions...)
+	if !r.Lost {
+		g.prev = r
+	}
+	health := m.target.Devices()[p].Health
+	unhealthy := false
+	for _, s := range conditions {
+		v := m.cfg.table.Classify(s)
+		switch v.State {
+		case node.StateUnhealthy:
+			unhealthy = true
+			g.lastFault = time.Now()
+			if health.Healthy {
+				m.verdict(p, nil, s)
+				health = m.target.Devices()[p].Health
+			}
+		case node.StateInform:
+			if !g.shown[s] {
+				m.verdict(p, nil, s)
+			}
+		}
+	}
+	for s := range g.shown {
+		if !slices.Contains(conditions, s) {
+			delete(g.shown, s)
+		}
+	}
+	for _, s := range conditions {
+		g.shown[s] = true
+	}
+	for _, s := range events {
+		m.verdict(p, nil, s)
+	}
+	if !unhealthy && !r.Lost {
+		m.heal(p, r)
+	}
+}
+
+// heal marks healthy again the devices of GPU p that the monitor marked,
+// when nothing holds them unhealthy any more (see Monitor).
+func (m *monitor) heal(p int, r Reading) {
+	g := &m.gpus[p]
+	h, ok := m.target.(healer)
+	if !ok || len(g.marked) == 0 || time.Since(g.lastFault) < m.cfg.quiet {
+		return
+	}
+	if r.RecoveryKnown && r.RecoveryAction != node.RecoveryNone {
+		return
+	}
+	dev := m.target.Devices()[p]
+	for uuid, v := range g.marked {
+		if v.Action >= node.ActionResetGPU && !r.RecoveryKnown {
 			continue
 		}
-		xid := e.EventData
-		var reason string
-		switch {
-		case e.EventType&nvml.EventTypeXidCriticalError != 0:
-			if ApplicationXID(xid) {
+		ev := HealthEvent{Device: dev, Verdict: v, Healed: true}
+		current := dev.Health
+		if uuid != dev.UUID {
+			i := slices.IndexFunc(dev.MIGDevices, func(mig node.MIGDevice) bool { return mig.UUID == uuid })
+			if i < 0 {
+				delete(g.marked, uuid) // destroyed since
 				continue
 			}
-			reason = fmt.Sprintf("XID %d", xid)
-		case e.EventType&nvml.EventTypeDoubleBitEccError != 0:
-			xid, reason = 0, "double-bit ECC error"
-		default:
+			mig := dev.MIGDevices[i]
+			ev.MIG, current = &mig, mig.Health
+		}
+		if current.Healthy {
+			delete(g.marked, uuid) // marked healthy by another
 			continue
 		}
-		// The target's MIG devices as they are now: a MIG device made
-		// since the monitor started (dynamic MIG) is one of them.
-		if migs := migSources(target.Devices()[p], e); len(migs) > 0 {
-			for _, m := range migs {
-				markMIG(p, m, xid, reason)
+		if _, ok := node.VerdictAction(current.Reason); !ok {
+			delete(g.marked, uuid) // marked since for another reason
+			continue
+		}
+		if ev.Err = h.MarkHealthy(m.ctx, uuid); ev.Err == nil {
+			delete(g.marked, uuid)
+			if ev.MIG != nil {
+				ev.MIG.Health = node.Healthy()
+			} else {
+				ev.Device.Health = node.Healthy()
 			}
-			continue
 		}
-		mark(p, xid, reason)
+		m.notify(ev)
 	}
 }
 
