@@ -1,7 +1,6 @@
 package allocator
 
 import (
-	"bytes"
 	"strings"
 	"testing"
 
@@ -23,23 +22,6 @@ func FuzzNormalizeBusID(f *testing.F) {
 		}
 		if got != strings.ToLower(got) {
 			t.Fatalf("NormalizeBusID(%q) = %q is not lower case", s, got)
-		}
-	})
-}
-
-func FuzzParseProcDevices(f *testing.F) {
-	f.Add([]byte("Character devices:\n  1 mem\n236 nvidia-uvm\n\nBlock devices:\n  8 sd\n"))
-	f.Add([]byte("Character devices:\n"))
-	f.Add([]byte("Block devices:\n259 blkext\n"))
-	f.Fuzz(func(t *testing.T, b []byte) {
-		got, err := node.ParseProcDevices(bytes.NewReader(b))
-		if err != nil {
-			return
-		}
-		for name := range got {
-			if name == "" || strings.ContainsAny(name, "\n") {
-				t.Fatalf("parsed a bad name %q from %q", name, b)
-			}
 		}
 	})
 }

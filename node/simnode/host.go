@@ -1,7 +1,6 @@
 package simnode
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -9,7 +8,6 @@ import (
 	"path"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 
 	"github.com/gpuiso/gpuiso/internal/linux"
@@ -312,26 +310,13 @@ func charMajors(path string) (map[uint32]bool, error) {
 		return nil, err
 	}
 	defer f.Close()
-	used := map[uint32]bool{}
-	sc := bufio.NewScanner(f)
-	inChar := false
-	for n := 1; sc.Scan(); n++ {
-		line := strings.TrimSpace(sc.Text())
-		switch {
-		case line == "":
-			continue
-		case strings.HasSuffix(line, "devices:"):
-			inChar = line == "Character devices:"
-			continue
-		case !inChar:
-			continue
-		}
-		major, _, _ := strings.Cut(line, " ")
-		m, err := strconv.ParseUint(major, 10, 32)
-		if err != nil {
-			return nil, fmt.Errorf("%s line %d %q: want \"<major> <name>\"", path, n, line)
-		}
-		used[uint32(m)] = true
+	devs, err := node.ParseCharacterDevices(f)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
 	}
-	return used, sc.Err()
+	used := map[uint32]bool{}
+	for _, d := range devs {
+		used[d.Major] = true
+	}
+	return used, nil
 }
