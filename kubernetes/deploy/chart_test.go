@@ -88,15 +88,22 @@ func TestChart(t *testing.T) {
 			t.Errorf("driver path %q rendered", p)
 		}
 	}
-	// Asked, the plugin is confined; by default /metrics stays inside the
-	// pod.
-	confined, err := run(t.Context(), "template", release, chartDir, "--set", "confinePlugin=true")
+	// By default the plugin is confined, and only asked not to is it not;
+	// by default /metrics stays inside the pod.
+	confined, err := run(t.Context(), "template", release, chartDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	unconfined, err := run(t.Context(), "template", release, chartDir, "--set", "confinePlugin=false")
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, want := range []string{"kind: ValidatingAdmissionPolicy\n", "kind: ValidatingAdmissionPolicyBinding\n"} {
 		if !strings.Contains(confined, want) {
-			t.Errorf("the confined rendering has no %s", strings.TrimSpace(want))
+			t.Errorf("the default rendering has no %s", strings.TrimSpace(want))
+		}
+		if strings.Contains(unconfined, want) {
+			t.Errorf("the rendering with confinePlugin=false has a %s", strings.TrimSpace(want))
 		}
 	}
 	metrics, err := run(t.Context(), "template", release, chartDir, "--set", "metrics.enabled=true")

@@ -20,7 +20,7 @@ var chartVariants = map[string][]string{
 	"shares":                       {"--set", "sharing.gpus=all", "--set", "sharing.config.kind=ShareConfig", "--set", "sharing.config.computePercent=50"},
 	"dynamic MIG":                  {"--set", "dra.dynamicMIG=true"},
 	"metrics on the pod's address": {"--set", "metrics.enabled=true", "--set", "metrics.address=podIP"},
-	"confined":                     {"--set", "confinePlugin=true"},
+	"not confined":                 {"--set", "confinePlugin=false"},
 	"operator's driver":            {"--set", "driverRoot=/run/nvidia/driver", "--set-string", "nodeSelector.gpuiso\\.io/gpu=true"},
 }
 

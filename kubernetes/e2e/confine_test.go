@@ -40,7 +40,7 @@ func TestPluginConfined(t *testing.T) {
 		t.Fatal(err)
 	}
 	clearForInstall(t, c)
-	values := append(installValues(t, c, freeMetricsPort(t, c)), "--set", "confinePlugin=true")
+	values := installValues(t, c, freeMetricsPort(t, c)) // the policy is on by default
 	if out, err := h.run(ctx, append([]string{"install", release, chartDir, "--namespace", "default", "--wait", "--timeout", "3m"}, values...)...); err != nil {
 		t.Fatalf("%v\n%s\n%s", err, out, c.Logs(2000))
 	}
