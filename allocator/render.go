@@ -10,8 +10,8 @@ import (
 // allocation renders what owner holds as the Allocation callers see: its
 // devices (whole GPUs in inventory order, its MIG devices, or the one GPU
 // it shares). The environment that names them is the isolation plan's
-// (isolator.NewPlan); a memory share's MPS client limits are
-// Share.ClientEnv.
+// (isolator.NewPlan), and so are a memory share's MPS client limits
+// (isolator.WithShare).
 func (a *Allocator) allocation(owner string, h *holding) Allocation {
 	al := Allocation{Owner: owner, Group: h.group}
 	if h.holder != nil {
@@ -42,6 +42,10 @@ func (a *Allocator) allocation(owner string, h *holding) Allocation {
 // client can only lower these below its MPS control daemon's; the
 // daemon's are what holds (see package isolator/mps). A time slice needs
 // none.
+//
+// Deprecated: the share's MPS daemon carries its limits (mps.LimitsOf,
+// mps.Limits.Env), and isolator.WithShare puts them in the plan's
+// environment.
 func (s Share) ClientEnv() []string {
 	if s.mode() != ShareMemory {
 		return nil

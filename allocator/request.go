@@ -29,6 +29,9 @@ type Request struct {
 	// (see WithShared) instead of whole GPUs: the memory share
 	// Share{Mode: ShareMemory, MemoryBytes: MemoryBytes}. Count must then
 	// be 0 or 1.
+	//
+	// Deprecated: set Share to &Share{Mode: ShareMemory, MemoryBytes: n};
+	// it still asks for that share (beside a Share, it must be the same).
 	MemoryBytes uint64 `json:"memoryBytes,omitempty"`
 	// Share, when set, asks for part of one shareable GPU instead of whole
 	// GPUs: a memory share or a time slice (see Share). Count must then be
@@ -64,8 +67,13 @@ type Allocation struct {
 	Devices []node.DeviceRef `json:"devices"`
 	// Shared tells whether this is a slice of one GPU's memory (a memory
 	// share).
+	//
+	// Deprecated: read Share (a memory share is Share.Mode ShareMemory);
+	// it is still set.
 	Shared bool `json:"shared,omitempty"`
 	// MemoryBytes is the memory of a shared allocation.
+	//
+	// Deprecated: read Share.MemoryBytes; it is still set.
 	MemoryBytes uint64 `json:"memoryBytes,omitempty"`
 	// Share is the share held, a memory share or a time slice, or nil for
 	// whole GPUs and MIG devices.

@@ -462,16 +462,21 @@ func ParseBytes(s string) (uint64, error) {
 	if err != nil || n == 0 {
 		return 0, fmt.Errorf("size %q: want a whole number of bytes above 0, with a unit (4GiB, 512M): %w", s, ErrInvalidRequest)
 	}
-	mult := map[string]uint64{
-		"": 1, "B": 1,
-		"K": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MIB": 1 << 20, "G": 1 << 30, "GIB": 1 << 30, "T": 1 << 40, "TIB": 1 << 40,
-		"KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12,
-	}[strings.ToUpper(unit)]
-	if mult == 0 {
+	name, ok := sizeUnits[strings.ToUpper(unit)]
+	if !ok {
 		return 0, fmt.Errorf("size %q: unit %q, want K, M, G, T (binary: KiB...) or KB, MB, GB, TB: %w", s, unit, ErrInvalidRequest)
 	}
+	mult := uint64(units[name].factor) // the byte units of constraints (parseQuantity)
 	if n > ^uint64(0)/mult {
 		return 0, fmt.Errorf("size %q: too large: %w", s, ErrInvalidRequest)
 	}
 	return n * mult, nil
+}
+
+// sizeUnits are the units ParseBytes takes, in upper case, by their names
+// in units: a bare K, M, G or T is binary, as docker run's --memory has it.
+var sizeUnits = map[string]string{
+	"": "B", "B": "B",
+	"K": "KiB", "KIB": "KiB", "M": "MiB", "MIB": "MiB", "G": "GiB", "GIB": "GiB", "T": "TiB", "TIB": "TiB",
+	"KB": "KB", "MB": "MB", "GB": "GB", "TB": "TB",
 }

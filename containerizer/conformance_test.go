@@ -200,24 +200,28 @@ func TestConformance(t *testing.T) {
 		}},
 		{"GPUs shared by memory: the same limits and environment", []allocator.Option{allocator.WithShared("0")}, func(t *testing.T, b *conformance) {
 			ctx := context.Background()
-			spec := b.spec("slice", allocator.Request{MemoryBytes: 4 << 30}, "sleep", "30")
+			spec := b.spec("slice", allocator.Request{Share: &allocator.Share{MemoryBytes: 4 << 30}}, "sleep", "30")
 			if _, err := b.c.Launch(ctx, spec); err != nil {
 				t.Fatal(err)
 			}
 			al, err := b.alloc.Allocation("slice")
-			if err != nil || !al.Shared || al.Share == nil || len(al.Share.ClientEnv()) == 0 {
+			if err != nil || al.Share == nil || al.Share.Mode != allocator.ShareMemory {
 				t.Fatalf("%s: allocation %+v, %v", b.kind, al, err)
+			}
+			lim, err := mps.LimitsOf(*al.Share)
+			if err != nil || len(lim.Env()) == 0 {
+				t.Fatalf("%s: limits of %+v: %+v, %v", b.kind, al.Share, lim, err)
 			}
 			if err := b.c.Destroy(ctx, "slice"); err != nil {
 				t.Fatal(err)
 			}
-			keys := al.Share.ClientEnv()
+			keys := lim.Env()
 			names := []string{"env"}
 			for _, kv := range keys {
 				k, _, _ := strings.Cut(kv, "=")
 				names = append(names, k)
 			}
-			_, got := b.run("slice", allocator.Request{MemoryBytes: 4 << 30}, names...)
+			_, got := b.run("slice", allocator.Request{Share: &allocator.Share{MemoryBytes: 4 << 30}}, names...)
 			for _, kv := range keys {
 				if !got[kv] {
 					t.Errorf("%s: the container lacks %s: %v", b.kind, kv, got)

@@ -113,9 +113,8 @@ var ErrNoVolume = node.Sentinel(node.ErrNotSupported, "the image needs the drive
 // architecture and brand); the driver volume, only for a container with its
 // own root file system whose image asks for it; and the plan
 // (isolator.NewPlan), whose environment names the allocated devices
-// (NVIDIA_VISIBLE_DEVICES and CUDA_VISIBLE_DEVICES, "void" and "" for
-// none) over the volume's variables and, for a memory share, its client
-// limits (allocator.Share.ClientEnv); for a spec that asks for it
+// none) over the volume's variables and, for a memory share, its MPS
+// daemon's directories and client limits (isolator.WithShare); for a spec that asks for it
 // (CPUAffinityNUMA), the plan also holds the CPUs and memory nodes local to
 // its GPUs. On error nothing is held.
 //
@@ -172,9 +171,7 @@ func (pr *Preparer) Prepare(ctx context.Context, spec Spec, img Image) (p *Prepa
 		if err := pr.startDaemon(ctx, p); err != nil {
 			return p, err
 		}
-		if p.Daemon != nil {
-			opts = append(opts, isolator.WithMPS(isolator.MPS{PipeDir: p.Daemon.PipeDir, ShmDir: p.Daemon.ShmDir}))
-		}
+		opts = append(opts, isolator.WithShare(p.Daemon))
 	}
 
 	var mounts []specs.Mount
@@ -198,9 +195,6 @@ func (pr *Preparer) Prepare(ctx context.Context, spec Spec, img Image) (p *Prepa
 		mounts = []specs.Mount{{Source: inj.Mount.Source, Destination: inj.Mount.Destination, Type: inj.Mount.Type, Options: inj.Mount.Options}}
 		env = inj.Env
 		p.Volume = vol
-	}
-	if s := p.Allocation.Share; s != nil {
-		env = append(env, s.ClientEnv()...) // the devices' own variables are the plan's
 	}
 	plan, err := isolator.NewPlan(spec.ID, inv, p.Allocation.Devices, mounts, env, opts...)
 	if err != nil {
@@ -228,37 +222,37 @@ func PlanOptions(a CPUAffinity, sysRoot string) ([]isolator.PlanOption, error) {
 // NoGPUs reports whether r asks for nothing: such a container holds nothing
 // in the allocator and gets no GPU.
 func NoGPUs(r allocator.Request) bool {
+	//lint:ignore SA1019 the older spelling of a memory share still asks for one
 	return r.Count == 0 && len(r.Devices) == 0 && r.MemoryBytes == 0 && r.Share == nil && r.MIG == "" && r.MIGMemoryBytes == 0
 }
 
 // ErrNoMPS: a memory share was asked of a back end that has no MPS daemon
 // manager (Preparer.MPS, LifecycleConfig.MPS), so nothing would hold the
-// container to its share.
-var ErrNoMPS = node.Sentinel(node.ErrNotSupported, "a memory share needs an MPS daemon manager")
+// container to its share. It is mps.ErrNoManager, the one value every
+// program that starts shares' daemons returns.
+var ErrNoMPS = mps.ErrNoManager
 
-// startDaemon gives p's memory share its MPS control daemon, with its
-// undo; a time slice and whole GPUs need none.
+// startDaemon gives p's memory share its MPS control daemon
+// (mps.Manager.StartShare), with its undo; a time slice and whole GPUs need
+// none.
 func (pr *Preparer) startDaemon(ctx context.Context, p *Prepared) error {
-	s := p.Allocation.Share
-	if s == nil || s.Mode != allocator.ShareMemory {
-		return nil
-	}
-	if pr.MPS == nil {
-		return ErrNoMPS
-	}
-	owner := p.Allocation.Owner
-	d, err := pr.MPS.Start(ctx, owner, p.Allocation.Devices[0], ShareLimits(*s))
-	if err != nil {
+	d, err := pr.MPS.StartShare(ctx, p.Allocation)
+	if err != nil || d == nil {
 		return err
 	}
-	p.Daemon = &d
+	p.Daemon = d
+	owner := p.Allocation.Owner
 	p.undo = append(p.undo, func(ctx context.Context) error { return pr.MPS.Stop(ctx, owner) })
 	return nil
 }
 
 // ShareLimits are the MPS limits of memory share s.
+//
+// Deprecated: mps.LimitsOf derives them and checks them, and
+// mps.Manager.StartShare starts a share's daemon from its allocation.
 func ShareLimits(s allocator.Share) mps.Limits {
-	return mps.Limits{MemoryBytes: s.MemoryBytes, ComputePercent: s.ComputePercent}
+	l, _ := mps.LimitsOf(s) // the limits as s has them, checked or not, as before
+	return l
 }
 
 // devices returns the GPUs of refs, for requirement checks: a MIG device

@@ -102,10 +102,11 @@ func (l *Lifecycle) claim(ctx context.Context, rec Record, holder *allocator.Hol
 			rec.Share = &s
 		}
 	}
-	if rec.Share != nil && rec.Share.Mode == allocator.ShareMemory && len(rec.GPUs) == 1 && l.cfg.MPS != nil {
-		// Running already (idempotent), or started again in place: the
-		// container's mounts of its directories stay good.
-		if _, err := l.cfg.MPS.Start(ctx, rec.ID, rec.GPUs[0], ShareLimits(*rec.Share)); err != nil {
+	if l.cfg.MPS != nil {
+		// A memory share's daemon, running already (idempotent), or
+		// started again in place: the container's mounts of its
+		// directories stay good.
+		if _, err := l.cfg.MPS.StartShare(ctx, al); err != nil {
 			return rec, err
 		}
 	}

@@ -148,7 +148,7 @@ func TestLaunchShares(t *testing.T) {
 
 	// No manager: refused before anything runs, nothing held.
 	bare := shareLifecycle(t, newFakeRuntime(), alloc, nil)
-	if _, err := bare.Launch(ctx, containerizer.Spec{ID: "nomps", Command: []string{"x"}, GPUs: allocator.Request{MemoryBytes: 1 << 30}}); !errors.Is(err, containerizer.ErrNoMPS) || !errors.Is(err, node.ErrNotSupported) {
+	if _, err := bare.Launch(ctx, containerizer.Spec{ID: "nomps", Command: []string{"x"}, GPUs: allocator.Request{Share: &allocator.Share{MemoryBytes: 1 << 30}}}); !errors.Is(err, containerizer.ErrNoMPS) || !errors.Is(err, mps.ErrNoManager) || !errors.Is(err, node.ErrNotSupported) {
 		t.Fatalf("memory share without MPS: %v", err)
 	}
 	if _, err := alloc.Allocation("nomps"); !errors.Is(err, allocator.ErrUnknownOwner) {
@@ -213,7 +213,7 @@ func TestRecoverShares(t *testing.T) {
 	}
 	for _, id := range []string{"a", "b"} {
 		al, err := fresh.Allocation(id)
-		if err != nil || !al.Shared || al.MemoryBytes != 6<<30 {
+		if err != nil || al.Share == nil || al.Share.Mode != allocator.ShareMemory || al.Share.MemoryBytes != 6<<30 {
 			t.Fatalf("allocation of %s after recovery: %+v, %v", id, al, err)
 		}
 	}

@@ -119,6 +119,7 @@ func TestVocabulary(t *testing.T) {
 		"isolator/mps.ErrUnsafeRestart":             mps.ErrUnsafeRestart,
 		"isolator/mps.ErrLocked":                    mps.ErrLocked,
 		"isolator/mps.ErrNotMade":                   mps.ErrNotMade,
+		"isolator/mps.ErrNoManager":                 mps.ErrNoManager,
 		"isolator.ErrInvalidMPS":                    isolator.ErrInvalidMPS,
 		"containerizer.ErrNoMPS":                    containerizer.ErrNoMPS,
 		"allocator.ErrShareNotSupported":            allocator.ErrShareNotSupported,

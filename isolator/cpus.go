@@ -17,7 +17,8 @@ type PlanOption func(*planConfig) error
 type planConfig struct {
 	numa    bool
 	sysRoot string
-	mps     *MPS // WithMPS
+	mps     *MPS     // WithShare, WithMPS
+	mpsEnv  []string // WithShare: the share's client limits
 }
 
 // WithCPUAffinity makes NewPlan pin the container to the CPUs and memory

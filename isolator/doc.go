@@ -27,10 +27,11 @@
 //     off, the union for GPUs on several, read from the host's
 //     /sys/devices/system/node (the sys root is injectable). A GPU whose
 //     NUMA node discovery could not tell pins nothing;
-//   - for a memory share, with [WithMPS], what an MPS client needs of the
+//   - for a memory share, with [WithShare], what an MPS client needs of the
 //     share's control daemon (package isolator/mps) and nothing more: its
 //     pipe directory at /tmp/nvidia-mps, its /dev/shm in place of the
-//     container's, and CUDA_MPS_PIPE_DIRECTORY.
+//     container's, CUDA_MPS_PIPE_DIRECTORY and the share's client limits
+//     (mps.Limits.Env).
 //
 // A plan reads nothing but that NUMA list and touches nothing; it is
 // tested without root.

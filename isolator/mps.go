@@ -6,6 +6,8 @@ import (
 	"slices"
 
 	"github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/gpuiso/gpuiso/isolator/mps"
 )
 
 // Where a memory share's container finds its MPS control daemon.
@@ -37,25 +39,48 @@ type MPS struct {
 	ShmDir string `json:"shmDir"`
 }
 
-// WithMPS gives the container of a memory share what an MPS client needs of
-// its daemon m, and nothing more: the daemon's pipe directory at MPSPipeDir
-// and its /dev/shm at MPSShmDir (both nosuid, nodev, noexec), and
-// CUDA_MPS_PIPE_DIRECTORY naming the pipe directory. The limits are the
-// daemon's; the allocation's environment (NewPlan's env) may only lower
-// them. The plan must be of one whole GPU.
-func WithMPS(m MPS) PlanOption {
+// WithShare gives the container of a memory share what it needs of d, the
+// share's MPS control daemon (mps.Manager.StartShare), and nothing more:
+// the daemon's pipe directory at MPSPipeDir and its /dev/shm at MPSShmDir
+// (both nosuid, nodev, noexec), CUDA_MPS_PIPE_DIRECTORY naming the pipe
+// directory, and the share's client limits (mps.Limits.Env), which can
+// only lower the daemon's. A nil d (whole GPUs, MIG devices, a time slice)
+// adds nothing. The plan must be of one whole GPU.
+func WithShare(d *mps.Daemon) PlanOption {
 	return func(c *planConfig) error {
-		if !filepath.IsAbs(m.PipeDir) || !filepath.IsAbs(m.ShmDir) {
-			return fmt.Errorf("MPS directories %q and %q must be absolute: %w", m.PipeDir, m.ShmDir, ErrInvalidMPS)
+		if d == nil {
+			return nil
 		}
-		m.PipeDir, m.ShmDir = filepath.Clean(m.PipeDir), filepath.Clean(m.ShmDir)
-		c.mps = &m
+		if err := withMPS(c, MPS{PipeDir: d.PipeDir, ShmDir: d.ShmDir}); err != nil {
+			return err
+		}
+		c.mpsEnv = d.Limits.Env()
 		return nil
 	}
 }
 
-// addMPS adds the daemon m to p, a plan of one whole GPU.
-func addMPS(p *Plan, m MPS) error {
+// WithMPS gives the container of a memory share its daemon m's pipe
+// directory and /dev/shm, and CUDA_MPS_PIPE_DIRECTORY, as WithShare does,
+// without the share's client limits.
+//
+// Deprecated: use WithShare, which takes the daemon and adds its client
+// limits too.
+func WithMPS(m MPS) PlanOption {
+	return func(c *planConfig) error { return withMPS(c, m) }
+}
+
+func withMPS(c *planConfig, m MPS) error {
+	if !filepath.IsAbs(m.PipeDir) || !filepath.IsAbs(m.ShmDir) {
+		return fmt.Errorf("MPS directories %q and %q must be absolute: %w", m.PipeDir, m.ShmDir, ErrInvalidMPS)
+	}
+	m.PipeDir, m.ShmDir = filepath.Clean(m.PipeDir), filepath.Clean(m.ShmDir)
+	c.mps = &m
+	return nil
+}
+
+// addMPS adds the daemon m to p, a plan of one whole GPU, with env, the
+// share's client limits.
+func addMPS(p *Plan, m MPS, env []string) error {
 	if len(p.GPUs) != 1 || p.GPUs[0].MIG != nil {
 		return fmt.Errorf("an MPS share is of one whole GPU, not %d devices: %w", len(p.GPUs), ErrInvalidMPS)
 	}
@@ -69,7 +94,7 @@ func addMPS(p *Plan, m MPS) error {
 		}
 		p.Mounts = append(p.Mounts, mnt)
 	}
-	p.Env = MergeEnv(p.Env, []string{EnvMPSPipeDir + "=" + MPSPipeDir})
+	p.Env = MergeEnv(p.Env, append(slices.Clone(env), EnvMPSPipeDir+"="+MPSPipeDir))
 	p.MPS = &m
 	return nil
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/gpuiso/gpuiso/isolator"
 	"github.com/gpuiso/gpuiso/isolator/dockerconfig"
+	"github.com/gpuiso/gpuiso/isolator/mps"
 	"github.com/gpuiso/gpuiso/isolator/oci"
 	"github.com/gpuiso/gpuiso/node"
 )
@@ -86,5 +87,36 @@ func TestPlanMPSRejects(t *testing.T) {
 		if _, err := isolator.NewPlan("job", inv, tc.gpus, nil, nil, isolator.WithMPS(tc.m)); !errors.Is(err, isolator.ErrInvalidMPS) || !errors.Is(err, node.ErrInvalid) {
 			t.Errorf("%s: %v", name, err)
 		}
+	}
+}
+
+// TestPlanShare: WithShare is the one option that gives a memory share's
+// container its daemon: the directories, CUDA_MPS_PIPE_DIRECTORY and the
+// client limits of the daemon's own limits, after the plan's env; a nil
+// daemon (no memory share) adds nothing.
+func TestPlanShare(t *testing.T) {
+	inv := migInv()
+	gpu := []node.DeviceRef{inv.Devices[1].Ref()}
+	d := &mps.Daemon{PipeDir: "/var/lib/gpuiso/mps/job/pipe", ShmDir: "/var/lib/gpuiso/mps/job/shm", Limits: mps.Limits{MemoryBytes: 4 << 30, ComputePercent: 50}}
+	plan, err := isolator.NewPlan("job", inv, gpu, nil, []string{"A=1"}, isolator.WithShare(d))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{
+		"NVIDIA_VISIBLE_DEVICES=" + inv.Devices[1].UUID, "CUDA_VISIBLE_DEVICES=" + inv.Devices[1].UUID, "A=1",
+		"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=4096M", "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps",
+	}
+	if !slices.Equal(plan.Env, want) {
+		t.Fatalf("env = %q, want %q", plan.Env, want)
+	}
+	if len(plan.Mounts) != 2 || plan.Mounts[0].Source != d.PipeDir || plan.Mounts[1].Source != d.ShmDir || plan.MPS == nil {
+		t.Fatalf("mounts %+v, MPS %+v", plan.Mounts, plan.MPS)
+	}
+	plain, err := isolator.NewPlan("job", inv, gpu, nil, nil, isolator.WithShare(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(plain.Mounts) != 0 || plain.MPS != nil || len(plain.Env) != 2 {
+		t.Fatalf("no daemon: mounts %+v, MPS %+v, env %q", plain.Mounts, plain.MPS, plain.Env)
 	}
 }

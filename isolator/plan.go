@@ -37,7 +37,7 @@ type Plan struct {
 	// what its cgroup parent has.
 	CPUs string `json:"cpus,omitempty"`
 	Mems string `json:"mems,omitempty"`
-	// MPS is the MPS control daemon of a memory share (WithMPS), or nil.
+	// MPS is the MPS control daemon of a memory share (WithShare), or nil.
 	MPS *MPS `json:"mps,omitempty"`
 }
 
@@ -66,7 +66,9 @@ const (
 // (NVIDIA_VISIBLE_DEVICES, CUDA_VISIBLE_DEVICES: "void" and "" for none),
 // then carries env; a device variable in env (an earlier plan's Env, for a
 // plan made again) is replaced by this plan's. Options add to the plan:
-// WithCPUAffinity pins it to the CPUs and memory local to its GPUs.
+// WithCPUAffinity pins it to the CPUs and memory local to its GPUs;
+// WithShare gives a memory share's container its MPS daemon's directories
+// and the share's client limits, the one place they are made.
 func NewPlan(owner string, inv *node.Inventory, gpus []node.DeviceRef, mounts []specs.Mount, env []string, opts ...PlanOption) (*Plan, error) {
 	if err := node.ValidateOwner(owner); err != nil {
 		return nil, err
@@ -122,7 +124,7 @@ func NewPlan(owner string, inv *node.Inventory, gpus []node.DeviceRef, mounts []
 		}
 	}
 	if cfg.mps != nil {
-		if err := addMPS(p, *cfg.mps); err != nil {
+		if err := addMPS(p, *cfg.mps, cfg.mpsEnv); err != nil {
 			return nil, fmt.Errorf("plan for %s: %w", owner, err)
 		}
 	}

@@ -56,7 +56,6 @@ import (
 	"time"
 
 	"github.com/gpuiso/gpuiso/allocator"
-	"github.com/gpuiso/gpuiso/containerizer"
 	"github.com/gpuiso/gpuiso/internal/linux"
 	"github.com/gpuiso/gpuiso/isolator/mps"
 	"github.com/gpuiso/gpuiso/node"
@@ -801,7 +800,7 @@ func (rt *Runtime) keepDaemon(ctx context.Context, alloc *allocator.Allocator, d
 		return nil
 	}
 	before := time.Now()
-	d, err := daemons.Start(ctx, rec.Owner, al.Devices[0], containerizer.ShareLimits(*al.Share))
+	d, err := daemons.StartShare(ctx, al)
 	if err != nil {
 		return err
 	}

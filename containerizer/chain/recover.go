@@ -7,7 +7,6 @@ import (
 	"slices"
 
 	"github.com/gpuiso/gpuiso/allocator"
-	"github.com/gpuiso/gpuiso/containerizer"
 	"github.com/gpuiso/gpuiso/node"
 )
 
@@ -156,9 +155,10 @@ func (i *Isolator) readopt(ctx context.Context, rec held) error {
 			return err
 		}
 	}
-	if s := al.Share; s != nil && s.Mode == allocator.ShareMemory && i.mps != nil {
-		// Running (Start is idempotent), or started again in place.
-		if _, err := i.mps.Start(ctx, rec.ID, al.Devices[0], containerizer.ShareLimits(*s)); err != nil {
+	if i.mps != nil {
+		// A memory share's daemon, running (Start is idempotent), or
+		// started again in place.
+		if _, err := i.mps.StartShare(ctx, al); err != nil {
 			return err
 		}
 	}

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/gpuiso/gpuiso/allocator"
 	"github.com/gpuiso/gpuiso/internal/linux"
 	"github.com/gpuiso/gpuiso/node"
 )
@@ -59,6 +60,35 @@ const (
 	daemonLogDir  = "/tmp/nvidia-mps-log"
 	daemonShmDir  = "/dev/shm"
 )
+
+// StartShare starts the daemon of the memory share al holds (Start, with
+// the limits LimitsOf derives from al.Share) and returns it; an allocation
+// of whole GPUs, MIG devices or a time slice needs none (nil, nil). It is
+// how every program that hands a memory share to a container starts the
+// share's daemon, or finds it running (Start is idempotent), or starts it
+// again in place after a crash. A memory share and a nil manager is
+// ErrNoManager.
+func (m *Manager) StartShare(ctx context.Context, al allocator.Allocation) (*Daemon, error) {
+	s := al.Share
+	if s == nil || (s.Mode != "" && s.Mode != allocator.ShareMemory) {
+		return nil, nil
+	}
+	if m == nil {
+		return nil, fmt.Errorf("start the MPS daemon of %s: %w", al.Owner, ErrNoManager)
+	}
+	if len(al.Devices) != 1 {
+		return nil, fmt.Errorf("start the MPS daemon of %s: a share of %d devices, want 1: %w", al.Owner, len(al.Devices), ErrInvalid)
+	}
+	lim, err := LimitsOf(*s)
+	if err != nil {
+		return nil, fmt.Errorf("start the MPS daemon of %s: %w", al.Owner, err)
+	}
+	d, err := m.Start(ctx, al.Owner, al.Devices[0], lim)
+	if err != nil {
+		return nil, err
+	}
+	return &d, nil
+}
 
 // Start gives owner's share of gpu its daemon, with limits, and returns it:
 // a control daemon of its own, serving that GPU alone, in a mount

@@ -32,6 +32,10 @@ var (
 	// process or another, held it past the lock timeout
 	// (WithLockTimeout).
 	ErrLocked = node.Sentinel(node.ErrUnavailable, "MPS directory locked by another change")
+	// ErrNoManager: a memory share is to be started with no MPS daemon
+	// manager (a nil *Manager), so nothing would hold its container to
+	// its limits. containerizer.ErrNoMPS is the same value.
+	ErrNoManager = node.Sentinel(node.ErrNotSupported, "a memory share needs an MPS daemon manager")
 	// ErrNotMade: a Manager not made with New (its zero value).
 	ErrNotMade = node.Sentinel(node.ErrInvalid, "MPS manager not made with New")
 )

@@ -26,8 +26,9 @@ func Example() {
 		return
 	}
 	defer m.Stop(ctx, "job-1")
-	// What the container gets: the pipe directory at /tmp/nvidia-mps and
-	// the daemon's /dev/shm (isolator.WithMPS to NewPlan).
-	_ = isolator.WithMPS(isolator.MPS{PipeDir: d.PipeDir, ShmDir: d.ShmDir})
+	// What the container gets: the pipe directory at /tmp/nvidia-mps, the
+	// daemon's /dev/shm and the share's client limits (isolator.WithShare
+	// to NewPlan).
+	_ = isolator.WithShare(&d)
 	fmt.Println("daemon", d.Pid, "serves", d.GPU)
 }

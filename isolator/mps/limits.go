@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+
+	"github.com/gpuiso/gpuiso/allocator"
 )
 
 // Limits are what a daemon holds its share's container to.
@@ -16,6 +18,21 @@ type Limits struct {
 	ComputePercent int `json:"computePercent,omitempty"`
 }
 
+// LimitsOf are the limits of share s, the share an allocation holds: its
+// memory and its compute percentage, checked here and nowhere else (Start
+// checks them again). Anything but a memory share of at least 1 MiB with a
+// compute percentage from 0 to 100 is ErrInvalid; the limits are returned
+// with the error all the same, as s has them.
+func LimitsOf(s allocator.Share) (Limits, error) {
+	l := Limits{MemoryBytes: s.MemoryBytes, ComputePercent: s.ComputePercent}
+	if s.Mode != "" && s.Mode != allocator.ShareMemory {
+		return l, fmt.Errorf("a share of mode %q has no MPS limits: %w", s.Mode, ErrInvalid)
+	}
+	return l, l.validate()
+}
+
+// validate is the one check of a share's limits: at least 1 MiB of memory,
+// a compute percentage from 0 (no limit) to 100.
 func (l Limits) validate() error {
 	if l.MemoryBytes < 1<<20 {
 		return fmt.Errorf("memory limit %d bytes, want at least 1 MiB: %w", l.MemoryBytes, ErrInvalid)
@@ -27,6 +44,19 @@ func (l Limits) validate() error {
 }
 
 func (l Limits) mib() uint64 { return l.MemoryBytes >> 20 }
+
+// Env is what a container held to l carries, sorted ("KEY=value"): the
+// MPS client limits CUDA_MPS_PINNED_DEVICE_MEM_LIMIT (in whole MiB, as the
+// daemon holds them) and, with a compute percentage,
+// CUDA_MPS_ACTIVE_THREAD_PERCENTAGE. A client can only lower these below
+// its daemon's; the daemon's are what holds.
+func (l Limits) Env() []string {
+	var env []string
+	if l.ComputePercent > 0 {
+		env = append(env, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE="+strconv.Itoa(l.ComputePercent))
+	}
+	return append(env, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0="+strconv.FormatUint(max(l.mib(), 1), 10)+"M")
+}
 
 // setLimits gives d's daemon its limits and reads them back.
 func (m *Manager) setLimits(ctx context.Context, d Daemon) error {

@@ -233,7 +233,7 @@ func (d *Driver) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim) 
 		return nil, fmt.Errorf("prepare claim %s/%s: %d devices of this driver with a share: %w", claim.Namespace, claim.Name, len(cp.Devices), ErrShareClaim)
 	}
 	if cp.Share != nil && d.cfg.MPS == nil {
-		return nil, fmt.Errorf("prepare claim %s/%s: %w", claim.Namespace, claim.Name, ErrNoMPS)
+		return nil, fmt.Errorf("prepare claim %s/%s: %w", claim.Namespace, claim.Name, mps.ErrNoManager)
 	}
 	err = d.cps.write(cp)
 	t.step(StepStarted)
@@ -297,20 +297,11 @@ func (d *Driver) holdAndWrite(ctx context.Context, cp *Checkpoint, t *opTimer) e
 // environment. The writer leaves a file that already holds these bytes
 // untouched; Changed says whether it wrote.
 func (d *Driver) writeSpec(ctx context.Context, owner string, al allocator.Allocation) (cdi.Result, error) {
-	var env []string
-	var opts []isolator.PlanOption
-	if s := al.Share; s != nil && s.Mode == allocator.ShareMemory {
-		if d.cfg.MPS == nil {
-			return cdi.Result{}, ErrNoMPS
-		}
-		dm, err := d.cfg.MPS.Start(ctx, owner, al.Devices[0], mps.Limits{MemoryBytes: s.MemoryBytes, ComputePercent: s.ComputePercent})
-		if err != nil {
-			return cdi.Result{}, err
-		}
-		opts = append(opts, isolator.WithMPS(isolator.MPS{PipeDir: dm.PipeDir, ShmDir: dm.ShmDir}))
-		env = s.ClientEnv() // the devices' own variables are the plan's
+	dm, err := d.cfg.MPS.StartShare(ctx, al) // nil for all but a memory share
+	if err != nil {
+		return cdi.Result{}, err
 	}
-	plan, err := isolator.NewPlan(owner, d.planInventory(al), al.Devices, nil, env, opts...)
+	plan, err := isolator.NewPlan(owner, d.planInventory(al), al.Devices, nil, nil, isolator.WithShare(dm))
 	if err != nil {
 		return cdi.Result{}, err
 	}
@@ -415,7 +406,7 @@ func (d *Driver) rollback(ctx context.Context, cp Checkpoint) error {
 		// stopped keeps its share held and its checkpoint, for the next
 		// try.
 		if d.cfg.MPS == nil {
-			return fmt.Errorf("stop the share's MPS daemon: %w", ErrNoMPS)
+			return fmt.Errorf("stop the share's MPS daemon: %w", mps.ErrNoManager)
 		}
 		if err := d.cfg.MPS.Stop(ctx, cp.Owner); err != nil {
 			return err

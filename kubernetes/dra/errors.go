@@ -3,6 +3,7 @@ package dra
 import (
 	"fmt"
 
+	"github.com/gpuiso/gpuiso/isolator/mps"
 	"github.com/gpuiso/gpuiso/node"
 )
 
@@ -46,7 +47,10 @@ var (
 	ErrShareClaim = node.Sentinel(node.ErrNotSupported, "a claim of a GPU share holds no other device of the driver")
 	// ErrNoMPS: a share of a GPU is to be prepared or rolled back, and the
 	// driver has no MPS daemon manager.
-	ErrNoMPS = node.Sentinel(node.ErrNotSupported, "GPU shares need an MPS daemon manager")
+	//
+	// Deprecated: it is mps.ErrNoManager (and containerizer.ErrNoMPS), the
+	// one value for a share without a daemon manager; match that.
+	ErrNoMPS = mps.ErrNoManager
 )
 
 var (
