@@ -15,20 +15,37 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/gpuiso/gpuiso/internal/linux"
 	"github.com/gpuiso/gpuiso/node"
+	"github.com/gpuiso/gpuiso/record"
 )
 
 // StateFile is the name of the state file in the state directory.
 const StateFile = "allocations.json"
 
 // State file format: a JSON envelope naming the format and its version,
-// with a SHA-256 checksum of the state's exact bytes.
+// with a SHA-256 checksum of the state's exact bytes. This is what the
+// allocator writes, and what every earlier release reads.
 const (
 	stateFormat  = "gpuiso.allocator.state"
 	stateVersion = 1
 	maxStateSize = 64 << 20
 )
+
+// The state as an entry of package record (format
+// "gpuiso-allocator-state", version 2, key "allocations"): read as well,
+// so that a release that writes it shares a state directory with this
+// one.
+const (
+	entryFormat  = "gpuiso-allocator-state"
+	entryVersion = 2
+	entryKey     = "allocations"
+)
+
+// stateCodec is the codec of the state as a record entry; its data is
+// decoded strictly by decodeState.
+func stateCodec() (*record.Codec[json.RawMessage], error) {
+	return record.NewCodec(record.Options[json.RawMessage]{Format: entryFormat, Version: entryVersion})
+}
 
 type envelope struct {
 	Format   string          `json:"format"`
@@ -95,6 +112,44 @@ func decodeState(b []byte) (*savedState, error) {
 	if len(bytes.TrimSpace(b)) == 0 {
 		return nil, corrupt("empty")
 	}
+	var body []byte
+	var probe struct {
+		Format string `json:"format"`
+	}
+	if json.Unmarshal(b, &probe) == nil && probe.Format == entryFormat {
+		c, err := stateCodec()
+		if err != nil {
+			return nil, err
+		}
+		e, err := c.Decode(b)
+		if err != nil {
+			return nil, corrupt("%v", err)
+		}
+		if e.Key != entryKey || e.Phase != record.Completed || e.Process != nil {
+			return nil, corrupt("entry %q, phase %s: not the allocator's state", e.Key, e.Phase)
+		}
+		body = e.Data
+	} else {
+		var err error
+		if body, err = decodeEnvelope(b, corrupt); err != nil {
+			return nil, err
+		}
+	}
+	var s savedState
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&s); err != nil {
+		return nil, corrupt("state: %v", err)
+	}
+	if dec.More() {
+		return nil, corrupt("data after the state")
+	}
+	return &s, checkState(&s, corrupt)
+}
+
+// decodeEnvelope returns the state's bytes from the allocator's own
+// envelope, checked.
+func decodeEnvelope(b []byte, corrupt func(format string, args ...any) error) ([]byte, error) {
 	var env envelope
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
@@ -114,19 +169,19 @@ func decodeState(b []byte) (*savedState, error) {
 	if env.Checksum != "sha256:"+hex.EncodeToString(sum[:]) {
 		return nil, corrupt("checksum mismatch")
 	}
-	var s savedState
-	dec = json.NewDecoder(bytes.NewReader(env.State))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&s); err != nil {
-		return nil, corrupt("state: %v", err)
-	}
+	return env.State, nil
+}
+
+// checkState refuses a state whose owners are not valid, listed twice, or
+// hold other than exactly one kind of thing.
+func checkState(s *savedState, corrupt func(format string, args ...any) error) error {
 	seen := map[string]bool{}
 	for _, o := range s.Owners {
 		if err := node.ValidateOwner(o.Owner); err != nil {
-			return nil, corrupt("%v", err)
+			return corrupt("%v", err)
 		}
 		if seen[o.Owner] {
-			return nil, corrupt("owner %s listed twice", o.Owner)
+			return corrupt("owner %s listed twice", o.Owner)
 		}
 		seen[o.Owner] = true
 		kinds := 0
@@ -136,17 +191,17 @@ func decodeState(b []byte) (*savedState, error) {
 			}
 		}
 		if kinds != 1 {
-			return nil, corrupt("owner %s must hold either whole GPUs, one share or MIG devices", o.Owner)
+			return corrupt("owner %s must hold either whole GPUs, one share or MIG devices", o.Owner)
 		}
 		if o.Shared != nil {
 			if err := (Share{Mode: o.ShareMode, MemoryBytes: o.MemoryBytes, ComputePercent: o.ComputePercent}).Validate(); err != nil {
-				return nil, corrupt("owner %s: %v", o.Owner, err)
+				return corrupt("owner %s: %v", o.Owner, err)
 			}
 		} else if o.ShareMode != "" || o.MemoryBytes != 0 || o.ComputePercent != 0 {
-			return nil, corrupt("owner %s describes a share it does not hold", o.Owner)
+			return corrupt("owner %s describes a share it does not hold", o.Owner)
 		}
 	}
-	return &s, nil
+	return nil
 }
 
 // snapshot is the allocator's state to save. The caller holds a.mu.
@@ -358,10 +413,6 @@ func (s *store) seen(b []byte) {
 	s.sum, s.known, s.none = sha256.Sum256(b), true, b == nil
 }
 
-// tempPrefix starts the names of this process's temporary state files:
-// the pid in the name says whose a leftover is.
-func tempPrefix(pid int) string { return "." + StateFile + "." + strconv.Itoa(pid) + "." }
-
 // removeStale deletes temporary state files that writers which died
 // mid-write left behind. The caller holds the directory's lock, so no live
 // process is writing one; a file is still removed only when its writer is
@@ -385,15 +436,15 @@ func (s *store) removeStale() {
 	}
 }
 
-// save writes the state atomically: a temporary file in the same
-// directory, written and synced, renamed over the old one, and the
-// directory synced.
+// save writes the state atomically (record.Replace): a temporary file in
+// the same directory, ".allocations.json.<pid>.<random>.tmp", written and
+// synced, renamed over the old one, and the directory synced.
 func (s *store) save(st *savedState) error {
 	b, err := encodeState(st)
 	if err != nil {
 		return fmt.Errorf("encode state: %w", err)
 	}
-	if err := linux.WriteFileAtomic(s.path(), tempPrefix(os.Getpid())+"*.tmp", b, 0o600, nil); err != nil {
+	if err := record.Replace(s.path(), b, 0o600); err != nil {
 		return fmt.Errorf("write state: %w", err)
 	}
 	s.seen(b)

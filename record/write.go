@@ -2,11 +2,13 @@ package record
 
 import (
 	"errors"
+	"fmt"
 	"io/fs"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 )
 
 // replacePath replaces the file at path with b as replace does.
@@ -111,4 +113,27 @@ func removePath(path string, sync bool) error {
 	}
 	defer dir.Close()
 	return syncDir(dir)
+}
+
+// Replace replaces the file at path with data as a Store's write does:
+// atomically, synced, the directory synced after the rename. It is for a
+// file whose content is a format of its own, which readers of earlier
+// releases read too (the allocator's state): the envelope, checksum and
+// versions are the caller's. perm 0 means 0600. A path that is not
+// absolute is refused (ErrInvalidOptions) and nothing is written; a
+// directory that does not exist is an error matching node.ErrNotFound.
+func Replace(path string, data []byte, perm fs.FileMode) error {
+	if err := absolute(filepath.Dir(path)); err != nil {
+		return err
+	}
+	if !validName(filepath.Base(path)) || strings.HasSuffix(path, "/") {
+		return fmt.Errorf("record file %q: no file name: %w", path, ErrInvalidOptions)
+	}
+	if perm == 0 {
+		perm = 0o600
+	}
+	if err := replacePath(path, data, perm.Perm(), true); err != nil {
+		return pathErr("replace "+path, err)
+	}
+	return nil
 }
