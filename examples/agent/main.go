@@ -71,6 +71,7 @@ import (
 	"github.com/gpuiso/gpuiso/isolator"
 	"github.com/gpuiso/gpuiso/isolator/mps"
 	"github.com/gpuiso/gpuiso/node/simnode"
+	"github.com/gpuiso/gpuiso/record"
 )
 
 // stubEnv makes the agent's binary the stub that waits for its go-ahead on
@@ -272,47 +273,66 @@ type container struct {
 	Process *linux.Process `json:"process,omitempty"`
 }
 
-func (a *agent) recordPath(id string) string {
-	return filepath.Join(a.dir, "containers", id+".json")
+// The agent's records are entries of a record store (package record) in
+// <dir>/containers, one "<id>.json" each, of format "gpuiso-agent-container",
+// version 2. Version 1, the container's JSON alone, is read still.
+const (
+	recordFormat  = "gpuiso-agent-container"
+	recordVersion = 2
+)
+
+// store is the agent's record store.
+func (a *agent) store() (*record.Store[container], error) {
+	dir, err := filepath.Abs(filepath.Join(a.dir, "containers"))
+	if err != nil {
+		return nil, err
+	}
+	return record.New(dir, record.Options[container]{Format: recordFormat, Version: recordVersion, Legacy: legacyContainer})
+}
+
+// legacyContainer reads a record of version 1: the container alone.
+func legacyContainer(b []byte) (record.Entry[container], error) {
+	var c container
+	if err := json.Unmarshal(b, &c); err != nil {
+		return record.Entry[container]{}, err
+	}
+	return record.Entry[container]{Key: c.ID, Phase: record.Completed, Version: 1, Data: c}, nil
 }
 
 func (a *agent) write(c container) error {
-	b, err := json.Marshal(c)
+	s, err := a.store()
 	if err != nil {
 		return err
 	}
-	return linux.WriteFileAtomic(a.recordPath(c.ID), "", b, 0o600, nil)
+	return s.Write(record.Entry[container]{Key: c.ID, Phase: record.Completed, Data: c})
 }
 
 func (a *agent) records() ([]container, error) {
-	entries, err := os.ReadDir(filepath.Join(a.dir, "containers"))
+	s, err := a.store()
+	if err != nil {
+		return nil, err
+	}
+	// An interrupted write's temporary files; this agent owns the
+	// directory.
+	if err := s.Clean(); err != nil {
+		return nil, err
+	}
+	keys, err := s.List()
 	if err != nil {
 		return nil, err
 	}
 	var out []container
 	var errs []error
-	for _, e := range entries {
-		if strings.HasPrefix(e.Name(), ".") && strings.HasSuffix(e.Name(), ".tmp") {
-			// An interrupted write's; this agent owns the directory.
-			os.Remove(filepath.Join(a.dir, "containers", e.Name()))
-			continue
-		}
-		if !strings.HasSuffix(e.Name(), ".json") || strings.HasPrefix(e.Name(), ".") {
-			continue
-		}
-		b, err := os.ReadFile(filepath.Join(a.dir, "containers", e.Name()))
-		var c container
-		if err == nil {
-			err = json.Unmarshal(b, &c)
-		}
-		if err == nil && c.ID+".json" != e.Name() {
-			err = errors.New("names another container")
+	for _, id := range keys {
+		e, err := s.Read(id)
+		if err == nil && e.Data.ID != id {
+			err = fmt.Errorf("record %s: names another container", id)
 		}
 		if err != nil {
-			errs = append(errs, fmt.Errorf("record %s: %w", e.Name(), err))
+			errs = append(errs, err)
 			continue
 		}
-		out = append(out, c)
+		out = append(out, e.Data)
 	}
 	return out, errors.Join(errs...)
 }
@@ -392,7 +412,11 @@ func (a *agent) destroy(ctx context.Context, c container) error {
 			return fmt.Errorf("container %s: %w", c.ID, err)
 		}
 	}
-	if err := os.Remove(a.recordPath(c.ID)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+	s, err := a.store()
+	if err == nil {
+		err = s.Remove(c.ID)
+	}
+	if err != nil {
 		return fmt.Errorf("container %s: %w", c.ID, err)
 	}
 	return nil
