@@ -4,6 +4,8 @@
 //
 //	gpuinfo [--simulate NAME [--driver-version V] [--sim-root DIR] | --nvml-library PATH] [--json]
 //	        [--dev-root DIR] [--proc-root DIR] [--sys-root DIR] [--state-dir DIR]
+//	gpuinfo --simulate NAME --sim-root DIR --inject SIGNAL|clear --gpu N [--mig GI/CI]
+//	gpuinfo --health-table
 //
 // --dev-root, --proc-root and --sys-root name the directories discovery
 // reads instead of /dev, /proc and /sys (--dev-root: the directory of the
@@ -21,6 +23,15 @@
 // GPU, limits, daemon process) and, where gpurun keeps the allocator's
 // state there (gpurun --state-dir), every share with its time slices. The
 // section is left out when there is none, and from --json.
+//
+// --inject injects a health signal into GPU N (--gpu) of the simulated
+// node whose host tree is in DIR, or into its MIG device at GPU instance
+// GI and compute instance CI (--mig): "xid 79", "recovery-action 1",
+// "row-remap-pending", "nvlink-down 2", "lost" (see node.ParseSignal);
+// "clear" heals the GPU, as a reset would. The fault lives in the host
+// tree, so every program simulating that host (a kubelet plugin, gpurun)
+// sees it. --health-table prints the health table: each signal, the state
+// it gives (healthy, inform, unhealthy) and the action it asks for.
 //
 // On a node without a usable driver it exits 125 with one line naming the cause;
 // --simulate runs on a simulated node instead (see package simnode for the
@@ -61,11 +72,17 @@ func main() {
 
 const usage = `usage: gpuinfo [--simulate NAME [--driver-version V] [--sim-root DIR] | --nvml-library PATH] [--json]
                [--dev-root DIR] [--proc-root DIR] [--sys-root DIR] [--state-dir DIR]
+       gpuinfo --simulate NAME --sim-root DIR --inject SIGNAL|clear --gpu N [--mig GI/CI]
+       gpuinfo --health-table
 
 Print what gpuiso sees on this node (or a simulated one): its GPUs with their
 UUIDs and MIG modes, the topology matrix in nvidia-smi topo -m notation, the
 driver and CUDA versions, the control devices and MIG devices, and the
 shares of GPUs gpurun's runs hold (owner, share, MPS daemon).
+
+--inject breaks (or, with "clear", heals) a GPU of a simulated node's host
+tree, for every program simulating it; --health-table prints which state
+and action each health signal gives.
 `
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -79,6 +96,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	sysRoot := fs.String("sys-root", node.DefaultSysRoot, "sys file system `DIR`")
 	library := fs.String("nvml-library", "", "`PATH` of libnvidia-ml.so.1 (default: the dynamic loader's search)")
 	stateDir := fs.String("state-dir", defaultStateDir, "gpurun's state `DIR`, whose shares of GPUs are listed")
+	inject := fs.String("inject", "", "with --simulate and --sim-root: inject health `SIGNAL` (\"xid 79\", \"recovery-action 1\", \"lost\", ...) into --gpu, or \"clear\" to heal it")
+	gpu := fs.Int("gpu", -1, "with --inject: the GPU's `INDEX`")
+	mig := fs.String("mig", "", "with --inject: the MIG device of --gpu at `GI/CI` (GPU and compute instance ids)")
+	healthTable := fs.Bool("health-table", false, "print the health table (signal, state, action) and exit")
 	if code, done := cli.Parse(fs, args, usage, stdout, stderr); done {
 		return code
 	}
@@ -86,6 +107,17 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	switch {
 	case fs.NArg() > 0:
 		return cli.Usagef(stderr, "gpuinfo", "unexpected arguments %q", fs.Args())
+	case *healthTable && len(set) > 1:
+		return cli.Usagef(stderr, "gpuinfo", "--health-table takes no other flag")
+	case *healthTable:
+		printHealthTable(stdout, node.DefaultHealthTable())
+		return cli.ExitOK
+	case (set["gpu"] || set["mig"]) && !set["inject"]:
+		return cli.Usagef(stderr, "gpuinfo", "--gpu and --mig apply to --inject only")
+	case set["inject"] && (*simulate == "" || *simRoot == ""):
+		return cli.Usagef(stderr, "gpuinfo", "--inject needs --simulate NAME and --sim-root DIR: the simulated host whose GPU it breaks")
+	case set["inject"] && !set["gpu"]:
+		return cli.Usagef(stderr, "gpuinfo", "--inject needs --gpu INDEX")
 	case *simulate != "" && *library != "":
 		return cli.Usagef(stderr, "gpuinfo", "--nvml-library and --simulate exclude each other")
 	case *driverVersion != "" && *simulate == "":
@@ -103,6 +135,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	var simOpts []simnode.Option
 	if *driverVersion != "" {
 		simOpts = append(simOpts, simnode.WithDriverVersion(*driverVersion))
+	}
+	if set["inject"] {
+		return injectSignal(ctx, stdout, stderr, *simulate, *simRoot, *inject, *gpu, *mig, simOpts)
 	}
 	// A simulated node with no host paths given: as root, the same host tree
 	// (device nodes, /proc/devices) its containers get from gpurun, so the
@@ -425,4 +460,84 @@ func or(s, fallback string) string {
 		return fallback
 	}
 	return s
+}
+
+// printHealthTable prints the rules of t in effect: signal (and value),
+// state, action and what the signal means.
+func printHealthTable(w io.Writer, t node.HealthTable) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "SIGNAL\tSTATE\tACTION\tMEANING")
+	for _, r := range t.Rules() {
+		sig := r.Kind.String()
+		switch {
+		case r.Any:
+			sig += " *"
+		case r.Kind == node.SignalXID || r.Kind == node.SignalRecoveryAction:
+			sig += fmt.Sprintf(" %d", r.Value)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", sig, r.State, r.Action, r.Reason)
+	}
+	tw.Flush()
+}
+
+// injectSignal injects signal (or "clear") into GPU gpu, or its MIG device
+// mig ("GI/CI"), of the simulated node name whose host tree is in root.
+func injectSignal(ctx context.Context, stdout, stderr io.Writer, name, root, signal string, gpu int, mig string, opts []simnode.Option) int {
+	clear := strings.EqualFold(strings.TrimSpace(signal), "clear")
+	var s node.Signal
+	if !clear {
+		var err error
+		if s, err = node.ParseSignal(signal); err != nil {
+			return cli.Usagef(stderr, "gpuinfo", "--inject: %v", err)
+		}
+	}
+	gi, ci := -1, -1
+	if mig != "" {
+		if clear {
+			return cli.Usagef(stderr, "gpuinfo", "--inject clear heals a whole GPU: no --mig")
+		}
+		if _, err := fmt.Sscanf(mig, "%d/%d", &gi, &ci); err != nil || gi < 0 || ci < 0 || fmt.Sprintf("%d/%d", gi, ci) != mig {
+			return cli.Usagef(stderr, "gpuinfo", "--mig %q: want GI/CI, two instance ids", mig)
+		}
+	}
+	sim, err := simnode.New(name, opts...)
+	if err != nil {
+		return cli.Usagef(stderr, "gpuinfo", "--simulate: %v", err)
+	}
+	if gpu < 0 || gpu >= sim.Len() {
+		return cli.Usagef(stderr, "gpuinfo", "--gpu %d: simulated %s has GPUs 0 to %d", gpu, name, sim.Len()-1)
+	}
+	if !cli.IsRoot() {
+		return cli.NeedsRoot(stderr, "gpuinfo", "to open the simulated node's host tree", "run it as root")
+	}
+	host, err := sim.OpenHost(ctx, root)
+	if err == nil {
+		err = sim.ShareFaults(host)
+	}
+	if err == nil {
+		err = sim.RestoreMIG(host)
+	}
+	if err != nil {
+		return cli.Errorf(stderr, "gpuinfo", "simulated node %s: %v", name, err)
+	}
+	what := fmt.Sprintf("GPU %d", gpu)
+	switch {
+	case clear:
+		err = sim.Clear(gpu)
+	case mig != "":
+		what = fmt.Sprintf("MIG device %s of GPU %d", mig, gpu)
+		err = sim.InjectMIG(gpu, gi, ci, s)
+	default:
+		err = sim.Inject(gpu, s)
+	}
+	if err != nil {
+		return cli.Errorf(stderr, "gpuinfo", "%v", err)
+	}
+	if clear {
+		fmt.Fprintf(stdout, "cleared %s of simulated %s in %s\n", what, name, root)
+		return cli.ExitOK
+	}
+	v := node.DefaultHealthTable().Classify(s)
+	fmt.Fprintf(stdout, "injected %s into %s of simulated %s in %s (%s, %s)\n", s, what, name, root, v.State, v.Action)
+	return cli.ExitOK
 }

@@ -218,3 +218,80 @@ func TestSimulatedHostNumbers(t *testing.T) {
 		t.Fatalf("nvidiactl shown as %v, want the simulated node's major (not 195):\n%s", ctl, out)
 	}
 }
+
+// TestHealthTable: the health table, as printed, says what each signal
+// gives.
+func TestHealthTable(t *testing.T) {
+	out, errOut, code := gpuinfo(t, "--health-table")
+	if code != 0 || errOut != "" {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	for _, want := range []string{`(?m)^xid 94 +inform +restart-app `, `(?m)^xid 109 +unhealthy +reset-gpu `, `(?m)^recovery-action 2 +unhealthy +reboot `, `(?m)^lost +unhealthy +reset-gpu `} {
+		if !regexp.MustCompile(want).MatchString(out) {
+			t.Errorf("no line %s in\n%s", want, out)
+		}
+	}
+	if _, _, code := gpuinfo(t, "--health-table", "--json"); code != 125 {
+		t.Errorf("--health-table with another flag: exit %d", code)
+	}
+}
+
+// TestInjectUsage: --inject is refused, with exit 125 and nothing
+// written, without a simulated host tree, a GPU or a signal that reads.
+func TestInjectUsage(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "host")
+	for _, args := range [][]string{
+		{"--inject", "xid 79", "--gpu", "3"},
+		{"--simulate", "dgx1-volta", "--inject", "xid 79", "--gpu", "3"},
+		{"--simulate", "dgx1-volta", "--sim-root", dir, "--inject", "xid 79"},
+		{"--simulate", "dgx1-volta", "--sim-root", dir, "--inject", "xid", "--gpu", "3"},
+		{"--simulate", "dgx1-volta", "--sim-root", dir, "--inject", "meltdown", "--gpu", "3"},
+		{"--simulate", "dgx1-volta", "--sim-root", dir, "--inject", "xid 79", "--gpu", "8"},
+		{"--simulate", "dgx1-volta", "--sim-root", dir, "--inject", "xid 79", "--gpu", "1", "--mig", "1-0"},
+		{"--simulate", "dgx1-volta", "--sim-root", dir, "--gpu", "3"},
+	} {
+		if _, errOut, code := gpuinfo(t, args...); code != 125 || !strings.HasPrefix(errOut, "gpuinfo: ") {
+			t.Errorf("%q: exit %d, %q", args, code, errOut)
+		}
+	}
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Errorf("a refused --inject wrote %s: %v", dir, err)
+	}
+}
+
+// TestInject: a fault injected into a simulated host tree is seen by the
+// next program over that tree (GPU 3 unhealthy, fallen off the bus), and
+// clear heals it.
+func TestInject(t *testing.T) {
+	testenv.RequireRoot(t)
+	dir := filepath.Join(t.TempDir(), "host")
+	sim := []string{"--simulate", "dgx1-volta", "--sim-root", dir}
+	health := func() node.Health {
+		t.Helper()
+		out, errOut, code := gpuinfo(t, append(sim, "--json")...)
+		if code != 0 {
+			t.Fatalf("exit %d: %s", code, errOut)
+		}
+		var inv node.Inventory
+		if err := json.Unmarshal([]byte(out), &inv); err != nil {
+			t.Fatal(err)
+		}
+		return inv.Devices[3].Health
+	}
+	if h := health(); !h.Healthy {
+		t.Fatalf("GPU 3 before: %s", h)
+	}
+	out, errOut, code := gpuinfo(t, append(sim, "--inject", "xid 79", "--gpu", "3")...)
+	if code != 0 || !strings.Contains(out, "injected xid 79 into GPU 3") || !strings.Contains(out, "unhealthy, reset-gpu") {
+		t.Fatalf("exit %d: %s%s", code, out, errOut)
+	}
+	if h := health(); h.Healthy {
+		t.Fatal("GPU 3 healthy after xid 79")
+	}
+	if _, errOut, code := gpuinfo(t, append(sim, "--inject", "clear", "--gpu", "3")...); code != 0 {
+		t.Fatalf("clear: exit %d: %s", code, errOut)
+	}
+	if h := health(); !h.Healthy {
+		t.Fatalf("GPU 3 after clear: %s", h)
+	}
+}

@@ -98,8 +98,10 @@ func OpenNodeIn(ctx context.Context, simulate, dir string, opts ...simnode.Optio
 // anything else, or the host's own /, /dev, /proc or /sys, is refused
 // before anything is written, and nothing gpuiso did not make is removed;
 // so is a root that root does not own, or that others may write in (or
-// whose parents are so: simnode.ErrUntrusted). opts configure the
-// simulated node.
+// whose parents are so: simnode.ErrUntrusted). The node shares the
+// faults injected into the tree (simnode's Node.ShareFaults): a GPU that
+// gpuinfo --inject made fall off the bus is lost for it too. opts
+// configure the simulated node.
 func OpenSharedNode(ctx context.Context, simulate, root string, opts ...simnode.Option) (*Node, error) {
 	if simulate == "" {
 		return OpenNode(ctx, "")
@@ -109,6 +111,11 @@ func OpenSharedNode(ctx context.Context, simulate, root string, opts ...simnode.
 		return nil, err
 	}
 	host, err := sim.OpenHost(ctx, root)
+	if err == nil {
+		// Faults injected into the host (gpuinfo --inject) are seen by
+		// every program simulating it.
+		err = sim.ShareFaults(host)
+	}
 	if err != nil {
 		return nil, simulatedErr(simulate, err)
 	}

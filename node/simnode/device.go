@@ -124,6 +124,7 @@ func (n *Node) newDevice(i int) *mock.Device {
 	// Health events.
 	d.GetSupportedEventTypesFunc = func() (uint64, nvml.Return) { return supportedEvents, nvml.SUCCESS }
 	d.RegisterEventsFunc = func(types uint64, set nvml.EventSet) nvml.Return { return n.register(i, types, set) }
+	n.healthCalls(d, i)
 
 	fillNotSupported(d)
 	guardLost(d, func() bool { return n.isLost(i) })

@@ -12,6 +12,19 @@
 // Tests drive the node: [Node.InjectXID] delivers XID events to registered
 // event sets, and [Node.Lose] makes a GPU fall off the bus (every call about
 // it returns ERROR_GPU_IS_LOST, and watchers receive XID 79).
+// [Node.Inject] injects any health signal of node's model (an XID or a
+// double-bit ECC error, with the recovery action the driver would give
+// after it; a recovery action; remapped rows or retired pages pending; a
+// failed remapping; an NVLink down; NVLink errors and PCIe replays
+// counted; a thermal or power slowdown; a GPU lost), answered by the
+// calls nvmlnode.ReadHealth makes (the recovery-action field, remapped
+// rows, pending pages, NVLink states and counters, the PCIe replay
+// counter, clock event reasons) and delivered as events;
+// [Node.InjectMIG] attributes an XID to one MIG device; [Node.Clear]
+// heals a GPU as a reset would. [Node.ShareFaults] keeps the faults in a
+// host tree: every node made over the same tree, in any process, sees
+// them and gets the events injected since (a kubelet plugin simulating
+// the host sees what gpuinfo --inject does).
 //
 // [Node.MakeHost] creates, as root, the node's host tree in a directory of
 // the caller's: /dev nodes with NVIDIA's minors on majors no driver of the

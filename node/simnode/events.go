@@ -9,11 +9,13 @@ import (
 )
 
 // supportedEvents are the event types simulated GPUs can report.
-const supportedEvents = nvml.EventTypeXidCriticalError | nvml.EventTypeDoubleBitEccError | nvml.EventTypeSingleBitEccError
+const supportedEvents = nvml.EventTypeXidCriticalError | nvml.EventTypeDoubleBitEccError | nvml.EventTypeSingleBitEccError | nvml.EventTypeGpuRecoveryAction
 
 // eventSet is a simulated NVML event set: a queue that Wait drains.
 type eventSet struct {
 	*mock.EventSet
+
+	node *Node
 
 	mu         sync.Mutex
 	registered map[int]uint64 // GPU index -> event types
@@ -23,7 +25,7 @@ type eventSet struct {
 }
 
 func (n *Node) newEventSet() nvml.EventSet {
-	s := &eventSet{EventSet: &mock.EventSet{}, registered: map[int]uint64{}, wake: make(chan struct{})}
+	s := &eventSet{node: n, EventSet: &mock.EventSet{}, registered: map[int]uint64{}, wake: make(chan struct{})}
 	s.WaitFunc = s.wait
 	s.FreeFunc = func() nvml.Return {
 		s.mu.Lock()
@@ -62,11 +64,6 @@ func (n *Node) register(i int, types uint64, set nvml.EventSet) nvml.Return {
 	return nvml.ERROR_INVALID_ARGUMENT
 }
 
-// deliver queues an event of GPU i on every set registered for its type.
-func (n *Node) deliver(i int, eventType, data uint64) {
-	n.deliverTo(i, eventType, data, invalidInstance, invalidInstance)
-}
-
 // deliverTo queues an event of GPU i, attributed to GPU instance gi and
 // compute instance ci (invalidInstance for the whole GPU).
 func (n *Node) deliverTo(i int, eventType, data uint64, gi, ci uint32) {
@@ -84,11 +81,23 @@ func (n *Node) deliverTo(i int, eventType, data uint64, gi, ci uint32) {
 	}
 }
 
+// faultsPoll is how often a wait reads a shared host tree's faults for
+// events injected by another node.
+const faultsPoll = 20 * time.Millisecond
+
 // wait returns the oldest queued event, waiting up to timeout milliseconds
-// for one; ERROR_TIMEOUT when none came.
+// for one; ERROR_TIMEOUT when none came. With ShareFaults it also reads
+// the host tree for events another node injected.
 func (s *eventSet) wait(timeoutMs uint32) (nvml.EventData, nvml.Return) {
 	timer := time.NewTimer(time.Duration(timeoutMs) * time.Millisecond)
 	defer timer.Stop()
+	var poll <-chan time.Time
+	if s.node.sharesFaults() {
+		t := time.NewTicker(faultsPoll)
+		defer t.Stop()
+		poll = t.C
+		s.node.syncFaults()
+	}
 	for {
 		s.mu.Lock()
 		if s.freed {
@@ -105,6 +114,8 @@ func (s *eventSet) wait(timeoutMs uint32) (nvml.EventData, nvml.Return) {
 		s.mu.Unlock()
 		select {
 		case <-wake:
+		case <-poll:
+			s.node.syncFaults()
 		case <-timer.C:
 			return nvml.EventData{}, nvml.ERROR_TIMEOUT
 		}

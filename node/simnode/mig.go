@@ -439,7 +439,9 @@ func (n *Node) InjectMIGXID(i, gi, ci int, xid uint64) error {
 	if !found {
 		return fmt.Errorf("inject XID %d into GPU %d instance %d/%d: %w", xid, i, gi, ci, ErrNoSuchMIGDevice)
 	}
-	n.deliverTo(i, nvml.EventTypeXidCriticalError, xid, uint32(gi), uint32(ci))
+	if err := n.changeFaults(i, func(*gpuFaults) {}, faultEvent{GI: uint32(gi), CI: uint32(ci), Type: nvml.EventTypeXidCriticalError, Data: xid}); err != nil {
+		return fmt.Errorf("inject XID %d into GPU %d instance %d/%d: %w", xid, i, gi, ci, err)
+	}
 	return nil
 }
 

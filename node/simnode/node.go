@@ -12,6 +12,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
 
 	"github.com/gpuiso/gpuiso/node"
+	"github.com/gpuiso/gpuiso/record"
 )
 
 // Node is a simulated GPU node: an NVML implementation answering as the
@@ -26,12 +27,19 @@ type Node struct {
 	devices []*mock.Device
 
 	mu      sync.Mutex
-	lost    []bool
+	faults  []gpuFaults
 	sets    []*eventSet
 	inited  int
 	procs   [][]nvml.ProcessInfo
 	mig     []migState
 	samples [][]nvml.ProcessUtilizationSample
+
+	// With ShareFaults: the host tree and its faults file, the file as
+	// last read and the last event delivered from it.
+	faultHost  *Host
+	faultFile  *record.File[savedFaults]
+	faultStamp fileStamp
+	seenSeq    uint64
 }
 
 // Option configures New.
@@ -116,7 +124,7 @@ func NewFromSpec(spec *Spec, opts ...Option) (*Node, error) {
 		spec:          spec.clone(),
 		driverVersion: o.driverVersion,
 		cudaVersion:   o.cudaVersion,
-		lost:          make([]bool, len(spec.GPUs)),
+		faults:        make([]gpuFaults, len(spec.GPUs)),
 		procs:         make([][]nvml.ProcessInfo, len(spec.GPUs)),
 		samples:       make([][]nvml.ProcessUtilizationSample, len(spec.GPUs)),
 		mig:           make([]migState, len(spec.GPUs)),
@@ -164,25 +172,23 @@ func (n *Node) Minor(i int) int { return n.spec.minor(i) }
 
 // Lose makes GPU i fall off the bus: every NVML call about it returns
 // ERROR_GPU_IS_LOST from now on, and event sets watching it receive XID 79.
+// With ShareFaults, in the host tree.
 func (n *Node) Lose(i int) error {
 	if i < 0 || i >= n.Len() {
 		return fmt.Errorf("lose GPU %d of %d: %w", i, n.Len(), ErrNoSuchGPU)
 	}
-	n.mu.Lock()
-	n.lost[i] = true
-	n.mu.Unlock()
-	n.deliver(i, nvml.EventTypeXidCriticalError, XIDFallenOffBus)
-	return nil
+	return n.inject(i, node.Signal{Kind: node.SignalLost}, invalidInstance, invalidInstance)
 }
 
-// Restore brings a lost GPU back (as after a reset).
+// Restore brings a lost GPU back (as after a reset); its other faults
+// stay (Clear clears them all).
 func (n *Node) Restore(i int) error {
 	if i < 0 || i >= n.Len() {
 		return fmt.Errorf("restore GPU %d of %d: %w", i, n.Len(), ErrNoSuchGPU)
 	}
-	n.mu.Lock()
-	n.lost[i] = false
-	n.mu.Unlock()
+	if err := n.changeFaults(i, func(f *gpuFaults) { f.Lost = false }); err != nil {
+		return fmt.Errorf("restore GPU %d: %w", i, err)
+	}
 	return nil
 }
 
@@ -190,20 +196,19 @@ func (n *Node) Restore(i int) error {
 const XIDFallenOffBus = 79
 
 // InjectXID delivers an XID critical-error event for GPU i to every event
-// set registered for XID events on it.
+// set registered for XID events on it (with ShareFaults, through the host
+// tree); unlike Inject, it leaves the driver's recovery action as it is.
 func (n *Node) InjectXID(i int, xid uint64) error {
 	if i < 0 || i >= n.Len() {
 		return fmt.Errorf("inject XID %d into GPU %d of %d: %w", xid, i, n.Len(), ErrNoSuchGPU)
 	}
-	n.deliver(i, nvml.EventTypeXidCriticalError, xid)
+	if err := n.changeFaults(i, func(*gpuFaults) {}, faultEvent{GI: invalidInstance, CI: invalidInstance, Type: nvml.EventTypeXidCriticalError, Data: xid}); err != nil {
+		return fmt.Errorf("inject XID %d into GPU %d: %w", xid, i, err)
+	}
 	return nil
 }
 
-func (n *Node) isLost(i int) bool {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	return n.lost[i]
-}
+func (n *Node) isLost(i int) bool { return n.faultsOf(i).Lost }
 
 func (n *Node) newInterface() *mock.Interface {
 	lib := &mock.Interface{
