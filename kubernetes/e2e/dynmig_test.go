@@ -32,11 +32,13 @@ func TestDRADynamicMIG(t *testing.T) {
 	gpu0 := inv.Devices[0]
 	// GPUs 2-7 whole; GPU 0: 25 placements and the GPU; GPU 1: its
 	// user's 3g.40gb and the 10 placements beside it.
-	until(t, "the partitioned slice's 43 devices", func() bool { return len(sliceDevices(t, c)) == 43 })
-	sets := counterSets(t, c)
-	if !strings.Contains(sets, "gpu-0:10") || !strings.Contains(sets, "gpu-1:6") {
-		t.Fatalf("counter sets %s", sets)
-	}
+	// The pool's slices are written one by one: the devices may be in
+	// the API before the counter sets they consume.
+	var sets string
+	until(t, "the partitioned slice's 43 devices and GPU 0's and 1's counter sets", func() bool {
+		sets = counterSets(t, c)
+		return len(sliceDevices(t, c)) == 43 && strings.Contains(sets, "gpu-0:10") && strings.Contains(sets, "gpu-1:6")
+	})
 	caps := filepath.Join(p.devRoot, "proc", "driver", "nvidia", "capabilities", fmt.Sprintf("gpu%d", gpu0.Minor), "mig", "gi*")
 	instances := func() int {
 		m, _ := filepath.Glob(caps)
