@@ -34,6 +34,10 @@ import (
 // of an allocation that already existed is kept, unless HeldBy names
 // another: then the one change on disk (or the only one, for an allocation
 // that existed) makes it the holder too.
+//
+// With AsShare, devices is the one GPU a share was started with, and Claim
+// makes owner hold that share of it (see AsShare): one call re-holds whole
+// GPUs, MIG devices and shares alike.
 func (a *Allocator) Claim(ctx context.Context, owner string, devices []node.DeviceRef, opts ...ClaimOption) (Allocation, error) {
 	if a.inv == nil {
 		return Allocation{}, ErrNotMade
@@ -41,6 +45,16 @@ func (a *Allocator) Claim(ctx context.Context, owner string, devices []node.Devi
 	o, err := claimOptionsOf(opts)
 	if err != nil {
 		return Allocation{}, fmt.Errorf("claim %d gpus for %s: %w", len(devices), owner, err)
+	}
+	if o.share != nil {
+		if len(devices) != 1 {
+			return Allocation{}, fmt.Errorf("claim a share of %s for %s: %d devices, want the one GPU shared: %w", o.share, owner, len(devices), ErrInvalidRequest)
+		}
+		al, err := a.claimShare(ctx, owner, devices[0], *o.share, o)
+		if err != nil {
+			return Allocation{}, fmt.Errorf("claim a share of %s for %s: %w", o.share, owner, err)
+		}
+		return al, nil
 	}
 	al, err := a.claim(ctx, owner, devices, o)
 	if err != nil {
@@ -117,12 +131,38 @@ func (a *Allocator) claim(ctx context.Context, owner string, devices []node.Devi
 	return a.allocation(owner, h), nil
 }
 
-// ClaimOption changes what Claim and ClaimShare do.
+// ClaimOption changes what Claim does.
 type ClaimOption func(*claimOptions) error
 
 type claimOptions struct {
 	holder  *Holder
 	created bool
+	share   *Share
+}
+
+// AsShare makes Claim re-hold share s (a memory share or a time slice) of
+// the one GPU it is given, the GPU a container was started with and the
+// share its record names: how a recovery re-holds a share the allocator's
+// memory lost. Like any claim, it is idempotent:
+//
+//   - owner already holds exactly s on the GPU: nothing changes;
+//   - owner holds nothing, and the GPU can take s (shareable, or holding
+//     shares already, not held whole or by shares of the other mode, with
+//     room): owner takes it, in one change on disk;
+//   - owner holds something else: a *ClaimError matching ErrClaimMismatch;
+//   - the GPU cannot take s: ErrDeviceUnavailable; a device the node lacks:
+//     ErrUnknownDevice; a MIG device: ErrShareNotSupported; s itself is
+//     malformed, or the claim names other than one device:
+//     ErrInvalidRequest.
+//
+// A GPU not configured shareable in this allocator takes the share all the
+// same (as New does for the shares it loads): the container uses it so.
+// Created does not apply to a share.
+func AsShare(s Share) ClaimOption {
+	return func(o *claimOptions) error {
+		o.share = &s
+		return nil
+	}
 }
 
 // Created makes the MIG devices that Claim makes owner hold count as

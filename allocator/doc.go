@@ -57,8 +57,9 @@
 // A [Share] is part of one GPU, in one of two modes. A memory share
 // ([ShareMemory]: bytes, optionally a compute percentage) is counted
 // against the GPU's memory and enforced by an MPS control daemon (package
-// isolator/mps; [Share.ClientEnv] is the MPS client limits its container
-// carries too, which a client can only lower). A time slice ([ShareTime]) is the
+// isolator/mps, which derives its limits from the share, mps.LimitsOf, and
+// gives its container the client limits too, which a client can only
+// lower). A time slice ([ShareTime]) is the
 // whole GPU beside the GPU's other time slices, isolated from none of them;
 // at most [WithTimeSlices] of them (default [DefaultTimeSlices]) share one
 // GPU. A GPU is held by one exclusive owner, by memory shares or by time
@@ -73,7 +74,8 @@
 // GPU with MIG enabled is never shared (a share naming a MIG device is
 // [ErrShareNotSupported]); quotas count a shared GPU once per group.
 // Shares are in the state file with their mode and compute; after a crash
-// [Allocator.ClaimShare] re-holds the share a container's record names.
+// [Allocator.Claim] with [AsShare] re-holds the share a container's record
+// names.
 //
 // # Placement
 //

@@ -327,33 +327,14 @@ func (e *ShareError) Is(target error) bool {
 var ErrShareNotSupported = node.Sentinel(node.ErrNotSupported, "cannot be shared")
 
 // ClaimShare makes owner hold share s of device, the GPU a container was
-// started with and the share its record names: how a recovery re-holds a
-// share the allocator's memory lost. Like Claim, it is idempotent:
+// started with and the share its record names: Claim of that one device
+// with AsShare(s), which says what it does. HeldBy makes a holder hold it,
+// as for Claim.
 //
-//   - owner already holds exactly s on device: nothing changes;
-//   - owner holds nothing, and device can take s (shareable, or holding
-//     shares already, not held whole or by shares of the other mode, with
-//     room): owner takes it, in one change on disk;
-//   - owner holds something else: a *ClaimError matching ErrClaimMismatch;
-//   - device cannot take s: ErrDeviceUnavailable; a device the node lacks:
-//     ErrUnknownDevice; s itself is malformed: ErrInvalidRequest.
-//
-// A GPU not configured shareable in this allocator takes the share all the
-// same (as New does for the shares it loads): the container uses it so.
-// HeldBy makes a holder hold it, as for Claim.
+// Deprecated: call Claim(ctx, owner, []node.DeviceRef{device},
+// AsShare(s)), the one claim of whole GPUs, MIG devices and shares.
 func (a *Allocator) ClaimShare(ctx context.Context, owner string, device node.DeviceRef, s Share, opts ...ClaimOption) (Allocation, error) {
-	if a.inv == nil {
-		return Allocation{}, ErrNotMade
-	}
-	o, err := claimOptionsOf(opts)
-	if err != nil {
-		return Allocation{}, fmt.Errorf("claim a share of %s for %s: %w", s, owner, err)
-	}
-	al, err := a.claimShare(ctx, owner, device, s, o)
-	if err != nil {
-		return Allocation{}, fmt.Errorf("claim a share of %s for %s: %w", s, owner, err)
-	}
-	return al, nil
+	return a.Claim(ctx, owner, []node.DeviceRef{device}, append(slices.Clone(opts), AsShare(s))...)
 }
 
 func (a *Allocator) claimShare(ctx context.Context, owner string, device node.DeviceRef, s Share, o claimOptions) (Allocation, error) {

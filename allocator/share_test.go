@@ -204,35 +204,49 @@ func TestShareOfMIG(t *testing.T) {
 	}
 }
 
-// TestClaimShare: the recovery of a share is idempotent, refuses another
-// holding, and takes a GPU not configured shareable as its record says.
+// TestClaimShare: the recovery of a share (Claim with AsShare) is
+// idempotent, refuses another holding and a claim of other than one
+// device, and takes a GPU not configured shareable as its record says;
+// the deprecated ClaimShare claims the same.
 func TestClaimShare(t *testing.T) {
 	ctx := context.Background()
 	a := newAlloc(t, "rtx8000x4", allocator.WithShared("0"))
 	gpu := a.Devices()[1].Ref()
+	one := []node.DeviceRef{gpu}
 	s := allocator.Share{MemoryBytes: 2 * gib, ComputePercent: 50}
-	al, err := a.ClaimShare(ctx, "c", gpu, s)
+	al, err := a.Claim(ctx, "c", one, allocator.AsShare(s))
 	if err != nil || al.Share == nil || *al.Share != (allocator.Share{Mode: allocator.ShareMemory, MemoryBytes: 2 * gib, ComputePercent: 50}) || al.Devices[0].UUID != gpu.UUID {
-		t.Fatalf("ClaimShare = %+v, %v", al, err)
+		t.Fatalf("Claim of a share = %+v, %v", al, err)
+	}
+	if again, err := a.Claim(ctx, "c", one, allocator.AsShare(s)); err != nil || again.Share.MemoryBytes != 2*gib {
+		t.Fatalf("Claim of the share again = %+v, %v", again, err)
 	}
 	if again, err := a.ClaimShare(ctx, "c", gpu, s); err != nil || again.Share.MemoryBytes != 2*gib {
-		t.Fatalf("ClaimShare again = %+v, %v", again, err)
+		t.Fatalf("ClaimShare of the share again = %+v, %v", again, err)
+	}
+	if _, err := a.Claim(ctx, "c", one, allocator.AsShare(allocator.Share{MemoryBytes: gib})); !errors.Is(err, allocator.ErrClaimMismatch) {
+		t.Fatalf("Claim of a share of another size: %v", err)
 	}
 	if _, err := a.ClaimShare(ctx, "c", gpu, allocator.Share{MemoryBytes: gib}); !errors.Is(err, allocator.ErrClaimMismatch) {
 		t.Fatalf("ClaimShare of another size: %v", err)
 	}
-	if _, err := a.ClaimShare(ctx, "t", gpu, allocator.Share{Mode: allocator.ShareTime}); !errors.Is(err, allocator.ErrDeviceUnavailable) {
+	if _, err := a.Claim(ctx, "t", one, allocator.AsShare(allocator.Share{Mode: allocator.ShareTime})); !errors.Is(err, allocator.ErrDeviceUnavailable) {
 		t.Fatalf("time slice beside a memory share: %v", err)
 	}
 	allocOK(t, a, "x", allocator.Request{Devices: []string{"2"}})
-	if _, err := a.ClaimShare(ctx, "y", a.Devices()[2].Ref(), s); !errors.Is(err, allocator.ErrDeviceUnavailable) {
+	if _, err := a.Claim(ctx, "y", []node.DeviceRef{a.Devices()[2].Ref()}, allocator.AsShare(s)); !errors.Is(err, allocator.ErrDeviceUnavailable) {
 		t.Fatalf("share of an owned GPU: %v", err)
 	}
-	if _, err := a.ClaimShare(ctx, "z", gpu, allocator.Share{MemoryBytes: a.Devices()[1].MemoryBytes}); !errors.Is(err, allocator.ErrDeviceUnavailable) {
+	if _, err := a.Claim(ctx, "z", one, allocator.AsShare(allocator.Share{MemoryBytes: a.Devices()[1].MemoryBytes})); !errors.Is(err, allocator.ErrDeviceUnavailable) {
 		t.Fatalf("share over the GPU's memory: %v", err)
 	}
-	if _, err := a.ClaimShare(ctx, "z", gpu, allocator.Share{}); !errors.Is(err, allocator.ErrInvalidRequest) {
+	if _, err := a.Claim(ctx, "z", one, allocator.AsShare(allocator.Share{})); !errors.Is(err, allocator.ErrInvalidRequest) {
 		t.Fatalf("empty share: %v", err)
+	}
+	for _, devs := range [][]node.DeviceRef{nil, {gpu, a.Devices()[3].Ref()}} {
+		if _, err := a.Claim(ctx, "z", devs, allocator.AsShare(s)); !errors.Is(err, allocator.ErrInvalidRequest) {
+			t.Fatalf("share of %d devices: %v", len(devs), err)
+		}
 	}
 	// GPU 3 was not touched by the failures: still whole.
 	if _, err := a.Claim(ctx, "w", []node.DeviceRef{a.Devices()[3].Ref()}); err != nil {

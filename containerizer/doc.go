@@ -89,7 +89,7 @@
 // registration as a user of the driver volume, and a memory share's MPS
 // daemon; Destroy gives all of them back (the daemon before the share), and
 // Recover finds them again after the agent restarts: a record's share is
-// claimed again as a share (allocator.ClaimShare, Record.Share), its daemon
+// claimed again as a share (allocator.Claim with AsShare, Record.Share), its daemon
 // kept or started again in place, and the daemons no share or container
 // explains are stopped.
 //

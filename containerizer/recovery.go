@@ -82,11 +82,11 @@ func (l *Lifecycle) claim(ctx context.Context, rec Record, holder *allocator.Hol
 				want.GPUs, want.Share = cur.Devices, cur.Share
 			}
 		}
+		claim := opts
 		if want.Share != nil && len(want.GPUs) == 1 {
-			al, err = l.cfg.Allocator.ClaimShare(ctx, rec.ID, want.GPUs[0], *want.Share, opts...)
-		} else {
-			al, err = l.cfg.Allocator.Claim(ctx, rec.ID, want.GPUs, opts...)
+			claim = append(slices.Clone(opts), allocator.AsShare(*want.Share))
 		}
+		al, err = l.cfg.Allocator.Claim(ctx, rec.ID, want.GPUs, claim...)
 		if !follow || !errors.Is(err, allocator.ErrClaimMismatch) {
 			break
 		}

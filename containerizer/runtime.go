@@ -152,7 +152,7 @@ type Record struct {
 	GPUs []node.DeviceRef `json:"gpus"`
 	// Share is the share of its one GPU it holds (a memory share or a time
 	// slice), or nil for whole GPUs and MIG devices: what a recovery claims
-	// again (allocator.ClaimShare) and gives its MPS daemon.
+	// again (allocator.Claim with AsShare) and gives its MPS daemon.
 	Share *allocator.Share `json:"share,omitempty"`
 	// Volume is the host path of its driver volume, VolumeVersion the
 	// driver version; both empty for none.

@@ -129,13 +129,11 @@ func (i *Isolator) readopt(ctx context.Context, rec held) error {
 	}
 	// Exactly the recorded GPUs (or share), where the allocator's state
 	// lost them.
-	var al allocator.Allocation
-	var err error
+	var opts []allocator.ClaimOption
 	if rec.Share != nil && len(claim) == 1 {
-		al, err = i.alloc.ClaimShare(ctx, rec.ID, claim[0], *rec.Share)
-	} else {
-		al, err = i.alloc.Claim(ctx, rec.ID, claim)
+		opts = append(opts, allocator.AsShare(*rec.Share))
 	}
+	al, err := i.alloc.Claim(ctx, rec.ID, claim, opts...)
 	if errors.Is(err, allocator.ErrClaimMismatch) {
 		// An update was cut short after the allocator changed: the
 		// allocator's state is the newer one.

@@ -7,7 +7,9 @@
 //
 // A memory share (allocator.Share, mode allocator.ShareMemory) is part of
 // one GPU's memory, and optionally of its compute, handed to one container.
-// [Manager.Start] gives the share a control daemon of its own:
+// Its limits are the package's to derive and check, once ([LimitsOf]), and
+// [Manager.StartShare] gives the share an allocation holds (through
+// [Manager.Start]) a control daemon of its own:
 //
 //   - started with CUDA_VISIBLE_DEVICES naming the share's GPU alone, so
 //     that its server (nvidia-cuda-mps-server, which the daemon starts when
@@ -15,7 +17,7 @@
 //   - in a mount namespace of its own, in which a tmpfs covers /tmp, its
 //     pipe directory is /tmp/nvidia-mps, its log directory
 //     /tmp/nvidia-mps-log and its /dev/shm a directory of its own: the paths
-//     its container sees (isolator.WithMPS binds the same pipe and shm
+//     its container sees (isolator.WithShare binds the same pipe and shm
 //     directories there), so daemon, server and clients agree on every path,
 //     and neither the host's /dev/shm nor its /tmp reaches a container;
 //   - given its limits before anyone can connect, and read back:
@@ -98,9 +100,9 @@
 //
 //   - CUDA_MPS_PINNED_DEVICE_MEM_LIMIT and CUDA_MPS_ACTIVE_THREAD_PERCENTAGE
 //     in a client's environment can only lower the daemon's limits, never
-//     raise them. The share's Share.ClientEnv (package
-//     allocator) sets both in its container's plan; a container that drops
-//     them keeps the daemon's.
+//     raise them. The daemon's Limits.Env (isolator.WithShare) sets both in
+//     its container's plan; a container that drops them keeps the
+//     daemon's.
 //   - The daemon's defaults (set_default_device_pinned_mem_limit,
 //     set_default_active_thread_percentage) apply to each client process of
 //     the next server it starts; per-server limits

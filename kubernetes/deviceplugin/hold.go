@@ -106,7 +106,7 @@ func (m *Manager) Adopt(ctx context.Context) ([]string, error) {
 			switch {
 			case d.TimeSlice && tok:
 				owner = TimeSliceOwner(d.Ref.UUID, d.Replica)
-				_, err = ts.ClaimShare(ctx, owner, d.Ref, allocator.Share{Mode: allocator.ShareTime})
+				_, err = ts.Claim(ctx, owner, []node.DeviceRef{d.Ref}, allocator.AsShare(allocator.Share{Mode: allocator.ShareTime}))
 			case !d.TimeSlice && kok:
 				owner = DeviceOwner(d.ID)
 				_, err = k.Claim(ctx, owner, []node.DeviceRef{d.Ref})

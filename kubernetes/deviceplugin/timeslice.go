@@ -33,7 +33,7 @@ const (
 // *allocator.Allocator, which holds each replica in use as a time slice
 // (allocator.ShareTime) and counts them.
 type TimeSlicer interface {
-	ClaimShare(ctx context.Context, owner string, device node.DeviceRef, s allocator.Share, opts ...allocator.ClaimOption) (allocator.Allocation, error)
+	Claim(ctx context.Context, owner string, devices []node.DeviceRef, opts ...allocator.ClaimOption) (allocator.Allocation, error)
 	Allocations() []allocator.Allocation
 	Release(ctx context.Context, owner string) error
 }
@@ -136,7 +136,7 @@ func (b *sliceBook) recent(id string, grace time.Duration) bool {
 }
 
 // claimSlices holds each time slice of devs for its replica's owner
-// (allocator.ClaimShare: a replica held already, by a pod that ended, is
+// (allocator.Claim with AsShare: a replica held already, by a pod that ended, is
 // kept as it is). On error it gives back what it took.
 func (p *Plugin) claimSlices(ctx context.Context, devs []Device) error {
 	ts, ok := p.src.(TimeSlicer)
@@ -146,7 +146,7 @@ func (p *Plugin) claimSlices(ctx context.Context, devs []Device) error {
 	var took []string
 	for _, d := range devs {
 		owner := TimeSliceOwner(d.Ref.UUID, d.Replica)
-		if _, err := ts.ClaimShare(ctx, owner, d.Ref, allocator.Share{Mode: allocator.ShareTime}); err != nil {
+		if _, err := ts.Claim(ctx, owner, []node.DeviceRef{d.Ref}, allocator.AsShare(allocator.Share{Mode: allocator.ShareTime})); err != nil {
 			return errors.Join(append([]error{fmt.Errorf("allocate %s: time slice %s: %w", p.resource, d.ID, err)}, release(ctx, ts, took)...)...)
 		}
 		took = append(took, owner)

@@ -82,7 +82,7 @@ func (d *Driver) hold(ctx context.Context, cp *Checkpoint) (allocator.Allocation
 }
 
 // reclaim makes the allocator hold exactly the devices a completed claim
-// recorded (allocator.Claim, ClaimShare: nothing changes when it does),
+// recorded (allocator.Claim, with AsShare for a share: nothing changes when it does),
 // and returns them with the admin devices as hold does.
 func (d *Driver) reclaim(ctx context.Context, cp Checkpoint) (allocator.Allocation, error) {
 	var refs []node.DeviceRef
@@ -96,7 +96,7 @@ func (d *Driver) reclaim(ctx context.Context, cp Checkpoint) (allocator.Allocati
 	switch {
 	case len(refs) == 0:
 	case cp.Share != nil:
-		al, err = d.alloc.ClaimShare(ctx, cp.Owner, refs[0], *cp.Share.share())
+		al, err = d.alloc.Claim(ctx, cp.Owner, refs[:1], allocator.AsShare(*cp.Share.share()))
 	default:
 		al, err = d.alloc.Claim(ctx, cp.Owner, refs)
 	}

@@ -47,7 +47,7 @@
 // share, for that GPU alone, its limits set before any client can
 // connect), and writes the claim's CDI spec with the GPU's nodes, the
 // daemon's pipe directory at /tmp/nvidia-mps and its /dev/shm
-// (isolator.WithMPS), CUDA_MPS_PIPE_DIRECTORY and the limits in the
+// (isolator.WithShare), CUDA_MPS_PIPE_DIRECTORY and the limits in the
 // environment. The checkpoint records the share and its id.
 // Unprepare stops the daemon, then releases the share. A claim holds one
 // share and no other device of the driver (ErrShareClaim). What a share
@@ -210,9 +210,9 @@
 //
 // A share's MPS daemon runs in a session of its own and outlives a
 // plugin killed with SIGKILL (or its pod, rolled). Restore and Prepare
-// give a completed share its daemon again (mps.Manager.Start: a running
+// give a completed share its daemon again (mps.Manager.StartShare: a running
 // one is kept, a dead one started again in the directories its pods have
-// mounted) and its share (allocator.ClaimShare); Restore then stops every
+// mounted) and its share (allocator.Claim with AsShare); Restore then stops every
 // daemon that no checkpoint explains. A share cut short (PrepareStarted)
 // is rolled back, daemon first, by its next Prepare or Unprepare.
 //
