@@ -8,7 +8,6 @@ package conformance
 // file), so that suites of other packages check with it too.
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -342,34 +341,22 @@ func (s *Sampler) Leftovers(keep map[string]bool) []string {
 	return left
 }
 
-// Allocations reads the allocator's state file in dir: the UUIDs of the
-// GPUs it holds for each owner (none, and no error, without a file).
+// Allocations reads what the allocator's state file in dir records each
+// owner as holding (allocator.ReadHoldings): the UUIDs of the whole GPUs
+// it holds, by owner (none, and no error, without a file).
 func Allocations(dir string) (map[string][]string, error) {
-	b, err := os.ReadFile(filepath.Join(dir, allocator.StateFile))
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
-	}
+	holdings, err := allocator.ReadHoldings(dir)
 	if err != nil {
 		return nil, err
 	}
-	var st struct {
-		State struct {
-			Owners []struct {
-				Owner   string `json:"owner"`
-				Devices []struct {
-					UUID string `json:"uuid"`
-				} `json:"devices"`
-			} `json:"owners"`
-		} `json:"state"`
-	}
-	if err := json.Unmarshal(b, &st); err != nil {
-		return nil, fmt.Errorf("%s: %w", allocator.StateFile, err)
+	if holdings == nil {
+		return nil, nil
 	}
 	out := map[string][]string{}
-	for _, o := range st.State.Owners {
-		out[o.Owner] = []string{}
-		for _, d := range o.Devices {
-			out[o.Owner] = append(out[o.Owner], d.UUID)
+	for _, h := range holdings {
+		out[h.Owner] = []string{}
+		for _, d := range h.Devices {
+			out[h.Owner] = append(out[h.Owner], d.UUID)
 		}
 	}
 	return out, nil
