@@ -38,7 +38,7 @@ var (
 	ErrCorruptState = node.Sentinel(node.ErrCorrupt, "corrupt allocator state")
 	// ErrNotMade: an Allocator was not made with New (its zero value): it
 	// refuses every call.
-	ErrNotMade = node.Sentinel(node.ErrInvalid, "allocator not made with New")
+	ErrNotMade = node.NotMade("allocator not made with New")
 )
 
 // InsufficientError is a request for more GPUs than are free.

@@ -207,5 +207,5 @@ var (
 	ErrInvalidSpec = node.Sentinel(node.ErrInvalid, "invalid container spec")
 	// ErrNotMade: a containerizer was not made with its constructor (its
 	// zero value), so it refuses every call.
-	ErrNotMade = node.Sentinel(node.ErrInvalid, "containerizer not made with its constructor")
+	ErrNotMade = node.NotMade("containerizer not made with its constructor")
 )

@@ -108,6 +108,9 @@ func TestVocabulary(t *testing.T) {
 		"isolator/cgroups.ErrVerify":                cgroups.ErrVerify,
 		"isolator/dockerconfig.ErrInvalidLabels":    dockerconfig.ErrInvalidLabels,
 		"isolator/dockerconfig.ErrInvalidPlan":      dockerconfig.ErrInvalidPlan,
+		"isolator/docker.ErrInvalidLabels":          dockerconfig.ErrInvalidLabels, // the deprecated path's same values
+		"isolator/docker.ErrInvalidPlan":            dockerconfig.ErrInvalidPlan,
+		"isolator/docker.ErrNilConfig":              dockerconfig.ErrNilConfig,
 		"isolator/dockerconfig.ErrNilConfig":        dockerconfig.ErrNilConfig,
 		"isolator/oci.ErrNoLinux":                   oci.ErrNoLinux,
 		"isolator/mps.ErrNoControl":                 mps.ErrNoControl,
@@ -124,6 +127,7 @@ func TestVocabulary(t *testing.T) {
 		"containerizer.ErrNoMPS":                    containerizer.ErrNoMPS,
 		"allocator.ErrShareNotSupported":            allocator.ErrShareNotSupported,
 		"node.ErrCorrupt":                           node.ErrCorrupt,
+		"node.ErrNotMade":                           node.ErrNotMade,
 		"node.ErrExists":                            node.ErrExists,
 		"node.ErrInsufficient":                      node.ErrInsufficient,
 		"node.ErrInvalid":                           node.ErrInvalid,
@@ -198,7 +202,9 @@ func exportedSentinels(t *testing.T, root string) []string {
 			return err
 		}
 		if d.IsDir() {
-			if p != root && (d.Name() == "examples" || d.Name() == "internal" || d.Name() == "testdata" || strings.HasPrefix(d.Name(), ".")) {
+			// Programs (cmd/, examples/) and internal packages export
+			// nothing an importer reaches.
+			if p != root && (d.Name() == "cmd" || d.Name() == "examples" || d.Name() == "internal" || d.Name() == "testdata" || strings.HasPrefix(d.Name(), ".")) {
 				return filepath.SkipDir
 			}
 			if _, err := os.Stat(filepath.Join(p, "go.mod")); p != root && err == nil {

@@ -151,7 +151,7 @@ func exportedErrorTypes(t *testing.T, root string) []string {
 			return err
 		}
 		if d.IsDir() {
-			if p != root && (d.Name() == "examples" || d.Name() == "testdata" || strings.HasPrefix(d.Name(), ".")) {
+			if p != root && (d.Name() == "cmd" || d.Name() == "examples" || d.Name() == "testdata" || strings.HasPrefix(d.Name(), ".")) {
 				return filepath.SkipDir
 			}
 			if _, err := os.Stat(filepath.Join(p, "go.mod")); p != root && err == nil {

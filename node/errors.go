@@ -28,6 +28,11 @@ var (
 	ErrUnavailable = errors.New("unavailable")
 	// ErrCorrupt: stored state cannot be trusted.
 	ErrCorrupt = errors.New("corrupt state")
+	// ErrNotMade: a value was not made with its constructor (a zero
+	// Allocator, a nil Store): it refuses every call. Every package's own
+	// ErrNotMade matches it, and ErrInvalid, so that one check covers them
+	// all.
+	ErrNotMade = Sentinel(ErrInvalid, "not made with its constructor")
 )
 
 // kindError is a package's own sentinel that also matches one of the
@@ -41,6 +46,20 @@ func (e *kindError) Error() string { return e.msg }
 
 // Is makes errors.Is(err, kind) hold.
 func (e *kindError) Is(target error) bool { return target == e.kind }
+
+// notMadeError is a package's ErrNotMade: it matches ErrNotMade and
+// ErrInvalid.
+type notMadeError struct{ msg string }
+
+func (e *notMadeError) Error() string { return e.msg }
+
+// Is makes errors.Is(err, ErrNotMade) and errors.Is(err, ErrInvalid) hold.
+func (e *notMadeError) Is(target error) bool { return target == ErrNotMade || target == ErrInvalid }
+
+// NotMade returns a package's sentinel for a value not made with its
+// constructor, with the message msg ("allocator not made with New"): it
+// matches itself, ErrNotMade and ErrInvalid.
+func NotMade(msg string) error { return &notMadeError{msg: msg} }
 
 // Sentinel returns a new sentinel error with the message msg that
 // errors.Is matches against itself and against kind, one of this package's

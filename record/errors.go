@@ -25,7 +25,7 @@ var (
 	ErrInvalidEntry = node.Sentinel(node.ErrInvalid, "invalid record entry")
 	// ErrNotMade: a Store not made with New (its zero value, or nil): it
 	// refuses every call rather than write into the working directory.
-	ErrNotMade = node.Sentinel(node.ErrInvalid, "record store not made with New")
+	ErrNotMade = node.NotMade("record store not made with New")
 )
 
 // CorruptError is a record file that cannot be read as one: it does not

@@ -60,7 +60,7 @@ type config struct {
 }
 
 // ErrNotMade: a Manager was not made with New (its zero value).
-var ErrNotMade = node.Sentinel(node.ErrInvalid, "volume manager not made with New")
+var ErrNotMade = node.NotMade("volume manager not made with New")
 
 // made refuses a Manager's zero value.
 func (m *Manager) made() error {

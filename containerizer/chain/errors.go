@@ -10,7 +10,7 @@ import (
 var (
 	// ErrNotMade: an Isolator was not made with New (its zero value); it
 	// refuses every call.
-	ErrNotMade = node.Sentinel(node.ErrInvalid, "gpu isolator not made with New")
+	ErrNotMade = node.NotMade("gpu isolator not made with New")
 	// ErrUnknownContainer: the isolator prepared no container of that id
 	// (or has cleaned it up). It is containerizer.ErrUnknownContainer.
 	ErrUnknownContainer = containerizer.ErrUnknownContainer

@@ -14,7 +14,7 @@ var ErrVerify = node.Sentinel(node.ErrCorrupt, "device rules read back differ fr
 // ErrNotMade: an Isolator was not made with New (its zero value): it
 // refuses every call rather than touch paths relative to the working
 // directory.
-var ErrNotMade = node.Sentinel(node.ErrInvalid, "cgroups isolator not made with New")
+var ErrNotMade = node.NotMade("cgroups isolator not made with New")
 
 // VerifyError carries what was applied and what the kernel holds.
 type VerifyError struct {

@@ -37,5 +37,5 @@ var (
 	// its limits. containerizer.ErrNoMPS is the same value.
 	ErrNoManager = node.Sentinel(node.ErrNotSupported, "a memory share needs an MPS daemon manager")
 	// ErrNotMade: a Manager not made with New (its zero value).
-	ErrNotMade = node.Sentinel(node.ErrInvalid, "MPS manager not made with New")
+	ErrNotMade = node.NotMade("MPS manager not made with New")
 )
