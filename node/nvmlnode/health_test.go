@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"path/filepath"
 	"slices"
 	"sync"
 	"testing"
@@ -13,8 +14,10 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
 
 	"github.com/gpuiso/gpuiso/allocator"
+	"github.com/gpuiso/gpuiso/internal/testing/testenv"
 	"github.com/gpuiso/gpuiso/node"
 	"github.com/gpuiso/gpuiso/node/nvmlnode"
+	"github.com/gpuiso/gpuiso/node/simnode"
 )
 
 // signals is what a fake GPU answers to the polled health calls.
@@ -403,5 +406,56 @@ func TestMonitorOptions(t *testing.T) {
 		if !errors.Is(err, node.ErrInvalid) {
 			t.Errorf("%s: %v", name, err)
 		}
+	}
+}
+
+// TestMonitorHealsSimulated: on a simulated node whose faults live in a
+// host tree, XID 79 injected by another node over the tree (as gpuinfo
+// --inject does from another process) marks the GPU unhealthy; clear
+// makes it healthy again on its own, without MarkHealthy from anyone.
+func TestMonitorHealsSimulated(t *testing.T) {
+	testenv.RequireRoot(t)
+	dir := filepath.Join(t.TempDir(), "host")
+	shared := func() *simnode.Node {
+		sim := newNode(t, "dgx1-volta")
+		h, err := sim.OpenHost(context.Background(), dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := sim.ShareFaults(h); err != nil {
+			t.Fatal(err)
+		}
+		return sim
+	}
+	watched, injector := shared(), shared()
+	a, err := allocator.New(discoverSim(t, watched.NVML()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	allocOK(t, a, "job", allocator.Request{Devices: []string{"3"}})
+	events := watchHealth(t, watched.NVML(), a, nvmlnode.WithHealthPeriod(50*time.Millisecond))
+	if err := injector.Inject(3, node.Signal{Kind: node.SignalXID, Value: 79}); err != nil {
+		t.Fatal(err)
+	}
+	e := awaitEvent(t, events, func(e nvmlnode.HealthEvent) bool { return e.Verdict.State == node.StateUnhealthy })
+	if e.Device.Index != 3 || !slices.Equal(e.Owners, []string{"job"}) {
+		t.Fatalf("event %+v", e)
+	}
+	awaitHealth(t, a, 3, false)
+	if err := injector.Clear(3); err != nil {
+		t.Fatal(err)
+	}
+	e = awaitEvent(t, events, func(e nvmlnode.HealthEvent) bool { return e.Healed })
+	if e.Device.Index != 3 || e.Err != nil {
+		t.Fatalf("healed %+v", e)
+	}
+	awaitHealth(t, a, 3, true)
+	// An XID that only asks to restart the application changes nothing.
+	if err := injector.Inject(3, node.Signal{Kind: node.SignalXID, Value: 94}); err != nil {
+		t.Fatal(err)
+	}
+	e = awaitEvent(t, events, func(e nvmlnode.HealthEvent) bool { return e.XID == 94 })
+	if e.Verdict.State != node.StateInform || !a.Devices()[3].Health.Healthy {
+		t.Fatalf("XID 94: %+v", e)
 	}
 }

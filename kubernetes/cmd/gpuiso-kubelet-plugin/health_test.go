@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -19,6 +20,7 @@ import (
 
 	"github.com/gpuiso/gpuiso/allocator"
 	"github.com/gpuiso/gpuiso/internal/testing/testenv"
+	"github.com/gpuiso/gpuiso/node"
 	"github.com/gpuiso/gpuiso/node/nvmlnode"
 	"github.com/gpuiso/gpuiso/node/simnode"
 )
@@ -28,7 +30,10 @@ import (
 // does: every device Healthy in the node's pool at first; a GPU marked
 // lost (through the allocator's state, as another process of the node
 // would) turns Unhealthy with its reason in the stream, and NoExecute
-// tainted in the published slice; healthy again, its taint goes.
+// tainted in the published slice; healthy again, its taint goes. A fault
+// injected into the simulated host tree (as gpuinfo --inject does from
+// another process) is the health monitor's: XID 79 makes a GPU Unhealthy
+// and tainted; cleared, it is Healthy again on its own and untainted.
 func TestHealthService(t *testing.T) {
 	testenv.RequireRoot(t)
 	dir, err := os.MkdirTemp("", "gkhealth")
@@ -58,7 +63,7 @@ func TestHealthService(t *testing.T) {
 		t.Fatal(err)
 	}
 	args := []string{"--simulate", "dgx1-volta", "--sim-root", filepath.Join(dir, "host"), "--device-plugin=false",
-		"--kubeconfig", kubeconfig, "--node-name", "n1", "--state-dir", state, "--health-refresh", "200ms",
+		"--kubeconfig", kubeconfig, "--node-name", "n1", "--state-dir", state, "--health-refresh", "200ms", "--health-period", "100ms",
 		"--cdi-dir", filepath.Join(dir, "cdi"), "--kubelet-plugins-dir", plugins, "--kubelet-registry-dir", filepath.Join(dir, "reg")}
 	sock := filepath.Join(plugins, "gpu.gpuiso.io", "dra.sock")
 	pctx, cancel := context.WithCancel(ctx)
@@ -134,18 +139,19 @@ func TestHealthService(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	taints := func() []resourceapi.DeviceTaint {
+	taintsOf := func(name string) []resourceapi.DeviceTaint {
 		l, err := c.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{})
 		if err != nil || len(l.Items) != 1 {
 			return nil
 		}
 		for _, d := range l.Items[0].Spec.Devices {
-			if d.Name == "gpu-3" {
+			if d.Name == name {
 				return d.Taints
 			}
 		}
 		return nil
 	}
+	taints := func() []resourceapi.DeviceTaint { return taintsOf("gpu-3") }
 	mark("XID 79")
 	for {
 		d := recv()["gpu-3"]
@@ -164,4 +170,72 @@ func TestHealthService(t *testing.T) {
 	for recv()["gpu-3"].GetHealth() != drahealthv1.HealthStatus_HEALTHY {
 	}
 	until(t, "gpu-3's taint to go", func() bool { return len(taints()) == 0 })
+
+	injector, err := simnode.New("dgx1-volta")
+	if err != nil {
+		t.Fatal(err)
+	}
+	host, err := injector.OpenHost(ctx, root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := injector.ShareFaults(host); err != nil {
+		t.Fatal(err)
+	}
+	if err := injector.Inject(5, node.Signal{Kind: node.SignalXID, Value: 79}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(90 * time.Second)
+	for d := recv()["gpu-5"]; d.GetHealth() != drahealthv1.HealthStatus_UNHEALTHY; d = recv()["gpu-5"] {
+		if time.Now().After(deadline) {
+			t.Fatal("gpu-5 never reported Unhealthy after XID 79")
+		}
+	}
+	until(t, "gpu-5 tainted NoExecute", func() bool {
+		ts := taintsOf("gpu-5")
+		return len(ts) == 1 && ts[0].Value == "xid-79" && ts[0].Effect == resourceapi.DeviceTaintEffectNoExecute
+	})
+	if err := injector.Clear(5); err != nil {
+		t.Fatal(err)
+	}
+	for recv()["gpu-5"].GetHealth() != drahealthv1.HealthStatus_HEALTHY {
+		if time.Now().After(deadline) {
+			t.Fatal("gpu-5 never reported Healthy after clear")
+		}
+	}
+	until(t, "gpu-5's taint to go", func() bool { return len(taintsOf("gpu-5")) == 0 })
+}
+
+// TestHealthFlags: --health-rules over the default table, checked at
+// start: a rule that does not read, or a file that is not there, exits 2
+// naming the flag; --health-period must be positive.
+func TestHealthFlags(t *testing.T) {
+	dir := t.TempDir()
+	good, bad := filepath.Join(dir, "good"), filepath.Join(dir, "bad")
+	if err := os.WriteFile(good, []byte("# this fleet drains on XID 94\nxid 94 unhealthy drain\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(bad, []byte("xid 94 sick drain\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for name, args := range map[string][]string{
+		"bad rule":    {"--health-rules", bad},
+		"no file":     {"--health-rules", filepath.Join(dir, "none")},
+		"zero period": {"--health-period", "0s"},
+	} {
+		var out bytes.Buffer
+		if _, code, done := parse(args, &out); !done || code != 2 || !strings.Contains(out.String(), "--health-") {
+			t.Errorf("%s: %d, %v, %q", name, code, done, out.String())
+		}
+	}
+	f, _, done := parse([]string{"--health-rules", good, "--health-period", "2s"}, &bytes.Buffer{})
+	if done {
+		t.Fatal("good health flags refused")
+	}
+	if v := f.healthTable.Classify(node.Signal{Kind: node.SignalXID, Value: 94}); v.State != node.StateUnhealthy || f.healthPeriod != 2*time.Second {
+		t.Errorf("XID 94 by the table: %+v; period %s", v, f.healthPeriod)
+	}
+	if v := f.healthTable.Classify(node.Signal{Kind: node.SignalXID, Value: 109}); v.Action != node.ActionResetGPU {
+		t.Errorf("the default table lost: XID 109 %+v", v)
+	}
 }

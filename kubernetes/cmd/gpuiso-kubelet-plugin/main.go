@@ -7,6 +7,7 @@
 //	        [--device-plugin-dir DIR] [--driver-name NAME] [--resource-name NAME]
 //	        [--device-plugin[=false]] [--dra=false] [--device-specs]
 //	        [--extended-resource-name NAME] [--health-taints=false] [--dynamic-mig]
+//	        [--health-period D] [--health-rules FILE]
 //	        [--simulate NAME --dev-root DIR]
 //	        [--in-cluster] [--simulate-label KEY] [--driver-root DIR]
 //	        [--daemonset NAMESPACE/NAME] [--metrics-address ADDR]
@@ -26,7 +27,16 @@
 // refused at start. A GPU found lost turns Unhealthy in ListAndWatch; in the
 // slice it carries a taint (NoExecute for a lost GPU: the cluster evicts
 // its pods; --health-taints=false leaves it out instead), and the kubelet's
-// health stream reports it Unhealthy in its pods' status. It runs until
+// health stream reports it Unhealthy in its pods' status. Every
+// --health-period it reads the GPUs' other health signals (the driver's
+// recovery action, remapped rows, retired pages, NVLinks, PCIe replays,
+// slowdowns); the health table (node.DefaultHealthTable, with the rules of
+// --health-rules, one a line, after it) says which make a GPU unhealthy
+// and which only inform (XID 94: restart the application; logged, the GPU
+// stays in service). A GPU whose signals clear is healthy again on its
+// own within two health periods: its taint goes, ListAndWatch and the
+// health stream say Healthy. With --simulate, faults injected into the
+// host tree (gpuinfo --inject) are the simulated driver's. It runs until
 // SIGINT or SIGTERM.
 //
 // The GPUs --shared-gpus names are handed out in parts, never whole: the
@@ -101,6 +111,8 @@ type flags struct {
 	extendedResource                            string
 	refresh                                     time.Duration
 	healthTaints                                bool
+	healthPeriod                                time.Duration
+	healthTable                                 node.HealthTable
 	deploy                                      deployFlags
 	share                                       shareFlags
 	mig                                         migFlags
@@ -130,6 +142,8 @@ func parse(args []string, stderr io.Writer) (*flags, int, bool) {
 	fs.BoolVar(&f.dra, "dra", true, "serve the DRA driver (needs --kubeconfig)")
 	fs.BoolVar(&f.deviceSpecs, "device-specs", false, "device plugin: answer Allocate with device nodes too, for runtimes without CDI")
 	fs.DurationVar(&f.refresh, "health-refresh", 30*time.Second, "how often to read health from the allocator's state again (GPUs marked healthy or unhealthy by others)")
+	fs.DurationVar(&f.healthPeriod, "health-period", nvmlnode.DefaultHealthPeriod, "how often to read the GPUs' polled health signals (a GPU whose signals clear is healthy again within two)")
+	healthRules := fs.String("health-rules", "", "a `FILE` of health rules, one a line (\"xid 94 unhealthy drain\"; see gpuinfo --health-table), over the default table")
 	fs.BoolVar(&f.healthTaints, "health-taints", true, "DRA: publish an unhealthy device with a taint (<driver-name>/unhealthy); false leaves it out of the slice, for a cluster without device taints")
 	f.deploy.register(fs)
 	f.share.register(fs)
@@ -163,6 +177,26 @@ func parse(args []string, stderr io.Writer) (*flags, int, bool) {
 	if f.nodeName == "" {
 		fmt.Fprintln(stderr, "gpuiso-kubelet-plugin: --node-name is empty")
 		return nil, 2, true
+	}
+	if f.healthPeriod <= 0 {
+		fmt.Fprintln(stderr, "gpuiso-kubelet-plugin: --health-period must be positive")
+		return nil, 2, true
+	}
+	f.healthTable = node.DefaultHealthTable()
+	if *healthRules != "" {
+		b, err := os.ReadFile(*healthRules)
+		var rules node.HealthTable
+		if err == nil {
+			rules, err = node.ParseHealthRules(string(b))
+		}
+		if err == nil {
+			f.healthTable = append(f.healthTable, rules...)
+			err = f.healthTable.Validate()
+		}
+		if err != nil {
+			fmt.Fprintf(stderr, "gpuiso-kubelet-plugin: --health-rules: %v\n", err)
+			return nil, 2, true
+		}
 	}
 	set := map[string]bool{}
 	fs.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
@@ -236,6 +270,11 @@ func openNode(ctx context.Context, f *flags) (*node.Inventory, nvml.Interface, s
 	host, err := sim.OpenHost(ctx, root)
 	if err != nil {
 		return nil, nil, "", fmt.Errorf("simulated host (needs root): %w", err)
+	}
+	// Faults injected into the tree (gpuinfo --inject) are the simulated
+	// driver's.
+	if err := sim.ShareFaults(host); err != nil {
+		return nil, nil, "", err
 	}
 	if err := f.mig.simulated(sim, host); err != nil {
 		return nil, nil, "", err
@@ -416,9 +455,21 @@ func serve(ctx context.Context, f *flags, log *slog.Logger) error {
 	}
 	go func() {
 		err := nvmlnode.Monitor(ctx, lib, alloc, func(ev nvmlnode.HealthEvent) {
-			log.Warn("GPU health", "gpu", ev.Device.UUID, "xid", ev.XID, "owners", ev.Owners, "err", ev.Err)
+			attrs := []any{"gpu", ev.Device.UUID, "signal", ev.Verdict.Signal.String(), "state", ev.Verdict.State.String(),
+				"action", ev.Verdict.Action.String(), "owners", ev.Owners, "err", ev.Err}
+			if ev.MIG != nil {
+				attrs = append(attrs, "mig", ev.MIG.UUID)
+			}
+			switch {
+			case ev.Healed:
+				log.Info("GPU healthy again", attrs...)
+			case ev.Err == nil && ev.Verdict.State == node.StateInform:
+				log.Info("GPU health signal", attrs...)
+			default:
+				log.Warn("GPU health", attrs...)
+			}
 			refresh()
-		})
+		}, nvmlnode.WithHealthTable(f.healthTable), nvmlnode.WithHealthPeriod(f.healthPeriod))
 		if err != nil && !errors.Is(err, context.Canceled) {
 			log.Warn("health monitor stopped", "err", err)
 		}
