@@ -57,7 +57,7 @@ provision:
 # The packages that neither talk to NVML nor need Linux: the node model, the
 # allocator, volume logic, the isolation plans and renderings, the Docker
 # back end. They must build without cgo and for another GOOS.
-PURE := ./node ./allocator ./volume ./isolator/... ./containerizer ./containerizer/docker ./containerizer/rootfs ./internal/ldcache ./internal/linux
+PURE := ./node ./node/attributes ./record ./allocator ./volume ./isolator/... ./containerizer ./containerizer/docker ./containerizer/rootfs ./internal/ldcache ./internal/linux
 
 ## check: formatting, import groups (standard library, other modules, gpuiso's
 ## own last: .ci/imports.go), vet, staticcheck (pinned by go.mod's tool
