@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/gpuiso/gpuiso/containerizer/record"
+	"github.com/gpuiso/gpuiso/record"
 )
 
 // Checkpoint states: a claim whose preparation started but did not finish
@@ -15,8 +15,8 @@ const (
 	StatePrepareCompleted = "PrepareCompleted"
 )
 
-// A checkpoint is an entry of a record store (package
-// containerizer/record) of format "gpuiso-dra-claim", version 3: the
+// A checkpoint is an entry of a record store (package record of the
+// core) of format "gpuiso-dra-claim", version 3: the
 // claim's uid is its key, its state the entry's phase. Versions 1 and 2
 // were files of their own shape (version 2 when the claim holds a share,
 // so that a driver that knew no shares refused it rather than roll back a

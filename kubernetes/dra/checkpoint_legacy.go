@@ -7,7 +7,7 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/gpuiso/gpuiso/containerizer/record"
+	"github.com/gpuiso/gpuiso/record"
 )
 
 // legacyCheckpoint is a checkpoint file of versions 1 and 2, written before

@@ -9,9 +9,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/gpuiso/gpuiso/containerizer/record"
 	"github.com/gpuiso/gpuiso/kubernetes/dra"
 	"github.com/gpuiso/gpuiso/node"
+	"github.com/gpuiso/gpuiso/record"
 )
 
 const gibibyte = 1 << 30
