@@ -8,6 +8,7 @@ import (
 	"slices"
 
 	"github.com/gpuiso/gpuiso/allocator"
+	"github.com/gpuiso/gpuiso/isolator/mps"
 )
 
 // One recovery serves both "this agent restarted" (Recover) and "a
@@ -380,10 +381,7 @@ func (l *Lifecycle) sweepDaemons(ctx context.Context) error {
 		return nil
 	}
 	var listed map[string]bool
-	keep := func(owner string) bool {
-		if al, err := l.cfg.Allocator.Allocation(owner); err == nil && al.Share != nil && al.Share.Mode == allocator.ShareMemory {
-			return true
-		}
+	recorded := func(owner string) bool {
 		if _, _, err := l.table.Get(owner); err == nil {
 			return true
 		}
@@ -402,7 +400,8 @@ func (l *Lifecycle) sweepDaemons(ctx context.Context) error {
 		}
 		return listed[owner]
 	}
-	if stopped, err := l.cfg.MPS.Sweep(ctx, keep); err != nil || len(stopped) > 0 {
+	keep := mps.Keep{Shares: l.cfg.Allocator, Recorded: recorded}
+	if stopped, err := l.cfg.MPS.Sweep(ctx, keep.Keeps); err != nil || len(stopped) > 0 {
 		l.log.InfoContext(ctx, "stopped the MPS daemons of released shares", "owners", stopped, "err", err)
 		return err
 	}

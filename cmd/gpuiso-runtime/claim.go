@@ -822,14 +822,11 @@ func (rt *Runtime) sweepDaemons(ctx context.Context, alloc *allocator.Allocator,
 		}
 		return
 	}
-	keep := func(owner string) bool {
-		if _, err := os.Stat(rs.path(owner)); err == nil || !errors.Is(err, fs.ErrNotExist) {
-			return true
-		}
-		al, err := alloc.Allocation(owner)
-		return err == nil && al.Share != nil && al.Share.Mode == allocator.ShareMemory
-	}
-	stopped, err := daemons.Sweep(ctx, keep)
+	keep := mps.Keep{Shares: alloc, Recorded: func(owner string) bool {
+		_, err := os.Stat(rs.path(owner))
+		return err == nil || !errors.Is(err, fs.ErrNotExist)
+	}}
+	stopped, err := daemons.Sweep(ctx, keep.Keeps)
 	if err != nil {
 		rt.Log.Error("stop the mps daemons no container explains", "err", err)
 	}

@@ -7,6 +7,7 @@ import (
 	"slices"
 
 	"github.com/gpuiso/gpuiso/allocator"
+	"github.com/gpuiso/gpuiso/isolator/mps"
 	"github.com/gpuiso/gpuiso/node"
 )
 
@@ -104,14 +105,11 @@ func (i *Isolator) Recover(ctx context.Context, known []string) (Recovered, erro
 	if i.mps != nil {
 		// Daemons no record or memory share explains: a share released
 		// past the isolator, or a Prepare killed before its record.
-		keep := func(owner string) bool {
-			if _, err := i.read(owner); err == nil {
-				return true
-			}
-			al, err := i.alloc.Allocation(owner)
-			return err == nil && al.Share != nil && al.Share.Mode == allocator.ShareMemory
-		}
-		if _, err := i.mps.Sweep(ctx, keep); err != nil {
+		keep := mps.Keep{Shares: i.alloc, Recorded: func(owner string) bool {
+			_, err := i.read(owner)
+			return err == nil
+		}}
+		if _, err := i.mps.Sweep(ctx, keep.Keeps); err != nil {
 			errs = append(errs, fmt.Errorf("recover: %w", err))
 		}
 	}

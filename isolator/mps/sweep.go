@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 
+	"github.com/gpuiso/gpuiso/allocator"
 	"github.com/gpuiso/gpuiso/internal/linux"
 	"github.com/gpuiso/gpuiso/node"
 )
@@ -55,12 +56,43 @@ func Daemons(ctx context.Context, dir string) ([]Daemon, error) {
 	return m.List(ctx)
 }
 
-// Sweep stops every daemon whose owner keep does not keep, and removes
-// what dead daemons of kept owners left (their servers) and what commands
-// to daemons left when their process was killed: the recovery of a
-// process that lost track of its shares. It returns the owners whose
-// daemons it stopped, sorted. A kept owner's dead daemon is not restarted
-// here: Start does that.
+// Keep is what explains a daemon, for a sweep (Manager.Sweep, given
+// Keep.Keeps): an owner that holds a memory share, or that a record of the
+// caller's names. Every program that sweeps fills it with what it holds: a
+// daemon no share and no record explains is stopped.
+type Keep struct {
+	// Shares is the allocator whose memory shares explain their owners'
+	// daemons (an *allocator.Allocator); nil means none does.
+	Shares Allocations
+	// Recorded reports whether a record of the caller's explains owner's
+	// daemon (a container, a launch in progress, a prepared claim); one
+	// that cannot tell keeps the daemon. Nil means no record does.
+	Recorded func(owner string) bool
+}
+
+// Allocations is what Keep reads of an allocator: what an owner holds.
+type Allocations interface {
+	Allocation(owner string) (allocator.Allocation, error)
+}
+
+// Keeps reports whether k explains owner's daemon: owner holds a memory
+// share in k.Shares, or k.Recorded names it.
+func (k Keep) Keeps(owner string) bool {
+	if k.Shares != nil {
+		if al, err := k.Shares.Allocation(owner); err == nil && al.Share != nil && al.Share.Mode == allocator.ShareMemory {
+			return true
+		}
+	}
+	return k.Recorded != nil && k.Recorded(owner)
+}
+
+// Sweep stops every daemon whose owner keep does not keep (Keep.Keeps
+// says which a share or a record explains), and removes what dead daemons
+// of kept owners left (their servers) and what commands to daemons left
+// when their process was killed: the recovery of a process that lost
+// track of its shares. It returns the owners whose daemons it stopped,
+// sorted. A kept owner's dead daemon is not restarted here: Start does
+// that.
 func (m *Manager) Sweep(ctx context.Context, keep func(owner string) bool) ([]string, error) {
 	if err := m.made(); err != nil {
 		return nil, err

@@ -382,10 +382,11 @@ func (d *Driver) Restore(ctx context.Context) ([]string, error) {
 	if d.cfg.MPS != nil && ctx.Err() == nil {
 		// Daemons no checkpoint explains: a claim unprepared while the
 		// daemon's stop failed, or a directory meddled with.
-		stopped, err := d.cfg.MPS.Sweep(ctx, func(owner string) bool {
+		keep := mps.Keep{Recorded: func(owner string) bool {
 			uid, ok := claimOf(owner)
 			return ok && d.cps.exists(uid)
-		})
+		}}
+		stopped, err := d.cfg.MPS.Sweep(ctx, keep.Keeps)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("restore prepared claims: %w", err))
 		}
