@@ -307,7 +307,8 @@ func gpuNodes(out string) []string {
 
 // TestAgent: a dev agent shows the simulated node's 8 GPUs healthy with
 // their attributes; docker jobs through gpuiso-runtime see exactly their
-// GPUs, two at once distinct ones; too many GPUs, or more memory than a
+// GPUs, two at once distinct ones, and a third asking all 8 meanwhile is
+// not placed; too many GPUs, or more memory than a
 // GPU has, is not placed; a raw_exec task gets NVIDIA_VISIBLE_DEVICES; a
 // GPU marked unhealthy is not handed out.
 func TestAgent(t *testing.T) {
@@ -345,6 +346,14 @@ func TestAgent(t *testing.T) {
 		var waits []func() (string, bool)
 		for _, name := range []string{"one-a", "one-b"} {
 			waits = append(waits, a.start(t, job(name, "docker", probe("do", "ls", "/dev", "--", "sleep", "15"), 1)))
+		}
+		// While they hold two GPUs, a third job asking all 8 is not
+		// placed; it is then purged, so that it takes nothing later.
+		if _, ok := a.run(t, job("eight", "docker", probe("ls", "/dev"), uint64(len(a.inv.Devices)))); ok {
+			t.Error("a job asking every GPU was placed while two jobs held one each")
+		}
+		if _, _, err := a.api.Jobs().Deregister("eight", true, nil); err != nil {
+			t.Fatal(err)
 		}
 		var seen []string
 		for _, wait := range waits {
