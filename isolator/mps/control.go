@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/gpuiso/gpuiso/internal/linux"
+	"github.com/gpuiso/gpuiso/record"
 )
 
 // ControlBinary is the MPS control daemon's program, which gpuiso runs
@@ -195,5 +196,7 @@ func parsePercent(s string) (float64, error) {
 	return v, nil
 }
 
-// isNotExist tells a missing file from other errors.
-func isNotExist(err error) bool { return errors.Is(err, fs.ErrNotExist) }
+// isNotExist tells a missing file, or a missing record, from other errors.
+func isNotExist(err error) bool {
+	return errors.Is(err, fs.ErrNotExist) || errors.Is(err, record.ErrNoRecord)
+}

@@ -27,7 +27,10 @@
 //   - recorded (daemon.json in its directory: owner, GPU, limits, the
 //     process by pid and start time, and a random mark that its environment
 //     and its servers' carry, GPUISO_MPS_DAEMON) before and after its
-//     process starts, so that a crash at any point leaves it findable.
+//     process starts, so that a crash at any point leaves it findable. The
+//     record is an entry of the record store (package record: versioned,
+//     checksummed, replaced atomically); a record of the releases before
+//     it (version 1, unchecked) is still read.
 //
 // Its directory holds pipe/, log/ and shm/, world-writable with the sticky
 // bit as /tmp is (the server runs as its client's user); the manager's own

@@ -2,39 +2,75 @@ package mps
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 
 	"github.com/gpuiso/gpuiso/internal/linux"
+	"github.com/gpuiso/gpuiso/node"
+	"github.com/gpuiso/gpuiso/record"
 )
 
-// record is a daemon's record file in its directory.
+// A daemon's record is an entry of the record store, in its own directory
+// of the manager's: "<dir>/<owner>/daemon.json", of format recordFormat,
+// checksummed. It is written twice as the daemon starts: Started before
+// the process (a crash leaves the directory found), then Completed with
+// the process. It describes a running process, which no machine crash
+// outlives: its writes are not synced, as they were not before the store.
 const (
 	recordFile    = "daemon.json"
-	recordVersion = 1
+	recordFormat  = "gpuiso-mps-daemon"
+	recordVersion = 2
 	lockFile      = ".lock"
 )
 
-type record struct {
-	Version int `json:"version"`
-	Daemon
+// records is the store of the manager's daemon records.
+func (m *Manager) records() (*record.Store[Daemon], error) {
+	return record.New(m.dir, record.Options[Daemon]{Format: recordFormat, Version: recordVersion, Name: recordFile, Legacy: legacyRecord, NoSync: true})
 }
 
-// read reads owner's record, with Alive set.
+// legacyRecord reads a record of the releases before the store: the
+// daemon's fields beside "version": 1, with no checksum.
+func legacyRecord(b []byte) (record.Entry[Daemon], error) {
+	var r struct {
+		Version int `json:"version"`
+		Daemon
+	}
+	if err := json.Unmarshal(b, &r); err != nil {
+		return record.Entry[Daemon]{}, err
+	}
+	if r.Version != 1 {
+		return record.Entry[Daemon]{}, fmt.Errorf("version %d of a daemon record before the store, want 1", r.Version)
+	}
+	return entry(r.Daemon, 1), nil
+}
+
+// entry is d's record: Started until it names its process.
+func entry(d Daemon, version int) record.Entry[Daemon] {
+	e := record.Entry[Daemon]{Key: d.Owner, Phase: record.Started, Version: version, Data: d}
+	if p := (node.Process{Pid: d.Pid, Start: d.Start}); p.Valid() {
+		e.Phase, e.Process = record.Completed, &p
+	}
+	return e
+}
+
+// read reads owner's record, with Alive set. A missing one matches
+// fs.ErrNotExist (isNotExist); one that cannot be trusted is ErrDaemon.
 func (m *Manager) read(owner string) (Daemon, error) {
-	b, err := os.ReadFile(filepath.Join(m.daemonDir(owner), recordFile))
+	rs, err := m.records()
 	if err != nil {
 		return Daemon{}, err
 	}
-	var r record
-	if err := json.Unmarshal(b, &r); err != nil {
+	e, err := rs.Read(owner)
+	if errors.Is(err, record.ErrNoRecord) {
+		return Daemon{}, fmt.Errorf("record of %s: %w", owner, err)
+	}
+	if err != nil {
 		return Daemon{}, fmt.Errorf("record of %s: %w: %v", owner, ErrDaemon, err)
 	}
-	if r.Version != recordVersion || r.Owner != owner {
-		return Daemon{}, fmt.Errorf("record of %s: version %d, owner %q: %w", owner, r.Version, r.Owner, ErrDaemon)
+	d := e.Data
+	if d.Owner != owner {
+		return Daemon{}, fmt.Errorf("record of %s: owner %q: %w", owner, d.Owner, ErrDaemon)
 	}
-	d := r.Daemon
 	want := m.blank(owner)
 	d.Dir, d.PipeDir, d.LogDir, d.ShmDir = want.Dir, want.PipeDir, want.LogDir, want.ShmDir
 	d.Alive = d.Pid > 0 && linux.Process{Pid: d.Pid, Start: d.Start}.Alive(m.procRoot)
@@ -43,9 +79,9 @@ func (m *Manager) read(owner string) (Daemon, error) {
 
 // write replaces d's record atomically.
 func (m *Manager) write(d Daemon) error {
-	b, err := json.Marshal(record{Version: recordVersion, Daemon: d})
+	rs, err := m.records()
 	if err != nil {
 		return err
 	}
-	return linux.ReplaceFile(filepath.Join(d.Dir, recordFile), b, 0o600)
+	return rs.Write(entry(d, recordVersion))
 }
