@@ -34,7 +34,32 @@ func (a *Allocator) MarkHealthy(ctx context.Context, device string) error {
 	return nil
 }
 
+// Inform notes reason on device, which stays in service: a signal that
+// asks for no action of the node (an application's own XID, a slowdown),
+// shown with the device (its Health stays Healthy, with Reason set) until
+// MarkHealthy or MarkUnhealthy. An unhealthy device is left as it is. The
+// note is not kept in the state file: it lasts in this allocator only, and
+// goes when the state is read again after another process changed it.
+func (a *Allocator) Inform(ctx context.Context, device, reason string) error {
+	if a.inv == nil {
+		return ErrNotMade
+	}
+	if strings.TrimSpace(reason) == "" {
+		return fmt.Errorf("note on %s: empty reason: %w", device, node.ErrInvalid)
+	}
+	if _, err := a.setHealthIf(ctx, device, node.Health{Healthy: true, Reason: reason}, true); err != nil {
+		return fmt.Errorf("note on %s: %w", device, err)
+	}
+	return nil
+}
+
 func (a *Allocator) setHealth(ctx context.Context, device string, h node.Health) ([]string, error) {
+	return a.setHealthIf(ctx, device, h, false)
+}
+
+// setHealthIf sets device's health to h; with onlyHealthy, only when it is
+// healthy now (an unhealthy device is left as it is).
+func (a *Allocator) setHealthIf(ctx context.Context, device string, h node.Health, onlyHealthy bool) ([]string, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -44,6 +69,9 @@ func (a *Allocator) setHealth(ctx context.Context, device string, h node.Health)
 		k, ok := a.migUnitOf(device)
 		if !ok {
 			return nil, fmt.Errorf("MIG device %q: %w", device, ErrUnknownDevice)
+		}
+		if onlyHealthy && !a.mig.health[k].Healthy {
+			return nil, nil
 		}
 		return a.setMIGHealth(ctx, k, h)
 	}
@@ -56,6 +84,9 @@ func (a *Allocator) setHealth(ctx context.Context, device string, h node.Health)
 		return nil, err
 	}
 	defer unlock()
+	if onlyHealthy && !a.health[p].Healthy {
+		return nil, nil
+	}
 	return a.setHealthLocked(ctx, p, h)
 }
 

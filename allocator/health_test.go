@@ -42,3 +42,41 @@ func TestMarkUnhealthyHealthy(t *testing.T) {
 	}
 	allocOK(t, a, "x", allocator.Request{Count: 7})
 }
+
+// TestInform: a note on a healthy device shows with it and keeps it in
+// service; an unhealthy device is left as it is; MarkHealthy takes the
+// note off.
+func TestInform(t *testing.T) {
+	ctx := context.Background()
+	a := newAlloc(t, "dgx1-volta")
+	if err := a.Inform(ctx, "1", "XID 94 (contained ECC error): restart-app"); err != nil {
+		t.Fatal(err)
+	}
+	if h := a.Devices()[1].Health; !h.Healthy || h.Reason != "XID 94 (contained ECC error): restart-app" {
+		t.Fatalf("noted GPU: %+v", h)
+	}
+	if got := allocOK(t, a, "job", allocator.Request{Devices: []string{"1"}}); len(got.Devices) != 1 {
+		t.Fatalf("a noted GPU not handed out: %+v", got)
+	}
+	if _, err := a.MarkUnhealthy(ctx, "2", "XID 79"); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Inform(ctx, "2", "thermal-slowdown: none"); err != nil {
+		t.Fatal(err)
+	}
+	if h := a.Devices()[2].Health; h.Healthy || h.Reason != "XID 79" {
+		t.Fatalf("a note on an unhealthy GPU changed it: %+v", h)
+	}
+	if err := a.MarkHealthy(ctx, "1"); err != nil {
+		t.Fatal(err)
+	}
+	if h := a.Devices()[1].Health; h != node.Healthy() {
+		t.Fatalf("the note stayed: %+v", h)
+	}
+	if err := a.Inform(ctx, "1", " "); !errors.Is(err, node.ErrInvalid) {
+		t.Errorf("an empty note: %v", err)
+	}
+	if err := a.Inform(ctx, "GPU-none", "x"); !errors.Is(err, allocator.ErrUnknownDevice) {
+		t.Errorf("a note on no device: %v", err)
+	}
+}

@@ -234,7 +234,10 @@
 // GPU's share device the GPU's. The scheduler allocates a tainted device
 // to no claim that does not tolerate the taint, and the cluster's device
 // taint eviction controller evicts the pods whose claims hold a NoExecute
-// one. The taint goes when the device is healthy again.
+// one. The taint goes when the device is healthy again. A device in
+// service with a signal noted on it (allocator.Inform: an XID whose fix is
+// restarting the application, a slowdown) carries a taint of the same key
+// with effect None: shown, never keeping a claim from it.
 // Config.LeaveOutUnhealthy leaves unhealthy devices out of the slice
 // instead, for a cluster without device taints.
 //

@@ -67,12 +67,19 @@ var xidReason = regexp.MustCompile(`^xid[ _-]?([0-9]+)\b`)
 //	                                            label value, or
 //	                                            "unhealthy"
 //
-// Reasons are read without regard to case.
+// Reasons are read without regard to case. A healthy device with a reason
+// (a signal noted on a device that stays in service, allocator.Inform:
+// XID 94, a contained ECC error whose fix is restarting the application;
+// a thermal slowdown) carries a taint of effect None with the value the
+// reason gives: shown, never keeping a claim from it.
 func HealthTaint(key string, h node.Health) (resourceapi.DeviceTaint, bool) {
-	if h.Healthy {
+	if h.Healthy && strings.TrimSpace(h.Reason) == "" {
 		return resourceapi.DeviceTaint{}, false
 	}
 	value, effect := taintOf(h.Reason)
+	if h.Healthy {
+		effect = resourceapi.DeviceTaintEffectNone
+	}
 	return resourceapi.DeviceTaint{Key: key, Value: value, Effect: effect}, true
 }
 

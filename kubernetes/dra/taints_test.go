@@ -2,6 +2,7 @@ package dra_test
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"testing"
 
@@ -10,7 +11,6 @@ import (
 	"github.com/gpuiso/gpuiso/allocator"
 	"github.com/gpuiso/gpuiso/kubernetes/dra"
 	"github.com/gpuiso/gpuiso/node"
-	"github.com/gpuiso/gpuiso/node/nvmlnode"
 )
 
 // TestHealthTaint: the table of health reasons to taints, as
@@ -50,8 +50,30 @@ func TestHealthTaint(t *testing.T) {
 		t.Error("a healthy device has a taint")
 	}
 	for xid := range dra.NoExecuteXIDs() {
-		if nvmlnode.ApplicationXID(xid) {
-			t.Errorf("XID %d of the NoExecute table is an application's, which never marks a GPU", xid)
+		if v := node.DefaultHealthTable().Classify(node.Signal{Kind: node.SignalXID, Value: xid}); v.State != node.StateUnhealthy {
+			t.Errorf("XID %d of the NoExecute table does not mark a GPU (%s)", xid, v.State)
+		}
+	}
+	// A signal noted on a device in service is shown, with effect None.
+	for reason, value := range map[string]string{
+		"XID 94 (contained ECC error): restart-app":          "xid-94",
+		"thermal-slowdown (clocks held down for heat): none": "thermal-slowdown--clocks-held-down-for-heat---none",
+	} {
+		got, ok := dra.HealthTaint(key, node.Health{Healthy: true, Reason: reason})
+		want := resourceapi.DeviceTaint{Key: key, Value: value, Effect: resourceapi.DeviceTaintEffectNone}
+		if !ok || got.Key != want.Key || got.Effect != want.Effect || (value == "xid-94" && got.Value != value) {
+			t.Errorf("HealthTaint(healthy, %q) = %+v, %v; want %+v", reason, got, ok, want)
+		}
+	}
+	// The monitor's reasons keep their taints.
+	for _, tt := range []struct {
+		xid    uint64
+		effect resourceapi.DeviceTaintEffect
+	}{{79, noExec}, {48, noExec}, {63, noSched}} {
+		v := node.DefaultHealthTable().Classify(node.Signal{Kind: node.SignalXID, Value: tt.xid})
+		got, ok := dra.HealthTaint(key, v.Health())
+		if !ok || got.Effect != tt.effect || got.Value != fmt.Sprintf("xid-%d", tt.xid) {
+			t.Errorf("HealthTaint(%q) = %+v", v.Health().Reason, got)
 		}
 	}
 }

@@ -41,6 +41,12 @@ type healer interface {
 	MarkHealthy(ctx context.Context, device string) error
 }
 
+// informer is a Target that can note a signal on a device that stays in
+// service (the allocator's Inform).
+type informer interface {
+	Inform(ctx context.Context, device, reason string) error
+}
+
 // HealthEvent is what the monitor saw and did.
 type HealthEvent struct {
 	// Device is the GPU, as it is now (unhealthy when the verdict is,
@@ -134,6 +140,15 @@ type gpuWatch struct {
 	// shown are the inform conditions told, not told again while they
 	// hold.
 	shown map[node.Signal]bool
+	// noted are the devices (by UUID) the monitor noted an informing
+	// signal on, with the reason and when the signal was last seen.
+	noted map[string]note
+}
+
+// note is an informing signal noted on a device.
+type note struct {
+	reason string
+	seen   time.Time
 }
 
 // Monitor watches the node's GPUs until ctx is done: the driver's events
@@ -145,7 +160,10 @@ type gpuWatch struct {
 // signal a node.Verdict. An unhealthy one marks the GPU unhealthy (an
 // event attributed to a GPU instance, the MIG device alone) and is
 // reported to notify with the owners; an inform one is only reported (a
-// condition once while it holds).
+// condition once while it holds) and, where the target has
+// Inform(ctx, device, reason) error (the allocator does), noted on the
+// device, which stays in service; the note goes (MarkHealthy, reported
+// with Healed set) once the signal was not seen for the quiet period.
 //
 // A device the monitor marked is healthy again on its own (MarkHealthy,
 // when the target has it, reported with Healed set) at the first period
@@ -197,6 +215,7 @@ func Monitor(ctx context.Context, lib nvml.Interface, target Target, notify func
 	for p, d := range m.devices {
 		m.gpus[p].marked = map[string]node.Verdict{}
 		m.gpus[p].shown = map[node.Signal]bool{}
+		m.gpus[p].noted = map[string]note{}
 		m.adopt(p)
 		switch ret := m.watch(p); ret {
 		case nvml.SUCCESS:
@@ -363,6 +382,17 @@ func (m *monitor) verdict(p int, mig *node.MIGDevice, s node.Signal) {
 			}
 		}
 	}
+	if v.State == node.StateInform {
+		uuid := dev.UUID
+		if mig != nil {
+			uuid = mig.UUID
+		}
+		if in, ok := m.target.(informer); ok {
+			if ev.Err = in.Inform(m.ctx, uuid, v.String()); ev.Err == nil {
+				g.noted[uuid] = note{reason: v.String(), seen: time.Now()}
+			}
+		}
+	}
 	if v.State != node.StateHealthy {
 		m.notify(ev)
 	}
@@ -406,6 +436,7 @@ func (m *monitor) pollGPU(p int) {
 	}
 	health := m.target.Devices()[p].Health
 	unhealthy := false
+	holding := "" // the first informing condition that holds
 	for _, s := range conditions {
 		v := m.cfg.table.Classify(s)
 		switch v.State {
@@ -417,6 +448,9 @@ func (m *monitor) pollGPU(p int) {
 				health = m.target.Devices()[p].Health
 			}
 		case node.StateInform:
+			if holding == "" {
+				holding = v.String()
+			}
 			if !g.shown[s] {
 				m.verdict(p, nil, s)
 			}
@@ -435,6 +469,58 @@ func (m *monitor) pollGPU(p int) {
 	}
 	if !unhealthy && !r.Lost {
 		m.heal(p, r)
+	}
+	m.unnote(p, holding)
+}
+
+// unnote takes off the devices of GPU p the notes of informing signals not
+// seen for the quiet period, where the note is still the monitor's; the
+// GPU's note becomes holding instead, an informing condition of the GPU
+// that still holds, if any.
+func (m *monitor) unnote(p int, holding string) {
+	g := &m.gpus[p]
+	h, ok := m.target.(healer)
+	if !ok || len(g.noted) == 0 {
+		return
+	}
+	dev := m.target.Devices()[p]
+	for uuid, n := range g.noted {
+		if time.Since(n.seen) < m.cfg.quiet {
+			continue
+		}
+		delete(g.noted, uuid)
+		if uuid == dev.UUID && holding != "" {
+			if n.reason == holding {
+				g.noted[uuid] = note{reason: holding, seen: time.Now()}
+				continue
+			}
+			if in, ok := m.target.(informer); ok && dev.Health.Healthy && dev.Health.Reason == n.reason {
+				if in.Inform(m.ctx, uuid, holding) == nil {
+					g.noted[uuid] = note{reason: holding, seen: time.Now()}
+				}
+				continue
+			}
+		}
+		current, ev := dev.Health, HealthEvent{Device: dev, Healed: true, Verdict: node.Verdict{State: node.StateInform}}
+		if uuid != dev.UUID {
+			i := slices.IndexFunc(dev.MIGDevices, func(mig node.MIGDevice) bool { return mig.UUID == uuid })
+			if i < 0 {
+				continue
+			}
+			mig := dev.MIGDevices[i]
+			ev.MIG, current = &mig, mig.Health
+		}
+		if !current.Healthy || current.Reason != n.reason {
+			continue // marked since, or noted by another
+		}
+		if ev.Err = h.MarkHealthy(m.ctx, uuid); ev.Err == nil {
+			if ev.MIG != nil {
+				ev.MIG.Health = node.Healthy()
+			} else {
+				ev.Device.Health = node.Healthy()
+			}
+		}
+		m.notify(ev)
 	}
 }
 
