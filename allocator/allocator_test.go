@@ -50,7 +50,7 @@ func TestAllocateRequests(t *testing.T) {
 		{"constraint numa", allocator.Request{Count: 2, Constraints: []allocator.Constraint{{Attribute: "numa_node", Operator: "=", Value: "1"}}}, []int{6, 7}, nil},
 		{"affinity pulls", allocator.Request{Count: 1, Affinities: []allocator.Affinity{{Constraint: allocator.Constraint{Attribute: "index", Operator: "=", Value: "6"}, Weight: 50}}}, []int{6}, nil},
 		{"bad affinity weight", allocator.Request{Count: 1, Affinities: []allocator.Affinity{{Constraint: allocator.Constraint{Attribute: "index", Operator: "=", Value: "6"}, Weight: 500}}}, nil, allocator.ErrInvalidRequest},
-		{"shared on a non-shareable node", allocator.Request{MemoryBytes: 1 << 30}, nil, allocator.ErrShareNotSupported},
+		{"shared on a non-shareable node", allocator.Request{Share: &allocator.Share{MemoryBytes: 1 << 30}}, nil, allocator.ErrShareNotSupported},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -217,20 +217,20 @@ func TestSharedByMemory(t *testing.T) {
 	if mem == 0 {
 		t.Fatal("no memory in the inventory")
 	}
-	s1 := allocOK(t, a, "s1", allocator.Request{MemoryBytes: mem / 2})
+	s1 := allocOK(t, a, "s1", allocator.Request{Share: &allocator.Share{MemoryBytes: mem / 2}})
 	if !s1.Shared || s1.Devices[0].Index != 0 || !slices.Contains(s1.Share.ClientEnv(), fmt.Sprintf("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=%dM", mem/2>>20)) {
 		t.Fatalf("s1 = %+v", s1)
 	}
 	// Best fit: the rest of GPU 0 before an empty GPU 1.
-	s2 := allocOK(t, a, "s2", allocator.Request{MemoryBytes: mem / 4})
+	s2 := allocOK(t, a, "s2", allocator.Request{Share: &allocator.Share{MemoryBytes: mem / 4}})
 	if s2.Devices[0].Index != 0 {
 		t.Fatalf("s2 on %d", s2.Devices[0].Index)
 	}
-	s3 := allocOK(t, a, "s3", allocator.Request{MemoryBytes: mem / 2})
+	s3 := allocOK(t, a, "s3", allocator.Request{Share: &allocator.Share{MemoryBytes: mem / 2}})
 	if s3.Devices[0].Index != 1 {
 		t.Fatalf("s3 on %d", s3.Devices[0].Index)
 	}
-	_, err := a.Allocate(ctx, "s4", allocator.Request{MemoryBytes: mem/2 + 1})
+	_, err := a.Allocate(ctx, "s4", allocator.Request{Share: &allocator.Share{MemoryBytes: mem/2 + 1}})
 	if !errors.Is(err, node.ErrInsufficient) {
 		t.Fatalf("over memory: %v", err)
 	}
@@ -240,7 +240,7 @@ func TestSharedByMemory(t *testing.T) {
 		t.Fatalf("exclusive on a shared GPU: %v", err)
 	}
 	allocOK(t, a, "whole", allocator.Request{Count: 2})
-	_, err = a.Allocate(ctx, "s5", allocator.Request{MemoryBytes: 1, Devices: []string{"2"}})
+	_, err = a.Allocate(ctx, "s5", allocator.Request{Share: &allocator.Share{MemoryBytes: 1}, Devices: []string{"2"}})
 	if !errors.Is(err, allocator.ErrDeviceUnavailable) {
 		t.Fatalf("share of a non-shareable GPU: %v", err)
 	}
@@ -250,7 +250,7 @@ func TestSharedByMemory(t *testing.T) {
 	if _, err := a.Resize(ctx, "s1", 2); !errors.Is(err, allocator.ErrInvalidRequest) {
 		t.Fatalf("resize of a share: %v", err)
 	}
-	if _, err := a.Allocate(ctx, "s6", allocator.Request{MemoryBytes: 1, Count: 2}); !errors.Is(err, allocator.ErrInvalidRequest) {
+	if _, err := a.Allocate(ctx, "s6", allocator.Request{Share: &allocator.Share{MemoryBytes: 1}, Count: 2}); !errors.Is(err, allocator.ErrInvalidRequest) {
 		t.Fatalf("shared over 2 GPUs: %v", err)
 	}
 	for _, o := range []string{"s1", "s2", "s3", "whole"} {

@@ -66,7 +66,7 @@ func TestClaim(t *testing.T) {
 			}},
 		{name: "a shared allocation is held by its one gpu", owner: "c",
 			before: func(t *testing.T, a *allocator.Allocator) {
-				allocOK(t, a, "c", allocator.Request{MemoryBytes: 1 << 30})
+				allocOK(t, a, "c", allocator.Request{Share: &allocator.Share{MemoryBytes: 1 << 30}})
 			},
 			claim: func(a *allocator.Allocator) []node.DeviceRef { return refs(a, 7) }},
 		{name: "nothing for an owner holding nothing", owner: "c",
@@ -85,7 +85,7 @@ func TestClaim(t *testing.T) {
 			claim: func(a *allocator.Allocator) []node.DeviceRef { return refs(a, 1, 3) }},
 		{name: "shared by others", owner: "c", want: allocator.ErrDeviceUnavailable,
 			before: func(t *testing.T, a *allocator.Allocator) {
-				allocOK(t, a, "s", allocator.Request{MemoryBytes: 1 << 30})
+				allocOK(t, a, "s", allocator.Request{Share: &allocator.Share{MemoryBytes: 1 << 30}})
 			},
 			claim: func(a *allocator.Allocator) []node.DeviceRef { return refs(a, 7) }},
 		{name: "owner holds a smaller set", owner: "c", want: allocator.ErrClaimMismatch,

@@ -99,7 +99,7 @@ func TestMIGRequestErrors(t *testing.T) {
 	}{
 		"unknown profile":       {allocator.Request{MIG: "1g.5gb"}, allocator.ErrUnknownMIGProfile},
 		"profile and memory":    {allocator.Request{MIG: "1g.10gb", MIGMemoryBytes: 1}, allocator.ErrInvalidRequest},
-		"MIG and share":         {allocator.Request{MIG: "1g.10gb", MemoryBytes: 1}, allocator.ErrInvalidRequest},
+		"MIG and share":         {allocator.Request{MIG: "1g.10gb", Share: &allocator.Share{MemoryBytes: 1}}, allocator.ErrInvalidRequest},
 		"GPU beside MIG device": {allocator.Request{Devices: []string{"4", uuid}}, allocator.ErrInvalidRequest},
 		"unknown MIG UUID":      {allocator.Request{Devices: []string{"MIG-00000000-0000-0000-0000-000000000000"}}, allocator.ErrUnknownDevice},
 		"held MIG device":       {allocator.Request{Devices: []string{uuid}}, allocator.ErrDeviceUnavailable},
@@ -264,7 +264,7 @@ func TestConcurrentMixedMIG(t *testing.T) {
 					case 0, 1:
 						req = allocator.Request{Count: 1 + rng.IntN(3)}
 					case 2:
-						req = allocator.Request{MemoryBytes: 1 + rng.Uint64N(20<<30)}
+						req = allocator.Request{Share: &allocator.Share{MemoryBytes: 1 + rng.Uint64N(20<<30)}}
 					case 3:
 						req = allocator.Request{MIGMemoryBytes: 1 + rng.Uint64N(40<<30), Count: 1 + rng.IntN(2)}
 					default:

@@ -58,7 +58,7 @@ func propertyWorker(a *allocator.Allocator, health *sync.RWMutex, w, steps int, 
 			owner := fmt.Sprintf("w%d-%d", w, step)
 			req := allocator.Request{Count: 1 + rng.IntN(4)}
 			if op == 2 {
-				req = allocator.Request{MemoryBytes: 1 + rng.Uint64N(mem/2)}
+				req = allocator.Request{Share: &allocator.Share{MemoryBytes: 1 + rng.Uint64N(mem/2)}}
 			}
 			health.RLock()
 			unhealthy := map[int]bool{}
@@ -76,11 +76,12 @@ func propertyWorker(a *allocator.Allocator, health *sync.RWMutex, w, steps int, 
 						return fmt.Errorf("step %d: unhealthy gpu %d handed out", step, d.Index)
 					}
 				}
-				if req.MemoryBytes == 0 && len(al.Devices) != req.Count || req.MemoryBytes > 0 && (!al.Shared || al.MemoryBytes != req.MemoryBytes) {
+				shared := al.Share != nil && al.Share.Mode == allocator.ShareMemory
+				if req.Share == nil && len(al.Devices) != req.Count || req.Share != nil && (!shared || al.Share.MemoryBytes != req.Share.MemoryBytes) {
 					return fmt.Errorf("step %d: %+v for %+v", step, al, req)
 				}
 				mine[owner] = len(al.Devices)
-				if al.Shared {
+				if shared {
 					mine[owner] = 0
 				}
 			case errors.Is(err, node.ErrInsufficient):

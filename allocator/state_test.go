@@ -46,7 +46,7 @@ func TestStateSurvivesRestart(t *testing.T) {
 	}
 	allocOK(t, a, "a", allocator.Request{Count: 2, Group: "g"})
 	allocOK(t, a, "b", allocator.Request{Count: 4})
-	allocOK(t, a, "s", allocator.Request{MemoryBytes: 1 << 30})
+	allocOK(t, a, "s", allocator.Request{Share: &allocator.Share{MemoryBytes: 1 << 30}})
 	if _, err := a.MarkUnhealthy(ctx, "6", "XID 79"); err != nil {
 		t.Fatal(err)
 	}
