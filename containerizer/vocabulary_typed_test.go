@@ -52,6 +52,7 @@ func TestVocabularyTypedErrors(t *testing.T) {
 	limit := &rootfs.LimitError{Limit: "bytes", Max: 1}
 	typed := map[string][]typedCase{
 		"node.InvalidOwnerError":            {{&node.InvalidOwnerError{Owner: "-x", Reason: "must start with a letter or digit"}, node.ErrInvalidOwner, node.ErrInvalid}},
+		"node.HealthRuleError":              {{&node.HealthRuleError{Rule: 1, Text: "xid x", Reason: "not a number"}, node.ErrInvalid, node.ErrInvalid}},
 		"node/simnode.UnknownTopologyError": {{&simnode.UnknownTopologyError{Name: "x", Known: []string{"dgx1-volta"}}, simnode.ErrUnknownTopology, node.ErrNotFound}},
 		"node/simnode.HostPathError": {
 			{&simnode.HostPathError{Dir: "/proc/x", Resolved: "/proc/x"}, simnode.ErrHostPath, node.ErrInvalid},
