@@ -103,7 +103,7 @@ func TestRecordCorrupt(t *testing.T) {
 		edit  func(string) string
 	}{
 		{name: "flipped", owner: rec.Owner, edit: func(s string) string { return strings.Replace(s, `"c1"`, `"c2"`, 1) }},
-		{name: "version", owner: rec.Owner, edit: func(s string) string { return strings.Replace(s, `"version":1`, `"version":2`, 1) }},
+		{name: "version", owner: rec.Owner, edit: func(s string) string { return strings.Replace(s, `"version":2`, `"version":3`, 1) }},
 		{name: "truncated", owner: rec.Owner, edit: func(s string) string { return s[:len(s)/2] }},
 		{name: "another owner's", owner: "c2.000000000000", edit: func(s string) string { return s }},
 	} {
@@ -116,8 +116,8 @@ func TestRecordCorrupt(t *testing.T) {
 	t.Run("created without init", func(t *testing.T) {
 		r := rec
 		r.Phase = phaseCreated
-		r.Version, r.Sum = recordVersion, ""
-		r.Sum = r.sum()
+		r.Version, r.Sum = 1, ""
+		r.Sum = r.legacySum()
 		b, _ := json.Marshal(r)
 		if _, err := parseRecord(r.Owner, b); !errors.Is(err, ErrCorruptRecord) {
 			t.Errorf("%v, want ErrCorruptRecord", err)
