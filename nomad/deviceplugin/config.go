@@ -136,6 +136,9 @@ func DecodeConfig(data []byte) (Config, error) {
 	if len(data) == 0 {
 		return DefaultConfig(), nil
 	}
+	if err := checkMsgpack(data); err != nil {
+		return Config{}, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
 	spec, err := hclspecutil.Decoder(Spec())
 	if err != nil {
 		return Config{}, err
