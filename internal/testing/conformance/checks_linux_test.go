@@ -1,6 +1,8 @@
 package conformance
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"os"
 	"path/filepath"
 	"slices"
@@ -85,7 +87,11 @@ func TestSamplerSeesSharedGPUs(t *testing.T) {
 // TestLeftoversListed: what a dead run may leave in an instance's state is
 // listed, one entry each.
 func TestLeftoversListed(t *testing.T) {
-	owner := `{"format":"gpuiso.allocator.state","version":1,"state":{"owners":[{"owner":"x-1","devices":[]}]}}`
+	// An allocator's state file holding owner x-1: its envelope with the
+	// checksum of the state's exact bytes.
+	body := `{"owners":[{"owner":"x-1","devices":[{"index":0,"uuid":"GPU-0"}]}]}`
+	sum := sha256.Sum256([]byte(body))
+	owner := `{"format":"gpuiso.allocator.state","version":1,"checksum":"sha256:` + hex.EncodeToString(sum[:]) + `","state":` + body + `}`
 	for _, tc := range []struct {
 		name  string
 		inst  func(t *testing.T, dir string) instance
