@@ -404,13 +404,26 @@ func (c *chainInstance) live() ([]Container, error) {
 		if err != nil {
 			continue
 		}
-		var rec struct {
-			Process *struct {
-				Pid   int
-				Start uint64
-			} `json:"process"`
+		// The agent's record: an entry of its record store, the
+		// container's init in its data (a record of version 1: at the
+		// top).
+		type proc struct {
+			Pid   int
+			Start uint64
 		}
-		if json.Unmarshal(b, &rec) != nil || rec.Process == nil || rec.Process.Pid <= 0 {
+		var rec struct {
+			Process *proc `json:"process"`
+			Data    struct {
+				Process *proc `json:"process"`
+			} `json:"data"`
+		}
+		if json.Unmarshal(b, &rec) != nil {
+			continue
+		}
+		if rec.Process == nil {
+			rec.Process = rec.Data.Process
+		}
+		if rec.Process == nil || rec.Process.Pid <= 0 {
 			continue
 		}
 		if p := (Proc{rec.Process.Pid, rec.Process.Start}); p.Alive() {
