@@ -405,7 +405,7 @@ func (l *Lifecycle) Destroy(ctx context.Context, id string) error {
 	l.mu.Lock()
 	rec, exited := e.rec, e.rec.Exit != nil
 	l.mu.Unlock()
-	if err := l.teardown(ctx, e.rt, rec, !exited); err != nil {
+	if err := l.remove(ctx, e.rt, rec, !exited); err != nil {
 		return errors.Join(fmt.Errorf("destroy %s: %w", id, err), l.table.Restore(id, exited))
 	}
 	l.log.InfoContext(ctx, "destroyed", "id", id, "runtime id", rec.RuntimeID)
@@ -443,9 +443,16 @@ func (l *Lifecycle) destroyLeft(ctx context.Context, id string) error {
 	return errors.Join(errs...)
 }
 
-// teardown stops (when kill) and removes rec's container, then gives back
-// what it held.
-func (l *Lifecycle) teardown(ctx context.Context, rt *routed, rec Record, kill bool) error {
+// remove is the Lifecycle's one teardown of a container a runtime has:
+// Destroy's, Destroy's of a container not adopted, Recover's of one no one
+// can use and Clean's of a dead supervisor's all go through it. It kills
+// the container when kill, removes it, then gives back what its owner
+// holds (release: the MPS daemon, the allocation, and the use of the volume
+// version its record names, or of every version when it names none) and
+// drops its reservation. A record of no owner is only removed. On error
+// what is not given back yet stays held, for the next path to find. (A
+// failed Launch undoes its own steps instead: see Launch.)
+func (l *Lifecycle) remove(ctx context.Context, rt *routed, rec Record, kill bool) error {
 	if kill {
 		if err := rt.Kill(ctx, rec); err != nil {
 			return err
@@ -454,7 +461,10 @@ func (l *Lifecycle) teardown(ctx context.Context, rt *routed, rec Record, kill b
 	if err := rt.Remove(ctx, rec); err != nil {
 		return err
 	}
-	if err := l.release(ctx, rec.ID, rec.VolumeVersion, false); err != nil {
+	if rec.ID == "" {
+		return nil
+	}
+	if err := l.release(ctx, rec.ID, rec.VolumeVersion, rec.VolumeVersion == ""); err != nil {
 		return err
 	}
 	return unreserve(ctx, rt, rec.ID)

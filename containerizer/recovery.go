@@ -361,13 +361,7 @@ func (l *Lifecycle) takeOver(ctx context.Context, rt *routed, rec Record) (Recor
 // gives back what was held for its owner.
 func (l *Lifecycle) unlaunch(ctx context.Context, rt *routed, rec Record) error {
 	l.log.InfoContext(ctx, "removing a container no one can use", "id", rec.ID, "kind", rt.Kind(), "reserved", rec.Reserved)
-	if err := rt.Remove(ctx, rec); err != nil {
-		return err
-	}
-	if err := l.release(ctx, rec.ID, rec.VolumeVersion, rec.VolumeVersion == ""); err != nil {
-		return err
-	}
-	return unreserve(ctx, rt, rec.ID)
+	return l.remove(ctx, rt, rec, false)
 }
 
 // sweepDaemons stops the MPS daemons of owners that hold no memory share
@@ -497,22 +491,14 @@ func (l *Lifecycle) clean(ctx context.Context, rt *routed, records []Record, dea
 		switch sup := rt.supervision(r.Supervisor, l.proc); {
 		case sup == supDead || (r.ID != "" && dead[r.ID]):
 			l.log.InfoContext(ctx, "removing a container whose supervisor died", "id", r.ID, "kind", rt.Kind(), "runtime id", r.RuntimeID)
-			if err := rt.Remove(ctx, r); err != nil {
+			if err := l.remove(ctx, rt, r, false); err != nil {
 				failed, errs = true, append(errs, fmt.Errorf("clean %s: %w", r.ID, err))
 				continue
 			}
-			if r.ID == "" {
-				continue
+			if r.ID != "" {
+				delete(dead, r.ID)
+				cleaned = append(cleaned, r.ID)
 			}
-			delete(dead, r.ID)
-			if err := l.release(ctx, r.ID, r.VolumeVersion, r.VolumeVersion == ""); err != nil {
-				failed, errs = true, append(errs, fmt.Errorf("clean %s: %w", r.ID, err))
-				continue
-			}
-			if err := unreserve(ctx, rt, r.ID); err != nil {
-				failed, errs = true, append(errs, fmt.Errorf("clean %s: %w", r.ID, err))
-			}
-			cleaned = append(cleaned, r.ID)
 		case r.Reserved:
 			// A launch in progress: its GPUs are held by its supervisor.
 		case sup == supLive && r.Err == nil:
