@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The OS seam: among the library's packages only internal/linux may import
 # syscall or golang.org/x/sys/unix (in non-test files, for every GOOS the
-# library builds for). Example programs are not the library.
+# library builds for). Programs (cmd/, examples/) are not the library.
 set -euo pipefail
 
 module=github.com/gpuiso/gpuiso
@@ -18,7 +18,7 @@ GO=${GO:-go}
 bad=0
 for goos in linux darwin; do
 	while read -r pkg imports; do
-		case "$pkg" in "$module"/examples/*) continue ;; esac
+		case "$pkg" in "$module"/examples/* | "$module"/cmd/*) continue ;; esac
 		for a in "${allowed[@]}"; do [ "$pkg" = "$a" ] && continue 2; done
 		for imp in $imports; do
 			if [ "$imp" = syscall ] || [ "$imp" = golang.org/x/sys/unix ]; then

@@ -115,7 +115,7 @@
 //
 // Each prepared claim has its own checkpoint file in the state directory,
 // "<uid>.json": an entry of the core's record store (package
-// containerizer/record, the one every runtime of the core uses), written
+// record, the one every durable file of the core uses), written
 // atomically (temporary file, sync, rename, directory sync), versioned
 // (format "gpuiso-dra-claim", version 3; the files of versions 1 and 2,
 // written before the store, are read still) and checksummed. It is

@@ -38,7 +38,7 @@ var Imports = map[string]string{
 	"containerizer": "github.com/gpuiso/gpuiso/containerizer",
 	"native":        "github.com/gpuiso/gpuiso/containerizer/native",
 	"docker":        "github.com/gpuiso/gpuiso/containerizer/docker",
-	"record":        "github.com/gpuiso/gpuiso/containerizer/record",
+	"record":        "github.com/gpuiso/gpuiso/record",
 	"rootfs":        "github.com/gpuiso/gpuiso/containerizer/rootfs",
 	"chain":         "github.com/gpuiso/gpuiso/containerizer/chain",
 }
