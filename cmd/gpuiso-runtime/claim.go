@@ -156,7 +156,7 @@ func resolvePath(p string) string {
 // it holds, and the allocator the claim is in.
 type claim struct {
 	rs    records
-	rec   record
+	rec   ctrRecord
 	lock  *os.File
 	alloc *allocator.Allocator
 }
@@ -187,7 +187,7 @@ func (rt *Runtime) beginClaim(ctx context.Context, alloc *allocator.Allocator, c
 		lock.Close()
 		return fmt.Errorf("container %s in %s: %w", c.ID, rt.runcRoot(), ErrContainerExists)
 	}
-	rec := record{
+	rec := ctrRecord{
 		Owner: owner, ID: c.ID, Root: rt.runcRoot(), Runc: runc, Bundle: resolvePath(bundle),
 		Simulate: rt.Simulate, Phase: phaseCreating,
 	}
@@ -216,7 +216,7 @@ func (rt *Runtime) beginClaim(ctx context.Context, alloc *allocator.Allocator, c
 // way.
 func (rt *Runtime) settleCreate(ctx context.Context, res *prepared, c CreateArgs, code int) {
 	cl := rt.claim
-	var rec record
+	var rec ctrRecord
 	var bundle string
 	if cl != nil {
 		rec, bundle = cl.rec, cl.rec.Bundle
@@ -229,7 +229,7 @@ func (rt *Runtime) settleCreate(ctx context.Context, res *prepared, c CreateArgs
 			rt.Log.Error("ask runc for the container", "container", c.ID, "err", err)
 			return
 		}
-		rec, bundle = record{ID: c.ID, Root: rt.runcRoot(), Runc: runc}, resolvePath(c.Bundle)
+		rec, bundle = ctrRecord{ID: c.ID, Root: rt.runcRoot(), Runc: runc}, resolvePath(c.Bundle)
 	}
 	if code == 0 {
 		bundle = ""
@@ -303,7 +303,7 @@ func (rt *Runtime) abandon(ctx context.Context) {
 }
 
 // hold makes init the holder of rec's claim and the record "created".
-func (rt *Runtime) hold(ctx context.Context, alloc *allocator.Allocator, rs records, rec record, init *allocator.Holder) error {
+func (rt *Runtime) hold(ctx context.Context, alloc *allocator.Allocator, rs records, rec ctrRecord, init *allocator.Holder) error {
 	if err := alloc.SetHolder(ctx, rec.Owner, init); err != nil && !errors.Is(err, allocator.ErrUnknownOwner) {
 		return err
 	}
@@ -372,7 +372,7 @@ func usesVolume(ctx context.Context, owner string) bool {
 // (held by its init) if it lives, else gives everything back; a created
 // record's does when its init is dead. It returns whether the claim was
 // given back.
-func (rt *Runtime) settle(ctx context.Context, alloc *allocator.Allocator, rs records, rec record, lock *os.File) (bool, error) {
+func (rt *Runtime) settle(ctx context.Context, alloc *allocator.Allocator, rs records, rec ctrRecord, lock *os.File) (bool, error) {
 	daemons, err := rt.daemonsOf(rs.stateDir(), false)
 	if err != nil {
 		lock.Close()
@@ -481,7 +481,7 @@ func (rt *Runtime) closeDaemons() {
 // keepDaemon starts again, in place, the MPS daemon of the memory share of
 // rec's container, which lives: one that was killed, or whose start a
 // killed gpuiso-runtime cut short. A running daemon is left as it is.
-func (rt *Runtime) keepDaemon(ctx context.Context, alloc *allocator.Allocator, daemons *mps.Manager, rec record) error {
+func (rt *Runtime) keepDaemon(ctx context.Context, alloc *allocator.Allocator, daemons *mps.Manager, rec ctrRecord) error {
 	if daemons == nil || alloc == nil {
 		return nil
 	}

@@ -85,7 +85,7 @@ func TestRuncRoot(t *testing.T) {
 // without its init) is refused as corrupt.
 func TestRecordCorrupt(t *testing.T) {
 	rs := records{dir: filepath.Join(t.TempDir(), recordsDir), index: t.TempDir()}
-	rec := record{Owner: "c1.000000000000", ID: "c1", Root: "/run/runc", Runc: "/usr/bin/runc", Bundle: "/b", Phase: phaseCreating}
+	rec := ctrRecord{Owner: "c1.000000000000", ID: "c1", Root: "/run/runc", Runc: "/usr/bin/runc", Bundle: "/b", Phase: phaseCreating}
 	if err := rs.write(rec); err != nil {
 		t.Fatal(err)
 	}
@@ -245,7 +245,7 @@ func TestRecover(t *testing.T) {
 				t.Fatal(err)
 			}
 			const owner = "c1.000000000000"
-			rec := record{Owner: owner, ID: "c1", Root: "/run/runc", Runc: fakeStateRunc(t, tc.runc, tc.fail), Bundle: "/b", Phase: tc.phase, Init: tc.init}
+			rec := ctrRecord{Owner: owner, ID: "c1", Root: "/run/runc", Runc: fakeStateRunc(t, tc.runc, tc.fail), Bundle: "/b", Phase: tc.phase, Init: tc.init}
 			if err := rs.write(rec); err != nil {
 				t.Fatal(err)
 			}
@@ -343,7 +343,7 @@ func TestRecordsPrivate(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer lock.Close()
-	rec := record{Owner: owner, ID: "c1", Root: "/run/runc", Runc: "/usr/bin/runc", Bundle: "/b", Phase: phaseCreating}
+	rec := ctrRecord{Owner: owner, ID: "c1", Root: "/run/runc", Runc: "/usr/bin/runc", Bundle: "/b", Phase: phaseCreating}
 	if err := rs.writeIndex(owner); err != nil {
 		t.Fatal(err)
 	}

@@ -16,7 +16,7 @@ import (
 	"github.com/gpuiso/gpuiso/allocator"
 	"github.com/gpuiso/gpuiso/internal/linux"
 	"github.com/gpuiso/gpuiso/node"
-	rstore "github.com/gpuiso/gpuiso/record"
+	"github.com/gpuiso/gpuiso/record"
 )
 
 // record is what a state directory keeps of one container: an entry of
@@ -25,7 +25,7 @@ import (
 // is the owner, whose phase is the record's ("creating" is Started,
 // "created" Completed) and whose process is the container's init. Version
 // 1, the record's own checksummed shape before the store, is read still.
-type record struct {
+type ctrRecord struct {
 	// Version is the version the record was read in (1 for the record's
 	// own shape, which also carries the fields below).
 	Version int    `json:"version"`
@@ -69,19 +69,19 @@ const (
 )
 
 // phases are the records' phases as the store's.
-func phaseOf(p string) rstore.Phase {
+func phaseOf(p string) record.Phase {
 	if p == phaseCreated {
-		return rstore.Completed
+		return record.Completed
 	}
 	if p == phaseCreating {
-		return rstore.Started
+		return record.Started
 	}
-	return rstore.Phase(p) // refused by the store
+	return record.Phase(p) // refused by the store
 }
 
 // entryOf is r as an entry of the store.
-func entryOf(r record) rstore.Entry[claimData] {
-	e := rstore.Entry[claimData]{Key: r.Owner, Phase: phaseOf(r.Phase), Data: claimData{
+func entryOf(r ctrRecord) record.Entry[claimData] {
+	e := record.Entry[claimData]{Key: r.Owner, Phase: phaseOf(r.Phase), Data: claimData{
 		ID: r.ID, Root: r.Root, Runc: r.Runc, Bundle: r.Bundle, Simulate: r.Simulate, DevRoot: r.DevRoot,
 	}}
 	if r.Init != nil {
@@ -92,10 +92,10 @@ func entryOf(r record) rstore.Entry[claimData] {
 }
 
 // recordOf is the record e holds.
-func recordOf(e rstore.Entry[claimData]) record {
-	r := record{Version: e.Version, Owner: e.Key, ID: e.Data.ID, Root: e.Data.Root, Runc: e.Data.Runc,
+func recordOf(e record.Entry[claimData]) ctrRecord {
+	r := ctrRecord{Version: e.Version, Owner: e.Key, ID: e.Data.ID, Root: e.Data.Root, Runc: e.Data.Runc,
 		Bundle: e.Data.Bundle, Simulate: e.Data.Simulate, DevRoot: e.Data.DevRoot, Phase: phaseCreating}
-	if e.Phase == rstore.Completed {
+	if e.Phase == record.Completed {
 		r.Phase = phaseCreated
 	}
 	if e.Process != nil {
@@ -107,7 +107,7 @@ func recordOf(e rstore.Entry[claimData]) record {
 
 // legacySum is the checksum of a record of version 1: the SHA-256 of its
 // JSON with Sum empty.
-func (r record) legacySum() string {
+func (r ctrRecord) legacySum() string {
 	r.Sum = ""
 	b, _ := json.Marshal(r)
 	s := sha256.Sum256(b)
@@ -115,18 +115,18 @@ func (r record) legacySum() string {
 }
 
 // legacyRecord reads a record of version 1, checked as that version was.
-func legacyRecord(b []byte) (rstore.Entry[claimData], error) {
-	var r record
+func legacyRecord(b []byte) (record.Entry[claimData], error) {
+	var r ctrRecord
 	if err := json.Unmarshal(b, &r); err != nil {
-		return rstore.Entry[claimData]{}, err
+		return record.Entry[claimData]{}, err
 	}
 	switch {
 	case r.Version != 1:
-		return rstore.Entry[claimData]{}, fmt.Errorf("version %d", r.Version)
+		return record.Entry[claimData]{}, fmt.Errorf("version %d", r.Version)
 	case r.Sum != r.legacySum():
-		return rstore.Entry[claimData]{}, errors.New("checksum mismatch")
+		return record.Entry[claimData]{}, errors.New("checksum mismatch")
 	case r.Phase != phaseCreating && r.Phase != phaseCreated:
-		return rstore.Entry[claimData]{}, fmt.Errorf("phase %q", r.Phase)
+		return record.Entry[claimData]{}, fmt.Errorf("phase %q", r.Phase)
 	}
 	e := entryOf(r)
 	e.Version = 1
@@ -135,36 +135,36 @@ func legacyRecord(b []byte) (rstore.Entry[claimData], error) {
 
 // recordOptions are the options of the records' store: synced, as the
 // claims they record outlive a machine crash (the allocator's state does).
-func recordOptions() rstore.Options[claimData] {
-	return rstore.Options[claimData]{Format: recordFormat, Version: recordVersion, Legacy: legacyRecord}
+func recordOptions() record.Options[claimData] {
+	return record.Options[claimData]{Format: recordFormat, Version: recordVersion, Legacy: legacyRecord}
 }
 
 // parseRecord reads the record of owner from b: an entry of the store (or
 // a record of version 1) of owner, with an id, absolute root and runc, and
 // an init once created.
-func parseRecord(owner string, b []byte) (record, error) {
-	s, err := rstore.New("", recordOptions())
+func parseRecord(owner string, b []byte) (ctrRecord, error) {
+	s, err := record.New("", recordOptions())
 	if err != nil {
-		return record{}, err
+		return ctrRecord{}, err
 	}
 	e, err := s.Parse(b)
 	if err != nil {
-		return record{}, fmt.Errorf("record of %s: %w: %w", owner, ErrCorruptRecord, err)
+		return ctrRecord{}, fmt.Errorf("record of %s: %w: %w", owner, ErrCorruptRecord, err)
 	}
 	if e.Key != owner {
-		return record{}, fmt.Errorf("record of %s: %w: owner %q", owner, ErrCorruptRecord, e.Key)
+		return ctrRecord{}, fmt.Errorf("record of %s: %w: owner %q", owner, ErrCorruptRecord, e.Key)
 	}
 	return checkRecord(owner, recordOf(e))
 }
 
 // checkRecord refuses a record without an id, with a root or runc that is
 // not absolute, or created without its init.
-func checkRecord(owner string, r record) (record, error) {
+func checkRecord(owner string, r ctrRecord) (ctrRecord, error) {
 	switch {
 	case r.Owner != owner || r.ID == "" || !filepath.IsAbs(r.Root) || !filepath.IsAbs(r.Runc):
-		return record{}, fmt.Errorf("record of %s: %w: owner %q, id %q, root %q, runc %q", owner, ErrCorruptRecord, r.Owner, r.ID, r.Root, r.Runc)
+		return ctrRecord{}, fmt.Errorf("record of %s: %w: owner %q, id %q, root %q, runc %q", owner, ErrCorruptRecord, r.Owner, r.ID, r.Root, r.Runc)
 	case r.Phase == phaseCreated && r.Init == nil:
-		return record{}, fmt.Errorf("record of %s: %w: phase %q, init %v", owner, ErrCorruptRecord, r.Phase, r.Init)
+		return ctrRecord{}, fmt.Errorf("record of %s: %w: phase %q, init %v", owner, ErrCorruptRecord, r.Phase, r.Init)
 	}
 	return r, nil
 }
@@ -195,30 +195,30 @@ func (rs records) path(owner string) string { return filepath.Join(rs.dir, owner
 func (rs records) stateDir() string { return filepath.Dir(rs.dir) }
 
 // store is the records' store.
-func (rs records) store() *rstore.Store[claimData] {
-	s, _ := rstore.New(rs.dir, recordOptions()) // valid options
+func (rs records) store() *record.Store[claimData] {
+	s, _ := record.New(rs.dir, recordOptions()) // valid options
 	return s
 }
 
 // read reads owner's record: an error matching fs.ErrNotExist when there
 // is none, ErrCorruptRecord when it cannot be trusted.
-func (rs records) read(owner string) (record, error) {
+func (rs records) read(owner string) (ctrRecord, error) {
 	e, err := rs.store().Read(owner)
-	if errors.Is(err, rstore.ErrNoRecord) {
-		return record{}, fmt.Errorf("record of %s: %w: %w", owner, err, fs.ErrNotExist)
+	if errors.Is(err, record.ErrNoRecord) {
+		return ctrRecord{}, fmt.Errorf("record of %s: %w: %w", owner, err, fs.ErrNotExist)
 	}
-	if errors.Is(err, rstore.ErrCorrupt) {
-		return record{}, fmt.Errorf("record of %s: %w: %w", owner, ErrCorruptRecord, err)
+	if errors.Is(err, record.ErrCorrupt) {
+		return ctrRecord{}, fmt.Errorf("record of %s: %w: %w", owner, ErrCorruptRecord, err)
 	}
 	if err != nil {
-		return record{}, err
+		return ctrRecord{}, err
 	}
 	return checkRecord(owner, recordOf(e))
 }
 
 // write replaces r's record atomically (temp file, fsync, rename, fsync of
 // the directory).
-func (rs records) write(r record) error {
+func (rs records) write(r ctrRecord) error {
 	if err := privateDir(rs.dir); err != nil {
 		return fmt.Errorf("record of %s: %w", r.Owner, err)
 	}
@@ -237,18 +237,18 @@ type indexEntry struct {
 }
 
 // legacyIndex reads an index entry of version 1.
-func legacyIndex(b []byte) (rstore.Entry[indexEntry], error) {
+func legacyIndex(b []byte) (record.Entry[indexEntry], error) {
 	var e indexEntry
 	if err := json.Unmarshal(b, &e); err != nil {
-		return rstore.Entry[indexEntry]{}, err
+		return record.Entry[indexEntry]{}, err
 	}
-	return rstore.Entry[indexEntry]{Phase: rstore.Completed, Version: 1, Data: e}, nil
+	return record.Entry[indexEntry]{Phase: record.Completed, Version: 1, Data: e}, nil
 }
 
 // indexOf is the store of index directory dir. The index lives as long as
 // the containers (a tmpfs): no sync.
-func indexOf(dir string) *rstore.Store[indexEntry] {
-	s, _ := rstore.New(dir, rstore.Options[indexEntry]{Format: indexFormat, Version: indexVersion, Legacy: legacyIndex, NoSync: true}) // valid options
+func indexOf(dir string) *record.Store[indexEntry] {
+	s, _ := record.New(dir, record.Options[indexEntry]{Format: indexFormat, Version: indexVersion, Legacy: legacyIndex, NoSync: true}) // valid options
 	return s
 }
 
@@ -257,7 +257,7 @@ func (rs records) writeIndex(owner string) error {
 	if err := privateDir(rs.index); err != nil {
 		return fmt.Errorf("index of %s: %w", owner, err)
 	}
-	e := rstore.Entry[indexEntry]{Key: owner, Phase: rstore.Completed, Data: indexEntry{StateDir: rs.stateDir()}}
+	e := record.Entry[indexEntry]{Key: owner, Phase: record.Completed, Data: indexEntry{StateDir: rs.stateDir()}}
 	if err := indexOf(rs.index).Write(e); err != nil {
 		return fmt.Errorf("index of %s: %w", owner, err)
 	}

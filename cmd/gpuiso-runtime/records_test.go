@@ -27,7 +27,7 @@ func TestLegacyRecords(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	check := func(version int) record {
+	check := func(version int) ctrRecord {
 		t.Helper()
 		rec, err := rs.read(owner)
 		if err != nil || rec.Version != version || rec.Owner != owner || rec.ID != "c1" || rec.Root != "/run/runc" || rec.Runc != "/usr/bin/runc" ||

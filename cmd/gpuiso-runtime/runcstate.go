@@ -50,7 +50,7 @@ func runcState(ctx context.Context, runc, root, id string) (containerState, erro
 // the container with a live init; nil, nil when the container does not
 // exist or its init is dead. With bundle set, a container created from
 // another bundle counts as not existing (another's container of that id).
-func (r record) liveInit(ctx context.Context, bundle string) (*allocator.Holder, error) {
+func (r ctrRecord) liveInit(ctx context.Context, bundle string) (*allocator.Holder, error) {
 	st, err := runcState(ctx, r.Runc, r.Root, r.ID)
 	if errors.Is(err, errNoContainer) {
 		return nil, nil

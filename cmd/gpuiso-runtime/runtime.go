@@ -369,7 +369,7 @@ func (rt *Runtime) releaseVolumeIfGone(ctx context.Context, id, root, owner stri
 	if runc, err = filepath.Abs(runc); err != nil {
 		return err
 	}
-	init, err := record{ID: id, Root: root, Runc: runc}.liveInit(ctx, "")
+	init, err := ctrRecord{ID: id, Root: root, Runc: runc}.liveInit(ctx, "")
 	if err != nil || init != nil {
 		return err
 	}

@@ -109,7 +109,7 @@ func TestBareList(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A record whose init is gone without recording its exit.
-	if err := n.c.rt.writeRecord(record{ID: "vanished", Pid: deadProc.Process.Pid, Start: 1}); err != nil {
+	if err := n.c.rt.writeRecord(ctrRecord{ID: "vanished", Pid: deadProc.Process.Pid, Start: 1}); err != nil {
 		t.Fatal(err)
 	}
 	recs, err := n.c.rt.List(ctx)
@@ -140,7 +140,7 @@ func TestBareList(t *testing.T) {
 	}
 	os.RemoveAll(filepath.Join(n.state, "vanished"))
 	os.RemoveAll(filepath.Join(n.state, "reserved"))
-	if err := n.c.rt.writeRecord(record{ID: "broken"}); err != nil {
+	if err := n.c.rt.writeRecord(ctrRecord{ID: "broken"}); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -606,7 +606,7 @@ func TestRecordReplaced(t *testing.T) {
 	if err := os.Mkdir(r.dir("a"), 0o700); err != nil {
 		t.Fatal(err)
 	}
-	for _, v := range []record{{ID: "a", Pid: 1, Start: 1}, {ID: "a", Pid: 2, Start: 2}} {
+	for _, v := range []ctrRecord{{ID: "a", Pid: 1, Start: 1}, {ID: "a", Pid: 2, Start: 2}} {
 		if err := r.writeRecord(v); err != nil {
 			t.Fatal(err)
 		}

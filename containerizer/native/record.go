@@ -14,7 +14,7 @@ import (
 	"github.com/gpuiso/gpuiso/containerizer"
 	"github.com/gpuiso/gpuiso/internal/linux"
 	"github.com/gpuiso/gpuiso/node"
-	rstore "github.com/gpuiso/gpuiso/record"
+	"github.com/gpuiso/gpuiso/record"
 )
 
 // record is what survives a restart of the containerizer: one per container,
@@ -23,7 +23,7 @@ import (
 // "gpuiso-native-container", version 2: the id is its key, the init
 // process its process. Version 1, the runtime's own shape before the
 // store, is read still.
-type record struct {
+type ctrRecord struct {
 	// Version is the version the record was read in.
 	Version int              `json:"-"`
 	ID      string           `json:"-"`
@@ -57,15 +57,15 @@ const (
 // synced to disk: they describe processes, which no machine crash
 // outlives, and the recoveries treat a record a crash left unreadable as
 // a container that is gone (once its cgroup holds no process).
-func (r *runner) records() *rstore.Store[record] {
-	s, _ := rstore.New(r.cfg.StateDir, rstore.Options[record]{Format: recordFormat, Version: recordVersion, Name: recordFile, Legacy: legacyRecord, NoSync: true}) // valid options
+func (r *runner) records() *record.Store[ctrRecord] {
+	s, _ := record.New(r.cfg.StateDir, record.Options[ctrRecord]{Format: recordFormat, Version: recordVersion, Name: recordFile, Legacy: legacyRecord, NoSync: true}) // valid options
 	return s
 }
 
 // writeRecord replaces rec's record, atomically against this process's
 // death.
-func (r *runner) writeRecord(rec record) error {
-	e := rstore.Entry[record]{Key: rec.ID, Phase: rstore.Completed, Data: rec}
+func (r *runner) writeRecord(rec ctrRecord) error {
+	e := record.Entry[ctrRecord]{Key: rec.ID, Phase: record.Completed, Data: rec}
 	if rec.Pid > 0 {
 		e.Process = &node.Process{Pid: rec.Pid, Start: rec.Start}
 	}
@@ -75,13 +75,13 @@ func (r *runner) writeRecord(rec record) error {
 // readRecord reads container id's record: an error matching
 // fs.ErrNotExist when it has none, a *record.CorruptError when it cannot
 // be trusted.
-func (r *runner) readRecord(id string) (record, error) {
+func (r *runner) readRecord(id string) (ctrRecord, error) {
 	e, err := r.records().Read(id)
-	if errors.Is(err, rstore.ErrNoRecord) {
-		return record{}, fmt.Errorf("%w: %w", err, fs.ErrNotExist)
+	if errors.Is(err, record.ErrNoRecord) {
+		return ctrRecord{}, fmt.Errorf("%w: %w", err, fs.ErrNotExist)
 	}
 	if err != nil {
-		return record{}, err
+		return ctrRecord{}, err
 	}
 	rec := e.Data
 	rec.ID, rec.Version = e.Key, e.Version
@@ -101,21 +101,21 @@ func torn(err error) bool {
 
 // legacyRecord reads a record of version 1: the fields of record, with
 // the version, the id and the init's pid and start time among them.
-func legacyRecord(b []byte) (rstore.Entry[record], error) {
+func legacyRecord(b []byte) (record.Entry[ctrRecord], error) {
 	var o struct {
 		Version int    `json:"version"`
 		ID      string `json:"id"`
 		Pid     int    `json:"pid,omitempty"`
 		Start   uint64 `json:"start,omitempty"`
-		record
+		ctrRecord
 	}
 	if err := json.Unmarshal(b, &o); err != nil {
-		return rstore.Entry[record]{}, err
+		return record.Entry[ctrRecord]{}, err
 	}
 	if o.Version != 1 {
-		return rstore.Entry[record]{}, fmt.Errorf("version %d: not a record this containerizer wrote", o.Version)
+		return record.Entry[ctrRecord]{}, fmt.Errorf("version %d: not a record this containerizer wrote", o.Version)
 	}
-	e := rstore.Entry[record]{Key: o.ID, Phase: rstore.Completed, Version: 1, Data: o.record}
+	e := record.Entry[ctrRecord]{Key: o.ID, Phase: record.Completed, Version: 1, Data: o.ctrRecord}
 	if o.Pid != 0 || o.Start != 0 {
 		e.Process = &node.Process{Pid: o.Pid, Start: o.Start}
 	}
@@ -140,22 +140,22 @@ const (
 // each container's directory, or "" for one file alone. They are not
 // synced to disk: they describe processes, which no machine crash
 // outlives.
-func exitOptions(name string) rstore.Options[exitRecord] {
-	return rstore.Options[exitRecord]{Format: exitFormat, Version: exitVersion, Name: name, Legacy: legacyExit, NoSync: true}
+func exitOptions(name string) record.Options[exitRecord] {
+	return record.Options[exitRecord]{Format: exitFormat, Version: exitVersion, Name: name, Legacy: legacyExit, NoSync: true}
 }
 
 // legacyExit reads an exit record of version 1: the code alone.
-func legacyExit(b []byte) (rstore.Entry[exitRecord], error) {
+func legacyExit(b []byte) (record.Entry[exitRecord], error) {
 	var ex exitRecord
 	if err := json.Unmarshal(b, &ex); err != nil {
-		return rstore.Entry[exitRecord]{}, err
+		return record.Entry[exitRecord]{}, err
 	}
-	return rstore.Entry[exitRecord]{Phase: rstore.Completed, Version: 1, Data: ex}, nil
+	return record.Entry[exitRecord]{Phase: record.Completed, Version: 1, Data: ex}, nil
 }
 
 // readExit reads the exit status container id's init recorded.
 func (r *runner) readExit(id string) (exitRecord, error) {
-	s, err := rstore.New(r.cfg.StateDir, exitOptions(exitFile))
+	s, err := record.New(r.cfg.StateDir, exitOptions(exitFile))
 	if err != nil {
 		return exitRecord{}, err
 	}
@@ -171,11 +171,11 @@ func (r *runner) readExit(id string) (exitRecord, error) {
 // before the init left the host's root. The container's id is the
 // directory's name.
 func writeExit(dir *os.Root, path string, ex exitRecord) error {
-	f, err := rstore.NewFile(path, filepath.Base(filepath.Dir(path)), exitOptions(""))
+	f, err := record.NewFile(path, filepath.Base(filepath.Dir(path)), exitOptions(""))
 	if err != nil {
 		return err
 	}
-	return f.WriteIn(dir, rstore.Entry[exitRecord]{Phase: rstore.Completed, Data: ex})
+	return f.WriteIn(dir, record.Entry[exitRecord]{Phase: record.Completed, Data: ex})
 }
 
 // supervisorFormat is the format of the supervisor records, in
@@ -191,17 +191,17 @@ const (
 // the file in each container's directory, or "" for one file alone. They
 // are not synced to disk: they describe processes, which no machine crash
 // outlives.
-func supervisorOptions(name string) rstore.Options[struct{}] {
-	return rstore.Options[struct{}]{Format: supervisorFormat, Version: supervisorVersion, Name: name, Legacy: legacySupervisor, NoSync: true}
+func supervisorOptions(name string) record.Options[struct{}] {
+	return record.Options[struct{}]{Format: supervisorFormat, Version: supervisorVersion, Name: name, Legacy: legacySupervisor, NoSync: true}
 }
 
 // legacySupervisor reads a supervisor record of version 1: the holder.
-func legacySupervisor(b []byte) (rstore.Entry[struct{}], error) {
+func legacySupervisor(b []byte) (record.Entry[struct{}], error) {
 	var p node.Process
 	if err := json.Unmarshal(b, &p); err != nil {
-		return rstore.Entry[struct{}]{}, err
+		return record.Entry[struct{}]{}, err
 	}
-	e := rstore.Entry[struct{}]{Phase: rstore.Completed, Version: 1}
+	e := record.Entry[struct{}]{Phase: record.Completed, Version: 1}
 	if p != (node.Process{}) {
 		e.Process = &p
 	}
@@ -211,8 +211,8 @@ func legacySupervisor(b []byte) (rstore.Entry[struct{}], error) {
 // supervisorEntry is the record of sup, the supervisor of container id:
 // the zero Holder (a process the proc file system could not tell) has no
 // process.
-func supervisorEntry(id string, sup allocator.Holder) rstore.Entry[struct{}] {
-	e := rstore.Entry[struct{}]{Key: id, Phase: rstore.Completed}
+func supervisorEntry(id string, sup allocator.Holder) record.Entry[struct{}] {
+	e := record.Entry[struct{}]{Key: id, Phase: record.Completed}
 	if p := node.Process(sup); p != (node.Process{}) {
 		e.Process = &p
 	}
@@ -222,7 +222,7 @@ func supervisorEntry(id string, sup allocator.Holder) rstore.Entry[struct{}] {
 // writeSupervisor records sup as the supervisor of container id, in the
 // directory dir (the container's, or its claim's before the rename).
 func writeSupervisor(dir, id string, sup allocator.Holder) error {
-	f, err := rstore.NewFile(filepath.Join(dir, supervisorFile), id, supervisorOptions(""))
+	f, err := record.NewFile(filepath.Join(dir, supervisorFile), id, supervisorOptions(""))
 	if err != nil {
 		return err
 	}
@@ -231,7 +231,7 @@ func writeSupervisor(dir, id string, sup allocator.Holder) error {
 
 // readSupervisor reads the supervisor container id's directory names.
 func (r *runner) readSupervisor(id string) (allocator.Holder, error) {
-	s, err := rstore.New(r.cfg.StateDir, supervisorOptions(supervisorFile))
+	s, err := record.New(r.cfg.StateDir, supervisorOptions(supervisorFile))
 	if err != nil {
 		return allocator.Holder{}, err
 	}

@@ -11,7 +11,7 @@ import (
 	"github.com/gpuiso/gpuiso/allocator"
 	"github.com/gpuiso/gpuiso/containerizer"
 	"github.com/gpuiso/gpuiso/node"
-	rstore "github.com/gpuiso/gpuiso/record"
+	"github.com/gpuiso/gpuiso/record"
 )
 
 // copyRecord puts testdata's record of id in dir/id.
@@ -44,7 +44,7 @@ func TestLegacyRecord(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	check := func(rec record, version int) {
+	check := func(rec ctrRecord, version int) {
 		t.Helper()
 		if rec.ID != "c1" || rec.Version != version || rec.Pid != 4242 || rec.Start != 987654321 || len(rec.GPUs) != 2 ||
 			rec.GPUs[1].UUID != "GPU-66666666-2222-3333-4444-555555555555" || len(rec.Mounts) != 1 || len(rec.Env) != 1 ||
@@ -85,7 +85,7 @@ func TestRecordErrors(t *testing.T) {
 	if _, err := r.readRecord("c"); !errors.Is(err, os.ErrNotExist) || !errors.Is(err, node.ErrNotFound) {
 		t.Fatalf("no record: %v", err)
 	}
-	if err := r.writeRecord(record{ID: "c", Pid: 1, Start: 2}); err != nil {
+	if err := r.writeRecord(ctrRecord{ID: "c", Pid: 1, Start: 2}); err != nil {
 		t.Fatal(err)
 	}
 	p := filepath.Join(dir, "c", recordFile)
@@ -103,7 +103,7 @@ func TestRecordErrors(t *testing.T) {
 			t.Fatal(err)
 		}
 		_, err := r.readRecord("c")
-		if !errors.Is(err, rstore.ErrCorrupt) || torn(err) != tc.torn {
+		if !errors.Is(err, record.ErrCorrupt) || torn(err) != tc.torn {
 			t.Errorf("%s: %v (torn %v)", name, err, torn(err))
 		}
 		if !tc.torn {
@@ -194,7 +194,7 @@ func TestSupervisorUnknown(t *testing.T) {
 	if err := writeExit(other, filepath.Join(dir, "c3", exitFile), exitRecord{Code: 1}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := r.readExit("c2"); !errors.Is(err, rstore.ErrCorrupt) {
+	if _, err := r.readExit("c2"); !errors.Is(err, record.ErrCorrupt) {
 		t.Errorf("exit of another container read as %v", err)
 	}
 }

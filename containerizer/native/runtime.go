@@ -60,7 +60,7 @@ var (
 
 // proc is what the runtime knows of one container in this process.
 type proc struct {
-	rec  record
+	rec  ctrRecord
 	plan *isolator.Plan
 	// stale are the device nodes of an update's plan not finished (see
 	// enforce): they may be in the container's /dev beside plan's.
@@ -137,7 +137,7 @@ func (r *runner) Create(ctx context.Context, spec containerizer.Spec, p *contain
 	id := spec.ID
 	plan := p.Plan
 	pr := &proc{plan: plan, exited: make(chan struct{})}
-	pr.rec = record{Version: recordVersion, ID: id, GPUs: slices.Clone(p.Allocation.Devices), Mounts: plan.Mounts, Env: plan.Env, CPUAffinity: spec.CPUAffinity}
+	pr.rec = ctrRecord{Version: recordVersion, ID: id, GPUs: slices.Clone(p.Allocation.Devices), Mounts: plan.Mounts, Env: plan.Env, CPUAffinity: spec.CPUAffinity}
 	if p.Volume != nil {
 		pr.rec.Volume, pr.rec.VolumeVersion = p.Volume.Path, p.Volume.Version
 	}
@@ -186,7 +186,7 @@ func (r *runner) Create(ctx context.Context, spec containerizer.Spec, p *contain
 }
 
 // public is a record as the Lifecycle sees it.
-func (r *runner) public(rec record) containerizer.Record {
+func (r *runner) public(rec ctrRecord) containerizer.Record {
 	out := containerizer.Record{ID: rec.ID, RuntimeID: rec.ID, GPUs: slices.Clone(rec.GPUs), Volume: rec.Volume, VolumeVersion: rec.VolumeVersion, Pid: rec.Pid}
 	if rec.Share != nil {
 		s := *rec.Share

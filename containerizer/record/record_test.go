@@ -1,22 +1,22 @@
-package record_test
+package record
 
 import (
 	"errors"
 	"testing"
 
-	old "github.com/gpuiso/gpuiso/containerizer/record"
 	"github.com/gpuiso/gpuiso/record"
 )
 
-// TestForwards: a store made through the old path is the new package's,
-// and its errors match the sentinels of both.
+// TestForwards: a store made through the old path (this package, its
+// names unqualified here) is the new package's, and its errors match the
+// sentinels of both.
 func TestForwards(t *testing.T) {
-	s, err := old.New(t.TempDir(), old.Options[int]{Format: "f", Version: 1})
+	s, err := New(t.TempDir(), Options[int]{Format: "f", Version: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
 	var _ *record.Store[int] = s
-	if err := s.Write(old.Entry[int]{Key: "k", Phase: old.Completed, Data: 7}); err != nil {
+	if err := s.Write(Entry[int]{Key: "k", Phase: Completed, Data: 7}); err != nil {
 		t.Fatal(err)
 	}
 	e, err := s.Read("k")
@@ -24,10 +24,10 @@ func TestForwards(t *testing.T) {
 		t.Fatalf("Read = %+v, %v", e, err)
 	}
 	_, err = s.Read("none")
-	if !errors.Is(err, old.ErrNoRecord) || !errors.Is(err, record.ErrNoRecord) {
+	if !errors.Is(err, ErrNoRecord) || !errors.Is(err, record.ErrNoRecord) {
 		t.Errorf("Read of none = %v", err)
 	}
-	if err := old.ValidKey(".k"); !errors.Is(err, old.ErrInvalidKey) || !errors.Is(err, record.ErrInvalidKey) {
+	if err := ValidKey(".k"); !errors.Is(err, ErrInvalidKey) || !errors.Is(err, record.ErrInvalidKey) {
 		t.Errorf("ValidKey = %v", err)
 	}
 }
