@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/gpuiso/gpuiso/internal/linux"
+	"github.com/gpuiso/gpuiso/record"
 )
 
 // DefaultRegistry is where every Manager records its directory (New): a
@@ -42,7 +43,7 @@ func register(registry, dir string) error {
 	}
 	sum := sha256.Sum256([]byte(dir))
 	name := hex.EncodeToString(sum[:16]) + registryEntry
-	if err := linux.ReplaceFile(filepath.Join(registry, name), []byte(dir+"\n"), 0o600); err != nil {
+	if err := record.Replace(filepath.Join(registry, name), []byte(dir+"\n"), 0o600); err != nil {
 		return err
 	}
 	entries, err := os.ReadDir(registry)
