@@ -30,9 +30,10 @@ var finitModule = map[string]uintptr{"amd64": 313, "arm64": 273}[runtime.GOARCH]
 //	fd=N              a directory the caller held open as fd N: create a file through it
 //	plant=NAME        a file name to plant in /tmp, for the host to look for afterwards
 //	workdir=1         plant it in the working directory too
+//	skip=DIR          a directory the walk for sockets leaves out
 //
-// It also walks the whole file system it sees (but /proc, /sys and /dev)
-// and connects to every UNIX socket there ("connect-any-socket"), lists its
+// It also walks the whole file system it sees (but /proc, /sys, /dev and
+// skip) and connects to every UNIX socket there ("connect-any-socket"), lists its
 // open descriptors ("open-fds"), and tries a setuid file and a device node
 // in /tmp and the working directory.
 func escape(args []string) {
@@ -114,7 +115,7 @@ func escape(args []string) {
 	if a := set["abstract"]; a != "" {
 		report("connect-host-abstract", connectUnix("@"+a))
 	}
-	fmt.Println("connect-any-socket", anySocket())
+	fmt.Println("connect-any-socket", anySocket(set["skip"]))
 	if v := set["fd"]; v != "" {
 		n, _ := strconv.Atoi(v)
 		fd, err := syscall.Openat(n, "gpuiso-escape-fd", syscall.O_CREAT|syscall.O_WRONLY, 0o644)
@@ -230,13 +231,13 @@ func connectTCP(addr string) error {
 
 // anySocket connects to every UNIX socket file it can see: "ok:PATH" for
 // the first that answers, "none" when none does.
-func anySocket() string {
+func anySocket(skip string) string {
 	found := "none"
 	filepath.WalkDir("/", func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return nil
 		}
-		if d.IsDir() && (p == "/proc" || p == "/sys" || p == "/dev") {
+		if d.IsDir() && (p == "/proc" || p == "/sys" || p == "/dev" || (skip != "" && p == skip)) {
 			return filepath.SkipDir
 		}
 		if d.Type()&fs.ModeSocket != 0 && connectUnix(p) == nil {

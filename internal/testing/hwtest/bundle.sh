@@ -21,7 +21,7 @@ if [ "${1:-}" = --vm ]; then
   vm=1
   shift
 fi
-root=$(cd "$(dirname "$0")/../.." && pwd)
+root=$(cd "$(dirname "$0")/../../.." && pwd)
 out=${1:-$root/hwbundle}
 case $out in /*) ;; *) out=$PWD/$out ;; esac
 GO=${GO:-go}

@@ -53,6 +53,12 @@ const testRoot = "/var/lib/gpuiso-test"
 // OffHostTmp).
 const exeEnv = "GPUISO_TESTENV_EXE"
 
+// RunsDir is where OffHostTmp puts the temporary directories of root test
+// runs, every package's: a native container that keeps the host's view
+// sees it, with the sockets of the daemons other packages' tests started
+// meanwhile, where on a real host they would be in a /tmp it does not see.
+func RunsDir() string { return testRoot }
+
 // OffHostTmp moves a root test run's temporary files off the host's /tmp
 // and /var/tmp, which every native container covers with private ones:
 // TMPDIR (and with it t.TempDir) becomes a fresh directory under testRoot,

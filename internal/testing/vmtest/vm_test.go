@@ -61,7 +61,7 @@ func TestCgroup2VM(t *testing.T) {
 	}
 	src, err := filepath.Abs(filepath.Join("..", "..", ".."))
 	if err == nil {
-		if _, err = os.Stat(filepath.Join(src, "internal", "hwtest", "bundle.sh")); err != nil {
+		if _, err = os.Stat(filepath.Join(src, "internal", "testing", "hwtest", "bundle.sh")); err != nil {
 			missing = append(missing, fmt.Sprintf("the source tree: %v", err))
 		}
 	}
@@ -69,7 +69,7 @@ func TestCgroup2VM(t *testing.T) {
 
 	dir := t.TempDir()
 	bundle := filepath.Join(dir, "bundle")
-	build := exec.Command("bash", filepath.Join(src, "internal", "hwtest", "bundle.sh"), "--vm", bundle)
+	build := exec.Command("bash", filepath.Join(src, "internal", "testing", "hwtest", "bundle.sh"), "--vm", bundle)
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("bundle.sh --vm: %v\n%s", err, out)
 	}
