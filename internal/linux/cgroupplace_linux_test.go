@@ -1,0 +1,81 @@
+package linux_test
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"testing"
+
+	"github.com/gpuiso/gpuiso/internal/linux"
+	"github.com/gpuiso/gpuiso/internal/testing/testenv"
+)
+
+// TestCgroupPlacement makes a cgroup in every hierarchy of the host, moves
+// a process into it (in the cgroup namespace the caller names), finds
+// it there in each, and removes the cgroup once the process ended.
+func TestCgroupPlacement(t *testing.T) {
+	testenv.RequireRoot(t)
+	hs, err := linux.CgroupHierarchies("/sys/fs/cgroup")
+	if err != nil {
+		t.Fatal(err)
+	}
+	top := fmt.Sprintf("/gpuiso-test-place-%d", os.Getpid())
+	p := top + "/gpuiso-mps/owner-1"
+	t.Cleanup(func() {
+		linux.RemoveCgroup(hs, p)
+		linux.RemoveCgroup(hs, top+"/gpuiso-mps")
+		linux.RemoveCgroup(hs, top)
+	})
+	if err := linux.MakeCgroup(hs, p); err != nil {
+		t.Fatal(err)
+	}
+	if err := linux.MakeCgroup(hs, p); err != nil {
+		t.Fatalf("made again: %v", err)
+	}
+	cmd := exec.Command("sleep", "100")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	if err := linux.MoveToCgroup(hs, p, cmd.Process.Pid, "/proc/self/ns/cgroup"); err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range hs {
+		pids, err := linux.CgroupProcesses(h, p)
+		if err != nil || !slices.Contains(pids, cmd.Process.Pid) {
+			t.Errorf("%s: processes %v (%v), want %d", h.Dir, pids, err, cmd.Process.Pid)
+		}
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", cmd.Process.Pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cgs, err := linux.ProcCgroups(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cgs["memory"] != "" && cgs["memory"] != p {
+		t.Errorf("the process's memory cgroup is %s, want %s", cgs["memory"], p)
+	}
+	if err := linux.RemoveCgroup(hs, p); err == nil {
+		t.Error("a cgroup with a process in it was removed")
+	}
+	cmd.Process.Kill()
+	cmd.Wait()
+	if err := linux.RemoveCgroup(hs, p); err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range hs {
+		if _, err := os.Stat(filepath.Join(h.Dir, p)); !os.IsNotExist(err) {
+			t.Errorf("%s: left: %v", h.Dir, err)
+		}
+	}
+	if err := linux.RemoveCgroup(hs, p); err != nil {
+		t.Errorf("removed again: %v", err)
+	}
+	if err := linux.MakeCgroup(hs, "/a/../b"); err == nil {
+		t.Error("a path leaving the hierarchy was made")
+	}
+}
