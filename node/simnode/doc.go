@@ -21,7 +21,10 @@
 // rows, pending pages, NVLink states and counters, the PCIe replay
 // counter, clock event reasons) and delivered as events;
 // [Node.InjectMIG] attributes an XID to one MIG device; [Node.Clear]
-// heals a GPU as a reset would. [Node.ShareFaults] keeps the faults in a
+// heals a GPU as a reset would; [Node.ResetGPU] is such a reset, asked as
+// node.Resetter asks it, and [Node.FailResets] makes a GPU's resets fail
+// (it stays as it was), for tests of what follows a failed reset.
+// [Node.ShareFaults] keeps the faults in a
 // host tree: every node made over the same tree, in any process, sees
 // them and gets the events injected since (a kubelet plugin simulating
 // the host sees what gpuinfo --inject does).

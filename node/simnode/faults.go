@@ -32,12 +32,17 @@ type gpuFaults struct {
 	Thermal        bool   `json:"thermal,omitempty"`
 	Power          bool   `json:"power,omitempty"`
 	Lost           bool   `json:"lost,omitempty"`
+	// ResetFails makes a reset of the GPU fail (FailResets); Resets
+	// counts the resets asked of it. Neither is a condition: both stay
+	// through a reset.
+	ResetFails bool `json:"resetFails,omitempty"`
+	Resets     int  `json:"resets,omitempty"`
 }
 
 // clear is f with every condition gone, as after a GPU reset: the
-// counters stay (they only grow).
+// counters stay (they only grow), and so does the reset mode.
 func (f gpuFaults) clear() gpuFaults {
-	return gpuFaults{NVLinkErrors: f.NVLinkErrors, PCIeReplays: f.PCIeReplays}
+	return gpuFaults{NVLinkErrors: f.NVLinkErrors, PCIeReplays: f.PCIeReplays, ResetFails: f.ResetFails, Resets: f.Resets}
 }
 
 // faultEvent is an event injected into a host tree, numbered so that each
