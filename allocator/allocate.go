@@ -51,7 +51,10 @@ func (a *Allocator) allocate(ctx context.Context, owner string, r Request) (Allo
 		if err != nil {
 			return Allocation{}, err
 		}
-		h.shared, h.memory, h.mode, h.compute = p, c.share.MemoryBytes, c.share.Mode, c.share.ComputePercent
+		h.shared, h.memory, h.mode, h.compute, h.slices = p, c.share.MemoryBytes, c.share.Mode, c.share.ComputePercent, c.share.Slices
+		if h.mode == ShareSlice {
+			h.memory = a.sliceMemory(p, h.slices)
+		}
 	} else {
 		set, err := a.placeExclusive(c, 0)
 		if err != nil {

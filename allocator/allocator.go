@@ -50,6 +50,7 @@ type holding struct {
 	memory  uint64    // bytes on the shared GPU (a memory share)
 	mode    ShareMode // the share's mode, when shared >= 0
 	compute int       // a memory share's compute percentage, or 0
+	slices  int       // a concurrent slice's count (1 of slices), or 0
 	mig     []int     // MIG devices by unit number, ascending
 }
 

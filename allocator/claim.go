@@ -140,15 +140,16 @@ type claimOptions struct {
 	share   *Share
 }
 
-// AsShare makes Claim re-hold share s (a memory share or a time slice) of
-// the one GPU it is given, the GPU a container was started with and the
-// share its record names: how a recovery re-holds a share the allocator's
-// memory lost. Like any claim, it is idempotent:
+// AsShare makes Claim re-hold share s (a memory share, a time slice or a
+// concurrent slice, whose memory may be left 0) of the one GPU it is
+// given, the GPU a container was started with and the share its record
+// names: how a recovery re-holds a share the allocator's memory lost. Like any claim, it is idempotent:
 //
 //   - owner already holds exactly s on the GPU: nothing changes;
 //   - owner holds nothing, and the GPU can take s (shareable, or holding
-//     shares already, not held whole or by shares of the other mode, with
-//     room): owner takes it, in one change on disk;
+//     shares already, not held whole, by shares of another mode or by
+//     slices of another count, with room): owner takes it, in one change
+//     on disk;
 //   - owner holds something else: a *ClaimError matching ErrClaimMismatch;
 //   - the GPU cannot take s: ErrDeviceUnavailable; a device the node lacks:
 //     ErrUnknownDevice; a MIG device: ErrShareNotSupported; s itself is
@@ -186,7 +187,7 @@ func Created() ClaimOption {
 // the GPUs of another live process's container, so persists once.
 func HeldBy(h Holder) ClaimOption {
 	return func(o *claimOptions) error {
-		if err := h.validate(); err != nil {
+		if err := validHolder(h); err != nil {
 			return err
 		}
 		o.holder = &h
@@ -309,7 +310,7 @@ func (a *Allocator) setHolder(ctx context.Context, owner string, h *Holder) erro
 	}
 	var holder *Holder
 	if h != nil {
-		if err := h.validate(); err != nil {
+		if err := validHolder(*h); err != nil {
 			return err
 		}
 		hh := *h

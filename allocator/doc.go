@@ -54,7 +54,7 @@
 //
 // # Shares
 //
-// A [Share] is part of one GPU, in one of two modes. A memory share
+// A [Share] is part of one GPU, in one of three modes. A memory share
 // ([ShareMemory]: bytes, optionally a compute percentage) is counted
 // against the GPU's memory and enforced by an MPS control daemon (package
 // isolator/mps, which derives its limits from the share, mps.LimitsOf, and
@@ -62,18 +62,24 @@
 // lower). A time slice ([ShareTime]) is the
 // whole GPU beside the GPU's other time slices, isolated from none of them;
 // at most [WithTimeSlices] of them (default [DefaultTimeSlices]) share one
-// GPU. A GPU is held by one exclusive owner, by memory shares or by time
-// slices, never two of these at once. Placement packs: a share goes to the
-// fullest GPU of its mode with room, and opens a GPU no one holds (chosen
-// by the policy, as for a 1-GPU request) only when none has; whole-GPU
-// requests take shareable GPUs last. A share that fits nowhere now is a
+// GPU. A concurrent slice ([ShareSlice], Share.Slices N from [MinSlices] to
+// [MaxSlices]) is one of N equal parts of one GPU, whose containers run at
+// once as clients of one MPS control daemon that holds each to 1/N of the
+// GPU's memory and compute (package isolator/mps); the allocator sets its
+// memory (the GPU's divided by N) in the Allocation, and a GPU split in N
+// holds at most N slices, all of count N. A GPU is held by one exclusive
+// owner, by memory shares, by time slices or by concurrent slices of one
+// count, never two of these at once. Placement packs: a share goes to the
+// fullest GPU of its mode (and count) with room, and opens a GPU no one
+// holds (chosen by the policy, as for a 1-GPU request) only when none has;
+// whole-GPU requests take shareable GPUs last. A share that fits nowhere now is a
 // [*ShareError] (kind node.ErrInsufficient) naming each GPU's free memory
 // or why it cannot take it; one no GPU of the node could ever take is
 // refused as such: [ErrShareNotSupported] on a node with no shareable GPU,
 // [ErrInvalidRequest] for more memory than any shareable GPU has. A
 // GPU with MIG enabled is never shared (a share naming a MIG device is
 // [ErrShareNotSupported]); quotas count a shared GPU once per group.
-// Shares are in the state file with their mode and compute; after a crash
+// Shares are in the state file with their mode, compute and count; after a crash
 // [Allocator.Claim] with [AsShare] re-holds the share a container's record
 // names.
 //

@@ -6,7 +6,9 @@ import (
 
 // checkInvariants verifies the allocator's internal consistency: every GPU
 // held once, per-device views agreeing with per-owner ones, shares within
-// memory and never beside an exclusive owner.
+// memory and never beside an exclusive owner, one kind of share per GPU,
+// and concurrent slices of one count N, at most N of them, each with its
+// part of the GPU's memory.
 func (a *Allocator) checkInvariants() error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -28,8 +30,11 @@ func (a *Allocator) checkInvariants() error {
 			if a.shares[h.shared][o] != h.memory {
 				return fmt.Errorf("owner %s share mismatch", o)
 			}
-			if err := (Share{Mode: h.mode, MemoryBytes: h.memory, ComputePercent: h.compute}).Validate(); err != nil || h.mode == "" {
+			if err := (Share{Mode: h.mode, MemoryBytes: h.memory, ComputePercent: h.compute, Slices: h.slices}).Validate(); err != nil || h.mode == "" {
 				return fmt.Errorf("owner %s holds a share of mode %q: %v", o, h.mode, err)
+			}
+			if h.mode == ShareSlice && h.memory != a.sliceMemory(h.shared, h.slices) {
+				return fmt.Errorf("owner %s holds a slice of %d of %d bytes, not the gpu's part", o, h.slices, h.memory)
 			}
 		} else if h.devices == 0 && len(h.mig) == 0 {
 			return fmt.Errorf("owner %s holds nothing", o)
@@ -46,6 +51,7 @@ func (a *Allocator) checkInvariants() error {
 		}
 		var used uint64
 		var mode ShareMode
+		held, count := 0, 0
 		for o, m := range a.shares[p] {
 			h := a.owners[o]
 			if h == nil || h.shared != p {
@@ -56,6 +62,15 @@ func (a *Allocator) checkInvariants() error {
 			}
 			mode = h.mode
 			used += m
+			if h.mode == ShareSlice {
+				if held > 0 && h.slices != count {
+					return fmt.Errorf("%s split in both %d and %d slices", a.name(p), count, h.slices)
+				}
+				held, count = held+1, h.slices
+			}
+		}
+		if held > count {
+			return fmt.Errorf("%s holds %d slices of %d", a.name(p), held, count)
 		}
 		if used > a.inv.Devices[p].MemoryBytes {
 			return fmt.Errorf("%s shares %d bytes of %d", a.name(p), used, a.inv.Devices[p].MemoryBytes)

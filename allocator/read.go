@@ -79,7 +79,7 @@ func ReadHoldings(dir string) ([]Holding, error) {
 		if o.Shared != nil {
 			d := SavedDevice(*o.Shared)
 			h.Shared = &d
-			h.Share = &Share{Mode: o.ShareMode, MemoryBytes: o.MemoryBytes, ComputePercent: o.ComputePercent}
+			h.Share = &Share{Mode: o.ShareMode, MemoryBytes: o.MemoryBytes, ComputePercent: o.ComputePercent, Slices: o.Slices}
 		}
 		for _, m := range o.MIG {
 			h.MIG = append(h.MIG, m.UUID)

@@ -21,7 +21,7 @@ func (a *Allocator) allocation(owner string, h *holding) Allocation {
 	if len(h.mig) > 0 {
 		al.Devices = a.migRefs(h.mig)
 	} else if h.shared >= 0 {
-		al.Share = &Share{Mode: h.mode, MemoryBytes: h.memory, ComputePercent: h.compute}
+		al.Share = &Share{Mode: h.mode, MemoryBytes: h.memory, ComputePercent: h.compute, Slices: h.slices}
 		al.Shared = h.mode == ShareMemory
 		if al.Shared {
 			al.MemoryBytes = h.memory

@@ -34,7 +34,8 @@ type Request struct {
 	// it still asks for that share (beside a Share, it must be the same).
 	MemoryBytes uint64 `json:"memoryBytes,omitempty"`
 	// Share, when set, asks for part of one shareable GPU instead of whole
-	// GPUs: a memory share or a time slice (see Share). Count must then be
+	// GPUs: a memory share, a time slice or a concurrent slice (see
+	// Share). Count must then be
 	// 0 or 1; Devices may name the one GPU.
 	Share *Share `json:"share,omitempty"`
 	// MIG, when set, asks for MIG devices of that GPU-instance profile
@@ -75,8 +76,9 @@ type Allocation struct {
 	//
 	// Deprecated: read Share.MemoryBytes; it is still set.
 	MemoryBytes uint64 `json:"memoryBytes,omitempty"`
-	// Share is the share held, a memory share or a time slice, or nil for
-	// whole GPUs and MIG devices.
+	// Share is the share held, a memory share, a time slice or a
+	// concurrent slice (with its memory, the GPU's divided by its count),
+	// or nil for whole GPUs and MIG devices.
 	Share *Share `json:"share,omitempty"`
 	// Holder is the request's Holder, if it had one.
 	Holder *Holder `json:"holder,omitempty"`
@@ -129,7 +131,7 @@ func (a *Allocator) compile(r Request) (compiled, error) {
 	}
 	c.share = share
 	if r.Holder != nil {
-		if err := r.Holder.validate(); err != nil {
+		if err := validHolder(*r.Holder); err != nil {
 			return c, err
 		}
 		h := *r.Holder
@@ -242,8 +244,11 @@ func describe(r Request) string {
 		return fmt.Sprintf("%d mig devices of %s", n, what)
 	}
 	if s, err := r.share(); err == nil && s != nil {
-		if s.Mode == ShareTime {
+		switch s.Mode {
+		case ShareTime:
 			return "a time slice of a gpu"
+		case ShareSlice:
+			return s.String() + " of a gpu"
 		}
 		return "a share of " + s.String() + " of a gpu"
 	}

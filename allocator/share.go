@@ -26,6 +26,20 @@ const (
 	// replicas). At most the allocator's time-slice count (WithTimeSlices)
 	// share one GPU.
 	ShareTime ShareMode = "time"
+	// ShareSlice is a concurrent slice: one of Share.Slices equal parts of
+	// one GPU, whose containers run their kernels at once, as clients of
+	// one MPS control daemon (package isolator/mps), each held to the
+	// GPU's memory and compute divided by Slices. A GPU split into N
+	// slices holds at most N, all of count N.
+	ShareSlice ShareMode = "slice"
+)
+
+// Bounds of a concurrent slice's count (Share.Slices): a GPU split in two
+// at least, and in MaxSlices at most, the most client processes one MPS
+// server takes on a GPU since Volta (each slice is one client at least).
+const (
+	MinSlices = 2
+	MaxSlices = 48
 )
 
 // DefaultTimeSlices is how many time slices share one GPU at most, unless
@@ -33,24 +47,36 @@ const (
 const DefaultTimeSlices = 4
 
 // Share asks for part of one GPU, on a GPU made shareable with WithShared:
-// a memory share or a time slice. A GPU is held by one exclusive owner, by
-// memory shares or by time slices, never by two of these at once.
+// a memory share, a time slice or a concurrent slice. A GPU is held by one
+// exclusive owner, by memory shares, by time slices or by concurrent
+// slices of one count, never by two of these at once.
 type Share struct {
-	// Mode is ShareMemory or ShareTime; empty means ShareMemory.
+	// Mode is ShareMemory, ShareTime or ShareSlice; empty means
+	// ShareMemory.
 	Mode ShareMode `json:"mode,omitempty"`
 	// MemoryBytes is a memory share's memory (required for one, at most
-	// the GPU's memory); a time slice has none of its own.
+	// the GPU's memory); a time slice has none of its own. A concurrent
+	// slice's is its GPU's memory divided by Slices, which the allocator
+	// sets in the Allocation: a request leaves it 0, and a claim leaves it
+	// 0 or gives what the allocation had.
 	MemoryBytes uint64 `json:"memoryBytes,omitempty"`
 	// ComputePercent, for a memory share, is the part of the GPU's
 	// compute (MPS's active thread percentage, 1 to 100) its container
 	// may use; 0 means no limit.
 	ComputePercent int `json:"computePercent,omitempty"`
+	// Slices, for a concurrent slice, is how many equal slices its GPU is
+	// split into (MinSlices to MaxSlices); the other modes have none.
+	Slices int `json:"slices,omitempty"`
 }
 
 // Validate checks s on its own: a mode it knows, a memory share with
 // memory and a compute percentage from 0 to 100, a time slice with
-// neither.
+// neither, a concurrent slice with a count from MinSlices to MaxSlices and
+// no compute percentage of its own; only a concurrent slice has a count.
 func (s Share) Validate() error {
+	if s.mode() != ShareSlice && s.Slices != 0 {
+		return fmt.Errorf("a %s share split in %d slices: only a concurrent slice (mode %s) has a count: %w", s.mode(), s.Slices, ShareSlice, ErrInvalidRequest)
+	}
 	switch s.mode() {
 	case ShareMemory:
 		if s.MemoryBytes == 0 {
@@ -63,8 +89,15 @@ func (s Share) Validate() error {
 		if s.MemoryBytes != 0 || s.ComputePercent != 0 {
 			return fmt.Errorf("a time slice has no memory or compute of its own: %w", ErrInvalidRequest)
 		}
+	case ShareSlice:
+		if s.Slices < MinSlices || s.Slices > MaxSlices {
+			return fmt.Errorf("a gpu split in %d slices, want %d to %d: %w", s.Slices, MinSlices, MaxSlices, ErrInvalidRequest)
+		}
+		if s.ComputePercent != 0 {
+			return fmt.Errorf("a concurrent slice has no compute percentage of its own (it is 1/%d of the gpu): %w", s.Slices, ErrInvalidRequest)
+		}
 	default:
-		return fmt.Errorf("share mode %q, want %s or %s: %w", s.Mode, ShareMemory, ShareTime, ErrInvalidRequest)
+		return fmt.Errorf("share mode %q, want %s, %s or %s: %w", s.Mode, ShareMemory, ShareTime, ShareSlice, ErrInvalidRequest)
 	}
 	return nil
 }
@@ -77,10 +110,13 @@ func (s Share) mode() ShareMode {
 }
 
 // String describes the share: "4096 MiB", "4096 MiB, 50% compute", "time
-// slice".
+// slice", "1 of 4 concurrent slices".
 func (s Share) String() string {
-	if s.mode() == ShareTime {
+	switch s.mode() {
+	case ShareTime:
 		return "time slice"
+	case ShareSlice:
+		return "1 of " + strconv.Itoa(s.Slices) + " concurrent slices"
 	}
 	out := FormatBytes(s.MemoryBytes)
 	if s.ComputePercent > 0 {
@@ -125,6 +161,8 @@ func (r Request) share() (*Share, error) {
 		return &Share{Mode: ShareMemory, MemoryBytes: r.MemoryBytes}, nil
 	case r.MemoryBytes != 0 && (r.Share.mode() != ShareMemory || r.Share.MemoryBytes != r.MemoryBytes):
 		return nil, fmt.Errorf("MemoryBytes %d beside a share of %s: %w", r.MemoryBytes, r.Share, ErrInvalidRequest)
+	case r.Share.mode() == ShareSlice && r.Share.MemoryBytes != 0:
+		return nil, fmt.Errorf("a concurrent slice of %d bytes: its memory is its gpu's divided by its count, not asked: %w", r.Share.MemoryBytes, ErrInvalidRequest)
 	}
 	s := *r.Share
 	s.Mode = s.mode()
@@ -153,6 +191,22 @@ func (a *Allocator) timeSlicesOn(p int) int {
 	return len(a.shares[p])
 }
 
+// slicesOn is the number of concurrent slices GPU p holds, and their
+// count (the N of "1 of N"), or 0, 0 for none.
+func (a *Allocator) slicesOn(p int) (held, count int) {
+	for o := range a.shares[p] {
+		if h := a.owners[o]; h != nil && h.mode == ShareSlice {
+			held, count = held+1, h.slices
+		}
+	}
+	return held, count
+}
+
+// sliceMemory is the memory of one of n slices of GPU p.
+func (a *Allocator) sliceMemory(p, n int) uint64 {
+	return a.inv.Devices[p].MemoryBytes / uint64(n)
+}
+
 func (a *Allocator) timeSliceLimit() int {
 	if a.cfg.timeSlices > 0 {
 		return a.cfg.timeSlices
@@ -179,9 +233,21 @@ func (a *Allocator) fitsShare(p int, s Share, match, sick uint64) string {
 	if mode != "" && mode != s.mode() {
 		return "held by " + string(mode) + " shares"
 	}
-	if s.mode() == ShareTime {
+	switch s.mode() {
+	case ShareTime:
 		if n := a.timeSlicesOn(p); n >= a.timeSliceLimit() {
 			return fmt.Sprintf("%d of %d time slices taken", n, a.timeSliceLimit())
+		}
+		return ""
+	case ShareSlice:
+		held, count := a.slicesOn(p)
+		switch {
+		case held > 0 && count != s.Slices:
+			return fmt.Sprintf("split in %d slices, not %d", count, s.Slices)
+		case held >= s.Slices:
+			return fmt.Sprintf("%d of %d slices taken", held, s.Slices)
+		case a.sliceMemory(p, s.Slices) < 1<<20:
+			return fmt.Sprintf("%s: too little memory for %d slices", FormatBytes(a.inv.Devices[p].MemoryBytes), s.Slices)
 		}
 		return ""
 	}
@@ -193,7 +259,9 @@ func (a *Allocator) fitsShare(p int, s Share, match, sick uint64) string {
 
 // placeShare chooses the GPU for share s. It packs: among the GPUs already
 // holding shares of s's mode, the fullest one that has room (the least
-// free memory that fits; the most time slices); only when none has room
+// free memory that fits; the most time slices; the most concurrent slices
+// of s's count: a GPU split in another count never takes it); only when
+// none has room
 // does it open a GPU no one holds, chosen by the placement policy as for a
 // 1-GPU request, so that whole GPUs stay free for exclusive requests. When
 // no GPU fits, a *ShareError says why for each; a share no GPU of the node
@@ -223,8 +291,12 @@ func (a *Allocator) placeShare(c compiled, s Share) (int, error) {
 		}
 		// Fuller first: less free memory, or more time slices.
 		key := a.freeMemory(p)
-		if s.mode() == ShareTime {
+		switch s.mode() {
+		case ShareTime:
 			key = uint64(a.timeSliceLimit() - a.timeSlicesOn(p))
+		case ShareSlice:
+			held, _ := a.slicesOn(p)
+			key = uint64(s.Slices - held)
 		}
 		if best < 0 || key < bestKey {
 			best, bestKey = p, key
@@ -240,7 +312,7 @@ func (a *Allocator) placeShare(c compiled, s Share) (int, error) {
 	for p := range a.n {
 		d := a.inv.Devices[p]
 		f := ShareFit{Index: d.Index, UUID: d.UUID, Reason: a.fitsShare(p, s, c.match, c.sick)}
-		if a.shares[p] != nil && a.exclusive[p] == "" && a.shareMode(p) != ShareTime {
+		if m := a.shareMode(p); a.shares[p] != nil && a.exclusive[p] == "" && m != ShareTime && m != ShareSlice {
 			f.FreeBytes = a.freeMemory(p)
 		}
 		e.GPUs = append(e.GPUs, f)
@@ -285,7 +357,8 @@ type ShareError struct {
 	// Share is what was asked for.
 	Share Share
 	// GPUs are the node's GPUs, in inventory order, each with its free
-	// memory (of a shareable GPU not held whole or by time slices) and
+	// memory (of a shareable GPU not held whole, by time slices or by
+	// concurrent slices) and
 	// the reason it cannot take the share.
 	GPUs []ShareFit
 }
@@ -364,8 +437,15 @@ func (a *Allocator) claimShare(ctx context.Context, owner string, device node.De
 		return Allocation{}, err
 	}
 	defer unlock()
+	if s.Mode == ShareSlice {
+		// A slice's memory is its GPU's part: a claim names it or not.
+		if want := a.sliceMemory(p, s.Slices); s.MemoryBytes != 0 && s.MemoryBytes != want {
+			return Allocation{}, fmt.Errorf("%s: a slice of %d is %s, not %s: %w", a.name(p), s.Slices, FormatBytes(want), FormatBytes(s.MemoryBytes), ErrInvalidRequest)
+		}
+		s.MemoryBytes = a.sliceMemory(p, s.Slices)
+	}
 	if h, ok := a.owners[owner]; ok {
-		if h.shared != p || h.mode != s.Mode || h.memory != s.MemoryBytes || h.compute != s.ComputePercent {
+		if h.shared != p || h.mode != s.Mode || h.memory != s.MemoryBytes || h.compute != s.ComputePercent || h.slices != s.Slices {
 			return Allocation{}, &ClaimError{Owner: owner, Held: refNames(a.allocation(owner, h).Devices), Claimed: refNames([]node.DeviceRef{a.inv.Devices[p].Ref()})}
 		}
 		return a.rehold(ctx, owner, h, o.holder)
@@ -380,7 +460,7 @@ func (a *Allocator) claimShare(ctx context.Context, owner string, device node.De
 		}
 		return Allocation{}, fmt.Errorf("%s: %s: %w", a.name(p), why, ErrDeviceUnavailable)
 	}
-	h := &holding{shared: p, memory: s.MemoryBytes, mode: s.Mode, compute: s.ComputePercent, holder: o.holder}
+	h := &holding{shared: p, memory: s.MemoryBytes, mode: s.Mode, compute: s.ComputePercent, slices: s.Slices, holder: o.holder}
 	if err := a.checkQuota(owner, h); err != nil {
 		if restore {
 			a.shares[p] = nil

@@ -80,6 +80,9 @@ type savedOwner struct {
 	// written before time slices hold memory shares without them).
 	ShareMode      ShareMode `json:"shareMode,omitempty"`
 	ComputePercent int       `json:"computePercent,omitempty"`
+	// Slices is a concurrent slice's count (optional: files written
+	// before concurrent slices have none).
+	Slices int `json:"slices,omitempty"`
 	// MIG are the MIG devices held (optional, see savedMIG).
 	MIG    []savedMIG `json:"mig,omitempty"`
 	Holder *Holder    `json:"holder,omitempty"`
@@ -194,10 +197,10 @@ func checkState(s *savedState, corrupt func(format string, args ...any) error) e
 			return corrupt("owner %s must hold either whole GPUs, one share or MIG devices", o.Owner)
 		}
 		if o.Shared != nil {
-			if err := (Share{Mode: o.ShareMode, MemoryBytes: o.MemoryBytes, ComputePercent: o.ComputePercent}).Validate(); err != nil {
+			if err := (Share{Mode: o.ShareMode, MemoryBytes: o.MemoryBytes, ComputePercent: o.ComputePercent, Slices: o.Slices}).Validate(); err != nil {
 				return corrupt("owner %s: %v", o.Owner, err)
 			}
-		} else if o.ShareMode != "" || o.MemoryBytes != 0 || o.ComputePercent != 0 {
+		} else if o.ShareMode != "" || o.MemoryBytes != 0 || o.ComputePercent != 0 || o.Slices != 0 {
 			return corrupt("owner %s describes a share it does not hold", o.Owner)
 		}
 	}
@@ -214,7 +217,7 @@ func (a *Allocator) snapshot() *savedState {
 		}
 		if h.shared >= 0 {
 			d := a.saved(h.shared)
-			so.Shared, so.MemoryBytes, so.ComputePercent = &d, h.memory, h.compute
+			so.Shared, so.MemoryBytes, so.ComputePercent, so.Slices = &d, h.memory, h.compute, h.slices
 			if h.mode != ShareMemory {
 				so.ShareMode = h.mode
 			}
@@ -295,11 +298,22 @@ func (a *Allocator) restore(s *savedState) error {
 				if m := a.shareMode(p); m != "" && m != mode {
 					return fmt.Errorf("%s held by both %s and %s shares: %w", a.name(p), m, mode, ErrCorruptState)
 				}
-				a.shares[p][so.Owner] = so.MemoryBytes
+				memory := so.MemoryBytes
+				if mode == ShareSlice {
+					held, count := a.slicesOn(p)
+					if held > 0 && count != so.Slices {
+						return fmt.Errorf("%s split in both %d and %d slices: %w", a.name(p), count, so.Slices, ErrCorruptState)
+					}
+					if held >= so.Slices {
+						return fmt.Errorf("%s holds more than %d slices of %d: %w", a.name(p), so.Slices, so.Slices, ErrCorruptState)
+					}
+					memory = a.sliceMemory(p, so.Slices) // the GPU's part, as this inventory has it
+				}
+				a.shares[p][so.Owner] = memory
 				if a.sharedSum(p) > a.inv.Devices[p].MemoryBytes {
 					return fmt.Errorf("%s shares more memory than it has: %w", a.name(p), ErrCorruptState)
 				}
-				h.shared, h.memory, h.mode, h.compute = p, so.MemoryBytes, mode, so.ComputePercent
+				h.shared, h.memory, h.mode, h.compute, h.slices = p, memory, mode, so.ComputePercent, so.Slices
 			}
 		}
 		if err := a.restoreMIG(so, h, warn); err != nil {
