@@ -64,6 +64,11 @@ type Config struct {
 	// of publishing them with a taint (Slice.TaintKey, default
 	// TaintKey(DriverName)), for a cluster without device taints.
 	LeaveOutUnhealthy bool
+	// DeviceMetadata gives every prepared device its metadata (see
+	// withMetadata), for the kubelet plugin's device metadata files
+	// (kubeletplugin.EnableDeviceMetadata), which containers read at
+	// /var/run/kubernetes.io/dra-device-attributes/<claim>/<request>/metadata.json.
+	DeviceMetadata bool
 }
 
 // Driver prepares and unprepares resource claims for the kubelet (it is a
@@ -190,7 +195,7 @@ func (d *Driver) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim) 
 			return nil, fmt.Errorf("prepare claim %s/%s: %w", claim.Namespace, claim.Name, err)
 		}
 		t.ev.Recorded = true
-		return cp.result(), nil
+		return d.withMetadata(cp, cp.result()), nil
 	}
 	if ok {
 		t.lock(&d.mu)
@@ -250,7 +255,7 @@ func (d *Driver) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim) 
 		t.step(StepRollback)
 		return nil, err
 	}
-	return cp.result(), nil
+	return d.withMetadata(cp, cp.result()), nil
 }
 
 // prepare holds cp's devices and writes their CDI spec, holding d.mu,

@@ -136,13 +136,15 @@ func TestDRA(t *testing.T) {
 
 	t.Run("one GPU", func(t *testing.T) {
 		claimTemplate(t, c, "one-gpu", "gpu.gpuiso.io", 1, "")
-		createPod(t, c, withClaim(probePod("one", isolationArgs(major, all, false)), "one-gpu"))
-		s := parseSeen(podOutput(t, c, "one"))
+		createPod(t, c, withClaim(probePod("one", isolationArgs(major, all, false, metadataStep()...)), "one-gpu"))
+		out := podOutput(t, c, "one")
+		s := parseSeen(out)
 		_, uuids, minors := allocated(t, c, "one", slice)
 		if len(uuids) != 1 {
 			t.Fatalf("allocated %v", uuids)
 		}
 		s.check(t, all, minors, uuids)
+		checkMetadata(t, out, inv, uuids)
 	})
 
 	t.Run("two connected GPUs", func(t *testing.T) {

@@ -19,7 +19,7 @@ import (
 // the checkpoints and the kubelet's state kept). The plugin starts again;
 // the kubelet starts the pod's container again with the same claim, and
 // from inside it sees exactly its GPU, the claim's CDI spec written back
-// as it was.
+// as it was, and its device metadata file describes the GPU again.
 func TestDRAReboot(t *testing.T) {
 	c := requireCluster(t)
 	ensureClasses(t, c)
@@ -31,15 +31,17 @@ func TestDRAReboot(t *testing.T) {
 	slice := sliceByName(t, c)
 
 	claimTemplate(t, c, "one-gpu-boot", "gpu.gpuiso.io", 1, "")
-	pd := withClaim(probePod("rebooted", isolationArgs(major, all, true)), "one-gpu-boot")
+	pd := withClaim(probePod("rebooted", isolationArgs(major, all, true, metadataStep()...)), "one-gpu-boot")
 	pd.Spec.RestartPolicy = corev1.RestartPolicyAlways
 	createPod(t, c, pd)
-	s := parseSeen(podOutput(t, c, "rebooted"))
+	out := podOutput(t, c, "rebooted")
+	s := parseSeen(out)
 	_, uuids, minors := allocated(t, c, "rebooted", slice)
 	if len(uuids) != 1 {
 		t.Fatalf("allocated %v", uuids)
 	}
 	s.check(t, all, minors, uuids)
+	checkMetadata(t, out, inv, uuids)
 	claim := claimOf(t, c, "rebooted")
 	uid := string(claim.UID)
 	spec := filepath.Join(c.CDIDir, driver+"-claim_alloc-claim-"+uid+".json")
@@ -81,8 +83,10 @@ func TestDRAReboot(t *testing.T) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	after := parseSeen(podOutput(t, c, "rebooted"))
+	out = podOutput(t, c, "rebooted")
+	after := parseSeen(out)
 	after.check(t, all, minors, uuids)
+	checkMetadata(t, out, inv, uuids)
 	if again := claimOf(t, c, "rebooted"); again.UID != claim.UID {
 		t.Errorf("the pod's claim changed over the reboot: %s, was %s", again.UID, claim.UID)
 	}

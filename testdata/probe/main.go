@@ -10,6 +10,7 @@
 //	probe mknod PATH MAJOR MINOR open   the same, then a line for a read-write open of it
 //	probe env NAME...     "<name>=<value>" for each variable that is set
 //	probe status          its own /proc/self/status (uid, gid, capabilities)
+//	probe cat PATH...     "cat <path> <contents as a Go string literal>" for each file (or the error)
 //	probe cwd             "cwd <dir>": its working directory
 //	probe exit CODE       exits with CODE
 //	probe sleep SECONDS   sleeps (fractions allowed), then exits 0 (a container that keeps running)
@@ -98,6 +99,15 @@ func run(cmd string, args []string) {
 			if v, ok := os.LookupEnv(name); ok {
 				fmt.Printf("%s=%s\n", name, v)
 			}
+		}
+	case "cat":
+		for _, p := range args {
+			b, err := os.ReadFile(p)
+			if err != nil {
+				fmt.Println("cat", p, result(err))
+				continue
+			}
+			fmt.Println("cat", p, strconv.Quote(string(b)))
 		}
 	case "status": // the process's own /proc/self/status
 		b, err := os.ReadFile("/proc/self/status")

@@ -78,7 +78,9 @@ import (
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/dynamic-resource-allocation/api/metadata/v1beta1"
 	"k8s.io/dynamic-resource-allocation/deviceattribute"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/utils/ptr"
@@ -110,7 +112,7 @@ type flags struct {
 	devicePlugin, dra, deviceSpecs              bool
 	extendedResource                            string
 	refresh                                     time.Duration
-	healthTaints                                bool
+	healthTaints, deviceMetadata                bool
 	healthPeriod                                time.Duration
 	healthTable                                 node.HealthTable
 	deploy                                      deployFlags
@@ -145,6 +147,7 @@ func parse(args []string, stderr io.Writer) (*flags, int, bool) {
 	fs.DurationVar(&f.healthPeriod, "health-period", nvmlnode.DefaultHealthPeriod, "how often to read the GPUs' polled health signals (a GPU whose signals clear is healthy again within two)")
 	healthRules := fs.String("health-rules", "", "a `FILE` of health rules, one a line (\"xid 94 unhealthy drain\"; see gpuinfo --health-table), over the default table")
 	fs.BoolVar(&f.healthTaints, "health-taints", true, "DRA: publish an unhealthy device with a taint (<driver-name>/unhealthy); false leaves it out of the slice, for a cluster without device taints")
+	fs.BoolVar(&f.deviceMetadata, "device-metadata", true, "DRA: give each container of a claim a file describing its devices (uuid, index, PCI bus id, NUMA node, MIG profile, share limits, ...) at /var/run/kubernetes.io/dra-device-attributes/<claim>/<request>/metadata.json, through a CDI spec in --cdi-dir")
 	f.deploy.register(fs)
 	f.share.register(fs)
 	f.mig.register(fs)
@@ -520,6 +523,7 @@ func startDRA(ctx context.Context, f *flags, inv *node.Inventory, alloc *allocat
 		Slice: dra.SliceOptions{PCIeRoot: pcieRoot, Shared: shared, ShareMin: least, ShareStep: step, DynamicMIG: f.mig.gpus(inv)}, MPS: daemons, Logger: log,
 		Observer: obs,
 		NodeName: f.nodeName, LeaveOutUnhealthy: !f.healthTaints, MIGDestroyer: f.mig.destroyer,
+		DeviceMetadata: f.deviceMetadata,
 	})
 	if err != nil {
 		closeMPS()
@@ -555,6 +559,10 @@ func startDRA(ctx context.Context, f *flags, inv *node.Inventory, alloc *allocat
 		// claim, the node's state held one claim at a time), so that
 		// the checkpoint writes of pods starting together overlap.
 		kubeletplugin.Serialize(false),
+		// The metadata files go under dataDir, their CDI specs (which
+		// bind them into the containers) beside the claims' own.
+		kubeletplugin.EnableDeviceMetadata(f.deviceMetadata, []schema.GroupVersion{v1beta1.SchemeGroupVersion}),
+		kubeletplugin.CDIDirectory(f.cdiDir),
 	)
 	if err != nil {
 		closeMPS()
