@@ -34,6 +34,7 @@ type deployFlags struct {
 	driverRoot    string
 	daemonSet     string // namespace/name
 	metricsAddr   string
+	rollingUID    string // the pod's UID, for a rolling update
 }
 
 func (d *deployFlags) register(fs *flag.FlagSet) {
@@ -42,6 +43,7 @@ func (d *deployFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&d.driverRoot, "driver-root", "", "load NVML from the driver installed under `DIR` (the host's root as mounted in the pod; default: the program's own library path)")
 	fs.StringVar(&d.daemonSet, "daemonset", "", "`NAMESPACE/NAME` of the DaemonSet running the program: when it is gone at exit (uninstall), the program removes what it left on the node")
 	fs.StringVar(&d.metricsAddr, "metrics-address", "", "serve Prometheus metrics on `ADDR` (host:port) at /metrics, and /healthz")
+	fs.StringVar(&d.rollingUID, "rolling-update-uid", "", "DRA: serve beside another instance of the plugin on the node (a DaemonSet rolling with a surge): `UID` is the pod's UID, which names this instance's sockets; every claim operation of either instance then runs one at a time across both, on the state they share (the kubelet, 1.33 or later, may call either); not with --dynamic-mig")
 }
 
 // check validates the deploy flags against the others; it returns the
@@ -60,6 +62,12 @@ func (d *deployFlags) check(f *flags) string {
 		return "--driver-root has no use on a simulated node"
 	case d.driverRoot != "" && !filepath.IsAbs(d.driverRoot):
 		return "--driver-root must be an absolute path"
+	case d.rollingUID != "" && f.mig.dynamic:
+		// The MIG devices made for claims are known to the instance
+		// that made them.
+		return "--rolling-update-uid and --dynamic-mig exclude each other"
+	case d.rollingUID != "" && (len(d.rollingUID) > 64 || strings.ContainsAny(d.rollingUID, "/\x00 ")):
+		return "--rolling-update-uid wants the pod's UID"
 	}
 	if d.daemonSet != "" {
 		ns, name, ok := strings.Cut(d.daemonSet, "/")

@@ -79,6 +79,7 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/dynamic-resource-allocation/api/metadata/v1beta1"
 	"k8s.io/dynamic-resource-allocation/deviceattribute"
@@ -445,7 +446,7 @@ func serve(ctx context.Context, f *flags, log *slog.Logger) error {
 		if err != nil {
 			return err
 		}
-		if err := serveMetrics(ctx, f.deploy.metricsAddr, metricsHandler(reg), log); err != nil {
+		if err := serveMetrics(ctx, f.deploy.metricsAddr, metricsHandler(reg), f.deploy.rollingUID != "", log); err != nil {
 			return err
 		}
 	}
@@ -558,7 +559,12 @@ func startDRA(ctx context.Context, f *flags, inv *node.Inventory, alloc *allocat
 		// The driver orders the operations itself (one at a time on a
 		// claim, the node's state held one claim at a time), so that
 		// the checkpoint writes of pods starting together overlap.
-		kubeletplugin.Serialize(false),
+		// Beside another instance (a rolling update) the framework
+		// runs them one at a time across both, under its file lock:
+		// each call reads the state both share (the allocator's state
+		// file, the checkpoints, the MPS registry) afresh.
+		kubeletplugin.Serialize(f.deploy.rollingUID != ""),
+		kubeletplugin.RollingUpdate(types.UID(f.deploy.rollingUID)),
 		// The metadata files go under dataDir, their CDI specs (which
 		// bind them into the containers) beside the claims' own.
 		kubeletplugin.EnableDeviceMetadata(f.deviceMetadata, []schema.GroupVersion{v1beta1.SchemeGroupVersion}),

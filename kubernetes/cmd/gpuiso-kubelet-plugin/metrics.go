@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -191,9 +192,32 @@ func metricsHandler(reg *prometheus.Registry) http.Handler {
 	return mux
 }
 
-// serveMetrics serves h on addr until ctx ends.
-func serveMetrics(ctx context.Context, addr string, h http.Handler, log *slog.Logger) error {
+// serveMetrics serves h on addr until ctx ends. With wait, an address in
+// use (the instance this one replaces, on the node's network) is taken
+// once it is free, trying again every second meanwhile.
+func serveMetrics(ctx context.Context, addr string, h http.Handler, wait bool, log *slog.Logger) error {
 	l, err := net.Listen("tcp", addr)
+	if err != nil && wait && errors.Is(err, syscall.EADDRINUSE) {
+		log.Info("the metrics address is in use: serving it once it is free", "address", addr)
+		go func() {
+			t := time.NewTicker(time.Second)
+			defer t.Stop()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-t.C:
+				}
+				if err := serveMetrics(ctx, addr, h, false, log); err == nil {
+					return
+				} else if !errors.Is(err, syscall.EADDRINUSE) {
+					log.Warn("metrics not served", "err", err)
+					return
+				}
+			}
+		}()
+		return nil
+	}
 	if err != nil {
 		return fmt.Errorf("metrics: %w", err)
 	}
