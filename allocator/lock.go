@@ -68,7 +68,7 @@ func (s *store) lockError(ctx context.Context, waitErr error) error {
 	}
 	e := &LockError{Dir: s.dir, Err: cause}
 	if p, command, ok := linux.RecordedHolder(s.lockFile, s.procRoot); ok {
-		e.Holder = &Holder{Pid: p.Pid, Start: p.Start}
+		e.Holder = &p
 		e.Command = command
 	}
 	return e

@@ -57,7 +57,7 @@ func (rt *routed) supervision(h *allocator.Holder, proc string) supervision {
 		return supNone
 	case rt.sup != nil && *h == *rt.sup:
 		return supSelf
-	case h.Dead(proc):
+	case allocator.HolderDead(proc, *h):
 		return supDead
 	}
 	return supLive
@@ -326,7 +326,7 @@ func (l *Lifecycle) live(listed map[string]bool) []string {
 		live = append(live, x.ID) // a launch in flight holds its GPUs
 	}
 	for _, al := range l.cfg.Allocator.Allocations() {
-		if h := al.Holder; h != nil && !l.supervises(*h) && !h.Dead(l.proc) {
+		if h := al.Holder; h != nil && !l.supervises(*h) && !allocator.HolderDead(l.proc, *h) {
 			live = append(live, al.Owner) // another process's
 		}
 	}
@@ -445,7 +445,7 @@ func (l *Lifecycle) Clean(ctx context.Context) ([]string, error) {
 	}
 	dead := map[string]bool{}
 	for _, al := range l.cfg.Allocator.Allocations() {
-		if al.Holder != nil && al.Holder.Dead(l.proc) {
+		if al.Holder != nil && allocator.HolderDead(l.proc, *al.Holder) {
 			dead[al.Owner] = true
 		}
 	}

@@ -139,7 +139,7 @@ func TestLaunchShares(t *testing.T) {
 	if err := l.Destroy(ctx, "mem"); err != nil {
 		t.Fatal(err)
 	}
-	if (linux.Process{Pid: d.Pid, Start: d.Start}).Alive("") || len(running(t, m)) != 0 {
+	if linux.Alive("", linux.Process{Pid: d.Pid, Start: d.Start}) || len(running(t, m)) != 0 {
 		t.Fatalf("daemon after Destroy: %+v", running(t, m))
 	}
 	if _, err := alloc.Allocation("mem"); !errors.Is(err, allocator.ErrUnknownOwner) {
@@ -186,7 +186,7 @@ func TestRecoverShares(t *testing.T) {
 	if err := syscall.Kill(before["b"].Pid, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	for (linux.Process{Pid: before["b"].Pid, Start: before["b"].Start}).Alive("") {
+	for linux.Alive("", linux.Process{Pid: before["b"].Pid, Start: before["b"].Start}) {
 		time.Sleep(time.Millisecond)
 	}
 	pipeB, err := os.Stat(before["b"].PipeDir)

@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 
 	"github.com/gpuiso/gpuiso/internal/linux"
-	"github.com/gpuiso/gpuiso/node"
 )
 
 // The managers sharing a root take turns through a lock file that no other
@@ -129,7 +128,7 @@ func (m *Manager) lockError(ctx context.Context, f *os.File, waitErr error) erro
 	}
 	e := &LockError{Root: m.cfg.root, Err: cause}
 	if p, command, ok := linux.RecordedHolder(f, m.cfg.procRoot); ok {
-		e.Holder = &node.Process{Pid: p.Pid, Start: p.Start}
+		e.Holder = &p
 		e.Command = command
 	}
 	return e

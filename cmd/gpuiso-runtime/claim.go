@@ -380,7 +380,7 @@ func (rt *Runtime) settle(ctx context.Context, alloc *allocator.Allocator, rs re
 	}
 	var init *allocator.Holder
 	switch {
-	case rec.Phase == phaseCreated && rec.Init != nil && !rec.Init.Dead(""):
+	case rec.Phase == phaseCreated && rec.Init != nil && !allocator.HolderDead("", *rec.Init):
 		err := rt.keepDaemon(ctx, alloc, daemons, rec)
 		lock.Close()
 		return false, err

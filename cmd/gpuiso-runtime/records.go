@@ -85,7 +85,7 @@ func entryOf(r ctrRecord) record.Entry[claimData] {
 		ID: r.ID, Root: r.Root, Runc: r.Runc, Bundle: r.Bundle, Simulate: r.Simulate, DevRoot: r.DevRoot,
 	}}
 	if r.Init != nil {
-		p := node.Process(*r.Init)
+		p := *r.Init
 		e.Process = &p
 	}
 	return e
@@ -99,7 +99,7 @@ func recordOf(e record.Entry[claimData]) ctrRecord {
 		r.Phase = phaseCreated
 	}
 	if e.Process != nil {
-		h := allocator.Holder(*e.Process)
+		h := *e.Process
 		r.Init = &h
 	}
 	return r

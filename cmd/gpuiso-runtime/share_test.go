@@ -126,7 +126,7 @@ func expectDaemonGone(t *testing.T, d mps.Daemon) {
 	if _, err := os.Stat(d.Dir); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("the directory of %s's MPS daemon is left (%v)", d.Owner, err)
 	}
-	if d.Pid > 0 && (linux.Process{Pid: d.Pid, Start: d.Start}).Alive("/proc") {
+	if d.Pid > 0 && linux.Alive("/proc", linux.Process{Pid: d.Pid, Start: d.Start}) {
 		t.Errorf("the MPS daemon %d of %s still runs", d.Pid, d.Owner)
 	}
 	if strays := mps.Strays("/proc", d.Mark); len(strays) > 0 {
@@ -245,7 +245,7 @@ func TestShareRunc(t *testing.T) {
 	if err := syscall.Kill(da.Pid, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	for (linux.Process{Pid: da.Pid, Start: da.Start}).Alive("/proc") {
+	for linux.Alive("/proc", linux.Process{Pid: da.Pid, Start: da.Start}) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	if out, err := r.run(t, r.root, "delete", "--force", id+"-b"); err != nil {

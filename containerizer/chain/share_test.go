@@ -59,7 +59,7 @@ func TestShares(t *testing.T) {
 	if err := syscall.Kill(first.Pid, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	for (linux.Process{Pid: first.Pid, Start: first.Start}).Alive("") {
+	for linux.Alive("", linux.Process{Pid: first.Pid, Start: first.Start}) {
 		time.Sleep(time.Millisecond)
 	}
 	if _, err := m.Start(ctx, "stray", f.inv.Devices[1].Ref(), mps.Limits{MemoryBytes: 1 << 30}); err != nil {

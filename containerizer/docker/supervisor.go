@@ -22,7 +22,7 @@ const LabelSupervisor = "io.gpuiso.supervisor"
 // they held.
 func WithSupervisor(h allocator.Holder) Option {
 	return func(c *config) error {
-		if !node.Process(h).Valid() {
+		if !h.Valid() {
 			return fmt.Errorf("supervisor pid %d started at %d: %w", h.Pid, h.Start, allocator.ErrInvalidRequest)
 		}
 		c.supervisor = &h
@@ -30,12 +30,12 @@ func WithSupervisor(h allocator.Holder) Option {
 	}
 }
 
-func formatSupervisor(h allocator.Holder) string { return node.Process(h).String() }
+func formatSupervisor(h allocator.Holder) string { return h.String() }
 
 // parseSupervisor reads a LabelSupervisor value.
 func parseSupervisor(v string) (allocator.Holder, bool) {
 	p, err := node.ParseProcess(v)
-	return allocator.Holder(p), err == nil
+	return p, err == nil
 }
 
 // Supervisor is the supervisor of the runtime's containers (WithSupervisor),

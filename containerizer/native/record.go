@@ -213,8 +213,8 @@ func legacySupervisor(b []byte) (record.Entry[struct{}], error) {
 // process.
 func supervisorEntry(id string, sup allocator.Holder) record.Entry[struct{}] {
 	e := record.Entry[struct{}]{Key: id, Phase: record.Completed}
-	if p := node.Process(sup); p != (node.Process{}) {
-		e.Process = &p
+	if sup != (node.Process{}) {
+		e.Process = &sup
 	}
 	return e
 }
@@ -242,7 +242,7 @@ func (r *runner) readSupervisor(id string) (allocator.Holder, error) {
 	if e.Process == nil {
 		return allocator.Holder{}, nil
 	}
-	return allocator.Holder(*e.Process), nil
+	return *e.Process, nil
 }
 
 // startTime reads a process's start time from /proc/<pid>/stat.
@@ -257,5 +257,5 @@ func startTime(procRoot string, pid int) (uint64, error) {
 // alive reports whether the process pid is still the one that started at
 // start (and has not exited).
 func alive(procRoot string, pid int, start uint64) bool {
-	return pid > 0 && linux.Process{Pid: pid, Start: start}.Alive(procRoot)
+	return pid > 0 && linux.Alive(procRoot, linux.Process{Pid: pid, Start: start})
 }

@@ -52,7 +52,7 @@ func self(procRoot string) allocator.Holder {
 // holder is this process as the holder of GPUs it allocates, or nil where
 // the proc file system cannot tell.
 func (r *runner) holder() *allocator.Holder {
-	if !node.Process(r.self).Valid() {
+	if !r.self.Valid() {
 		return nil
 	}
 	h := r.self
@@ -62,7 +62,7 @@ func (r *runner) holder() *allocator.Holder {
 // claimName is the name of a claim directory of this process for container
 // id: ".new-<id>.<pid>.<start>", the process in node.Process's text form.
 func (r *runner) claimName(id string) string {
-	return claimPrefix + id + "." + node.Process(r.self).String()
+	return claimPrefix + id + "." + r.self.String()
 }
 
 // claim makes container id's directory, holding its supervisor record.
@@ -95,18 +95,13 @@ func (r *runner) deadClaim(name string) bool {
 	if len(f) < 3 {
 		return false
 	}
-	return r.dead(f[len(f)-2] + "." + f[len(f)-1])
+	p, err := node.ParseProcess(f[len(f)-2] + "." + f[len(f)-1])
+	return err == nil && r.dead(p)
 }
 
-// dead tells whether the process a name holds ("<pid>.<start>",
-// node.Process's text form) has provably died (and is not this one).
-func (r *runner) dead(name string) bool {
-	p, err := node.ParseProcess(name)
-	if err != nil {
-		return false
-	}
-	h := allocator.Holder(p)
-	return h != r.self && h.Dead(r.cfg.ProcRoot)
+// dead tells whether p has provably died (and is not this process).
+func (r *runner) dead(p node.Process) bool {
+	return p != r.self && linux.Dead(r.cfg.ProcRoot, p)
 }
 
 // TempDir makes a directory under the state directory for this process's
@@ -129,7 +124,7 @@ func (c *Containerizer) TempDir() (string, error) {
 
 // TempDir makes a directory as Containerizer.TempDir says.
 func (r *runner) TempDir() (string, error) {
-	return os.MkdirTemp(r.cfg.StateDir, tempPrefix+node.Process(r.self).String()+"-")
+	return linux.MkdirOwned(r.cfg.StateDir, tempPrefix, r.self)
 }
 
 // ProcRoot is the proc file system in which the runtime tells processes
@@ -138,12 +133,8 @@ func (r *runner) ProcRoot() string { return r.cfg.ProcRoot }
 
 // deadTemp tells whether name is a TempDir of a dead process.
 func (r *runner) deadTemp(name string) bool {
-	rest, ok := strings.CutPrefix(name, tempPrefix)
-	if !ok {
-		return false
-	}
-	id, _, ok := strings.Cut(rest, "-")
-	return ok && r.dead(id)
+	p, ok := linux.OwnerOfName(name, tempPrefix)
+	return ok && r.dead(p)
 }
 
 // removeDir removes container id's directory: first renamed to a claim name

@@ -339,7 +339,7 @@ func (a *agent) records() ([]container, error) {
 
 // running reports whether c's first process still runs.
 func running(c container) bool {
-	return c.Process != nil && c.Process.Alive("")
+	return c.Process != nil && linux.Alive("", *c.Process)
 }
 
 // recover hands the containers that still run to the GPU isolator as
@@ -383,7 +383,7 @@ func (a *agent) recover(ctx context.Context, stderr io.Writer) ([]container, err
 func (a *agent) waitAdopted(ctx context.Context, c container) error {
 	t := time.NewTicker(50 * time.Millisecond)
 	defer t.Stop()
-	for !c.Process.Dead("") {
+	for !linux.Dead("", *c.Process) {
 		select {
 		case <-ctx.Done():
 			return a.destroy(context.WithoutCancel(ctx), c)
@@ -487,7 +487,7 @@ func (a *agent) launch(ctx context.Context, command []string, req allocator.Requ
 	}
 	if err == nil {
 		var p linux.Process
-		if p, err = processOf(pid); err == nil {
+		if p, err = linux.ProcessOf("", pid); err == nil {
 			c.Process = &p
 			err = a.write(c)
 		}
@@ -527,14 +527,6 @@ func (a *agent) launch(ctx context.Context, command []string, req allocator.Requ
 		return cli.Errorf(stderr, "agent", "%v", werr)
 	}
 	return 0
-}
-
-func processOf(pid int) (linux.Process, error) {
-	st, err := linux.ReadProcStat("", pid)
-	if err != nil {
-		return linux.Process{}, err
-	}
-	return linux.Process{Pid: pid, Start: st.Start}, nil
 }
 
 func newID() string {

@@ -62,7 +62,7 @@ func TestShareRecoverAfterKill(t *testing.T) {
 		t.Fatal(err)
 	}
 	first.Wait()
-	if !(linux.Process{Pid: daemon.Pid, Start: daemon.Start}).Alive("") {
+	if !linux.Alive("", linux.Process{Pid: daemon.Pid, Start: daemon.Start}) {
 		t.Fatal("the share's daemon died with the agent, under its running container")
 	}
 
@@ -91,7 +91,7 @@ func TestShareRecoverAfterKill(t *testing.T) {
 	if ds, _ := mps.Daemons(context.Background(), mpsDir); len(ds) != 0 {
 		t.Errorf("daemons left: %+v", ds)
 	}
-	if (linux.Process{Pid: daemon.Pid, Start: daemon.Start}).Alive("") {
+	if linux.Alive("", linux.Process{Pid: daemon.Pid, Start: daemon.Start}) {
 		t.Error("the share's daemon runs after its container ended")
 	}
 	b, err := os.ReadFile(filepath.Join(state, "alloc", "allocations.json"))

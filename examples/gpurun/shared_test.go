@@ -122,7 +122,7 @@ func (r *sharedRun) running() map[string][]string {
 		if rec.Pid == 0 {
 			continue
 		}
-		if (allocator.Holder{Pid: rec.Pid, Start: rec.Start}).Dead("") {
+		if allocator.HolderDead("", allocator.Holder{Pid: rec.Pid, Start: rec.Start}) {
 			continue
 		}
 		for _, g := range rec.GPUs {

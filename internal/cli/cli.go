@@ -139,13 +139,11 @@ const nodeTempPrefix = "gpuiso-node"
 
 // TempPattern is an os.MkdirTemp pattern for a temporary directory of this
 // process: "<prefix>-<pid>.<start time>-*" (the process in node.Process's
-// text form), so that RemoveDeadTemp can tell when its maker has died.
+// text form; linux.OwnedPattern), so that RemoveDeadTemp can tell when its
+// maker has died.
 func TempPattern(prefix string) string {
-	p, err := linux.Self("")
-	if err != nil {
-		return prefix + "-"
-	}
-	return prefix + "-" + node.Process(p).String() + "-"
+	p, _ := linux.Self("") // the zero Process where /proc cannot tell: no owner
+	return linux.OwnedPattern(prefix+"-", p)
 }
 
 // RemoveDeadTemp removes the temporary directories (named by TempPattern
@@ -164,26 +162,7 @@ func RemoveDeadTempIn(dir, prefix string) ([]string, error) {
 	if dir == "" {
 		dir = os.TempDir()
 	}
-	matches, err := filepath.Glob(filepath.Join(dir, prefix+"-*.*-*"))
-	if err != nil {
-		return nil, err
-	}
-	var removed []string
-	var errs []error
-	for _, m := range matches {
-		rest := strings.TrimPrefix(filepath.Base(m), prefix+"-")
-		id, _, ok := strings.Cut(rest, "-")
-		p, err := node.ParseProcess(id)
-		if !ok || err != nil || !linux.Process(p).Dead("") {
-			continue
-		}
-		if err := os.RemoveAll(m); err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		removed = append(removed, m)
-	}
-	return removed, errors.Join(errs...)
+	return linux.RemoveDeadOwned("", dir, prefix+"-")
 }
 
 // Close removes a simulated node's host tree.

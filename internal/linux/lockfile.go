@@ -60,7 +60,7 @@ func RecordedHolder(f *os.File, procRoot string) (p Process, command string, ok 
 	buf := make([]byte, holderRecordSize)
 	n, _ := f.ReadAt(buf, 0)
 	p, err := ParseProcess(strings.TrimSpace(string(buf[:n])))
-	if err != nil || !p.Alive(procRoot) {
+	if err != nil || !Alive(procRoot, p) {
 		return Process{}, "", false
 	}
 	return p, Command(procRoot, p.Pid), true

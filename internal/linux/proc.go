@@ -60,43 +60,42 @@ func ReadProcStat(procRoot string, pid int) (ProcStat, error) {
 	return ParseProcStat(pid, b)
 }
 
-// Process names one process for its whole life: its pid and its start
-// time. It is node.Process (the two convert), with the checks that read
-// the proc file system. Written "<pid>.<start>".
-type Process struct {
-	Pid   int
-	Start uint64
-}
+// Process is node.Process, the module's one process identity: a pid and
+// its start time, written "<pid>.<start>". This package answers what node
+// cannot, as a pure package: whether a process still runs (Alive, Dead)
+// and who the caller is (Self, ProcessOf).
+type Process = node.Process
 
-// String is "<pid>.<start>", node.Process's text form.
-func (p Process) String() string { return node.Process(p).String() }
+// ParseProcess reads "<pid>.<start>"; it is node.ParseProcess.
+func ParseProcess(s string) (Process, error) { return node.ParseProcess(s) }
 
-// ParseProcess reads "<pid>.<start>" as node.ParseProcess does.
-func ParseProcess(s string) (Process, error) {
-	p, err := node.ParseProcess(s)
-	return Process(p), err
-}
-
-// Self is the calling process, as procRoot shows it.
-func Self(procRoot string) (Process, error) {
-	st, err := ReadProcStat(procRoot, os.Getpid())
+// ProcessOf names the running process pid, as the proc file system
+// procRoot ("" means /proc) shows it. A process that does not exist gives
+// an error matching fs.ErrNotExist.
+func ProcessOf(procRoot string, pid int) (Process, error) {
+	st, err := ReadProcStat(procRoot, pid)
 	if err != nil {
 		return Process{}, err
 	}
-	return Process{Pid: os.Getpid(), Start: st.Start}, nil
+	return Process{Pid: pid, Start: st.Start}, nil
 }
+
+// Self is the calling process, as procRoot shows it.
+func Self(procRoot string) (Process, error) { return ProcessOf(procRoot, os.Getpid()) }
 
 // Alive reports whether p still runs: its pid names a process started at
 // p's start time that has not exited.
-func (p Process) Alive(procRoot string) bool {
+func Alive(procRoot string, p Process) bool {
 	st, err := ReadProcStat(procRoot, p.Pid)
 	return err == nil && st.Start == p.Start && !st.Exited()
 }
 
 // Dead reports whether p provably ended: its pid is gone, is a zombie, or
 // names a process started at another time. When procRoot cannot be read
-// (the caller's own stat is not there), nothing is provably dead.
-func (p Process) Dead(procRoot string) bool {
+// (the caller's own stat is not there), nothing is provably dead. A
+// process is either Alive, Dead or neither (the proc file system cannot
+// tell), never both.
+func Dead(procRoot string, p Process) bool {
 	if _, err := ReadProcStat(procRoot, os.Getpid()); err != nil {
 		return false
 	}

@@ -38,7 +38,7 @@ func TestParseProcess(t *testing.T) {
 		want Process
 		err  bool
 	}{
-		{"42.12345", Process{42, 12345}, false},
+		{"42.12345", Process{Pid: 42, Start: 12345}, false},
 		{"42", Process{}, true},
 		{"0.5", Process{}, true},
 		{"42.0", Process{}, true},
@@ -82,23 +82,23 @@ func TestProcessDead(t *testing.T) {
 		p           Process
 		dead, alive bool
 	}{
-		{"running", Process{100, 500}, false, true},
-		{"pid reused", Process{100, 499}, true, false},
-		{"zombie", Process{101, 600}, true, false},
-		{"gone", Process{102, 1}, true, false},
+		{"running", Process{Pid: 100, Start: 500}, false, true},
+		{"pid reused", Process{Pid: 100, Start: 499}, true, false},
+		{"zombie", Process{Pid: 101, Start: 600}, true, false},
+		{"gone", Process{Pid: 102, Start: 1}, true, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if got := tt.p.Dead(root); got != tt.dead {
+			if got := Dead(root, tt.p); got != tt.dead {
 				t.Errorf("Dead = %v", got)
 			}
-			if got := tt.p.Alive(root); got != tt.alive {
+			if got := Alive(root, tt.p); got != tt.alive {
 				t.Errorf("Alive = %v", got)
 			}
 		})
 	}
 	// Without a readable proc root nothing is provably dead.
-	if (Process{102, 1}).Dead(filepath.Join(root, "none")) {
+	if Dead(filepath.Join(root, "none"), Process{Pid: 102, Start: 1}) {
 		t.Error("Dead without a proc root")
 	}
 	if _, err := ReadProcStat(root, 102); !errors.Is(err, fs.ErrNotExist) {

@@ -254,7 +254,7 @@ func deadTemp(name, procRoot string) bool {
 		return true
 	case 3:
 		p, err := linux.ParseProcess(parts[0] + "." + parts[1])
-		return err == nil && p.Dead(procRoot)
+		return err == nil && linux.Dead(procRoot, p)
 	}
 	return false
 }

@@ -110,13 +110,10 @@ const (
 // controlPattern is the os.MkdirTemp pattern of control's directory:
 // the prefix, the calling process ("<pid>.<start>"), so that dropControls
 // can tell one whose process was killed mid-command from one in use, then
-// a random suffix.
+// a random suffix (linux.OwnedPattern).
 func (m *Manager) controlPattern() string {
-	self, err := linux.Self(m.procRoot)
-	if err != nil {
-		return controlPrefix
-	}
-	return controlPrefix + self.String() + "-"
+	self, _ := linux.Self(m.procRoot) // the zero Process where it cannot tell: no owner
+	return linux.OwnedPattern(controlPrefix, self)
 }
 
 // dropControls removes the directories control left in the manager's
@@ -130,19 +127,17 @@ func (m *Manager) dropControls() error {
 	}
 	var errs []error
 	for _, e := range entries {
-		rest, ok := strings.CutPrefix(e.Name(), controlPrefix)
-		if !ok || !e.IsDir() {
+		if !strings.HasPrefix(e.Name(), controlPrefix) || !e.IsDir() {
 			continue
 		}
-		name, _, _ := strings.Cut(rest, "-")
-		if p, err := linux.ParseProcess(name); err == nil {
-			if !p.Dead(m.procRoot) {
+		if p, ok := linux.OwnerOfName(e.Name(), controlPrefix); ok {
+			if !linux.Dead(m.procRoot, p) {
 				continue
 			}
 		} else if fi, err := e.Info(); err != nil || time.Since(fi.ModTime()) < controlMaxAge {
 			continue
 		}
-		if err := os.RemoveAll(filepath.Join(m.dir, e.Name())); err != nil {
+		if err := linux.RemoveDir(filepath.Join(m.dir, e.Name())); err != nil {
 			errs = append(errs, err)
 		}
 	}

@@ -142,7 +142,7 @@ func TestDaemonLife(t *testing.T) {
 	if err := m.Stop(ctx, "share-a"); err != nil {
 		t.Fatal(err)
 	}
-	if (linux.Process{Pid: d.Pid, Start: d.Start}).Alive("") {
+	if linux.Alive("", linux.Process{Pid: d.Pid, Start: d.Start}) {
 		t.Fatal("daemon runs after Stop")
 	}
 	if _, err := os.Stat(d.Dir); !errors.Is(err, os.ErrNotExist) {
@@ -220,7 +220,7 @@ func TestDaemonRecovery(t *testing.T) {
 			}
 			continue
 		}
-		if p.Alive("") {
+		if linux.Alive("", p) {
 			t.Errorf("daemon %d runs after Sweep", p.Pid)
 		}
 	}
@@ -367,7 +367,7 @@ func mustReadlink(t *testing.T, p string) string {
 
 func waitDead(t *testing.T, pid int, start uint64) {
 	t.Helper()
-	for i := 0; (linux.Process{Pid: pid, Start: start}).Alive(""); i++ {
+	for i := 0; linux.Alive("", linux.Process{Pid: pid, Start: start}); i++ {
 		if i > 2000 {
 			t.Fatalf("process %d does not end", pid)
 		}
@@ -411,7 +411,7 @@ func TestRestartSparesOthers(t *testing.T) {
 	if err != nil || a2.Mark == a.Mark {
 		t.Fatalf("restart = %+v, %v", a2, err)
 	}
-	if !(linux.Process{Pid: b.Pid, Start: b.Start}).Alive("") {
+	if !linux.Alive("", linux.Process{Pid: b.Pid, Start: b.Start}) {
 		t.Fatal("restarting a's daemon killed b's")
 	}
 }
@@ -610,7 +610,7 @@ func TestRestartWithoutNoSymfollow(t *testing.T) {
 		t.Fatalf("Start = %+v, %v (nosymfollow refused %d times)", d, err, refused)
 	}
 	linux.Kill(d.Pid)
-	for (linux.Process{Pid: d.Pid, Start: d.Start}).Alive("") {
+	for linux.Alive("", linux.Process{Pid: d.Pid, Start: d.Start}) {
 		time.Sleep(time.Millisecond)
 	}
 	_, err = m.Start(ctx, "share", gpu(0), lim)

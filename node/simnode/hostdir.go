@@ -228,7 +228,7 @@ func lockError(ctx context.Context, root string, f *os.File, waitErr error) erro
 	}
 	e := &HostLockError{Dir: root, Err: cause}
 	if p, command, ok := linux.RecordedHolder(f, node.DefaultProcRoot); ok {
-		e.Holder = &node.Process{Pid: p.Pid, Start: p.Start}
+		e.Holder = &p
 		e.Command = command
 	}
 	return e

@@ -57,8 +57,8 @@ func (c *Cluster) startCmd(name, path string, env []string, args ...string) (*pr
 		return nil, fmt.Errorf("start %s: %w", name, err)
 	}
 	p := &proc{name: name, cmd: cmd, log: logPath, done: make(chan struct{})}
-	if st, err := linux.ReadProcStat("", cmd.Process.Pid); err == nil {
-		p.id = linux.Process{Pid: cmd.Process.Pid, Start: st.Start}
+	if id, err := linux.ProcessOf("", cmd.Process.Pid); err == nil {
+		p.id = id
 	}
 	go func() {
 		cmd.Wait()

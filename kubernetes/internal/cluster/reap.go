@@ -49,7 +49,7 @@ func Reap(parent string) ([]string, error) {
 			continue
 		}
 		owner, err := linux.ParseProcess(strings.TrimSpace(string(b)))
-		if err != nil || !owner.Dead("") {
+		if err != nil || !linux.Dead("", owner) {
 			continue
 		}
 		c := &Cluster{Dir: dir, cgroupName: "gpuiso-" + e.Name()}

@@ -117,7 +117,7 @@ func (c *Cluster) powerOff(n *Node) error {
 			return fmt.Errorf("processes left: %v", ps)
 		}
 		for _, p := range ps {
-			if p.Alive("") {
+			if linux.Alive("", p) {
 				linux.Kill(p.Pid)
 			}
 		}

@@ -258,7 +258,7 @@ func (c *Cluster) killStragglers() error {
 			return fmt.Errorf("processes left: %v", ps)
 		}
 		for _, p := range ps {
-			if p.Alive("") {
+			if linux.Alive("", p) {
 				linux.Kill(p.Pid)
 			}
 		}
@@ -290,7 +290,7 @@ func mountsIn(mountinfo, dir string) ([]string, error) {
 func (c *Cluster) nodeMounts() []string {
 	var out []string
 	for _, n := range c.Nodes {
-		if n.containerd == nil || !n.containerd.id.Alive("") {
+		if n.containerd == nil || !linux.Alive("", n.containerd.id) {
 			continue
 		}
 		ms, _ := mountsIn(fmt.Sprintf("/proc/%d/mountinfo", n.containerd.id.Pid), c.Dir)
@@ -383,7 +383,7 @@ func removeCgroupDirs(dirs func() []string) error {
 func (c *Cluster) Leftovers() []string {
 	var out []string
 	for _, p := range c.procs {
-		if p.id.Alive("") {
+		if linux.Alive("", p.id) {
 			out = append(out, fmt.Sprintf("process %s (%s)", p.name, p.id))
 		}
 	}
