@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
 	"slices"
 	"sort"
 
@@ -59,16 +58,7 @@ func WithProcRoot(dir string) Option {
 }
 
 // processGone reports whether pid provably does not run.
-func processGone(procRoot string, pid int) bool {
-	if _, err := linux.Self(procRoot); err != nil {
-		return false
-	}
-	st, err := linux.ReadProcStat(procRoot, pid)
-	if errors.Is(err, fs.ErrNotExist) {
-		return true
-	}
-	return err == nil && st.Exited()
-}
+func processGone(procRoot string, pid int) bool { return linux.PidGone(procRoot, pid) }
 
 // HolderDead reports whether h's process provably ended: its pid is gone,
 // is a zombie, or names a process started at another time. procRoot ""

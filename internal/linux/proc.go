@@ -90,6 +90,20 @@ func Alive(procRoot string, p Process) bool {
 	return err == nil && st.Start == p.Start && !st.Exited()
 }
 
+// PidGone reports whether no process of pid runs, whenever it started:
+// the pid is gone or is a zombie. When procRoot cannot be read (the
+// caller's own stat is not there), no pid is provably gone.
+func PidGone(procRoot string, pid int) bool {
+	if _, err := ReadProcStat(procRoot, os.Getpid()); err != nil {
+		return false
+	}
+	st, err := ReadProcStat(procRoot, pid)
+	if errors.Is(err, fs.ErrNotExist) {
+		return true
+	}
+	return err == nil && st.Exited()
+}
+
 // Dead reports whether p provably ended: its pid is gone, is a zombie, or
 // names a process started at another time. When procRoot cannot be read
 // (the caller's own stat is not there), nothing is provably dead. A

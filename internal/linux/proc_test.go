@@ -97,6 +97,14 @@ func TestProcessDead(t *testing.T) {
 			}
 		})
 	}
+	for pid, gone := range map[int]bool{100: false, 101: true, 102: true} {
+		if got := PidGone(root, pid); got != gone {
+			t.Errorf("PidGone(%d) = %v, want %v", pid, got, gone)
+		}
+	}
+	if PidGone(filepath.Join(root, "none"), 102) {
+		t.Error("PidGone without a proc root")
+	}
 	// Without a readable proc root nothing is provably dead.
 	if Dead(filepath.Join(root, "none"), Process{Pid: 102, Start: 1}) {
 		t.Error("Dead without a proc root")
