@@ -67,8 +67,39 @@ type HealthEvent struct {
 	// Owners are those holding the GPU: their containers are affected.
 	Owners []string
 	// Err is set when the event could not be acted on (the device stays as
-	// it was).
+	// it was) and, with Reset ResetFailed, to why the reset failed.
 	Err error
+	// Reset is the step of a GPU reset (WithReset) the event tells of;
+	// ResetNone for every other event.
+	Reset ResetStep
+}
+
+// ResetStep is a step of a GPU reset, as a HealthEvent tells it.
+type ResetStep int
+
+// The steps.
+const (
+	// ResetNone: the event is not about a reset.
+	ResetNone ResetStep = iota
+	// ResetWaiting: the GPU waits for its reset while Owners hold it;
+	// the reset policy was asked to release them (Err: what it said).
+	ResetWaiting
+	// ResetDone: the GPU was reset, its signals read again were clear,
+	// and it is healthy again (Healed is set too).
+	ResetDone
+	// ResetFailed: the reset failed, or the signals read again after it
+	// still made the GPU unhealthy: it stays unhealthy, its Verdict's
+	// action now a reboot; Err says why.
+	ResetFailed
+)
+
+var resetStepNames = [...]string{"none", "waiting", "done", "failed"}
+
+func (s ResetStep) String() string {
+	if s >= 0 && int(s) < len(resetStepNames) {
+		return resetStepNames[s]
+	}
+	return fmt.Sprintf("reset-step(%d)", int(s))
 }
 
 // DefaultHealthPeriod is how often the monitor reads the GPUs' polled
@@ -82,6 +113,9 @@ type monitorConfig struct {
 	table  node.HealthTable
 	period time.Duration
 	quiet  time.Duration
+	// With WithReset: the resetter and the policy (nil: wait).
+	resetter node.Resetter
+	policy   ResetPolicy
 }
 
 // WithHealthTable sets the table that turns signals into health (default
@@ -122,6 +156,65 @@ func WithQuietPeriod(d time.Duration) MonitorOption {
 	}
 }
 
+// ResetPolicy releases the work that holds a GPU waiting for a reset
+// (WithReset): the importer's, which alone knows what its owners are
+// (a container of its own to stop, a claim the cluster evicts, a job to
+// leave running). The monitor never ends a process itself.
+type ResetPolicy interface {
+	// Release is asked once per reset, when the GPU gpu (unhealthy now)
+	// waits for one while owners hold it: it may stop their work and
+	// release the GPU (the allocator's Release), at once or later, or do
+	// nothing and let them end on their own. The monitor waits for the
+	// GPU to be free either way; what Release returns is only told
+	// (ResetWaiting, Err). It must not block for long: the monitor waits
+	// for it.
+	Release(ctx context.Context, gpu node.Device, owners []string) error
+}
+
+// ResetPolicyFunc is a function as a ResetPolicy.
+type ResetPolicyFunc func(ctx context.Context, gpu node.Device, owners []string) error
+
+// Release calls f.
+func (f ResetPolicyFunc) Release(ctx context.Context, gpu node.Device, owners []string) error {
+	return f(ctx, gpu, owners)
+}
+
+// owners is a Target that tells who holds a device now (the allocator's
+// Owners): WithReset needs it.
+type owners interface {
+	Owners(device string) ([]string, error)
+}
+
+// WithReset makes the monitor reset a GPU instead of leaving it out of
+// service, through r: a GPU marked unhealthy for a signal whose action is
+// a GPU reset (a MIG device's own XID aside) waits for its reset, out of
+// service. The owners holding it are told to policy once (nil: the
+// policy is to wait, and they are not told); when the target says no
+// owner holds it any more and the driver lists no process on it, r
+// resets it, and its signals are read again: all clear, the GPU and its
+// MIG devices are healthy again at once (no quiet period); a failed
+// reset, or a signal still unhealthy after it, leaves the GPU unhealthy
+// with the action of the verdict a reboot (the reason "...: reboot"),
+// which no reset follows. Each step is told (HealthEvent.Reset). Only the
+// GPU waiting is touched: other GPUs and their owners are not.
+//
+// A GPU waiting for its reset is healthy again only through it: the
+// signals clearing do not heal it, as they do without WithReset. A GPU
+// unhealthy for a reset when the monitor starts (for a reason a Verdict
+// wrote) waits for its reset too. The target must tell a device's owners
+// (Owners(device string) ([]string, error), as the allocator does), else
+// Monitor refuses the option, and one that cannot mark a device healthy
+// (MarkHealthy); a nil r is refused.
+func WithReset(r node.Resetter, policy ResetPolicy) MonitorOption {
+	return func(c *monitorConfig) error {
+		if r == nil {
+			return fmt.Errorf("reset: no resetter: %w", node.ErrInvalid)
+		}
+		c.resetter, c.policy = r, policy
+		return nil
+	}
+}
+
 // monitorPoll is how long one NVML wait lasts, bounding how long
 // cancellation takes to be noticed.
 const monitorPoll = 100 * time.Millisecond
@@ -143,6 +236,20 @@ type gpuWatch struct {
 	// noted are the devices (by UUID) the monitor noted an informing
 	// signal on, with the reason and when the signal was last seen.
 	noted map[string]note
+	// reset, with WithReset, is the GPU's reset to come.
+	reset *pendingReset
+}
+
+// pendingReset is a GPU waiting for its reset.
+type pendingReset struct {
+	// verdict is the one the GPU was marked for, reason its health
+	// reason then.
+	verdict node.Verdict
+	reason  string
+	// told is set once the policy was asked to release the owners,
+	// toldBusy once the driver's processes on the GPU were told, and
+	// ownersFailed while the owners cannot be read (told once).
+	told, toldBusy, ownersFailed bool
 }
 
 // note is an informing signal noted on a device.
@@ -175,6 +282,9 @@ type note struct {
 // monitor starts, for a reason a Verdict wrote, is taken as marked by it.
 // A device marked for another reason since is left alone.
 //
+// With WithReset, a GPU whose action is a GPU reset is reset once nothing
+// holds it, and given back or marked for a reboot (see WithReset).
+//
 // NVML is initialised for the monitor's lifetime. A GPU that cannot be
 // watched is reported to notify as an event with only Err set; the
 // monitor fails only when none can be watched. It returns ctx's error when
@@ -197,6 +307,13 @@ func Monitor(ctx context.Context, lib nvml.Interface, target Target, notify func
 	}
 	if cfg.quiet < 0 {
 		cfg.quiet = cfg.period
+	}
+	if cfg.resetter != nil {
+		_, tells := target.(owners)
+		_, heals := target.(healer)
+		if !tells || !heals {
+			return fmt.Errorf("monitor: reset: the target cannot tell a GPU's owners or mark it healthy: %w", node.ErrInvalid)
+		}
 	}
 	if ret := lib.Init(); ret != nvml.SUCCESS {
 		return fmt.Errorf("monitor: %w", nvmlError("init", -1, ret))
@@ -316,8 +433,12 @@ func (m *monitor) adopt(p int) {
 	g := &m.gpus[p]
 	d := m.devices[p]
 	if a, ok := node.VerdictAction(d.Health.Reason); ok && !d.Health.Healthy {
-		g.marked[d.UUID] = node.Verdict{State: node.StateUnhealthy, Action: a}
+		v := node.Verdict{State: node.StateUnhealthy, Action: a}
+		g.marked[d.UUID] = v
 		g.lastFault = m.started
+		if a == node.ActionResetGPU && m.cfg.resetter != nil {
+			g.reset = &pendingReset{verdict: v, reason: d.Health.Reason}
+		}
 	}
 	for _, mig := range d.MIGDevices {
 		if a, ok := node.VerdictAction(mig.Health.Reason); ok && !mig.Health.Healthy {
@@ -375,6 +496,9 @@ func (m *monitor) verdict(p int, mig *node.MIGDevice, s node.Signal) {
 		ev.Owners, ev.Err = m.target.MarkUnhealthy(m.ctx, uuid, v.String())
 		if ev.Err == nil {
 			g.marked[uuid] = v
+			if mig == nil && v.Action == node.ActionResetGPU && m.cfg.resetter != nil && g.reset == nil {
+				g.reset = &pendingReset{verdict: v, reason: v.String()}
+			}
 			if mig != nil {
 				ev.MIG.Health = v.Health()
 			} else {
@@ -471,6 +595,7 @@ func (m *monitor) pollGPU(p int) {
 		m.heal(p, r)
 	}
 	m.unnote(p, holding)
+	m.resetStep(p)
 }
 
 // unnote takes off the devices of GPU p the notes of informing signals not
@@ -529,7 +654,7 @@ func (m *monitor) unnote(p int, holding string) {
 func (m *monitor) heal(p int, r Reading) {
 	g := &m.gpus[p]
 	h, ok := m.target.(healer)
-	if !ok || len(g.marked) == 0 || time.Since(g.lastFault) < m.cfg.quiet {
+	if !ok || len(g.marked) == 0 || g.reset != nil || time.Since(g.lastFault) < m.cfg.quiet {
 		return
 	}
 	if r.RecoveryKnown && r.RecoveryAction != node.RecoveryNone {

@@ -1,0 +1,214 @@
+package nvmlnode
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os/exec"
+	"strings"
+	"time"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+
+	"github.com/gpuiso/gpuiso/node"
+)
+
+// SMIResetter resets a GPU with NVIDIA's tool, as NVML offers no call
+// for it: `nvidia-smi --gpu-reset -i <bus id>` (the UUID where the device
+// has no bus id). The driver refuses while a process uses the GPU or its
+// persistence mode is on; the tool's words come back in the error.
+type SMIResetter struct {
+	// Path is nvidia-smi's path; empty, "nvidia-smi" is looked up in PATH.
+	Path string
+}
+
+// ResetGPU resets gpu. A failure is a *node.ResetError (matching
+// node.ErrResetFailed); a device with neither bus id nor UUID is
+// node.ErrInvalid, a tool not found node.ErrNotSupported too.
+func (r SMIResetter) ResetGPU(ctx context.Context, gpu node.Device) error {
+	id := gpu.BusID
+	if id == "" {
+		id = gpu.UUID
+	}
+	if id == "" {
+		return fmt.Errorf("reset GPU %d: neither bus id nor UUID: %w", gpu.Index, node.ErrInvalid)
+	}
+	name := gpu.UUID
+	if name == "" {
+		name = id
+	}
+	path := r.Path
+	if path == "" {
+		p, err := exec.LookPath("nvidia-smi")
+		if err != nil {
+			return &node.ResetError{GPU: name, Err: errors.Join(err, node.ErrNotSupported)}
+		}
+		path = p
+	}
+	out, err := exec.CommandContext(ctx, path, "--gpu-reset", "-i", id).CombinedOutput()
+	if err != nil {
+		if msg := strings.TrimSpace(string(out)); msg != "" {
+			err = fmt.Errorf("%s: %w", msg, err)
+		}
+		return &node.ResetError{GPU: name, Err: err}
+	}
+	return nil
+}
+
+// resetStep moves GPU p's reset on (WithReset): it tells the policy of
+// the owners holding it once, waits while any does or the driver lists a
+// process on it, then resets it, reads its signals again and gives it
+// back, or marks it for a reboot.
+func (m *monitor) resetStep(p int) {
+	g := &m.gpus[p]
+	pr := g.reset
+	if pr == nil {
+		return
+	}
+	dev := m.target.Devices()[p]
+	if a, ok := node.VerdictAction(dev.Health.Reason); dev.Health.Healthy || !ok || a != node.ActionResetGPU {
+		g.reset = nil // healthy again, or marked since for another reason
+		return
+	}
+	holders, err := m.target.(owners).Owners(dev.UUID)
+	if err != nil {
+		if !pr.ownersFailed {
+			pr.ownersFailed = true
+			m.notify(HealthEvent{Device: dev, Verdict: pr.verdict, Reset: ResetWaiting, Err: err})
+		}
+		return
+	}
+	pr.ownersFailed = false
+	if len(holders) > 0 {
+		if !pr.told {
+			pr.told = true
+			ev := HealthEvent{Device: dev, Verdict: pr.verdict, Owners: holders, Reset: ResetWaiting}
+			if m.cfg.policy != nil {
+				ev.Err = m.cfg.policy.Release(m.ctx, dev, holders)
+			}
+			m.notify(ev)
+		}
+		return
+	}
+	if n := processesOn(g.handle); n > 0 {
+		if !pr.toldBusy {
+			pr.toldBusy = true
+			m.notify(HealthEvent{Device: dev, Verdict: pr.verdict, Reset: ResetWaiting,
+				Err: fmt.Errorf("GPU %d: %d processes on it: %w", dev.Index, n, node.ErrUnavailable)})
+		}
+		return
+	}
+	err = m.cfg.resetter.ResetGPU(m.ctx, dev)
+	if m.ctx.Err() != nil {
+		return // the next monitor takes it from here
+	}
+	g.reset = nil
+	if err == nil {
+		err = m.afterReset(p)
+	}
+	if err != nil {
+		m.resetFailed(p, pr, err)
+		return
+	}
+	m.resetDone(p, pr)
+}
+
+// processesOn is how many processes the driver lists on the GPU; 0 when
+// it cannot tell (a lost GPU, a call not supported).
+func processesOn(h nvml.Device) int {
+	if h == nil {
+		return 0
+	}
+	n := 0
+	if ps, ret := h.GetComputeRunningProcesses(); ret == nvml.SUCCESS {
+		n += len(ps)
+	}
+	if ps, ret := h.GetGraphicsRunningProcesses(); ret == nvml.SUCCESS {
+		n += len(ps)
+	}
+	return n
+}
+
+// afterReset reads GPU p's signals again after its reset: an error when
+// it is lost or a condition still makes it unhealthy.
+func (m *monitor) afterReset(p int) error {
+	g := &m.gpus[p]
+	if g.handle == nil {
+		if ret := m.watch(p); ret != nvml.SUCCESS {
+			return fmt.Errorf("after the reset: %w", nvmlError("watch events", m.devices[p].Index, ret))
+		}
+	}
+	r := ReadHealth(g.handle)
+	if r.Lost {
+		g.handle, g.registered = nil, false
+		return fmt.Errorf("after the reset: the GPU is lost: %w", node.ErrUnavailable)
+	}
+	g.prev = r
+	if !g.read {
+		g.base, g.read = r, true
+	}
+	for _, s := range r.Conditions {
+		if v := m.cfg.table.Classify(s); v.State == node.StateUnhealthy {
+			return fmt.Errorf("after the reset: %s: %w", v, node.ErrUnavailable)
+		}
+	}
+	return nil
+}
+
+// resetFailed marks GPU p for a reboot after its reset failed with err.
+func (m *monitor) resetFailed(p int, pr *pendingReset, err error) {
+	g := &m.gpus[p]
+	dev := m.target.Devices()[p]
+	v := node.Verdict{Signal: pr.verdict.Signal, State: node.StateUnhealthy, Action: node.ActionReboot, Reason: "GPU reset failed"}
+	ev := HealthEvent{Device: dev, Verdict: v, Reset: ResetFailed, Err: err}
+	owners, merr := m.target.MarkUnhealthy(m.ctx, dev.UUID, rebootReason(pr.reason))
+	ev.Owners = owners
+	if merr == nil {
+		g.marked[dev.UUID] = v
+		ev.Device.Health = node.Unhealthy(rebootReason(pr.reason))
+	} else {
+		ev.Err = errors.Join(err, merr)
+	}
+	g.lastFault = time.Now()
+	m.notify(ev)
+}
+
+// rebootReason is the health reason of a GPU whose reset failed, after
+// the reason it was marked with ("XID 109 (...): reset-gpu"): "XID 109
+// (...), reset failed: reboot", whose action (node.VerdictAction) is a
+// reboot.
+func rebootReason(reason string) string {
+	if i := strings.LastIndex(reason, ": "); i >= 0 {
+		reason = reason[:i]
+	}
+	if reason == "" {
+		reason = "GPU"
+	}
+	return reason + ", reset failed: " + node.ActionReboot.String()
+}
+
+// resetDone gives GPU p back after a reset: it and the MIG devices the
+// monitor marked are healthy again.
+func (m *monitor) resetDone(p int, pr *pendingReset) {
+	g := &m.gpus[p]
+	h, _ := m.target.(healer)
+	dev := m.target.Devices()[p]
+	ev := HealthEvent{Device: dev, Verdict: pr.verdict, Healed: true, Reset: ResetDone}
+	var errs []error
+	for uuid := range g.marked {
+		if h == nil {
+			errs = append(errs, fmt.Errorf("mark %s healthy: the target cannot: %w", uuid, node.ErrNotSupported))
+			continue
+		}
+		if err := h.MarkHealthy(m.ctx, uuid); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		delete(g.marked, uuid)
+	}
+	if ev.Err = errors.Join(errs...); ev.Err == nil {
+		g.lastFault = time.Time{}
+		ev.Device = m.target.Devices()[p]
+	}
+	m.notify(ev)
+}
