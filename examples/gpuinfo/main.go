@@ -28,8 +28,10 @@
 // node whose host tree is in DIR, or into its MIG device at GPU instance
 // GI and compute instance CI (--mig): "xid 79", "recovery-action 1",
 // "row-remap-pending", "nvlink-down 2", "lost" (see node.ParseSignal);
-// "clear" heals the GPU, as a reset would. The fault lives in the host
-// tree, so every program simulating that host (a kubelet plugin, gpurun)
+// "clear" heals the GPU, as a reset would; "reset fail" makes the GPU's
+// resets fail (a health monitor resetting it, nvmlnode.WithReset, then
+// leaves it unhealthy for a reboot) and "reset ok" makes them succeed
+// again. The fault lives in the host tree, so every program simulating that host (a kubelet plugin, gpurun)
 // sees it. --health-table prints the health table: each signal, the state
 // it gives (healthy, inform, unhealthy) and the action it asks for.
 //
@@ -72,7 +74,7 @@ func main() {
 
 const usage = `usage: gpuinfo [--simulate NAME [--driver-version V] [--sim-root DIR] | --nvml-library PATH] [--json]
                [--dev-root DIR] [--proc-root DIR] [--sys-root DIR] [--state-dir DIR]
-       gpuinfo --simulate NAME --sim-root DIR --inject SIGNAL|clear --gpu N [--mig GI/CI]
+       gpuinfo --simulate NAME --sim-root DIR --inject SIGNAL|clear|'reset fail'|'reset ok' --gpu N [--mig GI/CI]
        gpuinfo --health-table
 
 Print what gpuiso sees on this node (or a simulated one): its GPUs with their
@@ -81,7 +83,8 @@ driver and CUDA versions, the control devices and MIG devices, and the
 shares of GPUs gpurun's runs hold (owner, share, MPS daemon).
 
 --inject breaks (or, with "clear", heals) a GPU of a simulated node's host
-tree, for every program simulating it; --health-table prints which state
+tree, for every program simulating it ("reset fail" makes its resets fail,
+"reset ok" succeed); --health-table prints which state
 and action each health signal gives.
 `
 
@@ -96,7 +99,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	sysRoot := fs.String("sys-root", node.DefaultSysRoot, "sys file system `DIR`")
 	library := fs.String("nvml-library", "", "`PATH` of libnvidia-ml.so.1 (default: the dynamic loader's search)")
 	stateDir := fs.String("state-dir", defaultStateDir, "gpurun's state `DIR`, whose shares of GPUs are listed")
-	inject := fs.String("inject", "", "with --simulate and --sim-root: inject health `SIGNAL` (\"xid 79\", \"recovery-action 1\", \"lost\", ...) into --gpu, or \"clear\" to heal it")
+	inject := fs.String("inject", "", "with --simulate and --sim-root: inject health `SIGNAL` (\"xid 79\", \"recovery-action 1\", \"lost\", ...) into --gpu, \"clear\" to heal it, or \"reset fail\" or \"reset ok\" to make its resets fail or succeed")
 	gpu := fs.Int("gpu", -1, "with --inject: the GPU's `INDEX`")
 	mig := fs.String("mig", "", "with --inject: the MIG device of --gpu at `GI/CI` (GPU and compute instance ids)")
 	healthTable := fs.Bool("health-table", false, "print the health table (signal, state, action) and exit")
@@ -484,8 +487,17 @@ func printHealthTable(w io.Writer, t node.HealthTable) {
 // mig ("GI/CI"), of the simulated node name whose host tree is in root.
 func injectSignal(ctx context.Context, stdout, stderr io.Writer, name, root, signal string, gpu int, mig string, opts []simnode.Option) int {
 	clear := strings.EqualFold(strings.TrimSpace(signal), "clear")
+	resetMode, failResets := "", false
+	if f := strings.Fields(strings.ToLower(signal)); len(f) == 2 && f[0] == "reset" {
+		switch f[1] {
+		case "fail", "ok":
+			resetMode, failResets = f[1], f[1] == "fail"
+		default:
+			return cli.Usagef(stderr, "gpuinfo", "--inject %q: want \"reset fail\" or \"reset ok\"", signal)
+		}
+	}
 	var s node.Signal
-	if !clear {
+	if !clear && resetMode == "" {
 		var err error
 		if s, err = node.ParseSignal(signal); err != nil {
 			return cli.Usagef(stderr, "gpuinfo", "--inject: %v", err)
@@ -493,8 +505,8 @@ func injectSignal(ctx context.Context, stdout, stderr io.Writer, name, root, sig
 	}
 	gi, ci := -1, -1
 	if mig != "" {
-		if clear {
-			return cli.Usagef(stderr, "gpuinfo", "--inject clear heals a whole GPU: no --mig")
+		if clear || resetMode != "" {
+			return cli.Usagef(stderr, "gpuinfo", "--inject %s is about a whole GPU: no --mig", strings.TrimSpace(signal))
 		}
 		if _, err := fmt.Sscanf(mig, "%d/%d", &gi, &ci); err != nil || gi < 0 || ci < 0 || fmt.Sprintf("%d/%d", gi, ci) != mig {
 			return cli.Usagef(stderr, "gpuinfo", "--mig %q: want GI/CI, two instance ids", mig)
@@ -524,6 +536,8 @@ func injectSignal(ctx context.Context, stdout, stderr io.Writer, name, root, sig
 	switch {
 	case clear:
 		err = sim.Clear(gpu)
+	case resetMode != "":
+		err = sim.FailResets(gpu, failResets)
 	case mig != "":
 		what = fmt.Sprintf("MIG device %s of GPU %d", mig, gpu)
 		err = sim.InjectMIG(gpu, gi, ci, s)
@@ -535,6 +549,14 @@ func injectSignal(ctx context.Context, stdout, stderr io.Writer, name, root, sig
 	}
 	if clear {
 		fmt.Fprintf(stdout, "cleared %s of simulated %s in %s\n", what, name, root)
+		return cli.ExitOK
+	}
+	if resetMode != "" {
+		outcome := "succeed"
+		if failResets {
+			outcome = "fail"
+		}
+		fmt.Fprintf(stdout, "resets of %s of simulated %s in %s now %s\n", what, name, root, outcome)
 		return cli.ExitOK
 	}
 	v := node.DefaultHealthTable().Classify(s)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/gpuiso/gpuiso/internal/testing/testenv"
 	"github.com/gpuiso/gpuiso/node"
+	"github.com/gpuiso/gpuiso/node/simnode"
 )
 
 var update = flag.Bool("update", false, "rewrite the expected outputs under testdata/")
@@ -248,6 +250,8 @@ func TestInjectUsage(t *testing.T) {
 		{"--simulate", "dgx1-volta", "--sim-root", dir, "--inject", "meltdown", "--gpu", "3"},
 		{"--simulate", "dgx1-volta", "--sim-root", dir, "--inject", "xid 79", "--gpu", "8"},
 		{"--simulate", "dgx1-volta", "--sim-root", dir, "--inject", "xid 79", "--gpu", "1", "--mig", "1-0"},
+		{"--simulate", "dgx1-volta", "--sim-root", dir, "--inject", "reset maybe", "--gpu", "3"},
+		{"--simulate", "dgx1-volta", "--sim-root", dir, "--inject", "reset fail", "--gpu", "3", "--mig", "1/0"},
 		{"--simulate", "dgx1-volta", "--sim-root", dir, "--gpu", "3"},
 	} {
 		if _, errOut, code := gpuinfo(t, args...); code != 125 || !strings.HasPrefix(errOut, "gpuinfo: ") {
@@ -293,5 +297,33 @@ func TestInject(t *testing.T) {
 	}
 	if h := health(); !h.Healthy {
 		t.Fatalf("GPU 3 after clear: %s", h)
+	}
+	// The reset mode set in the tree is what a node over it resets by.
+	reset := func() error {
+		t.Helper()
+		n, err := simnode.New("dgx1-volta")
+		if err != nil {
+			t.Fatal(err)
+		}
+		h, err := n.OpenHost(t.Context(), dir)
+		if err == nil {
+			err = n.ShareFaults(h)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n.ResetGPU(t.Context(), node.Device{Index: 3, UUID: n.UUID(3)})
+	}
+	for _, tt := range []struct {
+		mode, says string
+		fails      bool
+	}{{"reset fail", "now fail", true}, {"reset ok", "now succeed", false}} {
+		out, errOut, code := gpuinfo(t, append(sim, "--inject", tt.mode, "--gpu", "3")...)
+		if code != 0 || !strings.Contains(out, tt.says) {
+			t.Fatalf("%s: exit %d: %s%s", tt.mode, code, out, errOut)
+		}
+		if err := reset(); errors.Is(err, node.ErrResetFailed) != tt.fails {
+			t.Errorf("after %s: reset %v", tt.mode, err)
+		}
 	}
 }
