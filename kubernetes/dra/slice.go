@@ -91,6 +91,11 @@ type SliceOptions struct {
 	// it. Empty leaves unhealthy devices out of the slice, as a cluster
 	// without device taints needs.
 	TaintKey string
+	// EvictForReset tells that the node resets a GPU whose health action
+	// is a reset once nothing holds it (nvmlnode.WithReset): its taint,
+	// and that of a GPU whose reset failed (action reboot), is NoExecute,
+	// so that the cluster evicts the claims holding it (HealthTaintOf).
+	EvictForReset bool
 }
 
 func (o SliceOptions) sharePolicy() (lo, step uint64) {

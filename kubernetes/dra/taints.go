@@ -54,11 +54,35 @@ func noExecuteXID(xid uint64) bool {
 
 var xidReason = regexp.MustCompile(`^xid[ _-]?([0-9]+)\b`)
 
-// HealthTaint is the taint that health h gives a device, keyed key, and
-// false for a healthy device. The value is a short form of h's reason and
-// the effect follows it:
+// HealthTaint is HealthTaintOf(key, h, false): a device's taint on a node
+// that does not reset its GPUs.
+func HealthTaint(key string, h node.Health) (resourceapi.DeviceTaint, bool) {
+	return HealthTaintOf(key, h, false)
+}
+
+// HealthTaintOf is the taint that health h gives a device, keyed key, and
+// false for a healthy device; reset tells whether the node resets a GPU
+// whose action is a reset (SliceOptions.EvictForReset). The value is a
+// short form of h's reason.
 //
-//	reason (as nvmlnode's monitor writes it)   value            effect
+// A reason the health monitor wrote (a node.Verdict's, "XID 109 (context
+// switch timeout): reset-gpu") ends in the health table's action, and the
+// effect follows it:
+//
+//	action                    reset off                 reset on
+//	restart-app, drain        NoSchedule                NoSchedule
+//	reset-gpu, reboot         NoExecute where the       NoExecute
+//	                          work is dead (below),
+//	                          else NoSchedule
+//
+// With the reset on, the claims of a GPU waiting for its reset are
+// evicted, so that it can be reset and given back; a GPU whose reset
+// failed (action reboot) keeps its NoExecute taint. Without it, a reset
+// or a reboot evicts them only after a signal that leaves the work on the
+// GPU dead. That, the value, and the effect of a reason no verdict wrote
+// (an operator's) follow the reason's start:
+//
+//	reason                                     value            effect
 //	"XID <n>", n in NoExecuteXIDs               xid-<n>          NoExecute
 //	"XID <n>", any other n                      xid-<n>          NoSchedule
 //	"double-bit ECC error"                      ecc-double-bit   NoExecute
@@ -72,13 +96,21 @@ var xidReason = regexp.MustCompile(`^xid[ _-]?([0-9]+)\b`)
 // XID 94, a contained ECC error whose fix is restarting the application;
 // a thermal slowdown) carries a taint of effect None with the value the
 // reason gives: shown, never keeping a claim from it.
-func HealthTaint(key string, h node.Health) (resourceapi.DeviceTaint, bool) {
+func HealthTaintOf(key string, h node.Health, reset bool) (resourceapi.DeviceTaint, bool) {
 	if h.Healthy && strings.TrimSpace(h.Reason) == "" {
 		return resourceapi.DeviceTaint{}, false
 	}
 	value, effect := taintOf(h.Reason)
-	if h.Healthy {
+	switch a, ok := node.VerdictAction(h.Reason); {
+	case h.Healthy:
 		effect = resourceapi.DeviceTaintEffectNone
+	case !ok:
+	case a == node.ActionResetGPU || a == node.ActionReboot:
+		if reset {
+			effect = resourceapi.DeviceTaintEffectNoExecute
+		}
+	default:
+		effect = resourceapi.DeviceTaintEffectNoSchedule
 	}
 	return resourceapi.DeviceTaint{Key: key, Value: value, Effect: effect}, true
 }
@@ -114,7 +146,7 @@ func (o SliceOptions) taints(hs ...node.Health) []resourceapi.DeviceTaint {
 	}
 	var out []resourceapi.DeviceTaint
 	for _, h := range hs {
-		if t, ok := HealthTaint(o.TaintKey, h); ok && !slices.Contains(out, t) {
+		if t, ok := HealthTaintOf(o.TaintKey, h, o.EvictForReset); ok && !slices.Contains(out, t) {
 			out = append(out, t)
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"testing"
 
 	resourceapi "k8s.io/api/resource/v1"
@@ -283,5 +284,113 @@ func TestHeldTaint(t *testing.T) {
 	}
 	if ts := taints()["gpu-2"]; len(ts) != 0 {
 		t.Errorf("gpu-2 let go keeps taints %+v", ts)
+	}
+}
+
+// TestHealthTaintEffects: the effect of a reason the health monitor wrote
+// follows the table's action: a note None, restart-app and drain
+// NoSchedule, a reset or a reboot NoExecute with the reset on and,
+// without it, NoExecute only where the signal leaves the work dead.
+func TestHealthTaintEffects(t *testing.T) {
+	const key = "gpu.gpuiso.io/unhealthy"
+	none, noExec, noSched := resourceapi.DeviceTaintEffectNone, resourceapi.DeviceTaintEffectNoExecute, resourceapi.DeviceTaintEffectNoSchedule
+	table := node.DefaultHealthTable()
+	signal := func(text string) node.Signal {
+		s, err := node.ParseSignal(text)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	verdict := func(text string) node.Health { return table.Classify(signal(text)).Health() }
+	// note is the health of a device in service with an informing
+	// signal noted (allocator.Inform).
+	note := func(text string) node.Health {
+		return node.Health{Healthy: true, Reason: table.Classify(signal(text)).String()}
+	}
+	override := func(rule string) node.Health {
+		rules, err := node.ParseHealthRules(rule)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f := strings.Fields(rule)
+		return append(node.DefaultHealthTable(), rules...).Classify(signal(f[0] + " " + f[1])).Health()
+	}
+	tests := []struct {
+		name    string
+		health  node.Health
+		off, on resourceapi.DeviceTaintEffect
+		value   string
+	}{
+		{name: "xid 109 reset", health: verdict("xid 109"), off: noSched, on: noExec, value: "xid-109"},
+		{name: "xid 74 reset", health: verdict("xid 74"), off: noSched, on: noExec, value: "xid-74"},
+		{name: "xid 79 reset, work dead", health: verdict("xid 79"), off: noExec, on: noExec, value: "xid-79"},
+		{name: "xid 48 reset, work dead", health: verdict("xid 48"), off: noExec, on: noExec, value: "xid-48"},
+		{name: "ecc reset, work dead", health: verdict("ecc-double-bit"), off: noExec, on: noExec, value: "ecc-double-bit"},
+		{name: "lost reset, work dead", health: verdict("lost"), off: noExec, on: noExec, value: "gpu-lost"},
+		{name: "recovery action reset", health: verdict("recovery-action 1"), off: noSched, on: noExec},
+		{name: "recovery action reboot", health: verdict("recovery-action 2"), off: noSched, on: noExec},
+		{name: "row remap pending reset", health: verdict("row-remap-pending"), off: noSched, on: noExec},
+		{name: "xid 63 drain", health: verdict("xid 63"), off: noSched, on: noSched, value: "xid-63"},
+		{name: "nvlink down drain", health: verdict("nvlink-down 2"), off: noSched, on: noSched},
+		{name: "unknown xid drain", health: verdict("xid 31337"), off: noSched, on: noSched, value: "xid-31337"},
+		{name: "xid 79 overridden to drain", health: override("xid 79 unhealthy drain"), off: noSched, on: noSched, value: "xid-79"},
+		{name: "xid 94 overridden to unhealthy restart-app", health: override("xid 94 unhealthy restart-app"), off: noSched, on: noSched, value: "xid-94"},
+		{name: "xid 109 reset failed", health: node.Unhealthy("XID 109 (context switch timeout), reset failed: reboot"), off: noSched, on: noExec, value: "xid-109"},
+		{name: "xid 94 inform", health: note("xid 94"), off: none, on: none, value: "xid-94"},
+		{name: "thermal inform", health: note("thermal-slowdown"), off: none, on: none},
+		{name: "operator reason", health: node.Unhealthy("maintenance"), off: noSched, on: noSched, value: "maintenance"},
+		{name: "operator XID 79", health: node.Unhealthy("XID 79"), off: noExec, on: noExec, value: "xid-79"},
+		{name: "operator XID 109", health: node.Unhealthy("XID 109"), off: noSched, on: noSched, value: "xid-109"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h := tt.health
+			for _, reset := range []bool{false, true} {
+				want := tt.off
+				if reset {
+					want = tt.on
+				}
+				got, ok := dra.HealthTaintOf(key, h, reset)
+				if !ok || got.Effect != want || got.Key != key || (tt.value != "" && got.Value != tt.value) {
+					t.Errorf("reset %v: %q: %+v, %v; want effect %s, value %q", reset, h.Reason, got, ok, want, tt.value)
+				}
+			}
+			if got, _ := dra.HealthTaint(key, h); got.Effect != tt.off {
+				t.Errorf("HealthTaint: %s, want %s", got.Effect, tt.off)
+			}
+		})
+	}
+	if _, ok := dra.HealthTaintOf(key, node.Healthy(), true); ok {
+		t.Error("a healthy device has a taint")
+	}
+}
+
+// TestSliceEvictForReset: with EvictForReset, a GPU waiting for its reset
+// is published NoExecute; without it, NoSchedule.
+func TestSliceEvictForReset(t *testing.T) {
+	const key = "gpu.gpuiso.io/unhealthy"
+	_, inv := inventory(t, "dgx1-volta")
+	a, err := allocator.New(inv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := node.DefaultHealthTable().Classify(node.Signal{Kind: node.SignalXID, Value: 109})
+	if _, err := a.MarkUnhealthy(t.Context(), inv.Devices[2].UUID, v.String()); err != nil {
+		t.Fatal(err)
+	}
+	for _, reset := range []bool{false, true} {
+		want := resourceapi.DeviceTaintEffectNoSchedule
+		if reset {
+			want = resourceapi.DeviceTaintEffectNoExecute
+		}
+		for _, d := range dra.Devices(inv, a.Devices(), dra.SliceOptions{TaintKey: key, EvictForReset: reset}) {
+			switch {
+			case d.Name == "gpu-2" && (len(d.Taints) != 1 || d.Taints[0].Effect != want):
+				t.Errorf("reset %v: gpu-2 taints %+v, want one %s", reset, d.Taints, want)
+			case d.Name != "gpu-2" && len(d.Taints) != 0:
+				t.Errorf("reset %v: %s tainted: %+v", reset, d.Name, d.Taints)
+			}
+		}
 	}
 }
