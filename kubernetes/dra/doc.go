@@ -221,14 +221,22 @@
 // An unhealthy GPU or MIG device (as the allocator has it: marked by the
 // NVML health monitor or by any gpuiso program of the node) stays in the
 // slice with a taint (KEP-5055) of key TaintKey ("gpu.gpuiso.io/unhealthy"),
-// whose value is a short form of the reason and whose effect says whether
-// the work on it is dead (HealthTaint):
+// whose value is a short form of the reason and whose effect follows the
+// health table's action (HealthTaintOf):
 //
-//	XID 48, 62, 64, 79, 95, 119, 120 (NoExecuteXIDs)   xid-<n>          NoExecute
-//	a double-bit ECC event                              ecc-double-bit   NoExecute
-//	the GPU lost (fallen off the bus)                   gpu-lost         NoExecute
-//	any other XID (63, 74, 92, 94, ...)                 xid-<n>          NoSchedule
-//	any other reason                                    the reason       NoSchedule
+//	restart-app, drain (XID 63, 92, an NVLink down, ...)   NoSchedule
+//	reset-gpu, reboot, the node resetting its GPUs          NoExecute
+//	  (SliceOptions.EvictForReset)
+//	reset-gpu, reboot otherwise: where the work is dead     NoExecute
+//	  (XID 48, 62, 64, 79, 95, 119, 120: NoExecuteXIDs; a
+//	  double-bit ECC event; the GPU lost), else (XID 74,
+//	  109, a recovery action, ...)                          NoSchedule
+//	any other reason (an operator's)                        by the reason, as above
+//
+// With EvictForReset, the node's health monitor resets such a GPU once no
+// claim holds it (nvmlnode.WithReset): the NoExecute taint evicts the
+// claims' pods, the GPU is reset and published untainted, or, its reset
+// failed, keeps a NoExecute taint (action reboot).
 //
 // A MIG device of an unhealthy GPU carries its parent's taint, a shared
 // GPU's share device the GPU's. The scheduler allocates a tainted device

@@ -35,6 +35,19 @@
 // monitor marks it healthy again, within two health periods; a reason the
 // monitor did not write (an operator's) is left alone.
 //
+// # Reset
+//
+// Opted in with [WithReset], the monitor resets a GPU whose action is a
+// reset rather than waiting for someone else to: the GPU is out of
+// service at once; its owners are told once to the importer's
+// [ResetPolicy], which alone may end their work (the monitor never ends a
+// process, nor touches another GPU or its owners); once no owner holds it
+// and the driver lists no process on it, a node.Resetter ([SMIResetter]:
+// nvidia-smi --gpu-reset; a simulated node) resets it; its signals are
+// read again, and the GPU is healthy again, or, the reset failed or a
+// signal still holds, stays unhealthy with a reboot as its action. Each
+// step is a [HealthEvent] with Reset set.
+//
 // # MIG
 //
 // For a MIG-capable GPU, Discover reads the GPU-instance profile table
