@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"slices"
 	"sort"
 
@@ -22,14 +23,13 @@ import (
 // WithProcRoot): every process sharing a state directory must be in the
 // same pid namespace.
 //
-// A Holder is a node.Process, the module's one process identity (an
-// alias: the two are one type); its text form is h.String(),
-// "<pid>.<start>".
-type Holder = node.Process
+// A Holder is a node.Process, the module's one process identity (the two
+// convert: node.Process(h), Holder(p)); its text form is
+// node.Process(h).String(), "<pid>.<start>".
+type Holder node.Process
 
-// validHolder checks that h can name a process.
-func validHolder(h Holder) error {
-	if !h.Valid() {
+func (h Holder) validate() error {
+	if !node.Process(h).Valid() {
 		return fmt.Errorf("holder pid %d started at %d: %w", h.Pid, h.Start, ErrInvalidRequest)
 	}
 	return nil
@@ -38,11 +38,11 @@ func validHolder(h Holder) error {
 // ProcessHolder returns the holder that names the running process pid, as
 // the proc file system procRoot ("" means /proc) shows it.
 func ProcessHolder(procRoot string, pid int) (Holder, error) {
-	h, err := linux.ProcessOf(procRoot, pid)
+	st, err := linux.ReadProcStat(procRoot, pid)
 	if err != nil {
 		return Holder{}, fmt.Errorf("holder %d: %w", pid, err)
 	}
-	return h, nil
+	return Holder{Pid: pid, Start: st.Start}, nil
 }
 
 // WithProcRoot sets the proc file system holders are checked in (default
@@ -58,14 +58,22 @@ func WithProcRoot(dir string) Option {
 }
 
 // processGone reports whether pid provably does not run.
-func processGone(procRoot string, pid int) bool { return linux.PidGone(procRoot, pid) }
+func processGone(procRoot string, pid int) bool {
+	if _, err := linux.Self(procRoot); err != nil {
+		return false
+	}
+	st, err := linux.ReadProcStat(procRoot, pid)
+	if errors.Is(err, fs.ErrNotExist) {
+		return true
+	}
+	return err == nil && st.Exited()
+}
 
-// HolderDead reports whether h's process provably ended: its pid is gone,
-// is a zombie, or names a process started at another time. procRoot ""
-// means /proc; when it cannot be read, nothing is provably dead. It was
-// the method Holder.Dead, which went when Holder became node.Process.
-func HolderDead(procRoot string, h Holder) bool {
-	return linux.Dead(procRoot, h)
+// Dead reports whether h's process provably ended: its pid is gone, is a
+// zombie, or names a process started at another time. procRoot "" means
+// /proc; when it cannot be read, nothing is provably dead.
+func (h Holder) Dead(procRoot string) bool {
+	return linux.Process(h).Dead(procRoot)
 }
 
 // ReleaseDead releases every owner whose holder is provably dead, in one
@@ -86,7 +94,7 @@ func (a *Allocator) ReleaseDead(ctx context.Context) ([]string, error) {
 	defer unlock()
 	gone := map[string]*holding{}
 	for o, h := range a.owners {
-		if h.holder != nil && linux.Dead(a.cfg.procRoot, *h.holder) {
+		if h.holder != nil && h.holder.Dead(a.cfg.procRoot) {
 			gone[o] = h
 		}
 	}
@@ -110,3 +118,6 @@ func (a *Allocator) ReleaseDead(ctx context.Context) ([]string, error) {
 	a.cfg.logger.Info("released owners whose holder died", "owners", released)
 	return slices.Clip(released), nil
 }
+
+// validHolder checks that h can name a process.
+func validHolder(h Holder) error { return h.validate() }
