@@ -1,7 +1,8 @@
-// Package mps enforces memory shares of a GPU with NVIDIA's Multi-Process
-// Service: it starts, stops and recovers one MPS control daemon per share
-// (nvidia-cuda-mps-control, from the node's driver), whose state lives in
-// one directory that any number of processes may share.
+// Package mps enforces memory shares and concurrent slices of a GPU with
+// NVIDIA's Multi-Process Service: it starts, stops and recovers one MPS
+// control daemon per memory share, and one per GPU split in concurrent
+// slices (nvidia-cuda-mps-control, from the node's driver), whose state
+// lives in one directory that any number of processes may share.
 //
 // # The model
 //
@@ -156,6 +157,52 @@
 //   - time slices (allocator.ShareTime) isolate nothing: the containers of
 //     a GPU each see all of its memory and compute, and only the
 //     allocator's count of them (allocator.WithTimeSlices) is enforced.
+//   - concurrent slices (allocator.ShareSlice) are clients of one daemon
+//     and one server: see below.
+//
+// # Concurrent slices
+//
+// A concurrent slice (allocator.Share, mode allocator.ShareSlice, Slices
+// N) is one of N equal parts of one GPU. The slices of a GPU share one
+// daemon ([Manager.StartSlice], through [Manager.StartShare]), recorded as
+// [SliceOwner] of the GPU's UUID, with the slices' owners as its tenants:
+// the first slice starts it, with the default limits of 1/N of the GPU
+// (set_default_device_pinned_mem_limit of the GPU's memory divided by N,
+// set_default_active_thread_percentage of 100/N rounded down), read back
+// as a share's are; a later slice finds it running and only adds itself
+// to its record (no command to the daemon: a slice's launch beside a
+// running daemon costs what an exclusive launch does); [Manager.Stop] of a
+// slice's owner drops it from the tenants and stops the daemon with the
+// last. The manager's lock orders starts, so that two slices started at
+// once start one daemon. A sweep keeps the daemon while its allocator
+// holds a slice of its GPU, or the caller keeps one of its tenants
+// ([Keep]). Each slice's container gets the daemon's pipe directory and
+// /dev/shm, and its defaults as CUDA_MPS_* in its environment.
+//
+// The two kinds side by side:
+//
+//   - a memory share has a daemon, a server and a /dev/shm of its own;
+//     its limits are its own (any size, any compute percentage); the
+//     servers of a GPU's shares time-slice among themselves; no share can
+//     reach another's daemon, server or shared memory.
+//   - concurrent slices run their kernels at once, as clients of one
+//     server (of one user), each held to the daemon's default limits
+//     (1/N of the GPU's memory, as each client process's pinned memory
+//     limit, and 100/N percent of its threads). What a tenant of a sliced
+//     GPU can do to its neighbours: its processes are clients of the same
+//     server, so a fatal fault in one of them (an illegal memory access,
+//     say) can end or corrupt the work of every client of that server, its
+//     neighbours' included; the limits are per client process, not per
+//     slice (a container that runs several CUDA processes holds several
+//     times its part); all slices share the daemon's control socket, so a
+//     tenant that may send it set_* commands (root, or any user on the 535
+//     driver) changes the defaults of every later client of the GPU, its
+//     neighbours' too, and its quit is refused to other users only; they
+//     share one /dev/shm and one pipe directory, where each can read,
+//     fill (up to the tmpfs's bound) or remove what the others' processes
+//     put there. Give concurrent slices to cooperating workloads of one
+//     tenant; give tenants that must not disturb each other memory shares,
+//     MIG devices or whole GPUs.
 //
 // The pipe and shared memory directories are the container's to write
 // while its daemon runs, and the daemon and its servers, run by root,
@@ -173,7 +220,8 @@
 // Each share's server has a CUDA context of its own on the GPU, and the
 // servers of one GPU's shares time-slice among themselves rather than run
 // their kernels concurrently as the clients of one server do: the price of
-// keeping shares out of each other's reach. Starting a daemon takes some
+// keeping shares out of each other's reach, which concurrent slices do not
+// pay. Starting a daemon takes some
 // 20 ms and stopping it as much (BenchmarkDaemon), which every share's
 // launch and destruction pays (BenchmarkShareLaunch in
 // containerizer/native).

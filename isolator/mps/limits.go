@@ -20,11 +20,24 @@ type Limits struct {
 
 // LimitsOf are the limits of share s, the share an allocation holds: its
 // memory and its compute percentage, checked here and nowhere else (Start
-// checks them again). Anything but a memory share of at least 1 MiB with a
-// compute percentage from 0 to 100 is ErrInvalid; the limits are returned
-// with the error all the same, as s has them.
+// checks them again). Those of a concurrent slice (allocator.ShareSlice)
+// are its daemon's defaults, which each of its GPU's slices gets: its
+// memory (the GPU's divided by its count, as the allocation has it) and
+// the GPU's compute divided by its count, rounded down to a whole
+// percentage (25 for 4 slices, 33 for 3). Anything but a memory share of
+// at least 1 MiB with a compute percentage from 0 to 100, or a slice of at
+// least 1 MiB whose count is from allocator.MinSlices to
+// allocator.MaxSlices, is ErrInvalid; the limits are returned with the
+// error all the same, as s has them.
 func LimitsOf(s allocator.Share) (Limits, error) {
 	l := Limits{MemoryBytes: s.MemoryBytes, ComputePercent: s.ComputePercent}
+	if s.Mode == allocator.ShareSlice {
+		if s.Slices < allocator.MinSlices || s.Slices > allocator.MaxSlices || s.ComputePercent != 0 {
+			return l, fmt.Errorf("a slice of %d (compute %d%%), want %d to %d slices and no compute of its own: %w", s.Slices, s.ComputePercent, allocator.MinSlices, allocator.MaxSlices, ErrInvalid)
+		}
+		l.ComputePercent = 100 / s.Slices
+		return l, l.validate()
+	}
 	if s.Mode != "" && s.Mode != allocator.ShareMemory {
 		return l, fmt.Errorf("a share of mode %q has no MPS limits: %w", s.Mode, ErrInvalid)
 	}

@@ -23,30 +23,40 @@ const (
 	lockFile      = ".lock"
 )
 
+// stored is what a daemon's record holds: the daemon and, for the daemon
+// of a GPU's concurrent slices, the owners of the slices it serves (its
+// tenants), sorted. In the record the daemon's fields and "tenants" are
+// side by side, so a record of a share's own daemon is as it was.
+type stored struct {
+	Daemon
+	Tenants []string `json:"tenants,omitempty"`
+}
+
 // records is the store of the manager's daemon records.
-func (m *Manager) records() (*record.Store[Daemon], error) {
-	return record.New(m.dir, record.Options[Daemon]{Format: recordFormat, Version: recordVersion, Name: recordFile, Legacy: legacyRecord, NoSync: true})
+func (m *Manager) records() (*record.Store[stored], error) {
+	return record.New(m.dir, record.Options[stored]{Format: recordFormat, Version: recordVersion, Name: recordFile, Legacy: legacyRecord, NoSync: true})
 }
 
 // legacyRecord reads a record of the releases before the store: the
 // daemon's fields beside "version": 1, with no checksum.
-func legacyRecord(b []byte) (record.Entry[Daemon], error) {
+func legacyRecord(b []byte) (record.Entry[stored], error) {
 	var r struct {
 		Version int `json:"version"`
 		Daemon
 	}
 	if err := json.Unmarshal(b, &r); err != nil {
-		return record.Entry[Daemon]{}, err
+		return record.Entry[stored]{}, err
 	}
 	if r.Version != 1 {
-		return record.Entry[Daemon]{}, fmt.Errorf("version %d of a daemon record before the store, want 1", r.Version)
+		return record.Entry[stored]{}, fmt.Errorf("version %d of a daemon record before the store, want 1", r.Version)
 	}
-	return entry(r.Daemon, 1), nil
+	return entry(stored{Daemon: r.Daemon}, 1), nil
 }
 
-// entry is d's record: Started until it names its process.
-func entry(d Daemon, version int) record.Entry[Daemon] {
-	e := record.Entry[Daemon]{Key: d.Owner, Phase: record.Started, Version: version, Data: d}
+// entry is r's record: Started until it names its process.
+func entry(r stored, version int) record.Entry[stored] {
+	d := r.Daemon
+	e := record.Entry[stored]{Key: d.Owner, Phase: record.Started, Version: version, Data: r}
 	if p := (node.Process{Pid: d.Pid, Start: d.Start}); p.Valid() {
 		e.Phase, e.Process = record.Completed, &p
 	}
@@ -56,32 +66,40 @@ func entry(d Daemon, version int) record.Entry[Daemon] {
 // read reads owner's record, with Alive set. A missing one matches
 // fs.ErrNotExist (isNotExist); one that cannot be trusted is ErrDaemon.
 func (m *Manager) read(owner string) (Daemon, error) {
+	r, err := m.readRecord(owner)
+	return r.Daemon, err
+}
+
+// readRecord reads owner's record as read does, with its tenants.
+func (m *Manager) readRecord(owner string) (stored, error) {
 	rs, err := m.records()
 	if err != nil {
-		return Daemon{}, err
+		return stored{}, err
 	}
 	e, err := rs.Read(owner)
 	if errors.Is(err, record.ErrNoRecord) {
-		return Daemon{}, fmt.Errorf("record of %s: %w", owner, err)
+		return stored{}, fmt.Errorf("record of %s: %w", owner, err)
 	}
 	if err != nil {
-		return Daemon{}, fmt.Errorf("record of %s: %w: %v", owner, ErrDaemon, err)
+		return stored{}, fmt.Errorf("record of %s: %w: %v", owner, ErrDaemon, err)
 	}
-	d := e.Data
+	r := e.Data
+	d := &r.Daemon
 	if d.Owner != owner {
-		return Daemon{}, fmt.Errorf("record of %s: owner %q: %w", owner, d.Owner, ErrDaemon)
+		return stored{}, fmt.Errorf("record of %s: owner %q: %w", owner, d.Owner, ErrDaemon)
 	}
 	want := m.blank(owner)
 	d.Dir, d.PipeDir, d.LogDir, d.ShmDir = want.Dir, want.PipeDir, want.LogDir, want.ShmDir
-	d.Alive = d.Pid > 0 && linux.Alive(m.procRoot, linux.Process{Pid: d.Pid, Start: d.Start})
-	return d, nil
+	d.Alive = d.Pid > 0 && linux.Process{Pid: d.Pid, Start: d.Start}.Alive(m.procRoot)
+	return r, nil
 }
 
-// write replaces d's record atomically.
-func (m *Manager) write(d Daemon) error {
+// write replaces d's record atomically, with tenants (those of a slice
+// daemon; nil for a share's own).
+func (m *Manager) write(d Daemon, tenants []string) error {
 	rs, err := m.records()
 	if err != nil {
 		return err
 	}
-	return rs.Write(entry(d, recordVersion))
+	return rs.Write(entry(stored{Daemon: d, Tenants: tenants}, recordVersion))
 }

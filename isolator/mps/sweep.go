@@ -57,12 +57,16 @@ func Daemons(ctx context.Context, dir string) ([]Daemon, error) {
 }
 
 // Keep is what explains a daemon, for a sweep (Manager.Sweep, given
-// Keep.Keeps): an owner that holds a memory share, or that a record of the
-// caller's names. Every program that sweeps fills it with what it holds: a
+// Keep.Keeps): an owner that holds a memory share or a concurrent slice,
+// or that a record of the caller's names; and, for the daemon of a GPU's
+// concurrent slices (SliceOwner), any allocation that holds a slice of
+// that GPU. Every program that sweeps fills it with what it holds: a
 // daemon no share and no record explains is stopped.
 type Keep struct {
 	// Shares is the allocator whose memory shares explain their owners'
-	// daemons (an *allocator.Allocator); nil means none does.
+	// daemons, and whose concurrent slices their GPUs' daemons (an
+	// *allocator.Allocator, whose Shares method Keep reads for a slice
+	// daemon); nil means none does.
 	Shares Allocations
 	// Recorded reports whether a record of the caller's explains owner's
 	// daemon (a container, a launch in progress, a prepared claim); one
@@ -76,10 +80,14 @@ type Allocations interface {
 }
 
 // Keeps reports whether k explains owner's daemon: owner holds a memory
-// share in k.Shares, or k.Recorded names it.
+// share or a concurrent slice in k.Shares, or k.Recorded names it; owner
+// SliceOwner(uuid) is kept while k.Shares holds any slice of that GPU.
 func (k Keep) Keeps(owner string) bool {
 	if k.Shares != nil {
-		if al, err := k.Shares.Allocation(owner); err == nil && al.Share != nil && al.Share.Mode == allocator.ShareMemory {
+		if al, err := k.Shares.Allocation(owner); err == nil && al.Share != nil && (al.Share.Mode == allocator.ShareMemory || al.Share.Mode == allocator.ShareSlice) {
+			return true
+		}
+		if uuid, ok := IsSliceOwner(owner); ok && keepsSlices(k.Shares, uuid) {
 			return true
 		}
 	}
@@ -87,10 +95,12 @@ func (k Keep) Keeps(owner string) bool {
 }
 
 // Sweep stops every daemon whose owner keep does not keep (Keep.Keeps
-// says which a share or a record explains), and removes what dead daemons
-// of kept owners left (their servers) and what commands to daemons left
-// when their process was killed: the recovery of a process that lost
-// track of its shares. It returns the owners whose daemons it stopped,
+// says which a share or a record explains; the daemon of a GPU's slices,
+// SliceOwner, is kept while keep keeps its name or one of its tenants, and
+// the tenants keep does not keep are dropped from its record), and removes
+// what dead daemons of kept owners left (their servers) and what commands
+// to daemons left when their process was killed: the recovery of a
+// process that lost track of its shares. It returns the owners whose daemons it stopped,
 // sorted. A kept owner's dead daemon is not restarted here: Start does
 // that.
 func (m *Manager) Sweep(ctx context.Context, keep func(owner string) bool) ([]string, error) {
@@ -105,11 +115,22 @@ func (m *Manager) Sweep(ctx context.Context, keep func(owner string) bool) ([]st
 			return err
 		}
 		for _, o := range owners {
-			d, err := m.read(o)
+			r, err := m.readRecord(o)
+			d := r.Daemon
 			if err != nil {
 				d = m.blank(o)
 			}
-			if keep != nil && keep(o) {
+			kept := keep != nil && keep(o)
+			if _, ok := IsSliceOwner(o); ok && err == nil && keep != nil {
+				tenants := slices.DeleteFunc(slices.Clone(r.Tenants), func(t string) bool { return !keep(t) })
+				if len(tenants) != len(r.Tenants) && (len(tenants) > 0 || kept) {
+					if err := m.write(d, tenants); err != nil {
+						errs = append(errs, fmt.Errorf("%s: %w", o, err))
+					}
+				}
+				kept = kept || len(tenants) > 0
+			}
+			if kept {
 				if !d.Alive && d.Pid > 0 {
 					for _, p := range m.strays(d) {
 						linux.Kill(p.Pid)
