@@ -9,7 +9,7 @@
 // the command's status, 125 for gpurun's own errors, 126/127 for a command
 // it cannot execute or find, 128+n for the signal n that ended it.
 //
-//	gpurun [--simulate NAME] [--gpus N | --devices LIST | --mig PROFILE | --gpu-memory SIZE [--gpu-compute PERCENT] | --gpu-time-slice] [--policy P]
+//	gpurun [--simulate NAME] [--gpus N | --devices LIST | --mig PROFILE | --gpu-memory SIZE [--gpu-compute PERCENT] | --gpu-time-slice | --gpu-slices N] [--policy P]
 //	       [--state-dir DIR] [--cgroup v1|v2] [--rootfs DIR [--label K=V]... | --image ARCHIVE]
 //	       [--user UID[:GID]] [--network none|host] [--max-image-bytes N] [--max-image-entries N] [--max-image-ratio N]
 //	       [--cap-add CAP]... [--cpu-affinity numa|none] [--quiet] -- CMD [ARGS...]
@@ -45,7 +45,14 @@
 // command finds at /tmp/nvidia-mps (CUDA_MPS_PIPE_DIRECTORY) and whose
 // /dev/shm it shares; the daemon is stopped when the command ends.
 // --gpu-time-slice asks for a time slice: the GPU whole, beside the other
-// time slices of it (at most 4), isolated from none of them. Shares pack
+// time slices of it (at most 4), isolated from none of them.
+// --gpu-slices N asks for a concurrent slice: one of N equal slices of one
+// GPU (2 to 48), whose commands run at once as clients of the GPU's one MPS
+// control daemon, started with its first slice and stopped with its last,
+// which holds each to 1/N of the GPU's memory and compute; the slices of a
+// GPU share that daemon's pipe directory and /dev/shm, and a fault in one
+// can disturb the others (see package isolator/mps). A GPU split in N takes
+// slices of N alone, at most N. Shares pack
 // onto GPUs already shared and keep whole GPUs for whole requests;
 // --devices may name the one GPU. A share that fits nowhere fails with one
 // line naming each GPU's free memory.
@@ -120,7 +127,7 @@ const exitFailed = cli.ExitError
 var exitInterrupted = cli.ExitSignal(syscall.SIGINT)
 
 const usage = `usage: gpurun [--simulate NAME] [--gpus N | --devices LIST | --mig PROFILE] [--policy P]
-              [--gpu-memory SIZE [--gpu-compute PERCENT] | --gpu-time-slice]
+              [--gpu-memory SIZE [--gpu-compute PERCENT] | --gpu-time-slice | --gpu-slices N]
               [--state-dir DIR] [--cgroup v1|v2] [--rootfs DIR [--label KEY=VALUE]... | --image ARCHIVE]
               [--user UID[:GID]] [--network none|host] [--max-image-bytes N] [--max-image-entries N]
               [--max-image-ratio N] [--cap-add CAP]... [--cpu-affinity numa|none] [--quiet] -- CMD [ARGS...]
@@ -142,6 +149,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	gpuMemory := fs.String("gpu-memory", "", "a memory share of one GPU instead of whole GPUs: `SIZE` with a unit (4GiB, 512MiB), enforced by an MPS control daemon of its own")
 	gpuCompute := fs.Int("gpu-compute", 0, "with --gpu-memory: the share's `PERCENT` of the GPU's compute (MPS active threads, 1 to 100)")
 	timeSlice := fs.Bool("gpu-time-slice", false, "a time slice of one GPU: the GPU whole, beside its other time slices, isolated from none of them")
+	gpuSlices := fs.Int("gpu-slices", 0, "a concurrent slice: one of `N` equal slices of one GPU (2 to 48), run at once beside the GPU's other slices under one MPS control daemon that holds each to 1/N of the GPU")
 	stateDir := fs.String("state-dir", "", "keep the state in `DIR` (containers' records, image trees, and the allocator's state, shared with every gpurun that names it; default /var/lib/gpuiso/gpurun, with the allocator in memory)")
 	version := fs.String("cgroup", "", "cgroup version for devices: v1 or v2 (default: the host's)")
 	quiet := fs.Bool("quiet", false, "do not print which GPUs and volume the command got")
@@ -200,12 +208,14 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		return usageErr("--label applies to --rootfs only (an --image brings its own labels)")
 	case set["gpu-memory"] && *timeSlice:
 		return usageErr("--gpu-memory and --gpu-time-slice exclude each other")
+	case set["gpu-slices"] && (set["gpu-memory"] || *timeSlice):
+		return usageErr("--gpu-slices excludes --gpu-memory and --gpu-time-slice: a GPU is shared one way")
 	case set["gpu-compute"] && !set["gpu-memory"]:
 		return usageErr("--gpu-compute applies to --gpu-memory only")
-	case (set["gpu-memory"] || *timeSlice) && *mig != "":
-		return usageErr("a share (--gpu-memory, --gpu-time-slice) and --mig exclude each other: MIG devices are not shared")
-	case (set["gpu-memory"] || *timeSlice) && set["gpus"] && *gpus != 1:
-		return usageErr("a share (--gpu-memory, --gpu-time-slice) is of one GPU, not --gpus %d", *gpus)
+	case (set["gpu-memory"] || *timeSlice || set["gpu-slices"]) && *mig != "":
+		return usageErr("a share (--gpu-memory, --gpu-time-slice, --gpu-slices) and --mig exclude each other: MIG devices are not shared")
+	case (set["gpu-memory"] || *timeSlice || set["gpu-slices"]) && set["gpus"] && *gpus != 1:
+		return usageErr("a share (--gpu-memory, --gpu-time-slice, --gpu-slices) is of one GPU, not --gpus %d", *gpus)
 	case *gpus < 0:
 		return usageErr("--gpus %d: want 0 or more GPUs", *gpus)
 	}
@@ -234,6 +244,12 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 			return usageErr("--devices and --mig exclude each other")
 		}
 		req = allocator.Request{Devices: strings.Split(*devices, ",")}
+	}
+	if set["gpu-slices"] {
+		req.Count, req.Share = 0, &allocator.Share{Mode: allocator.ShareSlice, Slices: *gpuSlices}
+		if err := req.Share.Validate(); err != nil {
+			return usageErr("--gpu-slices: %v", err)
+		}
 	}
 	if set["gpu-memory"] || *timeSlice {
 		req.Count, req.Share = 0, &allocator.Share{Mode: allocator.ShareTime}
@@ -310,12 +326,16 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		return fail("%v", err)
 	}
 	defer alloc.Close()
-	// The daemons of memory shares live under mps/ of the state directory;
-	// a node without nvidia-cuda-mps-control runs everything but them.
+	// The daemons of memory shares and of sliced GPUs live under mps/ of
+	// the state directory; a node without nvidia-cuda-mps-control runs
+	// everything but them.
 	daemons, err := mps.New(filepath.Join(stateRoot, "mps"))
 	if err != nil {
 		if req.Share != nil && req.Share.Mode == allocator.ShareMemory {
 			return fail("--gpu-memory: %v", err)
+		}
+		if req.Share != nil && req.Share.Mode == allocator.ShareSlice {
+			return fail("--gpu-slices: %v", err)
 		}
 		daemons = nil
 	} else {
@@ -413,7 +433,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 }
 
 // shareNote says what a container holds of a shared GPU: its share and
-// the MPS daemon that enforces a memory share.
+// the MPS daemon that enforces a memory share or serves a GPU's slices.
 func shareNote(ctx context.Context, daemons *mps.Manager, ct containerizer.Container) string {
 	if ct.Share == nil {
 		return ""
@@ -421,10 +441,13 @@ func shareNote(ctx context.Context, daemons *mps.Manager, ct containerizer.Conta
 	if ct.Share.Mode == allocator.ShareTime {
 		return ", a time slice (no isolation from the GPU's other time slices)"
 	}
-	note := ", a share of " + ct.Share.String()
+	owner, note := ct.ID, ", a share of "+ct.Share.String()
+	if ct.Share.Mode == allocator.ShareSlice && len(ct.GPUs) == 1 {
+		owner, note = mps.SliceOwner(ct.GPUs[0].UUID), ", "+ct.Share.String()+" (running beside the GPU's other slices)"
+	}
 	if ds, err := daemons.List(ctx); err == nil {
 		for _, d := range ds {
-			if d.Owner == ct.ID {
+			if d.Owner == owner {
 				note += fmt.Sprintf(" held by MPS daemon %d (%s)", d.Pid, d.PipeDir)
 			}
 		}
