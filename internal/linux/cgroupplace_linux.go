@@ -195,7 +195,7 @@ func CgroupProcesses(h CgroupHierarchy, p string) ([]int, error) {
 
 // RemoveCgroup removes the cgroup p from every hierarchy of hs (not its
 // ancestors); one that is not there is not an error, one that holds a
-// process is. A cgroup whose last process has just ended may still count
+// process or a cgroup is. A cgroup whose last process has just ended may still count
 // as busy for a moment: its removal is retried for up to a second.
 func RemoveCgroup(hs []CgroupHierarchy, p string) error {
 	if err := CheckCgroupPath(p); err != nil {
@@ -213,7 +213,7 @@ func RemoveCgroup(hs []CgroupHierarchy, p string) error {
 			if err == nil || errors.Is(err, unix.ENOENT) {
 				break
 			}
-			if !errors.Is(err, unix.EBUSY) || time.Now().After(deadline) || hasProcesses(h, p) {
+			if !errors.Is(err, unix.EBUSY) || time.Now().After(deadline) || inUse(h, p) {
 				errs = append(errs, &fs.PathError{Op: "rmdir", Path: dir, Err: err})
 				break
 			}
@@ -224,7 +224,16 @@ func RemoveCgroup(hs []CgroupHierarchy, p string) error {
 	return errors.Join(errs...)
 }
 
-func hasProcesses(h CgroupHierarchy, p string) bool {
-	pids, _ := CgroupProcesses(h, p)
-	return len(pids) > 0
+// inUse reports whether the cgroup p of h holds a process or a cgroup.
+func inUse(h CgroupHierarchy, p string) bool {
+	if pids, _ := CgroupProcesses(h, p); len(pids) > 0 {
+		return true
+	}
+	entries, _ := os.ReadDir(filepath.Join(h.Dir, p))
+	for _, e := range entries {
+		if e.IsDir() {
+			return true
+		}
+	}
+	return false
 }

@@ -10,7 +10,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strings"
 	"time"
 
@@ -46,10 +45,9 @@ type Daemon struct {
 	PipeDir string `json:"pipeDir"`
 	LogDir  string `json:"logDir"`
 	ShmDir  string `json:"shmDir"`
-	// Slices, for the daemon of a GPU's concurrent slices (owner
-	// SliceOwner(GPU)), is the count the GPU is split in; 0 for a memory
-	// share's daemon of its own.
-	Slices int `json:"slices,omitempty"`
+	// Cgroup is the cgroup the daemon was placed in (WithCgroup), a path
+	// in every hierarchy; "" when it stays in its starter's.
+	Cgroup string `json:"cgroup,omitempty"`
 	// Started is when it was started.
 	Started time.Time `json:"started"`
 	// Alive tells (List, Start) whether the daemon's process runs.
@@ -67,30 +65,14 @@ const (
 )
 
 // StartShare starts the daemon of the memory share al holds (Start, with
-// the limits LimitsOf derives from al.Share) and returns it; for a
-// concurrent slice (allocator.ShareSlice) it returns the daemon of the
-// slice's GPU, shared by all its slices, started with the first of them
-// and recording al.Owner as one of its tenants (see StartSlice); an
-// allocation of whole GPUs, MIG devices or a time slice needs none (nil,
-// nil). It is how every program that hands a memory share or a slice to a
-// container starts its daemon, or finds it running (it is idempotent), or
-// starts it again in place after a crash. A memory share or a slice and a
-// nil manager is ErrNoManager.
+// the limits LimitsOf derives from al.Share) and returns it; an allocation
+// of whole GPUs, MIG devices or a time slice needs none (nil, nil). It is
+// how every program that hands a memory share to a container starts the
+// share's daemon, or finds it running (Start is idempotent), or starts it
+// again in place after a crash. A memory share and a nil manager is
+// ErrNoManager.
 func (m *Manager) StartShare(ctx context.Context, al allocator.Allocation) (*Daemon, error) {
 	s := al.Share
-	if s != nil && s.Mode == allocator.ShareSlice {
-		if m == nil {
-			return nil, fmt.Errorf("start the MPS daemon of %s's slice: %w", al.Owner, ErrNoManager)
-		}
-		if len(al.Devices) != 1 {
-			return nil, fmt.Errorf("start the MPS daemon of %s's slice: a slice of %d devices, want 1: %w", al.Owner, len(al.Devices), ErrInvalid)
-		}
-		d, err := m.StartSlice(ctx, al.Owner, al.Devices[0], *s)
-		if err != nil {
-			return nil, err
-		}
-		return &d, nil
-	}
 	if s == nil || (s.Mode != "" && s.Mode != allocator.ShareMemory) {
 		return nil, nil
 	}
@@ -128,7 +110,7 @@ func (m *Manager) Start(ctx context.Context, owner string, gpu node.DeviceRef, l
 	var d Daemon
 	err := m.locked(ctx, func() error {
 		var err error
-		d, err = m.start(ctx, owner, gpu, lim, 0, "")
+		d, err = m.start(ctx, owner, gpu, lim)
 		return err
 	})
 	if err != nil {
@@ -137,12 +119,7 @@ func (m *Manager) Start(ctx context.Context, owner string, gpu node.DeviceRef, l
 	return d, nil
 }
 
-// start starts owner's daemon, as Start says. For the daemon of a GPU's
-// concurrent slices, count is their count and tenant the slice's owner,
-// added to the daemon's tenants (a running daemon's record is written
-// again only when it lacks tenant); for a share's own daemon both are
-// zero. The caller holds the lock.
-func (m *Manager) start(ctx context.Context, owner string, gpu node.DeviceRef, lim Limits, count int, tenant string) (d Daemon, err error) {
+func (m *Manager) start(ctx context.Context, owner string, gpu node.DeviceRef, lim Limits) (d Daemon, err error) {
 	if err := node.ValidateOwner(owner); err != nil {
 		return d, fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
@@ -153,30 +130,20 @@ func (m *Manager) start(ctx context.Context, owner string, gpu node.DeviceRef, l
 		return d, err
 	}
 	lim.MemoryBytes = lim.mib() << 20
-	// again: a dead daemon of the same share, started again in place;
-	// tenants: a slice daemon's.
-	again, tenants := false, []string(nil)
-	if rec, err := m.readRecord(owner); err == nil {
-		old := rec.Daemon
+	again := false // a dead daemon of the same share, started again in place
+	if old, err := m.read(owner); err == nil {
 		switch {
-		case old.Alive && old.GPU == gpu.UUID && old.Limits == lim && old.Slices == count:
-			if tenant == "" || slices.Contains(rec.Tenants, tenant) {
-				return old, nil
-			}
-			if err := m.write(old, withTenant(rec.Tenants, tenant)); err != nil {
-				return d, err
-			}
+		case old.Alive && old.GPU == gpu.UUID && old.Limits == lim:
 			return old, nil
-		case old.Alive && (old.Slices == 0 || len(rec.Tenants) > 0):
+		case old.Alive:
 			return d, fmt.Errorf("daemon %d serves gpu %s with %+v: %w", old.Pid, old.GPU, old.Limits, ErrExists)
-		case old.GPU == gpu.UUID && old.Limits == lim && old.Slices == count:
+		case old.GPU == gpu.UUID && old.Limits == lim:
 			// Its container may run on, its mounts of the directories
-			// in place: the same directories serve the new daemon (and
-			// the tenants it served).
+			// in place: the same directories serve the new daemon.
 			if err := m.clear(ctx, old); err != nil {
 				return d, err
 			}
-			again, tenants = true, rec.Tenants
+			again = true
 		default:
 			if err := m.stop(ctx, old); err != nil {
 				return d, err
@@ -191,9 +158,7 @@ func (m *Manager) start(ctx context.Context, owner string, gpu node.DeviceRef, l
 	}
 	d = m.blank(owner)
 	d.GPU, d.Index, d.Limits, d.Started = gpu.UUID, gpu.Index, lim, time.Now().UTC()
-	if count > 0 {
-		d.Slices, tenants = count, withTenant(tenants, tenant)
-	}
+	d.Cgroup = m.cgroupOf(owner)
 	var mark [12]byte
 	if _, err := rand.Read(mark[:]); err != nil {
 		return d, err
@@ -229,7 +194,7 @@ func (m *Manager) start(ctx context.Context, owner string, gpu node.DeviceRef, l
 			return d, err
 		}
 	}
-	if err := m.write(d, tenants); err != nil { // a record before the process: a crash leaves it found
+	if err := m.write(d); err != nil { // a record before the process: a crash leaves it found
 		return d, err
 	}
 	log, err := os.OpenFile(filepath.Join(d.LogDir, "control.log"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
@@ -250,7 +215,11 @@ func (m *Manager) start(ctx context.Context, owner string, gpu node.DeviceRef, l
 		return d, fmt.Errorf("daemon %d: %w", d.Pid, err)
 	}
 	d.Start = st.Start
-	if err := m.write(d, tenants); err != nil {
+	if err := m.write(d); err != nil {
+		return d, err
+	}
+	if err := m.place(d); err != nil {
+		linux.Kill(d.Pid)
 		return d, err
 	}
 	if err := m.ready(ctx, d); err != nil {
@@ -306,10 +275,12 @@ func (m *Manager) startDaemon(d Daemon, log *os.File, again bool) (*exec.Cmd, er
 
 // env is the daemon's environment: its GPU, its directories as its own
 // namespace shows them, the search path of the driver's programs (the
-// control daemon starts nvidia-cuda-mps-server) and the caller's library
-// path (a driver outside the loader's default directories).
+// control daemon starts nvidia-cuda-mps-server) and the library path of a
+// driver root other than / (driverDirs) before the caller's (a driver
+// outside the loader's default directories).
 func (m *Manager) env(uuid, mark string) []string {
-	path := filepath.Dir(m.bin) + ":/usr/local/nvidia/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+	bins, libs := driverDirs(m.driverRoot)
+	path := strings.Join(append([]string{filepath.Dir(m.bin)}, bins...), ":") + ":/usr/local/nvidia/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 	env := []string{
 		"CUDA_VISIBLE_DEVICES=" + uuid,
 		MarkEnv + "=" + mark,
@@ -318,7 +289,10 @@ func (m *Manager) env(uuid, mark string) []string {
 		"PATH=" + path,
 	}
 	if v, ok := os.LookupEnv("LD_LIBRARY_PATH"); ok {
-		env = append(env, "LD_LIBRARY_PATH="+v)
+		libs = append(libs, v)
+	}
+	if len(libs) > 0 {
+		env = append(env, "LD_LIBRARY_PATH="+strings.Join(libs, ":"))
 	}
 	return env
 }
@@ -376,7 +350,7 @@ func (m *Manager) ready(ctx context.Context, d Daemon) error {
 				return nil
 			}
 		}
-		if !proc.Alive(m.procRoot) {
+		if !linux.Alive(m.procRoot, proc) {
 			return fmt.Errorf("daemon %d ended at its start: %s: %w", d.Pid, logTail(d.LogDir), ErrDaemon)
 		}
 		t := time.NewTimer(wait)

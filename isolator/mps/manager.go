@@ -29,6 +29,12 @@ type Manager struct {
 	plainDirs   bool
 	log         *slog.Logger
 
+	// cgroupParent, cgroupRoot and cgroupNS are WithCgroup's,
+	// WithCgroupRoot's and WithCgroupNamespace's.
+	cgroupParent, cgroupRoot, cgroupNS string
+	// driverRoot is WithDriverRoot's.
+	driverRoot string
+
 	// sem, with the lock file, lets one change at a time work on the
 	// directory: a channel rather than a mutex, so that every wait for it
 	// has a deadline.
@@ -49,7 +55,8 @@ type Manager struct {
 // (it cannot start a daemon either).
 func New(dir string, opts ...Option) (*Manager, error) {
 	c := config{procRoot: node.DefaultProcRoot, timeout: 10 * time.Second, lockTimeout: DefaultLockTimeout,
-		shmBytes: DefaultShmBytes, pipeBytes: DefaultPipeBytes, registry: DefaultRegistry, logger: slog.New(slog.DiscardHandler)}
+		shmBytes: DefaultShmBytes, pipeBytes: DefaultPipeBytes, registry: DefaultRegistry, cgroupRoot: DefaultCgroupRoot,
+		logger: slog.New(slog.DiscardHandler)}
 	for _, o := range opts {
 		if o == nil {
 			return nil, fmt.Errorf("mps manager: nil option: %w", node.ErrInvalid)
@@ -88,7 +95,8 @@ func New(dir string, opts ...Option) (*Manager, error) {
 		}
 	}
 	return &Manager{dir: abs, bin: c.bin, procRoot: c.procRoot, timeout: c.timeout, lockTimeout: c.lockTimeout,
-		shmBytes: c.shmBytes, pipeBytes: c.pipeBytes, plainDirs: c.plainDirs, log: c.logger, sem: make(chan struct{}, 1), lock: f}, nil
+		shmBytes: c.shmBytes, pipeBytes: c.pipeBytes, plainDirs: c.plainDirs, log: c.logger, sem: make(chan struct{}, 1), lock: f,
+		cgroupParent: c.cgroupParent, cgroupRoot: c.cgroupRoot, cgroupNS: c.cgroupNS, driverRoot: c.driverRoot}, nil
 }
 
 // ownDir makes dir, a directory of the calling user, its alone (0700),

@@ -20,7 +20,12 @@ type config struct {
 	pipeBytes   uint64
 	plainDirs   bool
 	registry    string
-	logger      *slog.Logger
+	// cgroupParent, cgroupRoot and cgroupNS place daemons in cgroups of
+	// their own (cgroup.go).
+	cgroupParent string
+	cgroupRoot   string
+	cgroupNS     string
+	logger       *slog.Logger
 }
 
 // The sizes of a share's directories that its container writes: each is a
@@ -59,7 +64,10 @@ func WithControl(path string) Option {
 }
 
 // WithDriverRoot is where Lookup looks for the control binary when it is
-// not in PATH (default /).
+// not in PATH (default /). A root other than / also gives each daemon the
+// root's program directories on its PATH and the directories of the
+// root's libcuda.so.1, as the root's ld.so.cache names them, on its
+// LD_LIBRARY_PATH: a driver mounted into a container, say.
 func WithDriverRoot(root string) Option {
 	return func(c *config) error { c.driverRoot = root; return nil }
 }
