@@ -7,7 +7,7 @@
 //	        [--device-plugin-dir DIR] [--driver-name NAME] [--resource-name NAME]
 //	        [--device-plugin[=false]] [--dra=false] [--device-specs]
 //	        [--extended-resource-name NAME] [--health-taints=false] [--dynamic-mig]
-//	        [--health-period D] [--health-rules FILE]
+//	        [--health-period D] [--health-rules FILE] [--gpu-reset]
 //	        [--simulate NAME --dev-root DIR]
 //	        [--in-cluster] [--simulate-label KEY] [--driver-root DIR]
 //	        [--daemonset NAMESPACE/NAME] [--metrics-address ADDR]
@@ -35,9 +35,16 @@
 // and which only inform (XID 94: restart the application; logged, the GPU
 // stays in service). A GPU whose signals clear is healthy again on its
 // own within two health periods: its taint goes, ListAndWatch and the
-// health stream say Healthy. With --simulate, faults injected into the
-// host tree (gpuinfo --inject) are the simulated driver's. It runs until
-// SIGINT or SIGTERM.
+// health stream say Healthy. With --gpu-reset, a GPU whose signals ask
+// for a reset (XID 109, 119, a recovery action GPU_RESET, ...) is reset
+// instead (nvmlnode.WithReset, through nvidia-smi --gpu-reset found in
+// PATH): its taint is NoExecute, so that the cluster evicts the pods of
+// its claims; once nothing holds it, it is reset and, its signals clear,
+// published untainted, or, the reset failed, kept unhealthy (action
+// reboot, NoExecute). Other GPUs and their pods are not touched. With
+// --simulate, faults injected into the host tree (gpuinfo --inject) are
+// the simulated driver's, and a reset is the simulated node's (gpuinfo
+// --inject 'reset fail' makes it fail). It runs until SIGINT or SIGTERM.
 //
 // The GPUs --shared-gpus names are handed out in parts, never whole: the
 // DRA driver publishes each as memory shares (consumable memory capacity;
@@ -116,6 +123,8 @@ type flags struct {
 	healthTaints, deviceMetadata                bool
 	healthPeriod                                time.Duration
 	healthTable                                 node.HealthTable
+	gpuReset                                    bool
+	resetter                                    node.Resetter
 	deploy                                      deployFlags
 	share                                       shareFlags
 	mig                                         migFlags
@@ -147,6 +156,7 @@ func parse(args []string, stderr io.Writer) (*flags, int, bool) {
 	fs.DurationVar(&f.refresh, "health-refresh", 30*time.Second, "how often to read health from the allocator's state again (GPUs marked healthy or unhealthy by others)")
 	fs.DurationVar(&f.healthPeriod, "health-period", nvmlnode.DefaultHealthPeriod, "how often to read the GPUs' polled health signals (a GPU whose signals clear is healthy again within two)")
 	healthRules := fs.String("health-rules", "", "a `FILE` of health rules, one a line (\"xid 94 unhealthy drain\"; see gpuinfo --health-table), over the default table")
+	fs.BoolVar(&f.gpuReset, "gpu-reset", false, "reset a GPU whose health signals ask for a reset once nothing holds it (DRA: its taint is NoExecute, so that its claims' pods are evicted); a failed reset leaves it unhealthy, for a reboot")
 	fs.BoolVar(&f.healthTaints, "health-taints", true, "DRA: publish an unhealthy device with a taint (<driver-name>/unhealthy); false leaves it out of the slice, for a cluster without device taints")
 	fs.BoolVar(&f.deviceMetadata, "device-metadata", true, "DRA: give each container of a claim a file describing its devices (uuid, index, PCI bus id, NUMA node, MIG profile, share limits, ...) at /var/run/kubernetes.io/dra-device-attributes/<claim>/<request>/metadata.json, through a CDI spec in --cdi-dir")
 	f.deploy.register(fs)
@@ -254,6 +264,7 @@ func openNode(ctx context.Context, f *flags) (*node.Inventory, nvml.Interface, s
 			opts = append(opts, nvmlnode.WithDevRoot(f.devRoot))
 		}
 		inv, err := nvmlnode.Discover(ctx, opts...)
+		f.resetter = nvmlnode.SMIResetter{}
 		if err == nil && f.mig.dynamic {
 			f.mig.manager, err = nvmlnode.NewMIGManager(opts...)
 			f.mig.destroyer = nvmlPlacements{lib: lib}
@@ -284,6 +295,7 @@ func openNode(ctx context.Context, f *flags) (*node.Inventory, nvml.Interface, s
 		return nil, nil, "", err
 	}
 	inv, err := nvmlnode.Discover(ctx, sim.DiscoverOptions(host)...)
+	f.resetter = sim // resets in the tree, as gpuinfo --inject sees them
 	return inv, sim.NVML(), host.SysRoot, err
 }
 
@@ -457,12 +469,21 @@ func serve(ctx context.Context, f *flags, log *slog.Logger) error {
 			r()
 		}
 	}
+	monitorOpts := []nvmlnode.MonitorOption{nvmlnode.WithHealthTable(f.healthTable), nvmlnode.WithHealthPeriod(f.healthPeriod)}
+	if f.gpuReset {
+		// The policy is to wait: the claims' pods are evicted by the
+		// NoExecute taint, and the device plugin's pods end on their own.
+		monitorOpts = append(monitorOpts, nvmlnode.WithReset(f.resetter, nil))
+	}
 	go func() {
 		err := nvmlnode.Monitor(ctx, lib, alloc, func(ev nvmlnode.HealthEvent) {
 			attrs := []any{"gpu", ev.Device.UUID, "signal", ev.Verdict.Signal.String(), "state", ev.Verdict.State.String(),
 				"action", ev.Verdict.Action.String(), "owners", ev.Owners, "err", ev.Err}
 			if ev.MIG != nil {
 				attrs = append(attrs, "mig", ev.MIG.UUID)
+			}
+			if ev.Reset != nvmlnode.ResetNone {
+				attrs = append(attrs, "reset", ev.Reset.String())
 			}
 			switch {
 			case ev.Healed:
@@ -473,7 +494,7 @@ func serve(ctx context.Context, f *flags, log *slog.Logger) error {
 				log.Warn("GPU health", attrs...)
 			}
 			refresh()
-		}, nvmlnode.WithHealthTable(f.healthTable), nvmlnode.WithHealthPeriod(f.healthPeriod))
+		}, monitorOpts...)
 		if err != nil && !errors.Is(err, context.Canceled) {
 			log.Warn("health monitor stopped", "err", err)
 		}
@@ -521,7 +542,7 @@ func startDRA(ctx context.Context, f *flags, inv *node.Inventory, alloc *allocat
 	least, step := f.share.sizes()
 	d, err := dra.New(inv, alloc, dra.Config{
 		DriverName: f.driverName, CDIDir: f.cdiDir, StateDir: filepath.Join(f.stateDir, "claims"),
-		Slice: dra.SliceOptions{PCIeRoot: pcieRoot, Shared: shared, ShareMin: least, ShareStep: step, DynamicMIG: f.mig.gpus(inv)}, MPS: daemons, Logger: log,
+		Slice: dra.SliceOptions{PCIeRoot: pcieRoot, Shared: shared, ShareMin: least, ShareStep: step, DynamicMIG: f.mig.gpus(inv), EvictForReset: f.gpuReset}, MPS: daemons, Logger: log,
 		Observer: obs,
 		NodeName: f.nodeName, LeaveOutUnhealthy: !f.healthTaints, MIGDestroyer: f.mig.destroyer,
 		DeviceMetadata: f.deviceMetadata,
