@@ -21,7 +21,8 @@
 // holds the parent's identity and node with the device's "MIG-" UUID and a
 // [MIGRef] (instance ids and capability nodes). [ValidateOwner] is the
 // one owner-id rule that every package obeys, because owner ids become file,
-// cgroup and Docker names. [ParseProcDevices] reads /proc/devices.
+// cgroup and Docker names; an [Owner] ([ParseOwner]) is an id checked once,
+// where it enters a program. [ParseProcDevices] reads /proc/devices.
 //
 // A [Process] is the module's one process identity: a pid and the start
 // time that tells it from a later process of the same pid, written

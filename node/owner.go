@@ -72,6 +72,52 @@ func ValidateOwner(owner string) error {
 	return nil
 }
 
+// Owner is an owner id that obeys the owner-id rule (ValidateOwner):
+// ParseOwner makes one, so that a program checks an id once, where it
+// enters (a flag, a request, a claim), and hands on a value that carries
+// the check. Its zero value is the empty id, which is not valid.
+//
+// The library's functions take owner ids as strings and check them
+// themselves, as each is a door for its callers: pass o.String().
+type Owner string
+
+// ParseOwner returns s as an Owner, or an *InvalidOwnerError (matching
+// ErrInvalidOwner and ErrInvalid) when s breaks the owner-id rule.
+func ParseOwner(s string) (Owner, error) {
+	if err := ValidateOwner(s); err != nil {
+		return "", err
+	}
+	return Owner(s), nil
+}
+
+// String is the owner id.
+func (o Owner) String() string { return string(o) }
+
+// Valid reports whether o obeys the owner-id rule: true for every Owner
+// ParseOwner made, false for the zero Owner and for a conversion of a
+// string that breaks the rule.
+func (o Owner) Valid() bool { return ValidateOwner(string(o)) == nil }
+
+// MarshalText is the owner id. An Owner that is not Valid is an error.
+func (o Owner) MarshalText() ([]byte, error) {
+	if err := ValidateOwner(string(o)); err != nil {
+		return nil, err
+	}
+	return []byte(o), nil
+}
+
+// UnmarshalText reads an owner id as ParseOwner does, so that a flag
+// (flag.TextVar) or a decoded field of type Owner is checked as it is
+// read. On error o is left as it was.
+func (o *Owner) UnmarshalText(b []byte) error {
+	p, err := ParseOwner(string(b))
+	if err != nil {
+		return err
+	}
+	*o = p
+	return nil
+}
+
 func alnum(c byte) bool {
 	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9'
 }

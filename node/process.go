@@ -13,13 +13,16 @@ var ErrInvalidProcess = Sentinel(ErrInvalid, "invalid process name")
 // Process names one process for as long as the node runs: its pid and its
 // start time (field 22 of /proc/<pid>/stat, clock ticks since boot), which
 // tells it from a later process given the same pid. It is the one process
-// identity of the module: the allocator's holders (allocator.Holder), the
-// supervisors Docker containers are labelled with, the claim and temporary
-// directories of the native runtime and of the programs all name processes
-// in its text form, "<pid>.<start>".
+// identity of the module: the allocator's holders (allocator.Holder is an
+// alias of it), the supervisors Docker containers are labelled with, and
+// the claim and temporary directories of the native runtime, of the MPS
+// managers and of the programs, which name processes in its text form,
+// "<pid>.<start>".
 //
 // Whether a process still runs is a question for the proc file system,
-// which this package does not read: allocator.Holder.Dead answers it.
+// which this package does not read: the module asks it in one place
+// (internal/linux's Alive and Dead); allocator.HolderDead answers it for
+// importers.
 type Process struct {
 	Pid   int    `json:"pid"`
 	Start uint64 `json:"start"`
