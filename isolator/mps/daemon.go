@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -45,6 +46,10 @@ type Daemon struct {
 	PipeDir string `json:"pipeDir"`
 	LogDir  string `json:"logDir"`
 	ShmDir  string `json:"shmDir"`
+	// Slices, for the daemon of a GPU's concurrent slices (owner
+	// SliceOwner(GPU)), is the count the GPU is split in; 0 for a memory
+	// share's daemon of its own.
+	Slices int `json:"slices,omitempty"`
 	// Cgroup is the cgroup the daemon was placed in (WithCgroup), a path
 	// in every hierarchy; "" when it stays in its starter's.
 	Cgroup string `json:"cgroup,omitempty"`
@@ -65,14 +70,30 @@ const (
 )
 
 // StartShare starts the daemon of the memory share al holds (Start, with
-// the limits LimitsOf derives from al.Share) and returns it; an allocation
-// of whole GPUs, MIG devices or a time slice needs none (nil, nil). It is
-// how every program that hands a memory share to a container starts the
-// share's daemon, or finds it running (Start is idempotent), or starts it
-// again in place after a crash. A memory share and a nil manager is
-// ErrNoManager.
+// the limits LimitsOf derives from al.Share) and returns it; for a
+// concurrent slice (allocator.ShareSlice) it returns the daemon of the
+// slice's GPU, shared by all its slices, started with the first of them
+// and recording al.Owner as one of its tenants (see StartSlice); an
+// allocation of whole GPUs, MIG devices or a time slice needs none (nil,
+// nil). It is how every program that hands a memory share or a slice to a
+// container starts its daemon, or finds it running (it is idempotent), or
+// starts it again in place after a crash. A memory share or a slice and a
+// nil manager is ErrNoManager.
 func (m *Manager) StartShare(ctx context.Context, al allocator.Allocation) (*Daemon, error) {
 	s := al.Share
+	if s != nil && s.Mode == allocator.ShareSlice {
+		if m == nil {
+			return nil, fmt.Errorf("start the MPS daemon of %s's slice: %w", al.Owner, ErrNoManager)
+		}
+		if len(al.Devices) != 1 {
+			return nil, fmt.Errorf("start the MPS daemon of %s's slice: a slice of %d devices, want 1: %w", al.Owner, len(al.Devices), ErrInvalid)
+		}
+		d, err := m.StartSlice(ctx, al.Owner, al.Devices[0], *s)
+		if err != nil {
+			return nil, err
+		}
+		return &d, nil
+	}
 	if s == nil || (s.Mode != "" && s.Mode != allocator.ShareMemory) {
 		return nil, nil
 	}
@@ -110,7 +131,7 @@ func (m *Manager) Start(ctx context.Context, owner string, gpu node.DeviceRef, l
 	var d Daemon
 	err := m.locked(ctx, func() error {
 		var err error
-		d, err = m.start(ctx, owner, gpu, lim)
+		d, err = m.start(ctx, owner, gpu, lim, 0, "")
 		return err
 	})
 	if err != nil {
@@ -119,7 +140,12 @@ func (m *Manager) Start(ctx context.Context, owner string, gpu node.DeviceRef, l
 	return d, nil
 }
 
-func (m *Manager) start(ctx context.Context, owner string, gpu node.DeviceRef, lim Limits) (d Daemon, err error) {
+// start starts owner's daemon, as Start says. For the daemon of a GPU's
+// concurrent slices, count is their count and tenant the slice's owner,
+// added to the daemon's tenants (a running daemon's record is written
+// again only when it lacks tenant); for a share's own daemon both are
+// zero. The caller holds the lock.
+func (m *Manager) start(ctx context.Context, owner string, gpu node.DeviceRef, lim Limits, count int, tenant string) (d Daemon, err error) {
 	if err := node.ValidateOwner(owner); err != nil {
 		return d, fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
@@ -130,20 +156,30 @@ func (m *Manager) start(ctx context.Context, owner string, gpu node.DeviceRef, l
 		return d, err
 	}
 	lim.MemoryBytes = lim.mib() << 20
-	again := false // a dead daemon of the same share, started again in place
-	if old, err := m.read(owner); err == nil {
+	// again: a dead daemon of the same share, started again in place;
+	// tenants: a slice daemon's.
+	again, tenants := false, []string(nil)
+	if rec, err := m.readRecord(owner); err == nil {
+		old := rec.Daemon
 		switch {
-		case old.Alive && old.GPU == gpu.UUID && old.Limits == lim:
+		case old.Alive && old.GPU == gpu.UUID && old.Limits == lim && old.Slices == count:
+			if tenant == "" || slices.Contains(rec.Tenants, tenant) {
+				return old, nil
+			}
+			if err := m.write(old, withTenant(rec.Tenants, tenant)); err != nil {
+				return d, err
+			}
 			return old, nil
-		case old.Alive:
+		case old.Alive && (old.Slices == 0 || len(rec.Tenants) > 0):
 			return d, fmt.Errorf("daemon %d serves gpu %s with %+v: %w", old.Pid, old.GPU, old.Limits, ErrExists)
-		case old.GPU == gpu.UUID && old.Limits == lim:
+		case old.GPU == gpu.UUID && old.Limits == lim && old.Slices == count:
 			// Its container may run on, its mounts of the directories
-			// in place: the same directories serve the new daemon.
+			// in place: the same directories serve the new daemon (and
+			// the tenants it served).
 			if err := m.clear(ctx, old); err != nil {
 				return d, err
 			}
-			again = true
+			again, tenants = true, rec.Tenants
 		default:
 			if err := m.stop(ctx, old); err != nil {
 				return d, err
@@ -159,6 +195,9 @@ func (m *Manager) start(ctx context.Context, owner string, gpu node.DeviceRef, l
 	d = m.blank(owner)
 	d.GPU, d.Index, d.Limits, d.Started = gpu.UUID, gpu.Index, lim, time.Now().UTC()
 	d.Cgroup = m.cgroupOf(owner)
+	if count > 0 {
+		d.Slices, tenants = count, withTenant(tenants, tenant)
+	}
 	var mark [12]byte
 	if _, err := rand.Read(mark[:]); err != nil {
 		return d, err
@@ -194,7 +233,7 @@ func (m *Manager) start(ctx context.Context, owner string, gpu node.DeviceRef, l
 			return d, err
 		}
 	}
-	if err := m.write(d); err != nil { // a record before the process: a crash leaves it found
+	if err := m.write(d, tenants); err != nil { // a record before the process: a crash leaves it found
 		return d, err
 	}
 	log, err := os.OpenFile(filepath.Join(d.LogDir, "control.log"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
@@ -215,7 +254,7 @@ func (m *Manager) start(ctx context.Context, owner string, gpu node.DeviceRef, l
 		return d, fmt.Errorf("daemon %d: %w", d.Pid, err)
 	}
 	d.Start = st.Start
-	if err := m.write(d); err != nil {
+	if err := m.write(d, tenants); err != nil {
 		return d, err
 	}
 	if err := m.place(d); err != nil {
@@ -350,7 +389,7 @@ func (m *Manager) ready(ctx context.Context, d Daemon) error {
 				return nil
 			}
 		}
-		if !linux.Alive(m.procRoot, proc) {
+		if !proc.Alive(m.procRoot) {
 			return fmt.Errorf("daemon %d ended at its start: %s: %w", d.Pid, logTail(d.LogDir), ErrDaemon)
 		}
 		t := time.NewTimer(wait)

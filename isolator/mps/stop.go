@@ -18,7 +18,10 @@ import (
 
 // Stop stops owner's daemon (quit, then SIGKILL for one that does not end
 // within seconds, and the servers it left) and removes its directory. An
-// owner without one is not an error.
+// owner without one is not an error. For an owner of a concurrent slice,
+// a tenant of a GPU's slice daemon (StartSlice), Stop drops owner from the
+// daemon's tenants and stops the daemon when owner was its last; the
+// daemon's own name (SliceOwner) stops it whatever its tenants.
 func (m *Manager) Stop(ctx context.Context, owner string) error {
 	if err := m.made(); err != nil {
 		return err
@@ -30,7 +33,7 @@ func (m *Manager) Stop(ctx context.Context, owner string) error {
 		d, err := m.read(owner)
 		if isNotExist(err) {
 			if _, serr := os.Stat(m.daemonDir(owner)); serr != nil {
-				return nil
+				return m.leave(ctx, owner)
 			}
 			d = m.blank(owner)
 		} else if err != nil {
@@ -55,12 +58,12 @@ func (m *Manager) stop(ctx context.Context, d Daemon) error {
 		// Killed while it started: the holder of its control lock, if
 		// any, is its process.
 		if pid, err := linux.LockHolder(filepath.Join(d.PipeDir, "control_lock")); err == nil && pid > 0 {
-			if p, err := linux.ProcessOf(m.procRoot, pid); err == nil {
-				proc = p
+			if st, err := linux.ReadProcStat(m.procRoot, pid); err == nil {
+				proc = linux.Process{Pid: pid, Start: st.Start}
 			}
 		}
 	}
-	if proc.Pid > 0 && linux.Alive(m.procRoot, proc) {
+	if proc.Pid > 0 && proc.Alive(m.procRoot) {
 		_, err := m.control(ctx, d.PipeDir, "quit")
 		if err != nil {
 			m.log.WarnContext(ctx, "mps daemon did not take quit", "owner", d.Owner, "pid", proc.Pid, "err", err)
@@ -78,7 +81,7 @@ func (m *Manager) stop(ctx context.Context, d Daemon) error {
 		}
 		m.waitGone(ctx, p, stopBound)
 	}
-	if proc.Pid > 0 && linux.Alive(m.procRoot, proc) {
+	if proc.Pid > 0 && proc.Alive(m.procRoot) {
 		errs = append(errs, fmt.Errorf("daemon %d still runs: %w", proc.Pid, ErrDaemon))
 	}
 	if len(errs) > 0 {
@@ -127,7 +130,7 @@ func (m *Manager) clear(ctx context.Context, d Daemon) error {
 func (m *Manager) waitGone(ctx context.Context, p linux.Process, bound time.Duration) bool {
 	deadline := time.Now().Add(bound)
 	wait := 200 * time.Microsecond
-	for linux.Alive(m.procRoot, p) {
+	for p.Alive(m.procRoot) {
 		if time.Now().After(deadline) || ctx.Err() != nil {
 			return false
 		}
@@ -147,7 +150,11 @@ func (m *Manager) strays(d Daemon) []linux.Process {
 	if d.Mark == "" {
 		return nil
 	}
-	return Strays(m.procRoot, d.Mark)
+	var out []linux.Process
+	for _, p := range Strays(m.procRoot, d.Mark) {
+		out = append(out, linux.Process(p))
+	}
+	return out
 }
 
 // Strays lists the live processes under procRoot whose command is MPS's
