@@ -24,7 +24,10 @@ import (
 // also starts (and at its destruction stops) the share's MPS control
 // daemon, and with a share launched while another share's daemon already
 // runs on the GPU (each share has a daemon of its own, so the second
-// starts one too). The containers' init is examples/gpurun's binary.
+// starts one too), and with a concurrent slice (1 of 4) of a GPU whose
+// daemon runs for another slice already held, which starts no daemon and
+// sends it no command: its launch should cost what the exclusive one
+// does. The containers' init is examples/gpurun's binary.
 func BenchmarkShareLaunch(b *testing.B) {
 	testenv.RequireRoot(b)
 	testenv.RequireCgroupV2(b)
@@ -92,6 +95,14 @@ func BenchmarkShareLaunch(b *testing.B) {
 			}
 			defer c.Destroy(ctx, "neighbour")
 			run(b, allocator.Request{Share: share, Devices: []string{"0"}})
+		})
+		b.Run("gpu=slice", func(b *testing.B) {
+			slice := &allocator.Share{Mode: allocator.ShareSlice, Slices: 4}
+			if _, err := c.Launch(ctx, containerizer.Spec{ID: "slice-neighbour", Command: []string{"sleep", "600"}, GPUs: allocator.Request{Share: slice, Devices: []string{"1"}}}); err != nil {
+				b.Fatal(err)
+			}
+			defer c.Destroy(ctx, "slice-neighbour")
+			run(b, allocator.Request{Share: slice, Devices: []string{"1"}})
 		})
 	}
 	if ds, _ := daemons.List(ctx); len(ds) != 0 {
