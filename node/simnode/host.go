@@ -4,10 +4,12 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"os"
 	"path"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/gpuiso/gpuiso/internal/linux"
@@ -224,7 +226,43 @@ func (n *Node) populate(r *os.Root, h *Host) error {
 			"Model: \t\t %s\nGPU UUID: \t %s\nBus Location: \t %s\nDevice Minor: \t %d\n", n.spec.GPU.Model, n.UUID(i), g.BusID, n.spec.minor(i))
 		files[path.Join("sys/bus/pci/devices", g.BusID, "numa_node")] = fmt.Sprintf("%d\n", g.NUMANode)
 	}
+	maps.Copy(files, n.numaFiles(hostCPUs(), hostMemoryNodes()))
 	return writeIn(r, files)
+}
+
+// numaFiles are the sysfs files of the simulated node's NUMA nodes (those
+// its GPUs hang off): each node's cpulist, a part of cpus, the host's CPUs
+// split in as many contiguous runs as there are nodes (a host with fewer
+// CPUs gives a node several's); and has_memory, the host's memory nodes
+// among them. A container pinned to a GPU's NUMA node then runs on CPUs the
+// host has, and pinned to memory it has.
+func (n *Node) numaFiles(cpus, memory []int) map[string]string {
+	var nodes []int
+	for _, g := range n.spec.GPUs {
+		if g.NUMANode >= 0 && !slices.Contains(nodes, g.NUMANode) {
+			nodes = append(nodes, g.NUMANode)
+		}
+	}
+	slices.Sort(nodes)
+	files := map[string]string{}
+	if len(nodes) == 0 || len(cpus) == 0 {
+		return files
+	}
+	var withMemory []string
+	for i, nd := range nodes {
+		var list []int
+		if len(cpus) < len(nodes) {
+			list = []int{cpus[i%len(cpus)]}
+		} else {
+			list = cpus[i*len(cpus)/len(nodes) : (i+1)*len(cpus)/len(nodes)]
+		}
+		files[fmt.Sprintf("sys/devices/system/node/node%d/cpulist", nd)] = formatList(list) + "\n"
+		if slices.Contains(memory, nd) {
+			withMemory = append(withMemory, strconv.Itoa(nd))
+		}
+	}
+	files["sys/devices/system/node/has_memory"] = strings.Join(withMemory, ",") + "\n"
+	return files
 }
 
 // mknodIn makes the device nodes of dir (made if missing) in r, each with
