@@ -11,6 +11,8 @@
 //	        [--simulate NAME --dev-root DIR]
 //	        [--in-cluster] [--simulate-label KEY] [--driver-root DIR]
 //	        [--daemonset NAMESPACE/NAME] [--metrics-address ADDR]
+//	        [--device-metadata=false] [--rolling-update-uid UID]
+//	        [--nri-policy none|numa [--nri-socket SOCKET]]
 //	        [--shared-gpus LIST [--share-min SIZE] [--share-step SIZE]
 //	         [--time-slices N] [--shared-resource-name NAME]
 //	         [--pod-resources-socket PATH] [--mps-control PATH]]
@@ -59,6 +61,15 @@
 // and every MIG profile placement, and the GPU whole, as devices that
 // consume them; a claim's MIG device is made when the claim is prepared
 // and destroyed when it is unprepared (see package dra).
+//
+// Each container of a claim finds its devices described (uuid, index, PCI
+// bus id, NUMA node, MIG profile, share limits, ...) in its device
+// metadata file (--device-metadata). With --nri-policy numa, the program
+// also serves the container runtime's NRI (containerd 2, CRI-O): every
+// container holding the node's GPUs is put on the CPUs and memory nodes of
+// its GPUs' NUMA nodes before it starts (see package nri). With
+// --rolling-update-uid (a DaemonSet rolling with a surge), it serves beside
+// the instance it replaces, both on the node's one state.
 //
 // Run as a DaemonSet (the chart in kubernetes/deploy), it uses its service
 // account (--in-cluster), loads NVML from the driver root mounted in the
@@ -128,6 +139,7 @@ type flags struct {
 	deploy                                      deployFlags
 	share                                       shareFlags
 	mig                                         migFlags
+	nri                                         nriFlags
 }
 
 func parse(args []string, stderr io.Writer) (*flags, int, bool) {
@@ -162,6 +174,7 @@ func parse(args []string, stderr io.Writer) (*flags, int, bool) {
 	f.deploy.register(fs)
 	f.share.register(fs)
 	f.mig.register(fs)
+	f.nri.register(fs)
 	f.registerExtendedResource(fs)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -231,6 +244,10 @@ func parse(args []string, stderr io.Writer) (*flags, int, bool) {
 		return nil, 2, true
 	}
 	if why := f.mig.check(f); why != "" {
+		fmt.Fprintln(stderr, "gpuiso-kubelet-plugin: "+why)
+		return nil, 2, true
+	}
+	if why := f.nri.check(); why != "" {
 		fmt.Fprintln(stderr, "gpuiso-kubelet-plugin: "+why)
 		return nil, 2, true
 	}
@@ -323,6 +340,9 @@ func serve(ctx context.Context, f *flags, log *slog.Logger) error {
 	}
 	if err != nil {
 		return fmt.Errorf("discover the node's GPUs: %w", err)
+	}
+	if err := f.nri.start(ctx, inv, sysRoot, log); err != nil {
+		return err
 	}
 	allocDir := filepath.Join(f.stateDir, "allocator")
 	for _, d := range []string{allocDir, f.cdiDir} {
