@@ -478,15 +478,15 @@ func (rt *Runtime) closeDaemons() {
 	rt.daemons = nil
 }
 
-// keepDaemon starts again, in place, the MPS daemon of the memory share of
-// rec's container, which lives: one that was killed, or whose start a
+// keepDaemon starts again, in place, the MPS daemon of the memory share
+// (or of the concurrent slice's GPU) of rec's container, which lives: one that was killed, or whose start a
 // killed gpuiso-runtime cut short. A running daemon is left as it is.
 func (rt *Runtime) keepDaemon(ctx context.Context, alloc *allocator.Allocator, daemons *mps.Manager, rec ctrRecord) error {
 	if daemons == nil || alloc == nil {
 		return nil
 	}
 	al, err := alloc.Allocation(rec.Owner)
-	if err != nil || al.Share == nil || al.Share.Mode != allocator.ShareMemory || len(al.Devices) != 1 {
+	if err != nil || al.Share == nil || (al.Share.Mode != allocator.ShareMemory && al.Share.Mode != allocator.ShareSlice) || len(al.Devices) != 1 {
 		return nil
 	}
 	before := time.Now()

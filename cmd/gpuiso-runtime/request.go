@@ -21,7 +21,8 @@ import (
 var ErrInvalidDevices = node.Sentinel(node.ErrInvalid, "invalid device list")
 
 // ErrInvalidShare: a request for a share of a GPU (a Swarm memory
-// resource, GPUISO_GPU_MEMORY, GPUISO_GPU_COMPUTE) does not parse, or
+// resource, GPUISO_GPU_MEMORY, GPUISO_GPU_COMPUTE, GPUISO_GPU_SLICES,
+// GPUISO_GPU_TIME_SLICE) does not parse, asks for two kinds of share, or
 // names more than one GPU.
 var ErrInvalidShare = node.Sentinel(node.ErrInvalid, "invalid GPU share request")
 
@@ -39,6 +40,12 @@ const (
 	// beside it (1 to 100): the caller's explicit request for a share.
 	envGPUMemory  = "GPUISO_GPU_MEMORY"
 	envGPUCompute = "GPUISO_GPU_COMPUTE"
+	// envGPUSlices asks for a concurrent slice, one of N of a GPU (2 to
+	// 48; as gpurun --gpu-slices), envGPUTimeSlice for a time slice (1 or
+	// true; as gpurun --gpu-time-slice): the caller's explicit requests
+	// for the other kinds of share.
+	envGPUSlices    = "GPUISO_GPU_SLICES"
+	envGPUTimeSlice = "GPUISO_GPU_TIME_SLICE"
 	// defaultSwarmMemoryResource is the generic resource read as a memory
 	// share, in MiB (--swarm-memory-resource).
 	defaultSwarmMemoryResource = "VRAM"
@@ -244,7 +251,8 @@ func (t *trust) annotation(spec *specs.Spec, k, v string) (bool, string) {
 }
 
 // env reports whether key=v of spec's environment (NVIDIA_VISIBLE_DEVICES,
-// GPUISO_GPU_MEMORY, GPUISO_GPU_COMPUTE) asks, and why not.
+// GPUISO_GPU_MEMORY, GPUISO_GPU_COMPUTE, GPUISO_GPU_SLICES,
+// GPUISO_GPU_TIME_SLICE) asks, and why not.
 func (t *trust) env(spec *specs.Spec, key, v string) (bool, string) {
 	switch t.Policy {
 	case AcceptAlways:
@@ -298,8 +306,10 @@ func privileged(spec *specs.Spec) bool {
 // annotations naming devices of kind, then NVIDIA_VISIBLE_DEVICES (its last
 // setting). A memory share is asked for by Swarm's memory resource
 // (DOCKER_RESOURCE_<swarmMemory>, MiB), else GPUISO_GPU_MEMORY, with
-// GPUISO_GPU_COMPUTE beside either (see shareOf). Only what the caller set
-// counts (see trust); the rest is listed in Ignored.
+// GPUISO_GPU_COMPUTE beside either; a concurrent slice by
+// GPUISO_GPU_SLICES, a time slice by GPUISO_GPU_TIME_SLICE (see shareOf).
+// Only what the caller set counts (see trust); the rest is listed in
+// Ignored.
 func requestOf(spec *specs.Spec, kind string, swarm []string, swarmMemory string, t *trust) (Request, error) {
 	var env []string
 	if spec.Process != nil {
@@ -393,11 +403,15 @@ func requestOf(spec *specs.Spec, kind string, swarm []string, swarmMemory string
 	return r, nil
 }
 
-// shareOf reads the memory share spec asks for: Swarm's memory resource
-// (DOCKER_RESOURCE_<swarmMemory>=<MiB>, trusted as Swarm's GPUs are), else
-// GPUISO_GPU_MEMORY (a size, trusted as NVIDIA_VISIBLE_DEVICES is), and a
-// compute percentage from GPUISO_GPU_COMPUTE. It returns the share (nil for
-// none), where it came from, and the settings it ignored, with why.
+// shareOf reads the share spec asks for: a memory share by Swarm's memory
+// resource (DOCKER_RESOURCE_<swarmMemory>=<MiB>, trusted as Swarm's GPUs
+// are), else GPUISO_GPU_MEMORY (a size, trusted as NVIDIA_VISIBLE_DEVICES
+// is), and a compute percentage from GPUISO_GPU_COMPUTE; a concurrent
+// slice by GPUISO_GPU_SLICES (its count), a time slice by
+// GPUISO_GPU_TIME_SLICE, each trusted as GPUISO_GPU_MEMORY is. Two kinds
+// asked at once, or a compute percentage beside a slice, is
+// ErrInvalidShare. It returns the share (nil for none), where it came
+// from, and the settings it ignored, with why.
 func shareOf(spec *specs.Spec, img volume.Image, swarmMemory string, t *trust) (*allocator.Share, string, []string, error) {
 	var ignored []string
 	var share *allocator.Share
@@ -430,6 +444,27 @@ func shareOf(spec *specs.Spec, img volume.Image, swarmMemory string, t *trust) (
 			share, source = &allocator.Share{Mode: allocator.ShareMemory, MemoryBytes: b}, envGPUMemory
 		}
 	}
+	for _, key := range []string{envGPUSlices, envGPUTimeSlice} {
+		v, ok := img.Getenv(key)
+		if !ok {
+			continue
+		}
+		if ok, why := t.env(spec, key, v); !ok {
+			ignored = append(ignored, fmt.Sprintf("%s=%s: %s", key, v, why))
+			continue
+		}
+		s, err := parseSlice(key, v)
+		if err != nil {
+			return nil, "", nil, err
+		}
+		if s == nil {
+			continue // GPUISO_GPU_TIME_SLICE=0: none asked
+		}
+		if share != nil {
+			return nil, "", nil, fmt.Errorf("%s=%s beside %s: a GPU is shared one way: %w", key, quoteShort(v), source, ErrInvalidShare)
+		}
+		share, source = s, key
+	}
 	if v, ok := img.Getenv(envGPUCompute); ok {
 		if ok, why := t.env(spec, envGPUCompute, v); !ok {
 			ignored = append(ignored, fmt.Sprintf("%s=%s: %s", envGPUCompute, v, why))
@@ -438,7 +473,7 @@ func shareOf(spec *specs.Spec, img volume.Image, swarmMemory string, t *trust) (
 			switch {
 			case err != nil || n < 1 || n > 100:
 				return nil, "", nil, fmt.Errorf("%s=%s: want a percentage from 1 to 100: %w", envGPUCompute, quoteShort(v), ErrInvalidShare)
-			case share == nil:
+			case share == nil || share.Mode != allocator.ShareMemory:
 				return nil, "", nil, fmt.Errorf("%s=%s without a memory share (%s, or Swarm's %s): %w", envGPUCompute, v, envGPUMemory, envSwarmPrefix+swarmMemory, ErrInvalidShare)
 			}
 			share.ComputePercent = n
@@ -446,6 +481,28 @@ func shareOf(spec *specs.Spec, img volume.Image, swarmMemory string, t *trust) (
 		}
 	}
 	return share, source, ignored, nil
+}
+
+// parseSlice reads GPUISO_GPU_SLICES (a count from allocator.MinSlices to
+// allocator.MaxSlices: a concurrent slice) or GPUISO_GPU_TIME_SLICE (1 or
+// true: a time slice; 0 or false: none, nil).
+func parseSlice(key, v string) (*allocator.Share, error) {
+	t := strings.TrimSpace(v)
+	if key == envGPUTimeSlice {
+		switch strings.ToLower(t) {
+		case "1", "true":
+			return &allocator.Share{Mode: allocator.ShareTime}, nil
+		case "0", "false":
+			return nil, nil
+		}
+		return nil, fmt.Errorf("%s=%s: want 1 or true (0 or false: none): %w", key, quoteShort(v), ErrInvalidShare)
+	}
+	n, err := strconv.Atoi(t)
+	s := &allocator.Share{Mode: allocator.ShareSlice, Slices: n}
+	if err != nil || s.Validate() != nil {
+		return nil, fmt.Errorf("%s=%s: want a count of slices from %d to %d: %w", key, quoteShort(v), allocator.MinSlices, allocator.MaxSlices, ErrInvalidShare)
+	}
+	return s, nil
 }
 
 // parseGPUMemory reads GPUISO_GPU_MEMORY: a size with its unit (4GiB,

@@ -105,9 +105,10 @@ func (rt *Runtime) Prepare(ctx context.Context, c CreateArgs) (*prepared, error)
 		return nil, fmt.Errorf("container %s: %w", c.ID, err)
 	}
 	pr := &containerizer.Preparer{Allocator: alloc}
-	if req.Share != nil && req.Share.Mode == allocator.ShareMemory {
-		// The share's MPS control daemon is started in the prepare step,
-		// its directories under the state directory's mps/.
+	if req.Share != nil && (req.Share.Mode == allocator.ShareMemory || req.Share.Mode == allocator.ShareSlice) {
+		// The share's MPS control daemon (or, for a concurrent slice, its
+		// GPU's) is started in the prepare step, its directories under the
+		// state directory's mps/.
 		if pr.MPS, err = rt.daemonsOf(rt.StateDir, true); err != nil {
 			return nil, fmt.Errorf("container %s asks for a share of %s (%s): %w", c.ID, req.Share, req.ShareSource, err)
 		}
