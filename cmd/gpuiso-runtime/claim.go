@@ -479,8 +479,9 @@ func (rt *Runtime) closeDaemons() {
 }
 
 // keepDaemon starts again, in place, the MPS daemon of the memory share
-// (or of the concurrent slice's GPU) of rec's container, which lives: one that was killed, or whose start a
-// killed gpuiso-runtime cut short. A running daemon is left as it is.
+// (or of the concurrent slice's GPU) of rec's container, which lives: one
+// that was killed, or whose start a killed gpuiso-runtime cut short. A
+// running daemon is left as it is.
 func (rt *Runtime) keepDaemon(ctx context.Context, alloc *allocator.Allocator, daemons *mps.Manager, rec ctrRecord) error {
 	if daemons == nil || alloc == nil {
 		return nil
