@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/gpuiso/gpuiso/internal/linux"
@@ -77,5 +78,40 @@ func TestCgroupPlacement(t *testing.T) {
 	}
 	if err := linux.MakeCgroup(hs, "/a/../b"); err == nil {
 		t.Error("a path leaving the hierarchy was made")
+	}
+}
+
+// TestStartDaemonFrom: a daemon started from another process's mount
+// namespace sees that namespace's mounts, which its starter does not.
+func TestStartDaemonFrom(t *testing.T) {
+	testenv.RequireRoot(t)
+	dir := t.TempDir()
+	holder := exec.Command("unshare", "--mount", "--propagation", "private", "sh", "-c",
+		"mount -t tmpfs gpuiso-test "+dir+" && echo seen > "+dir+"/f && echo ready && exec sleep 100")
+	out, err := holder.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := holder.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Wait()
+	defer holder.Process.Kill()
+	if _, err := out.Read(make([]byte, 6)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "f")); err == nil {
+		t.Fatal("the namespace's tmpfs reached the test's")
+	}
+	var got strings.Builder
+	cmd := exec.Command("/bin/cat", filepath.Join(dir, "f"))
+	cmd.Stdout, cmd.Stderr = &got, &got
+	ns := fmt.Sprintf("/proc/%d/ns/mnt", holder.Process.Pid)
+	if err := linux.StartDaemonFrom(cmd, ns, nil); err != nil {
+		t.Fatal(err)
+	}
+	cmd.Wait()
+	if strings.TrimSpace(got.String()) != "seen" {
+		t.Errorf("the daemon read %q, want the namespace's file", got.String())
 	}
 }

@@ -38,19 +38,54 @@ type NamespaceMount struct {
 // namespace is made on a thread of its own, locked and then ended, which
 // forks the process: the rest of the caller keeps its own.
 func StartDaemon(cmd *exec.Cmd, mounts []NamespaceMount) error {
+	return StartDaemonFrom(cmd, "", mounts)
+}
+
+// StartDaemonFrom is StartDaemon with the daemon's mount namespace made
+// from the namespace nsFile names (/proc/<pid>/ns/mnt) instead of the
+// caller's: cmd's path, its directory and the mounts' sources are then
+// paths of that namespace. It is for a caller whose own namespace ends
+// before the daemon should (a container's): a daemon's namespace made
+// from it holds the container's mounts, which the container's removal
+// detaches from under the daemon (a directory removed on the node takes
+// every mount on it, in every namespace, with it). "" is the caller's own.
+func StartDaemonFrom(cmd *exec.Cmd, nsFile string, mounts []NamespaceMount) error {
 	if cmd.SysProcAttr == nil {
 		cmd.SysProcAttr = &syscall.SysProcAttr{}
 	}
 	cmd.SysProcAttr.Setsid = true
-	if len(mounts) == 0 {
+	if len(mounts) == 0 && nsFile == "" {
 		return cmd.Start()
 	}
 	return onSpareThread(func() (bool, error) {
+		if nsFile != "" {
+			if err := joinMountNamespace(nsFile); err != nil {
+				return true, err
+			}
+		}
 		if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
 			return false, &fs.PathError{Op: "unshare mount namespace", Path: "/", Err: err}
 		}
 		return true, startIn(cmd, mounts)
 	})
+}
+
+// joinMountNamespace moves the calling thread into the mount namespace
+// nsFile: its file system attributes (root, working directory) become its
+// own first, as the kernel asks of a thread that changes namespace.
+func joinMountNamespace(nsFile string) error {
+	if err := unix.Unshare(unix.CLONE_FS); err != nil {
+		return &fs.PathError{Op: "unshare file system attributes", Path: nsFile, Err: err}
+	}
+	fd, err := unix.Open(nsFile, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return &fs.PathError{Op: "open", Path: nsFile, Err: err}
+	}
+	defer unix.Close(fd)
+	if err := unix.Setns(fd, unix.CLONE_NEWNS); err != nil {
+		return &fs.PathError{Op: "join mount namespace", Path: nsFile, Err: err}
+	}
+	return nil
 }
 
 // onSpareThread runs fn on a locked thread other than the process's main

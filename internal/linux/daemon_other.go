@@ -18,6 +18,9 @@ type NamespaceMount struct {
 // StartDaemon is not supported on this operating system.
 func StartDaemon(*exec.Cmd, []NamespaceMount) error { return ErrNotSupported }
 
+// StartDaemonFrom is not supported on this operating system.
+func StartDaemonFrom(*exec.Cmd, string, []NamespaceMount) error { return ErrNotSupported }
+
 // LockHolder is not supported on this operating system.
 func LockHolder(string) (int, error) { return 0, ErrNotSupported }
 
