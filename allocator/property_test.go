@@ -13,11 +13,13 @@ import (
 )
 
 // TestConcurrentRandomOperations runs 8 goroutines of 10,000 random
-// operations each (allocate, allocate a share, resize, release, mark
-// unhealthy and healthy) on one allocator and checks the invariants after
-// every step: no GPU held twice, views agreeing, shares within memory and
-// never beside an exclusive owner, no unhealthy GPU handed out, failed
-// operations changing nothing of the caller's.
+// operations each (allocate, allocate a memory share or a concurrent
+// slice, resize, release, mark unhealthy and healthy) on one allocator and
+// checks the invariants after every step: no GPU held twice, views
+// agreeing, shares within memory and never beside an exclusive owner, one
+// kind of share and one slice count per GPU, at most N slices of N, no
+// unhealthy GPU handed out, failed operations changing nothing of the
+// caller's.
 func TestConcurrentRandomOperations(t *testing.T) {
 	const workers, steps = 8, 10_000
 	a := newAlloc(t, "dgx1-volta", allocator.WithShared("7"))
@@ -59,6 +61,9 @@ func propertyWorker(a *allocator.Allocator, health *sync.RWMutex, w, steps int, 
 			req := allocator.Request{Count: 1 + rng.IntN(4)}
 			if op == 2 {
 				req = allocator.Request{Share: &allocator.Share{MemoryBytes: 1 + rng.Uint64N(mem/2)}}
+				if rng.IntN(2) == 0 {
+					req = allocator.Request{Share: &allocator.Share{Mode: allocator.ShareSlice, Slices: 2 + rng.IntN(3)}}
+				}
 			}
 			health.RLock()
 			unhealthy := map[int]bool{}
@@ -77,7 +82,14 @@ func propertyWorker(a *allocator.Allocator, health *sync.RWMutex, w, steps int, 
 					}
 				}
 				shared := al.Share != nil && al.Share.Mode == allocator.ShareMemory
-				if req.Share == nil && len(al.Devices) != req.Count || req.Share != nil && (!shared || al.Share.MemoryBytes != req.Share.MemoryBytes) {
+				sliced := al.Share != nil && al.Share.Mode == allocator.ShareSlice
+				switch {
+				case req.Share != nil && req.Share.Mode == allocator.ShareSlice:
+					if !sliced || al.Share.Slices != req.Share.Slices || al.Share.MemoryBytes != mem/uint64(req.Share.Slices) {
+						return fmt.Errorf("step %d: %+v for %+v", step, al, req)
+					}
+					shared = true
+				case req.Share == nil && len(al.Devices) != req.Count || req.Share != nil && (!shared || al.Share.MemoryBytes != req.Share.MemoryBytes):
 					return fmt.Errorf("step %d: %+v for %+v", step, al, req)
 				}
 				mine[owner] = len(al.Devices)
