@@ -2,6 +2,7 @@ package nri
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -51,10 +52,23 @@ func serveOnce(ctx context.Context, socket string, p *Plugin, log *slog.Logger) 
 	if err != nil {
 		return fmt.Errorf("NRI plugin: %w", err)
 	}
-	if err := s.Run(ctx); err != nil {
+	if err := s.Start(ctx); err != nil {
 		return fmt.Errorf("NRI plugin: %w", err)
 	}
-	return nil
+	if log != nil {
+		log.Info("NRI: serving the runtime", "socket", socket, "plugin", Index+"-"+Name)
+	}
+	done := make(chan struct{})
+	defer close(done)
+	go func() {
+		select {
+		case <-ctx.Done():
+			s.Stop()
+		case <-done:
+		}
+	}()
+	s.Wait()
+	return errors.New("NRI plugin: the runtime closed the connection")
 }
 
 // logger passes the NRI library's messages to a slog.Logger at debug level

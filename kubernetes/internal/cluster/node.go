@@ -72,6 +72,11 @@ func (n *Node) CgroupName() string { return n.cgroup }
 // ContainerdAddress is the node's containerd socket.
 func (n *Node) ContainerdAddress() string { return n.containerdSock }
 
+// NRISocket is the node's containerd's NRI socket (its /var/run/nri/nri.sock),
+// where an NRI plugin of the node connects. containerd runs no plugin of
+// its own (its plugin directories are the node's, empty).
+func (n *Node) NRISocket() string { return filepath.Join(n.Dir, "nri.sock") }
+
 // HostPaths are the host paths bound, in each node's mount namespace, to
 // the node's own directories: the kubelet's root directory (its fixed
 // device-plugin directory included), the CDI spec directory and gpuiso's
@@ -102,7 +107,7 @@ func (c *Cluster) shimDir(n *Node) string { return filepath.Join(c.Dir, fmt.Spri
 
 func (c *Cluster) startNode(ctx context.Context, n *Node) error {
 	for _, d := range []string{"kubelet/plugins", "kubelet/plugins_registry", "kubelet/device-plugins", "cdi", "state",
-		"pod-logs", "sysctl", "containerd", "runc", "cni/net.d", "cni/bin", "pki"} {
+		"pod-logs", "sysctl", "containerd", "runc", "cni/net.d", "cni/bin", "nri/plugins", "nri/conf.d", "pki"} {
 		if err := os.MkdirAll(filepath.Join(n.Dir, d), 0o755); err != nil {
 			return err
 		}
@@ -186,7 +191,10 @@ imports = []
     path = %q
 
   [plugins.'io.containerd.nri.v1.nri']
-    disable = true
+    disable = false
+    socket_path = %q
+    plugin_path = %q
+    plugin_config_path = %q
 
   [plugins.'io.containerd.shim.v1.manager']
     socket_dir = %q
@@ -197,7 +205,7 @@ imports = []
   [plugins.'io.containerd.server.v1.ttrpc']
     address = %q
 `, d("containerd/root"), d("containerd/state"), c.PauseImage, n.CDIDir, c.cfg.Runc, d("runc"),
-		d("cni/bin"), d("cni/net.d"), d("containerd/opt"), c.shimDir(n), n.containerdSock, n.containerdSock+".ttrpc")
+		d("cni/bin"), d("cni/net.d"), d("containerd/opt"), n.NRISocket(), d("nri/plugins"), d("nri/conf.d"), c.shimDir(n), n.containerdSock, n.containerdSock+".ttrpc")
 	// A network configuration naming a plugin that is never run: pods use
 	// the host's network, and the runtime reports its network ready.
 	cni := `{"cniVersion": "1.0.0", "name": "none", "plugins": [{"type": "gpuiso-none"}]}`
