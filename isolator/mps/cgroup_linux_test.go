@@ -14,7 +14,9 @@ import (
 // TestDaemonCgroup: with WithCgroup each daemon runs in a cgroup of its
 // own, <parent>/gpuiso-mps/<owner>, in every hierarchy of the host (its
 // record names it); stopping it removes that cgroup, and the last one
-// stopped removes gpuiso-mps too.
+// stopped removes gpuiso-mps too. The daemons' mount namespaces are made
+// from the test's own, named (WithMountNamespace), as a plugin in a pod
+// names its runtime's.
 func TestDaemonCgroup(t *testing.T) {
 	_, _ = newManager(t) // the gates: root, the MPS binary
 	hs, err := linux.CgroupHierarchies(mps.DefaultCgroupRoot)
@@ -23,7 +25,8 @@ func TestDaemonCgroup(t *testing.T) {
 	}
 	parent := fmt.Sprintf("/gpuiso-test-mps-%d", os.Getpid())
 	t.Cleanup(func() { linux.RemoveCgroup(hs, parent) })
-	m, err := mps.New(filepath.Join(t.TempDir(), "mps"), mps.WithCgroup(parent))
+	m, err := mps.New(filepath.Join(t.TempDir(), "mps"), mps.WithCgroup(parent),
+		mps.WithMountNamespace(fmt.Sprintf("/proc/%d/ns/mnt", os.Getpid()), ""))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,7 +8,7 @@ import (
 )
 
 // TestCgroupOptions: a cgroup parent must be an absolute, clean path, and
-// the cgroup root and namespace absolute; anything else is ErrInvalid
+// the cgroup root and namespaces absolute; anything else is ErrInvalid
 // before anything is made.
 func TestCgroupOptions(t *testing.T) {
 	for _, tc := range []struct {
@@ -21,6 +21,8 @@ func TestCgroupOptions(t *testing.T) {
 		{"empty parent", mps.WithCgroup("")},
 		{"relative root", mps.WithCgroupRoot("sys/fs/cgroup")},
 		{"relative namespace", mps.WithCgroupNamespace("ns/cgroup")},
+		{"relative mount namespace", mps.WithMountNamespace("ns/mnt", "")},
+		{"relative driver root of the mount namespace", mps.WithMountNamespace("/proc/1/ns/mnt", "driver")},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir() + "/mps"

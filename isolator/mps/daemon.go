@@ -285,7 +285,7 @@ func (m *Manager) start(ctx context.Context, owner string, gpu node.DeviceRef, l
 func (m *Manager) startDaemon(d Daemon, log *os.File, again bool) (*exec.Cmd, error) {
 	untrusted := true
 	for {
-		cmd := exec.Command(m.bin, "-f")
+		cmd := exec.Command(m.daemonBin(), "-f")
 		cmd.Env = m.env(d.GPU, d.Mark)
 		cmd.Stdout, cmd.Stderr = log, log
 		mounts := []linux.NamespaceMount{
@@ -296,7 +296,7 @@ func (m *Manager) startDaemon(d Daemon, log *os.File, again bool) (*exec.Cmd, er
 		}
 		start := m.startFn
 		if start == nil {
-			start = linux.StartDaemon
+			start = m.startFrom
 		}
 		err := start(cmd, mounts)
 		switch {
@@ -318,8 +318,8 @@ func (m *Manager) startDaemon(d Daemon, log *os.File, again bool) (*exec.Cmd, er
 // driver root other than / (driverDirs) before the caller's (a driver
 // outside the loader's default directories).
 func (m *Manager) env(uuid, mark string) []string {
-	bins, libs := driverDirs(m.driverRoot)
-	path := strings.Join(append([]string{filepath.Dir(m.bin)}, bins...), ":") + ":/usr/local/nvidia/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+	bins, libs := driverDirs(m.driverRoot, m.nsDriverRoot)
+	path := strings.Join(append([]string{filepath.Dir(m.daemonBin())}, bins...), ":") + ":/usr/local/nvidia/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 	env := []string{
 		"CUDA_VISIBLE_DEVICES=" + uuid,
 		MarkEnv + "=" + mark,

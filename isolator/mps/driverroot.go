@@ -16,13 +16,18 @@ import (
 // them, for LD_LIBRARY_PATH (the server loads it, and the loader reads
 // the cache of the manager's root, not the driver's). A root without a
 // cache, or whose cache names no libcuda.so.1 of this machine's word size,
-// adds no library directory.
-func driverDirs(root string) (bin, lib []string) {
-	if root == "" || filepath.Clean(root) == "/" {
+// adds no library directory. The directories are named under as, the
+// same root as the daemon's mount namespace shows it ("" for root itself;
+// see WithMountNamespace).
+func driverDirs(root, as string) (bin, lib []string) {
+	if as == "" {
+		as = root
+	}
+	if root == "" || as == "" || filepath.Clean(as) == "/" {
 		return nil, nil
 	}
 	for _, d := range []string{"usr/bin", "usr/sbin", "bin", "sbin"} {
-		bin = append(bin, filepath.Join(root, d))
+		bin = append(bin, filepath.Join(as, d))
 	}
 	b, err := os.ReadFile(filepath.Join(root, "etc", "ld.so.cache"))
 	if err != nil {
@@ -40,7 +45,7 @@ func driverDirs(root string) (bin, lib []string) {
 		if e.Key != "libcuda.so.1" || !e.IsELF() || e.Bits() != bits || !filepath.IsAbs(e.Value) {
 			continue
 		}
-		if d := filepath.Join(root, filepath.Dir(e.Value)); !slices.Contains(lib, d) {
+		if d := filepath.Join(as, filepath.Dir(e.Value)); !slices.Contains(lib, d) {
 			lib = append(lib, d)
 		}
 	}

@@ -33,7 +33,7 @@ func TestDriverDirs(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(root, "etc", "ld.so.cache"), b, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	bin, lib := driverDirs(root)
+	bin, lib := driverDirs(root, "")
 	if want := []string{filepath.Join(root, "usr/lib/x86_64-linux-gnu")}; !slices.Equal(lib, want) {
 		t.Errorf("library directories %v, want %v", lib, want)
 	}
@@ -47,8 +47,23 @@ func TestDriverDirs(t *testing.T) {
 		t.Errorf("the daemon's environment lacks the driver root's directories:\n%s", env)
 	}
 	for _, r := range []string{"", "/", t.TempDir()} {
-		if _, lib := driverDirs(r); len(lib) > 0 {
+		if _, lib := driverDirs(r, ""); len(lib) > 0 {
 			t.Errorf("root %q: library directories %v, want none", r, lib)
 		}
+	}
+	// The same root as another namespace shows it: its cache, its paths.
+	if _, lib := driverDirs(root, "/host/driver"); !slices.Equal(lib, []string{"/host/driver/usr/lib/x86_64-linux-gnu"}) {
+		t.Errorf("library directories as /host/driver: %v", lib)
+	}
+	if bin, lib := driverDirs(root, "/"); len(bin)+len(lib) > 0 {
+		t.Errorf("as /: %v, %v, want none (the loader's own)", bin, lib)
+	}
+	m.nsDriverRoot = "/host/driver"
+	if got := m.daemonBin(); got != "/host/driver/usr/bin/"+ControlBinary {
+		t.Errorf("the daemon's binary is %s, want it under the namespace's driver root", got)
+	}
+	m.bin = "/elsewhere/" + ControlBinary
+	if got := m.daemonBin(); got != m.bin {
+		t.Errorf("a binary outside the driver root became %s", got)
 	}
 }

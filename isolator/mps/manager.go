@@ -32,8 +32,9 @@ type Manager struct {
 	// cgroupParent, cgroupRoot and cgroupNS are WithCgroup's,
 	// WithCgroupRoot's and WithCgroupNamespace's.
 	cgroupParent, cgroupRoot, cgroupNS string
-	// driverRoot is WithDriverRoot's.
-	driverRoot string
+	// driverRoot is WithDriverRoot's; mountNS and nsDriverRoot
+	// WithMountNamespace's.
+	driverRoot, mountNS, nsDriverRoot string
 
 	// sem, with the lock file, lets one change at a time work on the
 	// directory: a channel rather than a mutex, so that every wait for it
@@ -96,7 +97,8 @@ func New(dir string, opts ...Option) (*Manager, error) {
 	}
 	return &Manager{dir: abs, bin: c.bin, procRoot: c.procRoot, timeout: c.timeout, lockTimeout: c.lockTimeout,
 		shmBytes: c.shmBytes, pipeBytes: c.pipeBytes, plainDirs: c.plainDirs, log: c.logger, sem: make(chan struct{}, 1), lock: f,
-		cgroupParent: c.cgroupParent, cgroupRoot: c.cgroupRoot, cgroupNS: c.cgroupNS, driverRoot: c.driverRoot}, nil
+		cgroupParent: c.cgroupParent, cgroupRoot: c.cgroupRoot, cgroupNS: c.cgroupNS, driverRoot: c.driverRoot,
+		mountNS: c.mountNS, nsDriverRoot: c.nsDriverRoot}, nil
 }
 
 // ownDir makes dir, a directory of the calling user, its alone (0700),

@@ -25,6 +25,9 @@ type config struct {
 	cgroupParent string
 	cgroupRoot   string
 	cgroupNS     string
+	// mountNS and nsDriverRoot are WithMountNamespace's.
+	mountNS      string
+	nsDriverRoot string
 	logger       *slog.Logger
 }
 
