@@ -35,6 +35,8 @@ type deployFlags struct {
 	daemonSet     string // namespace/name
 	metricsAddr   string
 	rollingUID    string // the pod's UID, for a rolling update
+	readyFile     string
+	isReady       string
 }
 
 func (d *deployFlags) register(fs *flag.FlagSet) {
@@ -43,6 +45,8 @@ func (d *deployFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&d.driverRoot, "driver-root", "", "load NVML from the driver installed under `DIR` (the host's root as mounted in the pod; default: the program's own library path)")
 	fs.StringVar(&d.daemonSet, "daemonset", "", "`NAMESPACE/NAME` of the DaemonSet running the program: when it is gone at exit (uninstall), the program removes what it left on the node")
 	fs.StringVar(&d.metricsAddr, "metrics-address", "", "serve Prometheus metrics on `ADDR` (host:port) at /metrics, and /healthz")
+	fs.StringVar(&d.readyFile, "ready-file", "", "write `FILE` once the kubelet registered the DRA driver (for a readiness probe: --is-ready FILE)")
+	fs.StringVar(&d.isReady, "is-ready", "", "check, as a readiness probe, whether the serving instance wrote `FILE` (--ready-file): exit status 0 when it did, 1 when not yet; nothing else runs")
 	fs.StringVar(&d.rollingUID, "rolling-update-uid", "", "DRA: serve beside another instance of the plugin on the node (a DaemonSet rolling with a surge): `UID` is the pod's UID, which names this instance's sockets; every claim operation of either instance then runs one at a time across both, on the state they share (the kubelet, 1.33 or later, may call either); not with --dynamic-mig")
 }
 

@@ -11,7 +11,8 @@
 //	        [--simulate NAME --dev-root DIR]
 //	        [--in-cluster] [--simulate-label KEY] [--driver-root DIR]
 //	        [--daemonset NAMESPACE/NAME] [--metrics-address ADDR]
-//	        [--device-metadata=false] [--rolling-update-uid UID]
+//	        [--device-metadata=false] [--rolling-update-uid UID] [--ready-file FILE]
+//	gpuiso-kubelet-plugin --is-ready FILE
 //	        [--nri-policy none|numa [--nri-socket SOCKET]]
 //	        [--shared-gpus LIST [--share-min SIZE] [--share-step SIZE]
 //	         [--time-slices N] [--shared-resource-name NAME]
@@ -258,6 +259,9 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 	f, code, done := parse(args, stderr)
 	if done {
 		return code
+	}
+	if f.deploy.isReady != "" {
+		return isReady(f.deploy.isReady, stderr)
 	}
 	log := slog.New(slog.NewTextHandler(stderr, nil))
 	if err := serve(ctx, f, log); err != nil && !errors.Is(err, context.Canceled) {
@@ -639,6 +643,10 @@ func startDRA(ctx context.Context, f *flags, inv *node.Inventory, alloc *allocat
 		d.NotifyHealth()
 	}
 	publish()
+	readyWhen(ctx, f.deploy.readyFile, func() bool {
+		st := helper.RegistrationStatus()
+		return st != nil && st.PluginRegistered
+	}, log)
 	if uids, err := d.Prepared(); err == nil && len(uids) > 0 {
 		log.Info("prepared claims kept from before", "claims", uids)
 	}
