@@ -280,7 +280,9 @@ type note struct {
 // recovery action, and it must be none: on a driver without one such a
 // device stays unhealthy until MarkHealthy. A device unhealthy when the
 // monitor starts, for a reason a Verdict wrote, is taken as marked by it.
-// A device marked for another reason since is left alone.
+// A device marked for another reason since is left alone. A device
+// marked for an action more disruptive than a new signal's (a reboot, a
+// reset) keeps it.
 //
 // With WithReset, a GPU whose action is a GPU reset is reset once nothing
 // holds it, and given back or marked for a reboot (see WithReset).
@@ -489,9 +491,15 @@ func (m *monitor) verdict(p int, mig *node.MIGDevice, s node.Signal) {
 	}
 	if v.State == node.StateUnhealthy {
 		g.lastFault = time.Now()
-		uuid := dev.UUID
+		uuid, current := dev.UUID, dev.Health
 		if mig != nil {
-			uuid = mig.UUID
+			uuid, current = mig.UUID, mig.Health
+		}
+		if a, ok := node.VerdictAction(current.Reason); ok && !current.Healthy && a > v.Action {
+			// Marked already for a more disruptive action (a reboot
+			// after a failed reset): it stands.
+			m.notify(ev)
+			return
 		}
 		ev.Owners, ev.Err = m.target.MarkUnhealthy(m.ctx, uuid, v.String())
 		if ev.Err == nil {

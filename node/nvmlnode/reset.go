@@ -106,11 +106,28 @@ func (m *monitor) resetStep(p int) {
 	if err == nil {
 		err = m.afterReset(p)
 	}
+	m.dropStale(p)
 	if err != nil {
 		m.resetFailed(p, pr, err)
 		return
 	}
 	m.resetDone(p, pr)
+}
+
+// dropStale takes the events queued now: those of GPU p came before its
+// reset (the fault it was reset for, told again) and are dropped; the
+// others are handled.
+func (m *monitor) dropStale(p int) {
+	for {
+		e, ret := m.set.Wait(0)
+		if ret != nvml.SUCCESS {
+			return
+		}
+		if h := m.gpus[p].handle; h != nil && sameDevice(h, e.Device) {
+			continue
+		}
+		m.event(e)
+	}
 }
 
 // processesOn is how many processes the driver lists on the GPU; 0 when

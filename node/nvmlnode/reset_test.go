@@ -132,8 +132,15 @@ func TestMonitorResetFails(t *testing.T) {
 	if act, ok := node.VerdictAction(h.Reason); h.Healthy || !ok || act != node.ActionReboot {
 		t.Fatalf("GPU 3 after a failed reset: %s", h)
 	}
-	// Polls go on (the informing note of another GPU comes and goes):
-	// no second reset.
+	// The fault told again leaves the reboot as it is: no second reset,
+	// while polls go on (the informing note of another GPU comes).
+	if err := sim.Inject(3, node.Signal{Kind: node.SignalXID, Value: 109}); err != nil {
+		t.Fatal(err)
+	}
+	awaitEvent(t, events, func(e nvmlnode.HealthEvent) bool { return e.XID == 109 })
+	if h := a.Devices()[3].Health; !strings.HasSuffix(h.Reason, ": reboot") {
+		t.Fatalf("GPU 3 after the fault told again: %s", h)
+	}
 	if err := sim.Inject(5, node.Signal{Kind: node.SignalThermalSlowdown}); err != nil {
 		t.Fatal(err)
 	}
