@@ -66,6 +66,14 @@ func run(cmd string, args []string) {
 			err := os.WriteFile(p, []byte("probe\n"), 0o644)
 			fmt.Println(p, result(err))
 		}
+	case "fill": // fill PATH BYTES: writes BYTES bytes to a new file
+		if len(args) != 2 {
+			fmt.Println("fill: want PATH BYTES")
+			return
+		}
+		n, _ := strconv.Atoi(args[1])
+		err := os.WriteFile(args[0], make([]byte, n), 0o644)
+		fmt.Println("fill", args[0], args[1], result(err))
 	case "ls":
 		for _, dir := range args {
 			entries, err := os.ReadDir(dir)
@@ -163,7 +171,7 @@ func result(err error) string {
 			errno syscall.Errno
 			name  string
 		}{{syscall.ENXIO, "ENXIO"}, {syscall.ENODEV, "ENODEV"}, {syscall.EPERM, "EPERM"}, {syscall.EACCES, "EACCES"}, {syscall.ENOENT, "ENOENT"}, {syscall.EROFS, "EROFS"},
-			{syscall.ESRCH, "ESRCH"}, {syscall.EBUSY, "EBUSY"}, {syscall.EINVAL, "EINVAL"}, {syscall.ENOSYS, "ENOSYS"}, {syscall.EBADF, "EBADF"}} {
+			{syscall.ESRCH, "ESRCH"}, {syscall.EBUSY, "EBUSY"}, {syscall.EINVAL, "EINVAL"}, {syscall.ENOSYS, "ENOSYS"}, {syscall.EBADF, "EBADF"}, {syscall.ENOSPC, "ENOSPC"}} {
 			if errno == e.errno {
 				return e.name
 			}
