@@ -145,7 +145,11 @@ func (c *Cluster) nodeNamespaceScript(n *Node) (string, error) {
 	}
 	own := []string{n.KubeletRoot, n.CDIDir, n.StateDir}
 	for i, p := range HostPaths() {
-		script = append(script, fmt.Sprintf("mount --bind %q %q", own[i], p))
+		// Shared inside the node's namespace (a peer group of the node's
+		// alone, its parent mounts being private): a pod's volume of it
+		// with bidirectional propagation needs that, as on a host whose
+		// init makes every mount shared.
+		script = append(script, fmt.Sprintf("mount --bind %q %q", own[i], p), fmt.Sprintf("mount --make-shared %q", p))
 	}
 	script = append(script,
 		"mount -t tmpfs -o mode=0755,size=16m gpuiso-node-logs /var/log",
