@@ -114,3 +114,59 @@ func TestChart(t *testing.T) {
 		t.Errorf("metrics on by default listen beyond the pod's loopback:\n%s", metrics)
 	}
 }
+
+// sharedFile is the plugin's DaemonSet the chart renders with memory
+// shares on a simulated node: hostPID, privileged, the state directory
+// mounted with bidirectional propagation, the host's cgroups and the
+// driver's paths mounted.
+var sharedFile = filepath.Join("testdata", "daemonset-shared-simulated.yaml")
+
+// TestChartSharing renders the DaemonSet with memory shares (sharing.gpus)
+// on simulated nodes: exactly testdata's (written with UpdateEnv=1), and
+// with what the MPS daemons need to outlive the pod (the host's pid
+// namespace, a privileged container, the host's cgroups, mounts that
+// reach the node, the MPS binary under the driver root), none of which
+// the chart asks for without shares; plainDirs drops the bidirectional
+// mount.
+func TestChartSharing(t *testing.T) {
+	run := helm(t, testenv.RequireHelm(t))
+	args := []string{"template", release, chartDir, "--namespace", "default", "--show-only", "templates/daemonset.yaml",
+		"--set", "simulate.kind=dgx1-volta"}
+	shared, err := run(t.Context(), append(args, "--set-string", "sharing.gpus=0")...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if os.Getenv(UpdateEnv) == "1" {
+		if err := os.WriteFile(sharedFile, []byte(shared), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(sharedFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(want, []byte(shared)) {
+		t.Errorf("%s differs from the chart rendered with sharing.gpus=0 (%s=1 go test -run TestChartSharing ./deploy writes it)", sharedFile, UpdateEnv)
+	}
+	plain, err := run(t.Context(), append(args, "--set-string", "sharing.gpus=0", "--set", "sharing.plainDirs=true")...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	unshared, err := run(t.Context(), args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	needs := []string{"hostPID: true", "privileged: true", "mountPropagation: Bidirectional", "path: /sys/fs/cgroup",
+		"--mps-cgroup-parent=auto", "--mps-driver-root=/driver-root", "--mps-mount-namespace=runtime", "--mps-shm-size=64Mi", "mountPath: /driver-root/usr"}
+	for _, n := range needs {
+		if !strings.Contains(shared, n) {
+			t.Errorf("with shares the DaemonSet lacks %q", n)
+		}
+		if strings.Contains(unshared, n) {
+			t.Errorf("without shares the DaemonSet has %q", n)
+		}
+	}
+	if strings.Contains(plain, "mountPropagation") || !strings.Contains(plain, "--mps-plain-dirs") {
+		t.Errorf("with sharing.plainDirs the DaemonSet still propagates mounts, or lacks --mps-plain-dirs:\n%s", plain)
+	}
+}

@@ -6,14 +6,17 @@ import (
 	"flag"
 	"fmt"
 	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
 	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/gpuiso/gpuiso/allocator"
+	"github.com/gpuiso/gpuiso/internal/linux"
 	"github.com/gpuiso/gpuiso/isolator/mps"
 	"github.com/gpuiso/gpuiso/node"
 )
@@ -29,6 +32,13 @@ type shareFlags struct {
 	sharedResource string
 	podResources   string
 	mpsControl     string
+	mpsDriverRoot  string
+	mpsCgroup      string
+	mpsCgroupRoot  string
+	mpsPlainDirs   bool
+	mpsShmSize     string
+	mpsMountNS     string
+	mpsHostDriver  string
 }
 
 func (s *shareFlags) register(fs *flag.FlagSet) {
@@ -38,7 +48,14 @@ func (s *shareFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&s.timeSlices, "time-slices", allocator.DefaultTimeSlices, "device plugin: the time slices (replicas) of each shared GPU, `N`")
 	fs.StringVar(&s.sharedResource, "shared-resource-name", "nvidia.com/gpu.shared", "device plugin: the resource of the time slices")
 	fs.StringVar(&s.podResources, "pod-resources-socket", "/var/lib/kubelet/pod-resources/kubelet.sock", "the kubelet's pod-resources socket, which tells the GPUs and time slices pods of the device plugin still hold (those of an earlier device plugin too, with it off)")
-	fs.StringVar(&s.mpsControl, "mps-control", "", "DRA: the MPS control daemon's binary (default: nvidia-cuda-mps-control in PATH, else under --driver-root)")
+	fs.StringVar(&s.mpsControl, "mps-control", "", "DRA: the MPS control daemon's binary (default: nvidia-cuda-mps-control in PATH, else under --mps-driver-root)")
+	fs.StringVar(&s.mpsDriverRoot, "mps-driver-root", "", "DRA: the driver root the MPS control daemon's binary is looked for under (default: --driver-root); a simulated node's may be a real one")
+	fs.StringVar(&s.mpsCgroup, "mps-cgroup-parent", "", "DRA: the cgroup (`PATH` as the host names it) under which each MPS daemon gets a cgroup of its own, gpuiso-mps/<owner>, outside the plugin's: \"auto\" is the parent of the kubepods cgroup the plugin's pod is in, a sibling of every pod's; \"\" leaves the daemons in the plugin's cgroup")
+	fs.StringVar(&s.mpsCgroupRoot, "mps-cgroup-root", mps.DefaultCgroupRoot, "DRA: where the host's cgroup hierarchies are mounted (in a pod: the host's /sys/fs/cgroup mounted elsewhere)")
+	fs.BoolVar(&s.mpsPlainDirs, "mps-plain-dirs", false, "DRA: keep each share's /dev/shm and MPS pipe directory plain directories of --state-dir instead of bounded tmpfs mounts: only for a plugin whose mounts do not reach the container runtime (a pod without bidirectional mount propagation on --state-dir); nothing then bounds what a share writes there but the disk")
+	fs.StringVar(&s.mpsMountNS, "mps-mount-namespace", "", "DRA: the mount namespace each MPS daemon's own is made from: \"\" is the plugin's, \"runtime\" that of the container runtime that started the plugin (its parent process, with hostPID: the node's), which a pod's removal leaves in place, or a `PATH` (/proc/<pid>/ns/mnt); --state-dir must be at the same path there")
+	fs.StringVar(&s.mpsHostDriver, "mps-namespace-driver-root", "", "DRA: with --mps-mount-namespace, where that namespace has the driver root the MPS binary was found under (the node's --driver-root, where the pod has it at /driver-root)")
+	fs.StringVar(&s.mpsShmSize, "mps-shm-size", "64Mi", "DRA: the size of each share's /dev/shm, a tmpfs of its own (`SIZE`, a quantity: 64Mi); a write past it fails with ENOSPC")
 }
 
 // check validates the share flags; it returns the reason a command line is
@@ -57,6 +74,26 @@ func (s *shareFlags) check() string {
 	}
 	if s.mpsControl != "" && !filepath.IsAbs(s.mpsControl) {
 		return "--mps-control must be an absolute path"
+	}
+	if s.mpsDriverRoot != "" && !filepath.IsAbs(s.mpsDriverRoot) {
+		return "--mps-driver-root must be an absolute path"
+	}
+	if s.mpsCgroup != "" && s.mpsCgroup != "auto" {
+		if err := linux.CheckCgroupPath(s.mpsCgroup); err != nil {
+			return "--mps-cgroup-parent: " + err.Error()
+		}
+	}
+	if !filepath.IsAbs(s.mpsCgroupRoot) {
+		return "--mps-cgroup-root must be an absolute path"
+	}
+	if s.mpsMountNS != "" && s.mpsMountNS != "runtime" && !filepath.IsAbs(s.mpsMountNS) {
+		return "--mps-mount-namespace must be \"runtime\" or an absolute path"
+	}
+	if s.mpsHostDriver != "" && !filepath.IsAbs(s.mpsHostDriver) {
+		return "--mps-namespace-driver-root must be an absolute path"
+	}
+	if _, err := quantity(s.mpsShmSize); err != nil {
+		return "--mps-shm-size: " + err.Error()
 	}
 	return ""
 }
@@ -134,16 +171,37 @@ func sharedUUIDs(inv *node.Inventory, list string) ([]string, error) {
 // state directory.
 func (f *flags) mpsManager() (*mps.Manager, error) {
 	var opts []mps.Option
-	if f.share.mpsControl != "" {
+	switch {
+	case f.share.mpsControl != "":
 		opts = append(opts, mps.WithControl(f.share.mpsControl))
-	} else if f.deploy.driverRoot != "" {
+	case f.share.mpsDriverRoot != "":
+		opts = append(opts, mps.WithDriverRoot(f.share.mpsDriverRoot))
+	case f.deploy.driverRoot != "":
 		opts = append(opts, mps.WithDriverRoot(f.deploy.driverRoot))
 	}
-	// The plugin runs in a pod whose mounts do not reach the node's
-	// containerd, so a share's directories stay plain directories there
-	// (see mps.WithPlainDirs).
-	opts = append(opts, mps.WithPlainDirs())
-	m, err := mps.New(filepath.Join(f.stateDir, "mps"), opts...)
+	if f.share.mpsPlainDirs {
+		opts = append(opts, mps.WithPlainDirs())
+	} else {
+		shm, _ := quantity(f.share.mpsShmSize)
+		opts = append(opts, mps.WithShmSize(shm))
+	}
+	place, err := f.share.cgroupPlacement()
+	if err != nil {
+		return nil, fmt.Errorf("memory shares of --shared-gpus: %w", err)
+	}
+	if ns := f.share.mpsMountNS; ns != "" {
+		if ns == "runtime" {
+			// The container runtime's process that started the plugin
+			// (a shim), seen through the host's pid namespace.
+			ppid := os.Getppid()
+			if ppid <= 1 {
+				return nil, fmt.Errorf("--mps-mount-namespace=runtime: the plugin's parent is pid %d, not its container runtime's (a pod without hostPID?): %w", ppid, errMountNamespace)
+			}
+			ns = fmt.Sprintf("/proc/%d/ns/mnt", ppid)
+		}
+		opts = append(opts, mps.WithMountNamespace(ns, f.share.mpsHostDriver))
+	}
+	m, err := mps.New(filepath.Join(f.stateDir, "mps"), append(opts, place...)...)
 	if err != nil {
 		return nil, fmt.Errorf("memory shares of --shared-gpus: %w", err)
 	}
@@ -168,4 +226,68 @@ func (f *flags) cleanShares(ctx context.Context) error {
 		}
 	}
 	return os.RemoveAll(dir)
+}
+
+// errCgroupParent: --mps-cgroup-parent=auto found no kubepods cgroup.
+var errCgroupParent = node.Sentinel(node.ErrNotFound, "--mps-cgroup-parent")
+
+// errMountNamespace: --mps-mount-namespace=runtime found no runtime.
+var errMountNamespace = node.Sentinel(node.ErrNotFound, "--mps-mount-namespace")
+
+// hostCgroupNamespace is the host's cgroup namespace as a plugin that
+// shares the host's pid namespace (hostPID) sees it.
+const hostCgroupNamespace = "/proc/1/ns/cgroup"
+
+// cgroupPlacement are the options that place the shares' daemons in
+// cgroups outside the plugin's (--mps-cgroup-parent): none without it.
+// With "auto" the parent is that of the first kubepods cgroup in the
+// plugin's own cgroup path, as the host names it: read in the plugin's own
+// cgroup namespace, or, where that shows no kubepods (a pod's namespace of
+// its own, rooted at its container's cgroup), in the host's, which the
+// daemons are then moved from too.
+func (s *shareFlags) cgroupPlacement() ([]mps.Option, error) {
+	if s.mpsCgroup == "" {
+		return nil, nil
+	}
+	opts := []mps.Option{mps.WithCgroupRoot(s.mpsCgroupRoot)}
+	parent := s.mpsCgroup
+	if parent == "auto" {
+		own, err := linux.OwnCgroups("")
+		if err != nil {
+			return nil, fmt.Errorf("--mps-cgroup-parent=auto: %w", err)
+		}
+		var ok bool
+		if parent, ok = kubepodsParent(own); !ok {
+			if own, err = linux.OwnCgroups(hostCgroupNamespace); err != nil {
+				return nil, fmt.Errorf("--mps-cgroup-parent=auto: in the host's cgroup namespace: %w", err)
+			}
+			if parent, ok = kubepodsParent(own); !ok {
+				return nil, fmt.Errorf("--mps-cgroup-parent=auto: no kubepods cgroup in the plugin's cgroups %v: name the parent: %w", own, errCgroupParent)
+			}
+			opts = append(opts, mps.WithCgroupNamespace(hostCgroupNamespace))
+		}
+	}
+	return append(opts, mps.WithCgroup(parent)), nil
+}
+
+// kubepodsParent is the parent of the first kubepods cgroup (kubepods
+// with the cgroupfs driver, kubepods.slice with systemd's) in a process's
+// cgroups (linux.ProcCgroups): the unified hierarchy's path first, else
+// the memory hierarchy's, else any other's.
+func kubepodsParent(cgroups map[string]string) (string, bool) {
+	keys := []string{"", "memory"}
+	keys = append(keys, slices.Sorted(maps.Keys(cgroups))...)
+	for _, k := range keys {
+		p, ok := cgroups[k]
+		if !ok {
+			continue
+		}
+		parts := strings.Split(strings.TrimPrefix(p, "/"), "/")
+		for i, c := range parts {
+			if c == "kubepods" || strings.HasPrefix(c, "kubepods.") || strings.HasPrefix(c, "kubepods-") {
+				return "/" + strings.Join(parts[:i], "/"), true
+			}
+		}
+	}
+	return "", false
 }

@@ -81,10 +81,16 @@ func TestSharedUUIDs(t *testing.T) {
 // TestShareFlags: bad share flags exit 2 with a reason.
 func TestShareFlags(t *testing.T) {
 	for name, args := range map[string][]string{
-		"--share-min":   {"--shared-gpus", "0", "--share-min", "lots"},
-		"--share-step":  {"--shared-gpus", "0", "--share-step", "0"},
-		"--time-slices": {"--shared-gpus", "0", "--time-slices", "0"},
-		"--mps-control": {"--shared-gpus", "0", "--mps-control", "relative/bin"},
+		"--share-min":                 {"--shared-gpus", "0", "--share-min", "lots"},
+		"--share-step":                {"--shared-gpus", "0", "--share-step", "0"},
+		"--time-slices":               {"--shared-gpus", "0", "--time-slices", "0"},
+		"--mps-control":               {"--shared-gpus", "0", "--mps-control", "relative/bin"},
+		"--mps-driver-root":           {"--shared-gpus", "0", "--mps-driver-root", "driver"},
+		"--mps-cgroup-parent":         {"--shared-gpus", "0", "--mps-cgroup-parent", "kubepods/../.."},
+		"--mps-cgroup-root":           {"--shared-gpus", "0", "--mps-cgroup-root", "sys/fs/cgroup"},
+		"--mps-shm-size":              {"--shared-gpus", "0", "--mps-shm-size", "0"},
+		"--mps-mount-namespace":       {"--shared-gpus", "0", "--mps-mount-namespace", "node"},
+		"--mps-namespace-driver-root": {"--shared-gpus", "0", "--mps-namespace-driver-root", "driver"},
 	} {
 		var out bytes.Buffer
 		_, code, done := parse(args, &out)
@@ -99,5 +105,33 @@ func TestShareFlags(t *testing.T) {
 	}
 	if least, step := f.share.sizes(); least != 2<<30 || step != 512<<20 {
 		t.Errorf("sizes %d, %d", least, step)
+	}
+}
+
+// TestKubepodsParent: the daemons' cgroup parent is the parent of the
+// first kubepods cgroup of the plugin's own, with either cgroup driver,
+// the unified hierarchy's path first; none is found in a cgroup namespace
+// of the pod's own (rooted at its container: "/") or outside a pod.
+func TestKubepodsParent(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		cgroups map[string]string
+		want    string
+		ok      bool
+	}{
+		{"cgroupfs under a root", map[string]string{"": "/", "memory": "/k8s/n1/kubepods/burstable/pod1/c1", "cpu": "/k8s/n1/kubepods/burstable/pod1/c1"}, "/k8s/n1", true},
+		{"cgroupfs at the top", map[string]string{"": "/kubepods/besteffort/pod1/c1"}, "/", true},
+		{"systemd", map[string]string{"": "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1.slice/cri-containerd-c1.scope"}, "/", true},
+		{"unified first", map[string]string{"": "/a/kubepods/pod1/c1", "memory": "/b/kubepods/pod1/c1"}, "/a", true},
+		{"a namespace of the pod's own", map[string]string{"": "/"}, "", false},
+		{"outside a pod", map[string]string{"": "/user.slice/session-1.scope", "memory": "/user.slice"}, "", false},
+		{"a name that only starts so", map[string]string{"": "/kubepodsx/c1"}, "", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, ok := kubepodsParent(tc.cgroups)
+			if got != tc.want || ok != tc.ok {
+				t.Errorf("got %q, %v; want %q, %v", got, ok, tc.want, tc.ok)
+			}
+		})
 	}
 }
