@@ -82,7 +82,10 @@ func TestDRAShares(t *testing.T) {
 	testenv.RequireSimulatedMPS(t)
 	ensureClasses(t, c)
 	ensureShareClass(t, c)
-	p := startPlugin(t, c, "dgx1-volta", "--device-plugin=false", "--shared-gpus", "0")
+	// The plugin runs on the host, whose mounts do not reach the node's
+	// mount namespace: plain directories (TestHelmShares has the bounded
+	// ones, from a pod).
+	p := startPlugin(t, c, "dgx1-volta", "--device-plugin=false", "--shared-gpus", "0", "--mps-plain-dirs")
 	mpsDir := filepath.Join(p.stateDir, "mps")
 	t.Cleanup(func() {
 		// After the pods, before the plugin stops: a daemon left here is
