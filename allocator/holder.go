@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
 	"slices"
 	"sort"
 
@@ -23,13 +22,14 @@ import (
 // WithProcRoot): every process sharing a state directory must be in the
 // same pid namespace.
 //
-// A Holder is a node.Process, the module's one process identity (the two
-// convert: node.Process(h), Holder(p)); its text form is
-// node.Process(h).String(), "<pid>.<start>".
-type Holder node.Process
+// A Holder is a node.Process, the module's one process identity (an
+// alias: the two are one type); its text form is h.String(),
+// "<pid>.<start>".
+type Holder = node.Process
 
-func (h Holder) validate() error {
-	if !node.Process(h).Valid() {
+// validHolder checks that h can name a process.
+func validHolder(h Holder) error {
+	if !h.Valid() {
 		return fmt.Errorf("holder pid %d started at %d: %w", h.Pid, h.Start, ErrInvalidRequest)
 	}
 	return nil
@@ -38,11 +38,11 @@ func (h Holder) validate() error {
 // ProcessHolder returns the holder that names the running process pid, as
 // the proc file system procRoot ("" means /proc) shows it.
 func ProcessHolder(procRoot string, pid int) (Holder, error) {
-	st, err := linux.ReadProcStat(procRoot, pid)
+	h, err := linux.ProcessOf(procRoot, pid)
 	if err != nil {
 		return Holder{}, fmt.Errorf("holder %d: %w", pid, err)
 	}
-	return Holder{Pid: pid, Start: st.Start}, nil
+	return h, nil
 }
 
 // WithProcRoot sets the proc file system holders are checked in (default
@@ -58,22 +58,14 @@ func WithProcRoot(dir string) Option {
 }
 
 // processGone reports whether pid provably does not run.
-func processGone(procRoot string, pid int) bool {
-	if _, err := linux.Self(procRoot); err != nil {
-		return false
-	}
-	st, err := linux.ReadProcStat(procRoot, pid)
-	if errors.Is(err, fs.ErrNotExist) {
-		return true
-	}
-	return err == nil && st.Exited()
-}
+func processGone(procRoot string, pid int) bool { return linux.PidGone(procRoot, pid) }
 
-// Dead reports whether h's process provably ended: its pid is gone, is a
-// zombie, or names a process started at another time. procRoot "" means
-// /proc; when it cannot be read, nothing is provably dead.
-func (h Holder) Dead(procRoot string) bool {
-	return linux.Process(h).Dead(procRoot)
+// HolderDead reports whether h's process provably ended: its pid is gone,
+// is a zombie, or names a process started at another time. procRoot ""
+// means /proc; when it cannot be read, nothing is provably dead. It was
+// the method Holder.Dead, which went when Holder became node.Process.
+func HolderDead(procRoot string, h Holder) bool {
+	return linux.Dead(procRoot, h)
 }
 
 // ReleaseDead releases every owner whose holder is provably dead, in one
@@ -94,7 +86,7 @@ func (a *Allocator) ReleaseDead(ctx context.Context) ([]string, error) {
 	defer unlock()
 	gone := map[string]*holding{}
 	for o, h := range a.owners {
-		if h.holder != nil && h.holder.Dead(a.cfg.procRoot) {
+		if h.holder != nil && linux.Dead(a.cfg.procRoot, *h.holder) {
 			gone[o] = h
 		}
 	}
@@ -118,6 +110,3 @@ func (a *Allocator) ReleaseDead(ctx context.Context) ([]string, error) {
 	a.cfg.logger.Info("released owners whose holder died", "owners", released)
 	return slices.Clip(released), nil
 }
-
-// validHolder checks that h can name a process.
-func validHolder(h Holder) error { return h.validate() }

@@ -389,7 +389,7 @@ func (m *Manager) ready(ctx context.Context, d Daemon) error {
 				return nil
 			}
 		}
-		if !proc.Alive(m.procRoot) {
+		if !linux.Alive(m.procRoot, proc) {
 			return fmt.Errorf("daemon %d ended at its start: %s: %w", d.Pid, logTail(d.LogDir), ErrDaemon)
 		}
 		t := time.NewTimer(wait)

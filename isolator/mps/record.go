@@ -90,7 +90,7 @@ func (m *Manager) readRecord(owner string) (stored, error) {
 	}
 	want := m.blank(owner)
 	d.Dir, d.PipeDir, d.LogDir, d.ShmDir = want.Dir, want.PipeDir, want.LogDir, want.ShmDir
-	d.Alive = d.Pid > 0 && linux.Process{Pid: d.Pid, Start: d.Start}.Alive(m.procRoot)
+	d.Alive = d.Pid > 0 && linux.Alive(m.procRoot, linux.Process{Pid: d.Pid, Start: d.Start})
 	return r, nil
 }
 

@@ -58,12 +58,12 @@ func (m *Manager) stop(ctx context.Context, d Daemon) error {
 		// Killed while it started: the holder of its control lock, if
 		// any, is its process.
 		if pid, err := linux.LockHolder(filepath.Join(d.PipeDir, "control_lock")); err == nil && pid > 0 {
-			if st, err := linux.ReadProcStat(m.procRoot, pid); err == nil {
-				proc = linux.Process{Pid: pid, Start: st.Start}
+			if p, err := linux.ProcessOf(m.procRoot, pid); err == nil {
+				proc = p
 			}
 		}
 	}
-	if proc.Pid > 0 && proc.Alive(m.procRoot) {
+	if proc.Pid > 0 && linux.Alive(m.procRoot, proc) {
 		_, err := m.control(ctx, d.PipeDir, "quit")
 		if err != nil {
 			m.log.WarnContext(ctx, "mps daemon did not take quit", "owner", d.Owner, "pid", proc.Pid, "err", err)
@@ -81,7 +81,7 @@ func (m *Manager) stop(ctx context.Context, d Daemon) error {
 		}
 		m.waitGone(ctx, p, stopBound)
 	}
-	if proc.Pid > 0 && proc.Alive(m.procRoot) {
+	if proc.Pid > 0 && linux.Alive(m.procRoot, proc) {
 		errs = append(errs, fmt.Errorf("daemon %d still runs: %w", proc.Pid, ErrDaemon))
 	}
 	if len(errs) > 0 {
@@ -130,7 +130,7 @@ func (m *Manager) clear(ctx context.Context, d Daemon) error {
 func (m *Manager) waitGone(ctx context.Context, p linux.Process, bound time.Duration) bool {
 	deadline := time.Now().Add(bound)
 	wait := 200 * time.Microsecond
-	for p.Alive(m.procRoot) {
+	for linux.Alive(m.procRoot, p) {
 		if time.Now().After(deadline) || ctx.Err() != nil {
 			return false
 		}
@@ -150,11 +150,7 @@ func (m *Manager) strays(d Daemon) []linux.Process {
 	if d.Mark == "" {
 		return nil
 	}
-	var out []linux.Process
-	for _, p := range Strays(m.procRoot, d.Mark) {
-		out = append(out, linux.Process(p))
-	}
-	return out
+	return Strays(m.procRoot, d.Mark)
 }
 
 // Strays lists the live processes under procRoot whose command is MPS's
