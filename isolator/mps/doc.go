@@ -95,6 +95,28 @@
 // when the share is released, and sweep and restart them in their
 // recoveries.
 //
+// # A starter that ends before its daemons
+//
+// A daemon is its starter's child in a session of its own, and by default
+// shares its starter's cgroup and has its mount namespace copied from the
+// starter's. A starter in a container (a kubelet plugin in its pod) would
+// take its daemons with it: the runtime kills every process of a
+// container's cgroup when its init ends (one in the host's pid namespace
+// included), the container's memory limit counts them, and the
+// container's removal detaches the mounts their namespaces took from it.
+// Two options keep them apart. [WithCgroup] moves each daemon, right
+// after it starts, into <parent>/gpuiso-mps/<owner> in every cgroup
+// hierarchy (made then, removed when the daemon stops; the record names
+// it), so that it is charged to the parent, beside the containers, and out
+// of the runtime's reach; [WithCgroupRoot] and [WithCgroupNamespace] say
+// where a container sees the host's hierarchies and from which cgroup
+// namespace the move is allowed. [WithMountNamespace] makes each daemon's
+// namespace from another's (the node's, through the container runtime
+// that started the starter), where the control binary and the daemon's
+// directories are named as that namespace names them. A later manager of
+// the same directory finds the daemons by their records (pid and start
+// time, in the host's pid namespace) and keeps them.
+//
 // # What is enforced, and what is not
 //
 // What MPS lets a client decide for itself, and what only its control
