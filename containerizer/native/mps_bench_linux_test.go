@@ -6,7 +6,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"testing"
+	"time"
 
 	"github.com/gpuiso/gpuiso/allocator"
 	"github.com/gpuiso/gpuiso/containerizer"
@@ -71,18 +73,23 @@ func BenchmarkShareLaunch(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
+	n := 0
+	run1 := func(b *testing.B, req allocator.Request) {
+		n++
+		id := fmt.Sprintf("bench-%d", n)
+		if _, err := c.Launch(ctx, containerizer.Spec{ID: id, Command: []string{probe, "exit", "0"}, GPUs: req}); err != nil {
+			b.Fatal(err)
+		}
+		if st, err := c.Wait(ctx, id); err != nil || st.Code != 0 {
+			b.Fatalf("exit %d, %v", st.Code, err)
+		}
+		if err := c.Destroy(ctx, id); err != nil {
+			b.Fatal(err)
+		}
+	}
 	run := func(b *testing.B, req allocator.Request) {
-		for i := range b.N {
-			id := fmt.Sprintf("bench-%d", i)
-			if _, err := c.Launch(ctx, containerizer.Spec{ID: id, Command: []string{probe, "exit", "0"}, GPUs: req}); err != nil {
-				b.Fatal(err)
-			}
-			if st, err := c.Wait(ctx, id); err != nil || st.Code != 0 {
-				b.Fatalf("exit %d, %v", st.Code, err)
-			}
-			if err := c.Destroy(ctx, id); err != nil {
-				b.Fatal(err)
-			}
+		for range b.N {
+			run1(b, req)
 		}
 	}
 	share := &allocator.Share{MemoryBytes: 4 << 30}
@@ -105,7 +112,40 @@ func BenchmarkShareLaunch(b *testing.B) {
 			run(b, allocator.Request{Share: slice, Devices: []string{"1"}})
 		})
 	}
+	// Interleaved: each iteration launches an exclusive container and a
+	// slice, timed apart, so that both see the same load; the metric is
+	// the ratio of their medians.
+	b.Run("gpu=slice-vs-exclusive", func(b *testing.B) {
+		slice := &allocator.Share{Mode: allocator.ShareSlice, Slices: 4}
+		if _, err := c.Launch(ctx, containerizer.Spec{ID: "slice-neighbour", Command: []string{"sleep", "600"}, GPUs: allocator.Request{Share: slice, Devices: []string{"1"}}}); err != nil {
+			b.Fatal(err)
+		}
+		defer c.Destroy(ctx, "slice-neighbour")
+		var ex, sl []time.Duration
+		once := func(req allocator.Request) time.Duration {
+			start := time.Now()
+			run1(b, req)
+			return time.Since(start)
+		}
+		for range b.N {
+			ex = append(ex, once(allocator.Request{Count: 1}))
+			sl = append(sl, once(allocator.Request{Share: slice, Devices: []string{"1"}}))
+		}
+		b.ReportMetric(float64(median(sl))/float64(median(ex)), "slice/exclusive")
+		b.ReportMetric(float64(median(ex).Microseconds())/1000, "exclusive-ms")
+		b.ReportMetric(float64(median(sl).Microseconds())/1000, "slice-ms")
+	})
 	if ds, _ := daemons.List(ctx); len(ds) != 0 {
 		b.Fatalf("daemons left: %+v", ds)
 	}
+}
+
+// median is the middle of ds (the upper middle of an even count).
+func median(ds []time.Duration) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return s[len(s)/2]
 }
