@@ -405,6 +405,8 @@ type monitor struct {
 	started time.Time
 	devices []node.Device // as the monitor started
 	gpus    []gpuWatch
+	// resetting is set during a reset step (resetStep).
+	resetting bool
 }
 
 // watch finds GPU p's handle and registers its events.
@@ -478,6 +480,7 @@ func (m *monitor) event(e nvml.EventData) {
 		return
 	}
 	m.verdict(p, nil, s)
+	m.resetStep(p) // with WithReset, a GPU free now is reset now
 }
 
 // verdict acts on signal s of GPU p (or of its MIG device mig) and tells.

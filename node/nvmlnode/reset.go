@@ -62,9 +62,11 @@ func (r SMIResetter) ResetGPU(ctx context.Context, gpu node.Device) error {
 func (m *monitor) resetStep(p int) {
 	g := &m.gpus[p]
 	pr := g.reset
-	if pr == nil {
-		return
+	if pr == nil || m.resetting {
+		return // none, or a step of another GPU's under way: the next poll
 	}
+	m.resetting = true
+	defer func() { m.resetting = false }()
 	dev := m.target.Devices()[p]
 	if a, ok := node.VerdictAction(dev.Health.Reason); dev.Health.Healthy || !ok || a != node.ActionResetGPU {
 		g.reset = nil // healthy again, or marked since for another reason
@@ -79,15 +81,19 @@ func (m *monitor) resetStep(p int) {
 		return
 	}
 	pr.ownersFailed = false
-	if len(holders) > 0 {
-		if !pr.told {
-			pr.told = true
-			ev := HealthEvent{Device: dev, Verdict: pr.verdict, Owners: holders, Reset: ResetWaiting}
-			if m.cfg.policy != nil {
-				ev.Err = m.cfg.policy.Release(m.ctx, dev, holders)
-			}
-			m.notify(ev)
+	if len(holders) > 0 && !pr.told {
+		pr.told = true
+		ev := HealthEvent{Device: dev, Verdict: pr.verdict, Owners: holders, Reset: ResetWaiting}
+		if m.cfg.policy != nil {
+			ev.Err = m.cfg.policy.Release(m.ctx, dev, holders)
 		}
+		m.notify(ev)
+		// A policy that released them at once lets the reset go on now.
+		if holders, err = m.target.(owners).Owners(dev.UUID); err != nil {
+			return
+		}
+	}
+	if len(holders) > 0 {
 		return
 	}
 	if n := processesOn(g.handle); n > 0 {
