@@ -16,7 +16,10 @@
 //	        [--nri-policy none|numa [--nri-socket SOCKET]]
 //	        [--shared-gpus LIST [--share-min SIZE] [--share-step SIZE]
 //	         [--time-slices N] [--shared-resource-name NAME]
-//	         [--pod-resources-socket PATH] [--mps-control PATH]]
+//	         [--pod-resources-socket PATH] [--mps-control PATH]
+//	         [--mps-driver-root DIR] [--mps-mount-namespace runtime|PATH]
+//	         [--mps-namespace-driver-root DIR] [--mps-cgroup-parent auto|PATH]
+//	         [--mps-cgroup-root DIR] [--mps-shm-size SIZE] [--mps-plain-dirs]]
 //
 // It discovers the node's GPUs through NVML (or simulates a node: --simulate
 // with a host tree under --dev-root), writes the node's CDI spec, registers
@@ -53,7 +56,9 @@
 // DRA driver publishes each as memory shares (consumable memory capacity;
 // each prepared claim gets an MPS control daemon of its own, recorded under
 // the state directory, which outlives the program and is found again when
-// it restarts), and the device plugin serves each as --time-slices
+// it restarts; in a pod, --mps-mount-namespace and --mps-cgroup-parent
+// keep it outside the pod's mounts and cgroup, so that it outlives the pod
+// too), and the device plugin serves each as --time-slices
 // replicas under --shared-resource-name (time slices: no isolation between
 // the pods of a GPU).
 //
