@@ -208,23 +208,27 @@
 //     servers of a GPU's shares time-slice among themselves; no share can
 //     reach another's daemon, server or shared memory.
 //   - concurrent slices run their kernels at once, as clients of one
-//     server (of one user), each held to the daemon's default limits
-//     (1/N of the GPU's memory, as each client process's pinned memory
-//     limit, and 100/N percent of its threads). What a tenant of a sliced
-//     GPU can do to its neighbours: its processes are clients of the same
-//     server, so a fatal fault in one of them (an illegal memory access,
-//     say) can end or corrupt the work of every client of that server, its
-//     neighbours' included; the limits are per client process, not per
-//     slice (a container that runs several CUDA processes holds several
-//     times its part); all slices share the daemon's control socket, so a
-//     tenant that may send it set_* commands (root, or any user on the 535
-//     driver) changes the defaults of every later client of the GPU, its
-//     neighbours' too, and its quit is refused to other users only; they
-//     share one /dev/shm and one pipe directory, where each can read,
-//     fill (up to the tmpfs's bound) or remove what the others' processes
-//     put there. Give concurrent slices to cooperating workloads of one
-//     tenant; give tenants that must not disturb each other memory shares,
-//     MIG devices or whole GPUs.
+//     server, each held to the daemon's default limits (1/N of the
+//     GPU's memory, as each client process's pinned memory limit, and
+//     100/N percent of its threads). The server is of one user: a slice
+//     whose container runs as another user waits until the first user's
+//     clients are done, so the slices of one GPU should run as one
+//     user. What a tenant of a sliced GPU can do to its neighbours: its
+//     processes are clients of the same server, so a fatal fault in one
+//     of them (an illegal memory access, say) can end or corrupt the
+//     work of every client of that server, its neighbours' included;
+//     the limits are per client process, not per slice (a container
+//     that runs several CUDA processes holds several times its part);
+//     all slices share the daemon's control socket, so a tenant that
+//     may send it set_* commands (root, or any user on the 535 driver)
+//     changes the limits of the next server the daemon starts, its
+//     neighbours' clients' too, and a tenant running as root can send
+//     it quit, which ends it for every slice; they share one /dev/shm
+//     and one pipe directory, where each can read, fill (up to the
+//     tmpfs's bound) or remove what the others' processes put there.
+//     Give concurrent slices to cooperating workloads of one tenant;
+//     give tenants that must not disturb each other memory shares, MIG
+//     devices or whole GPUs.
 //
 // The pipe and shared memory directories are the container's to write
 // while its daemon runs, and the daemon and its servers, run by root,
