@@ -4,10 +4,12 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/gpuiso/gpuiso/internal/linux"
 	"github.com/gpuiso/gpuiso/internal/testing/testenv"
@@ -114,4 +116,66 @@ func TestStartDaemonFrom(t *testing.T) {
 	if strings.TrimSpace(got.String()) != "seen" {
 		t.Errorf("the daemon read %q, want the namespace's file", got.String())
 	}
+}
+
+// TestOwnCgroupsNamespace: the caller's cgroups are read as the cgroup
+// namespace named shows them (from a thread that joined it): from one
+// rooted at a cgroup below the caller's, the caller's own lies above its
+// root.
+func TestOwnCgroupsNamespace(t *testing.T) {
+	testenv.RequireRoot(t)
+	hs, err := linux.CgroupHierarchies("/sys/fs/cgroup")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var v2 []linux.CgroupHierarchy
+	for _, h := range hs {
+		if h.V2 {
+			v2 = append(v2, h)
+		}
+	}
+	if len(v2) == 0 {
+		t.Skip("no cgroup v2 hierarchy")
+	}
+	own, err := linux.OwnCgroups("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	narrow := path.Join(own[""], fmt.Sprintf("gpuiso-test-ns-%d", os.Getpid()))
+	t.Cleanup(func() { linux.RemoveCgroup(v2, narrow) })
+	if err := linux.MakeCgroup(v2, narrow); err != nil {
+		t.Fatal(err)
+	}
+	// A process whose cgroup namespace is rooted at narrow.
+	holder := exec.Command("sh", "-c", "echo $$ > "+filepath.Join(v2[0].Dir, narrow, "cgroup.procs")+" && exec unshare --cgroup sleep 100")
+	if err := holder.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Wait()
+	defer holder.Process.Kill()
+	ns := fmt.Sprintf("/proc/%d/ns/cgroup", holder.Process.Pid)
+	ownNS, err := os.Readlink("/proc/self/ns/cgroup")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		if l, err := os.Readlink(ns); err == nil && l != ownNS {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the holder never entered a cgroup namespace of its own")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	seen, err := linux.OwnCgroups(ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if seen[""] != "/.." {
+		t.Errorf("from the namespace rooted at %s the caller's cgroup %s reads %q, want /..", narrow, own[""], seen[""])
+	}
+	if again, err := linux.OwnCgroups(""); err != nil || again[""] != own[""] {
+		t.Errorf("the caller's own namespace changed: %v, %v", again, err)
+	}
+	holder.Process.Kill()
 }
