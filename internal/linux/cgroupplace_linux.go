@@ -107,9 +107,10 @@ func fileExists(p string) bool {
 // of hs, which MakeCgroup made. With nsFile set (a cgroup namespace, such
 // as /proc/1/ns/cgroup of a container that shares the host's pid
 // namespace), the moves are made from a thread that joined that namespace
-// first, when it is not the caller's own: cgroup v2 lets a process move
-// another only between cgroups its own namespace reaches, and a
-// container's namespace of its own reaches only its container's cgroup.
+// first, when it is not the caller's own: cgroup v2 mounted with
+// nsdelegate (as systemd mounts it) lets a process move another only
+// between cgroups its own namespace reaches, and a container's namespace
+// of its own reaches only its container's cgroup.
 func MoveToCgroup(hs []CgroupHierarchy, p string, pid int, nsFile string) error {
 	if err := CheckCgroupPath(p); err != nil {
 		return err

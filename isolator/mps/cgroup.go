@@ -56,9 +56,9 @@ func WithCgroupRoot(dir string) Option {
 
 // WithCgroupNamespace names the cgroup namespace a daemon is moved from
 // (/proc/1/ns/cgroup in a container that shares the host's pid
-// namespace): cgroup v2 moves a process only between cgroups the mover's
-// namespace reaches, and a container's namespace of its own reaches only
-// its own cgroup. The move is made from a thread that joined it (default:
+// namespace): cgroup v2 mounted with nsdelegate (as systemd mounts it)
+// moves a process only between cgroups the mover's namespace reaches, and
+// a container's namespace of its own reaches only its own cgroup. The move is made from a thread that joined it (default:
 // the manager's own namespace, which is the host's outside a container).
 func WithCgroupNamespace(nsFile string) Option {
 	return func(c *config) error {
