@@ -53,6 +53,7 @@ func TestVocabularyTypedErrors(t *testing.T) {
 	typed := map[string][]typedCase{
 		"node.InvalidOwnerError":            {{&node.InvalidOwnerError{Owner: "-x", Reason: "must start with a letter or digit"}, node.ErrInvalidOwner, node.ErrInvalid}},
 		"node.HealthRuleError":              {{&node.HealthRuleError{Rule: 1, Text: "xid x", Reason: "not a number"}, node.ErrInvalid, node.ErrInvalid}},
+		"node.ResetError":                   {{&node.ResetError{GPU: "GPU-1", Err: errors.New("in use")}, node.ErrResetFailed, node.ErrUnavailable}},
 		"node/simnode.UnknownTopologyError": {{&simnode.UnknownTopologyError{Name: "x", Known: []string{"dgx1-volta"}}, simnode.ErrUnknownTopology, node.ErrNotFound}},
 		"node/simnode.HostPathError": {
 			{&simnode.HostPathError{Dir: "/proc/x", Resolved: "/proc/x"}, simnode.ErrHostPath, node.ErrInvalid},

@@ -2,15 +2,15 @@ package simnode
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 
 	"github.com/gpuiso/gpuiso/node"
 )
 
-// ErrResetFault is why a simulated GPU's reset fails after FailResets.
-var ErrResetFault = errors.New("simulated reset fault")
+// ErrResetFault is why a simulated GPU's reset fails after FailResets. It
+// matches node.ErrUnavailable.
+var ErrResetFault = node.Sentinel(node.ErrUnavailable, "simulated reset fault")
 
 // ResetGPU resets the simulated GPU gpu (found by UUID, else bus id, else
 // index), as node.Resetter asks: it is healed as Clear heals it, unless
