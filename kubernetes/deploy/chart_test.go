@@ -113,6 +113,57 @@ func TestChart(t *testing.T) {
 	if !strings.Contains(metrics, "--metrics-address=127.0.0.1:") || strings.Contains(metrics, "containerPort") {
 		t.Errorf("metrics on by default listen beyond the pod's loopback:\n%s", metrics)
 	}
+	testChartRolling(t, run, confined)
+	testChartNRI(t, run, confined)
+}
+
+// testChartRolling: by default the DaemonSet rolls with a surge, each
+// instance told its pod's UID and Ready once registered; without surge, and
+// with dynamic MIG or the device plugin (which cannot serve beside another
+// instance), the old pod goes first and nothing of it is asked.
+func testChartRolling(t *testing.T, run func(context.Context, ...string) (string, error), defaults string) {
+	t.Helper()
+	for _, want := range []string{"maxSurge: 1", "maxUnavailable: 0", "--rolling-update-uid=$(POD_UID)", "fieldPath: metadata.uid",
+		"--ready-file=/ready/registered", "command: [/usr/bin/gpuiso-kubelet-plugin, --is-ready, /ready/registered]"} {
+		if !strings.Contains(defaults, want) {
+			t.Errorf("the default rendering lacks %q", want)
+		}
+	}
+	for _, set := range [][]string{{"rollingUpdate.surge=false"}, {"dra.dynamicMIG=true"}, {"devicePlugin.enabled=true"}} {
+		args := []string{"template", release, chartDir}
+		for _, v := range set {
+			args = append(args, "--set", v)
+		}
+		out, err := run(t.Context(), args...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(out, "maxSurge") || strings.Contains(out, "rolling-update-uid") || strings.Contains(out, "readinessProbe") ||
+			!strings.Contains(out, "maxUnavailable: 1") {
+			t.Errorf("with %v the DaemonSet still surges:\n%s", set, out)
+		}
+	}
+}
+
+// testChartNRI: NRI placement is off by default; policy numa serves the
+// runtime's socket, mounted from its directory; another policy is refused.
+func testChartNRI(t *testing.T, run func(context.Context, ...string) (string, error), defaults string) {
+	t.Helper()
+	if strings.Contains(defaults, "--nri-policy") || strings.Contains(defaults, "name: nri") {
+		t.Error("NRI is on by default")
+	}
+	out, err := run(t.Context(), "template", release, chartDir, "--set", "nri.policy=numa", "--set", "nri.socket=/run/nri-x/nri.sock")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"--nri-policy=numa", "--nri-socket=/run/nri-x/nri.sock", "mountPath: /run/nri-x", "path: /run/nri-x"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("with nri.policy=numa the rendering lacks %q", want)
+		}
+	}
+	if _, err := run(t.Context(), "template", release, chartDir, "--set", "nri.policy=spread"); err == nil {
+		t.Error("nri.policy=spread rendered")
+	}
 }
 
 // sharedFile is the plugin's DaemonSet the chart renders with memory

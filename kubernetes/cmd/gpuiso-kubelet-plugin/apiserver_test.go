@@ -260,7 +260,9 @@ func TestAPIServer(t *testing.T) {
 			t.Fatalf("unprepare: %v, %v", r, err)
 		}
 	}
-	want := "gpu.gpuiso.io/claim=alloc-claim-" + uid
+	// The claim's own spec, and the framework's for its device metadata
+	// file (--device-metadata, on by default).
+	want := "gpu.gpuiso.io/claim=alloc-claim-" + uid + ",gpu.gpuiso.io/metadata=" + uid + "_gpus"
 	if got := prepare(); got != want {
 		t.Errorf("CDI ids %q, want %q", got, want)
 	}

@@ -231,7 +231,8 @@ func (f *flags) uninstalled(ctx context.Context, client kubernetes.Interface) (b
 
 // cleanNode removes what the program left on the node once its
 // installation is gone: the node's CDI spec, the DRA driver's socket
-// directory, the allocator's state and, for a simulated node, its host
+// directory (with the framework's lock file and its empty device metadata
+// directory), the allocator's state and, for a simulated node, its host
 // tree. A claim still prepared (a pod still running with it) keeps its
 // checkpoint and CDI spec, and the state they need; that is reported.
 func (f *flags) cleanNode(ctx context.Context, log *slog.Logger) error {
@@ -240,7 +241,14 @@ func (f *flags) cleanNode(ctx context.Context, log *slog.Logger) error {
 		errs = append(errs, err)
 	}
 	if f.dra {
-		errs = append(errs, removeEmpty(filepath.Join(f.pluginsDir, f.driverName)))
+		// The framework's device metadata directory, emptied as claims
+		// are unprepared, goes first.
+		dir := filepath.Join(f.pluginsDir, f.driverName)
+		lock := filepath.Join(dir, "serialize.lock") // the framework's, in a rolling update
+		if err := os.Remove(lock); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			errs = append(errs, err)
+		}
+		errs = append(errs, removeEmpty(filepath.Join(dir, "dra-device-metadata")), removeEmpty(dir))
 	}
 	claims := filepath.Join(f.stateDir, "claims")
 	left, _ := os.ReadDir(claims)
