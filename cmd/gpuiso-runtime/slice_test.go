@@ -139,3 +139,37 @@ func TestSliceRunc(t *testing.T) {
 	expectDaemonGone(t, d)
 	expectNoDaemons(t, r.state)
 }
+
+// FuzzRequestSlices: any GPUISO_GPU_SLICES and GPUISO_GPU_TIME_SLICE,
+// beside any GPUISO_GPU_MEMORY and GPUISO_GPU_COMPUTE, give one valid
+// share of at most one GPU, or ErrInvalidShare, never a panic or a share
+// the allocator refuses.
+func FuzzRequestSlices(f *testing.F) {
+	for _, s := range [][4]string{{"4", "", "", ""}, {"", "1", "", ""}, {"2", "true", "", ""}, {"48", "", "1GiB", ""}, {"4", "", "", "50"}, {"49", "", "", ""}, {"-1", "0", "", ""}, {" 8 ", "false", "", ""}} {
+		f.Add(s[0], s[1], s[2], s[3])
+	}
+	f.Fuzz(func(t *testing.T, slices, timeSlice, memory, compute string) {
+		var env []string
+		for k, v := range map[string]string{"GPUISO_GPU_SLICES": slices, "GPUISO_GPU_TIME_SLICE": timeSlice, "GPUISO_GPU_MEMORY": memory, "GPUISO_GPU_COMPUTE": compute} {
+			if v != "" {
+				env = append(env, k+"="+v)
+			}
+		}
+		r, err := requestOf(&specs.Spec{Process: &specs.Process{Env: env}}, "nvidia.com/gpu", defaultSwarmResources, defaultSwarmMemoryResource, &trust{Policy: AcceptAlways})
+		if err != nil {
+			if !errors.Is(err, ErrInvalidShare) {
+				t.Fatalf("%q: %v is no ErrInvalidShare", env, err)
+			}
+			return
+		}
+		if r.Share == nil {
+			return
+		}
+		if err := r.Share.Validate(); err != nil || len(r.IDs) > 1 {
+			t.Fatalf("%q: share %+v, devices %+v: %v", env, *r.Share, r.Devices, err)
+		}
+		if r.Share.Mode != allocator.ShareMemory && r.Share.ComputePercent != 0 {
+			t.Fatalf("%q: a %s share with a compute percentage", env, r.Share.Mode)
+		}
+	})
+}
