@@ -46,7 +46,8 @@
 // nvidia-smi --gpu-reset; a simulated node) resets it; its signals are
 // read again, and the GPU is healthy again, or, the reset failed or a
 // signal still holds, stays unhealthy with a reboot as its action. Each
-// step is a [HealthEvent] with Reset set.
+// step is a [HealthEvent] with Reset set. A GPU with MIG devices is not
+// reset: a reset would destroy them under their owners.
 //
 // # MIG
 //

@@ -196,7 +196,10 @@ type owners interface {
 // reset, or a signal still unhealthy after it, leaves the GPU unhealthy
 // with the action of the verdict a reboot (the reason "...: reboot"),
 // which no reset follows. Each step is told (HealthEvent.Reset). Only the
-// GPU waiting is touched: other GPUs and their owners are not.
+// GPU waiting is touched: other GPUs and their owners are not. A GPU with
+// MIG devices is not reset (a reset destroys them): it is told once
+// (ResetWaiting, Err matching node.ErrNotSupported) and stays out of
+// service, as without WithReset.
 //
 // A GPU waiting for its reset is healthy again only through it: the
 // signals clearing do not heal it, as they do without WithReset. A GPU

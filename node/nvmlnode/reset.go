@@ -72,6 +72,15 @@ func (m *monitor) resetStep(p int) {
 		g.reset = nil // healthy again, or marked since for another reason
 		return
 	}
+	if len(dev.MIGDevices) > 0 {
+		// A reset destroys the GPU's instances, which the inventory and
+		// their owners' claims name: it stays out of service, for an
+		// operator, as without WithReset.
+		g.reset = nil
+		m.notify(HealthEvent{Device: dev, Verdict: pr.verdict, Reset: ResetWaiting,
+			Err: fmt.Errorf("GPU %d has MIG devices: not reset: %w", dev.Index, node.ErrNotSupported)})
+		return
+	}
 	holders, err := m.target.(owners).Owners(dev.UUID)
 	if err != nil {
 		if !pr.ownersFailed {

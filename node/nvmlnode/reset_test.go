@@ -263,3 +263,29 @@ func TestSMIResetter(t *testing.T) {
 		t.Errorf("missing tool: %v", err)
 	}
 }
+
+// TestMonitorResetMIG: a GPU with MIG devices is not reset (a reset
+// destroys them): it is told, and stays out of service.
+func TestMonitorResetMIG(t *testing.T) {
+	sim := newNode(t, "dgx-a100-mig")
+	inv := simInv(t, "dgx-a100-mig")
+	gpu := slices.IndexFunc(inv.Devices, func(d node.Device) bool { return len(d.MIGDevices) > 0 })
+	if gpu < 0 {
+		t.Fatal("no GPU with MIG devices")
+	}
+	a, err := allocator.New(inv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	events := watchHealth(t, sim.NVML(), a, nvmlnode.WithReset(sim, nil))
+	if err := sim.Inject(gpu, node.Signal{Kind: node.SignalRowRemapPending}); err != nil {
+		t.Fatal(err)
+	}
+	e := awaitEvent(t, events, isReset(nvmlnode.ResetWaiting))
+	if e.Device.Index != gpu || !errors.Is(e.Err, node.ErrNotSupported) {
+		t.Fatalf("event %+v", e)
+	}
+	if n := sim.Resets(gpu); n != 0 || a.Devices()[gpu].Health.Healthy {
+		t.Fatalf("GPU %d with MIG devices: %d resets, %s", gpu, n, a.Devices()[gpu].Health)
+	}
+}
