@@ -81,8 +81,11 @@ type ResetStep int
 const (
 	// ResetNone: the event is not about a reset.
 	ResetNone ResetStep = iota
-	// ResetWaiting: the GPU waits for its reset while Owners hold it;
-	// the reset policy was asked to release them (Err: what it said).
+	// ResetWaiting: the GPU waits for its reset while Owners hold it
+	// (the reset policy was asked to release them; Err: what it said),
+	// or, Owners empty, while the driver lists processes on it or its
+	// owners cannot be read (Err says which); a GPU with MIG devices is
+	// not reset at all (Err matches node.ErrNotSupported).
 	ResetWaiting
 	// ResetDone: the GPU was reset, its signals read again were clear,
 	// and it is healthy again (Healed is set too).
