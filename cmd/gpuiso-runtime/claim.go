@@ -101,11 +101,11 @@ const (
 // id, a dot and 12 hex digits of the root's SHA-256.
 func ownerOf(id, root string) (string, error) {
 	sum := sha256.Sum256([]byte(root))
-	owner := id + "." + hex.EncodeToString(sum[:6])
-	if err := node.ValidateOwner(owner); err != nil {
+	owner, err := node.ParseOwner(id + "." + hex.EncodeToString(sum[:6]))
+	if err != nil {
 		return "", fmt.Errorf("container id %q: %w", id, err)
 	}
-	return owner, nil
+	return owner.String(), nil
 }
 
 // runcRoot is the runc root s names (--root), else runc's default, as
