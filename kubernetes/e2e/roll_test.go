@@ -1,0 +1,155 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/gpuiso/gpuiso/kubernetes/internal/cluster"
+)
+
+// pluginLogs follows the log of every plugin pod that runs while it does,
+// for a failure's report: a roll's old pods are gone, their logs with them,
+// by the time a test fails.
+type pluginLogs struct {
+	mu   sync.Mutex
+	logs map[string]*bytes.Buffer
+	stop context.CancelFunc
+	done sync.WaitGroup
+}
+
+func followPluginLogs(t *testing.T, c *cluster.Cluster) *pluginLogs {
+	ctx, cancel := context.WithCancel(context.Background())
+	l := &pluginLogs{logs: map[string]*bytes.Buffer{}, stop: cancel}
+	l.done.Go(func() {
+		for ctx.Err() == nil {
+			pods, err := c.Client.CoreV1().Pods(pluginNS).List(ctx, metav1.ListOptions{})
+			if err == nil {
+				for _, p := range pods.Items {
+					l.mu.Lock()
+					_, seen := l.logs[p.Name]
+					if !seen && len(p.Status.ContainerStatuses) > 0 && p.Status.ContainerStatuses[0].State.Waiting == nil {
+						b := &bytes.Buffer{}
+						l.logs[p.Name] = b
+						l.done.Go(func() {
+							r, err := c.Client.CoreV1().Pods(pluginNS).GetLogs(p.Name, &corev1.PodLogOptions{Follow: true}).Stream(ctx)
+							if err != nil {
+								return
+							}
+							defer r.Close()
+							out, _ := io.ReadAll(r)
+							l.mu.Lock()
+							b.Write(out)
+							l.mu.Unlock()
+						})
+					}
+					l.mu.Unlock()
+				}
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(200 * time.Millisecond):
+			}
+		}
+	})
+	t.Cleanup(func() {
+		l.stop()
+		l.done.Wait()
+		if t.Failed() {
+			l.mu.Lock()
+			defer l.mu.Unlock()
+			for name, b := range l.logs {
+				t.Logf("plugin pod %s:\n%s", name, tail(b.String(), 6000))
+			}
+		}
+	})
+	return l
+}
+
+// TestHelmRoll rolls the Helm-installed plugin under load, as an upgrade
+// does: pods holding a GPU and a MIG device run through it, and a stream
+// of claim pods (whole GPUs on the V100 and A100 nodes, MIG devices on the
+// H100 node) is made while the DaemonSet rolls with its default surge.
+// Not one prepare fails (no FailedPrepareDynamicResources event), every
+// stream pod runs to its end, and the running pods keep their devices,
+// unrestarted.
+func TestHelmRoll(t *testing.T) {
+	c := requireCluster(t)
+	h := requireHelm(t, c)
+	ctx := t.Context()
+	image := pluginImage(t)
+	archive, err := cluster.PluginImageArchive(image, pluginBin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.ImportArchive(ctx, nil, image, archive); err != nil {
+		t.Fatal(err)
+	}
+	clearForInstall(t, c)
+	if out, err := h.run(ctx, append([]string{"install", release, chartDir, "--namespace", "default", "--wait", "--timeout", "3m"},
+		installValues(t, c, freeMetricsPort(t, c))...)...); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	h.uninstallAtEnd(t, c, nil)
+	followPluginLogs(t, c)
+	until(t, "the DaemonSet on every node", func() bool { return daemonSetRolled(t, c) })
+	until(t, "every node's slice", func() bool { return publishedAsWanted(t, c) })
+
+	volta, h100 := c.Nodes[0], c.Nodes[2]
+	templateIn(t, c, "default", "roll-gpu", "gpu.gpuiso.io", 1, "")
+	templateIn(t, c, "default", "roll-mig", "mig.gpuiso.io", 1, "")
+	keep := map[string]string{"roll-kept-gpu": volta.Name, "roll-kept-mig": h100.Name}
+	kept := map[string]*corev1.Pod{}
+	for name, node := range keep {
+		tmpl := "roll-gpu"
+		if node == h100.Name {
+			tmpl = "roll-mig"
+		}
+		createIn(t, c, onNode(in("default", withClaim(probePod(name, []string{"do", "env", "NVIDIA_VISIBLE_DEVICES", "--", "cwd", "--", "sleep", "100000"}), tmpl)), node))
+	}
+	devices := map[string]string{}
+	for name := range keep {
+		kept[name] = running(t, c, "default", name)
+		devices[name] = parseSeen(podOutput(t, c, name)).env["NVIDIA_VISIBLE_DEVICES"]
+	}
+	before := pluginPods(t, c)
+
+	stream := startStream(t, c, "default", "roll-stream", 300*time.Millisecond, []streamKind{
+		{"roll-gpu", volta.Name}, {"roll-mig", h100.Name}, {"roll-gpu", c.Nodes[1].Name},
+	})
+	start := time.Now()
+	if out, err := h.run(ctx, "upgrade", release, chartDir, "--namespace", "default", "--wait", "--timeout", "3m",
+		"--reuse-values", "--set", "healthRefresh=3s"); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	until(t, "the DaemonSet to roll", func() bool { return daemonSetRolled(t, c) })
+	rolled := time.Since(start)
+	n, failed := stream.check(t)
+	t.Logf("helm upgrade rolled %d nodes in %v with a surge; claim pods made meanwhile: %d, failed prepares: %d",
+		len(c.Nodes), rolled.Round(time.Millisecond), n, failed)
+	for node, p := range pluginPods(t, c) {
+		if before[node].UID == p.UID {
+			t.Errorf("node %s: the plugin pod %s was not replaced", node, p.Name)
+		}
+	}
+	for name, old := range kept {
+		p := pod(t, c, name)
+		if p.Status.Phase != corev1.PodRunning || p.Status.ContainerStatuses[0].RestartCount != 0 ||
+			p.Status.ContainerStatuses[0].ContainerID != old.Status.ContainerStatuses[0].ContainerID {
+			t.Errorf("after the roll pod %s is %s, %d restarts", name, p.Status.Phase, p.Status.ContainerStatuses[0].RestartCount)
+		}
+		out, err := c.Kubectl(ctx, "exec", name, "--", "/probe", "env", "NVIDIA_VISIBLE_DEVICES")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := parseSeen(out).env["NVIDIA_VISIBLE_DEVICES"]; got != devices[name] || got == "" {
+			t.Errorf("pod %s: devices %q after the roll, %q before", name, got, devices[name])
+		}
+	}
+}
