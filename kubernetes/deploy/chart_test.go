@@ -113,6 +113,12 @@ func TestChart(t *testing.T) {
 	if !strings.Contains(metrics, "--metrics-address=127.0.0.1:") || strings.Contains(metrics, "containerPort") {
 		t.Errorf("metrics on by default listen beyond the pod's loopback:\n%s", metrics)
 	}
+	if strings.Contains(confined, "--gpu-reset") {
+		t.Error("GPU resets are on by default")
+	}
+	if out, err := run(t.Context(), "template", release, chartDir, "--set", "gpuReset=true"); err != nil || !strings.Contains(out, "- --gpu-reset\n") {
+		t.Errorf("gpuReset=true renders no --gpu-reset (%v)", err)
+	}
 	testChartRolling(t, run, confined)
 	testChartNRI(t, run, confined)
 }
