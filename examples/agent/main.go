@@ -458,21 +458,20 @@ func (a *agent) launch(ctx context.Context, command []string, req allocator.Requ
 		return fail(err)
 	}
 	cmd := exec.Command(self, command...)
-	env := l.Plan.Env
-	if l.Plan.MPS != nil {
-		// The agent's containers share its mount namespace: the share's
-		// daemon is reached at the host path of its pipe directory, not
-		// at the plan's mount (an agent whose containers have a mount
-		// namespace of their own binds l.Plan.Mounts instead).
-		env = isolator.MergeEnv(env, []string{isolator.EnvMPSPipeDir + "=" + l.Plan.MPS.PipeDir})
-	}
-	cmd.Env = append(isolator.MergeEnv(os.Environ(), env), stubEnv+"=1")
+	cmd.Env = append(isolator.MergeEnv(os.Environ(), l.Plan.Env), stubEnv+"=1")
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = stdin, stdout, stderr
 	cmd.ExtraFiles = []*os.File{goR}
-	// Its own process group: a terminal's signals reach the agent, which
-	// decides; the container outlives an agent that is killed.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	err = cmd.Start()
+	if len(l.Plan.Mounts) == 0 {
+		// Its own process group: a terminal's signals reach the agent,
+		// which decides; the container outlives an agent that is killed.
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+		err = cmd.Start()
+	} else {
+		// The plan's mounts (a memory share's MPS pipe directory and
+		// /dev/shm) are made in a mount namespace of the container's
+		// own, in a session of its own (a process group too).
+		err = linux.StartDaemon(cmd, namespaceMounts(l.Plan.Mounts))
+	}
 	goR.Close()
 	if err != nil {
 		goW.Close()
@@ -527,6 +526,17 @@ func (a *agent) launch(ctx context.Context, command []string, req allocator.Requ
 		return cli.Errorf(stderr, "agent", "%v", werr)
 	}
 	return 0
+}
+
+// namespaceMounts is the container's mount namespace made of a plan's
+// mounts: each a bind of a host directory that the container may write,
+// hence nosuid, nodev, noexec and nosymfollow.
+func namespaceMounts(ms []specs.Mount) []linux.NamespaceMount {
+	out := make([]linux.NamespaceMount, 0, len(ms))
+	for _, m := range ms {
+		out = append(out, linux.NamespaceMount{Source: m.Source, Target: m.Destination, Untrusted: true})
+	}
+	return out
 }
 
 func newID() string {

@@ -1,8 +1,10 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,6 +14,7 @@ import (
 
 	"github.com/gpuiso/gpuiso/internal/linux"
 	"github.com/gpuiso/gpuiso/internal/testing/testenv"
+	"github.com/gpuiso/gpuiso/isolator"
 	"github.com/gpuiso/gpuiso/isolator/mps"
 )
 
@@ -85,7 +88,7 @@ func TestShareRecoverAfterKill(t *testing.T) {
 	if err := second.Wait(); err != nil {
 		t.Fatalf("restarted agent: %v", err)
 	}
-	if out, _ := os.ReadFile(outFile.Name()); !strings.Contains(string(out), "pipe "+daemon.PipeDir) {
+	if out, _ := os.ReadFile(outFile.Name()); !strings.Contains(string(out), "pipe "+isolator.MPSPipeDir) {
 		t.Errorf("the container was not given its daemon's pipe directory: %q", out)
 	}
 	if ds, _ := mps.Daemons(context.Background(), mpsDir); len(ds) != 0 {
@@ -104,4 +107,94 @@ func TestShareRecoverAfterKill(t *testing.T) {
 		t.Errorf("allocations left (%v): %s", err, b)
 	}
 	noCgroups(t, state, id)
+}
+
+// TestShareReachesDaemon runs a memory share through the agent and looks
+// from inside its container: CUDA_MPS_PIPE_DIRECTORY names
+// isolator.MPSPipeDir, where the share's daemon's control socket is and
+// answers the MPS control client with the share's compute limit; the
+// container's /dev/shm is the daemon's bounded tmpfs (what the container
+// writes there is in the daemon's directory, not in the host's /dev/shm),
+// and neither mount reaches the host.
+func TestShareReachesDaemon(t *testing.T) {
+	requireCgroups(t)
+	mpsBin := testenv.RequireSimulatedMPS(t)
+	bin := buildAgent(t)
+	state := filepath.Join(t.TempDir(), "state")
+	mpsDir := filepath.Join(state, "mps")
+	t.Cleanup(func() { // what a failure left
+		if ds, _ := mps.Daemons(context.Background(), mpsDir); len(ds) > 0 {
+			for _, d := range ds {
+				syscall.Kill(d.Pid, syscall.SIGKILL)
+			}
+		}
+	})
+	done := filepath.Join(t.TempDir(), "done")
+	marker := "agent-share-" + filepath.Base(filepath.Dir(done))
+	script := `echo "pipe $CUDA_MPS_PIPE_DIRECTORY"
+test -S ` + isolator.MPSPipeDir + `/control && echo "socket"
+echo "threads $(echo get_default_active_thread_percentage | ` + mpsBin + `)"
+echo "shm $(stat -f -c '%T %b %S' ` + isolator.MPSShmDir + `)"
+touch ` + isolator.MPSShmDir + `/` + marker + ` && echo "ready"
+while [ ! -e ` + done + ` ]; do sleep 0.02; done`
+	agent := exec.Command(bin, "--simulate", "dgx1-volta", "--gpu-memory", "2GiB", "--gpu-compute", "40",
+		"--state-dir", state, "--", "sh", "-c", script)
+	out, err := agent.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr strings.Builder
+	agent.Stderr = &stderr
+	if err := agent.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { agent.Process.Kill(); agent.Wait() })
+	got := map[string]string{}
+	for s := bufio.NewScanner(out); s.Scan(); {
+		k, v, _ := strings.Cut(s.Text(), " ")
+		got[k] = strings.TrimSpace(v)
+		if k == "ready" {
+			break
+		}
+	}
+	if _, ok := got["ready"]; !ok {
+		agent.Wait()
+		t.Fatalf("the container ended early: %q; agent: %s", got, stderr.String())
+	}
+	ds, err := mps.Daemons(context.Background(), mpsDir)
+	if err != nil || len(ds) != 1 || !ds[0].Alive {
+		t.Fatalf("daemons %+v, %v", ds, err)
+	}
+	d := ds[0]
+	if got["pipe"] != isolator.MPSPipeDir {
+		t.Errorf("CUDA_MPS_PIPE_DIRECTORY %q, want %q", got["pipe"], isolator.MPSPipeDir)
+	}
+	if _, ok := got["socket"]; !ok {
+		t.Errorf("no control socket at %s/control in the container", isolator.MPSPipeDir)
+	}
+	if !strings.HasPrefix(got["threads"], "40") {
+		t.Errorf("the container's MPS client read the active thread percentage %q, want the share's 40", got["threads"])
+	}
+	if want := fmt.Sprintf("tmpfs %d 4096", mps.DefaultShmBytes/4096); got["shm"] != want {
+		t.Errorf("the container's /dev/shm is %q (type, blocks, block size), want the share's %q", got["shm"], want)
+	}
+	if _, err := os.Stat(filepath.Join(d.ShmDir, marker)); err != nil {
+		t.Errorf("what the container wrote in its /dev/shm is not in its daemon's: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join("/dev/shm", marker)); err == nil {
+		os.Remove(filepath.Join("/dev/shm", marker))
+		t.Error("what the container wrote in its /dev/shm is in the host's")
+	}
+	if _, err := os.Stat(filepath.Join(isolator.MPSPipeDir, "control")); err == nil {
+		t.Errorf("the share's pipe directory is bound at %s on the host too", isolator.MPSPipeDir)
+	}
+	if err := os.WriteFile(done, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := agent.Wait(); err != nil {
+		t.Fatalf("agent: %v: %s", err, stderr.String())
+	}
+	if ds, _ := mps.Daemons(context.Background(), mpsDir); len(ds) != 0 {
+		t.Errorf("daemons left: %+v", ds)
+	}
 }
