@@ -54,13 +54,25 @@ func (d *Driver) resultDevice(claim *resourceapi.ResourceClaim, r resourceapi.De
 	return pd, nil
 }
 
-// hold makes the allocator hold cp's devices under its owner, a share
-// as one, and returns them as the allocation whose CDI spec the claim
-// gets. Devices allocated with admin access (KEP-5018) are not held: an
-// administrator's claim watches devices that other claims may hold, and
-// its unprepare gives back nothing; they are added to the allocation as
-// the inventory has them.
+// hold makes the allocator hold cp's devices under its owner and returns
+// them as the allocation whose CDI spec the claim gets. It is the one
+// place that asks:
+//   - placement: a claim of a dynamic MIG device gets it made at its
+//     placement and held (holdMIG);
+//   - admin access (KEP-5018): devices allocated with it are not held (an
+//     administrator's claim watches devices that other claims may hold,
+//     and its unprepare gives back nothing); they are added to the
+//     allocation as the inventory has them;
+//   - tolerations: a device unhealthy now is held only when the claim
+//     tolerates every taint it has (tolerated), as an operator's
+//     diagnostic claim does;
+//   - a share is held as one.
+//
+// The caller holds d.mu.
 func (d *Driver) hold(ctx context.Context, cp *Checkpoint) (allocator.Allocation, error) {
+	if i := slices.IndexFunc(cp.Devices, func(pd PreparedDevice) bool { return pd.MIG != nil }); i >= 0 {
+		return d.holdMIG(ctx, cp, i)
+	}
 	var uuids []string
 	for _, pd := range cp.Devices {
 		if !pd.Admin {
@@ -69,13 +81,19 @@ func (d *Driver) hold(ctx context.Context, cp *Checkpoint) (allocator.Allocation
 	}
 	var al allocator.Allocation
 	if len(uuids) > 0 {
-		req := allocator.Request{Devices: uuids}
+		accept, err := d.tolerated(cp)
+		if err != nil {
+			return allocator.Allocation{}, err
+		}
+		req := allocator.Request{Devices: uuids, AcceptUnhealthy: accept}
 		if cp.Share != nil {
 			req.Share = cp.Share.share()
 		}
-		var err error
 		if al, err = d.alloc.Allocate(ctx, cp.Owner, req); err != nil {
 			return allocator.Allocation{}, err
+		}
+		if len(accept) > 0 {
+			d.cfg.Logger.Info("holding unhealthy devices for a claim that tolerates their taints", "claim", cp.Namespace+"/"+cp.Name, "devices", accept)
 		}
 	}
 	return d.withAdmin(al, *cp)

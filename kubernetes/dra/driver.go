@@ -237,7 +237,7 @@ func (d *Driver) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim) 
 		// daemon (at /tmp/nvidia-mps).
 		return nil, fmt.Errorf("prepare claim %s/%s: %d devices of this driver with a share: %w", claim.Namespace, claim.Name, len(cp.Devices), ErrShareClaim)
 	}
-	if cp.Share != nil && d.cfg.MPS == nil {
+	if cp.Share != nil && cp.Share.daemon() && d.cfg.MPS == nil {
 		return nil, fmt.Errorf("prepare claim %s/%s: %w", claim.Namespace, claim.Name, mps.ErrNoManager)
 	}
 	err = d.cps.write(cp)
@@ -279,10 +279,7 @@ func (d *Driver) prepare(ctx context.Context, cp *Checkpoint, t *opTimer) error 
 // holds d.mu, which it unlocks.
 func (d *Driver) holdAndWrite(ctx context.Context, cp *Checkpoint, t *opTimer) error {
 	defer d.mu.Unlock()
-	al, err := d.holdMIG(ctx, cp, d.hold)
-	if errors.Is(err, allocator.ErrDeviceUnavailable) {
-		al, err = d.holdTolerated(ctx, cp, err)
-	}
+	al, err := d.hold(ctx, cp)
 	t.step(StepAllocate)
 	if err != nil {
 		return err
@@ -299,8 +296,10 @@ func (d *Driver) holdAndWrite(ctx context.Context, cp *Checkpoint, t *opTimer) e
 // devices rendered by cdi.Render. A memory share's plan has its MPS
 // daemon, started here (or found running: Start is idempotent, and starts
 // a dead one again in its directories), and the share's limits in its
-// environment. The writer leaves a file that already holds these bytes
-// untouched; Changed says whether it wrote.
+// environment; a concurrent slice's has its GPU's daemon, shared by its
+// slices (mps.Manager.StartShare records the slice as one of its
+// tenants), and a time slice's has none. The writer leaves a file that
+// already holds these bytes untouched; Changed says whether it wrote.
 func (d *Driver) writeSpec(ctx context.Context, owner string, al allocator.Allocation) (cdi.Result, error) {
 	dm, err := d.cfg.MPS.StartShare(ctx, al) // nil for all but a memory share
 	if err != nil {
@@ -407,10 +406,11 @@ func (d *Driver) Restore(ctx context.Context) ([]string, error) {
 // had not recorded yet: takeOverMIG), the CDI spec, the checkpoint. Each
 // step tolerates its part being absent. The caller holds d.mu.
 func (d *Driver) rollback(ctx context.Context, cp Checkpoint) error {
-	if cp.Share != nil {
+	if cp.Share != nil && cp.Share.daemon() {
 		// The daemon goes before the share: a daemon that cannot be
 		// stopped keeps its share held and its checkpoint, for the next
-		// try.
+		// try. A concurrent slice's Stop drops it from its GPU's daemon,
+		// which stops with the GPU's last slice.
 		if d.cfg.MPS == nil {
 			return fmt.Errorf("stop the share's MPS daemon: %w", mps.ErrNoManager)
 		}
@@ -465,8 +465,14 @@ func (d *Driver) shareNames() map[string]string {
 	return out
 }
 
-// share is the allocator's memory share of p.
+// share is the allocator's share of p.
 func (p PreparedShare) share() *allocator.Share {
+	switch p.Mode {
+	case allocator.ShareTime:
+		return &allocator.Share{Mode: allocator.ShareTime}
+	case allocator.ShareSlice:
+		return &allocator.Share{Mode: allocator.ShareSlice, Slices: p.Slices}
+	}
 	return &allocator.Share{Mode: allocator.ShareMemory, MemoryBytes: p.MemoryBytes, ComputePercent: p.ComputePercent}
 }
 

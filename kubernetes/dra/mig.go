@@ -161,16 +161,11 @@ func (d *Driver) placementDevice(claim *resourceapi.ResourceClaim, r resourceapi
 	return PreparedDevice{}, false, nil
 }
 
-// holdMIG makes the allocator hold cp's devices: a claim of a dynamic MIG
-// device gets it made at its placement and held (allocator.AllocateMIGAt,
-// which refuses a GPU held whole), and its checkpoint records the made
-// device's UUID and instance ids before anything else happens; any other
-// claim is held by hold. The caller holds d.mu.
-func (d *Driver) holdMIG(ctx context.Context, cp *Checkpoint, hold func(context.Context, *Checkpoint) (allocator.Allocation, error)) (allocator.Allocation, error) {
-	i := slices.IndexFunc(cp.Devices, func(pd PreparedDevice) bool { return pd.MIG != nil })
-	if i < 0 {
-		return hold(ctx, cp)
-	}
+// holdMIG holds the dynamic MIG device of cp (cp.Devices[i]): it is made
+// at its placement and held (allocator.AllocateMIGAt, which refuses a GPU
+// held whole), and the checkpoint records the made device's UUID and
+// instance ids before anything else happens. The caller holds d.mu.
+func (d *Driver) holdMIG(ctx context.Context, cp *Checkpoint, i int) (allocator.Allocation, error) {
 	if len(cp.Devices) > 1 || cp.Share != nil {
 		return allocator.Allocation{}, fmt.Errorf("%d devices of this driver with a dynamic MIG device: %w", len(cp.Devices), ErrMIGClaim)
 	}

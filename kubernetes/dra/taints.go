@@ -1,7 +1,6 @@
 package dra
 
 import (
-	"context"
 	"fmt"
 	"regexp"
 	"slices"
@@ -11,7 +10,6 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/dynamic-resource-allocation/resourceclaim"
 
-	"github.com/gpuiso/gpuiso/allocator"
 	"github.com/gpuiso/gpuiso/node"
 	"github.com/gpuiso/gpuiso/node/attributes"
 )
@@ -215,15 +213,13 @@ func untolerated(taints []resourceapi.DeviceTaint, tols []resourceapi.DeviceTole
 // for one device (DeviceRequestAllocationResult.Tolerations).
 type deviceTolerations = []resourceapi.DeviceToleration
 
-// holdTolerated is hold for a claim the allocator refused (refused, its
-// error): when some of cp's devices are unhealthy and the claim tolerates
-// every taint each has now, as an operator's diagnostic claim does, the
-// allocator is asked again to hand out exactly those although unhealthy
+// tolerated are the UUIDs of cp's devices (admin ones aside) that are
+// unhealthy now and whose every taint the claim tolerates: those the
+// allocator is asked to hand out although unhealthy
 // (allocator.Request.AcceptUnhealthy). A device unhealthy and not
 // tolerated is an ErrUntolerated, and so is every unhealthy device when
-// the driver publishes no taints (Config.LeaveOutUnhealthy). Otherwise
-// refused stands.
-func (d *Driver) holdTolerated(ctx context.Context, cp *Checkpoint, refused error) (allocator.Allocation, error) {
+// the driver publishes no taints (Config.LeaveOutUnhealthy).
+func (d *Driver) tolerated(cp *Checkpoint) ([]string, error) {
 	health := map[string][]node.Health{} // by UUID: the device's, then its parent's
 	for _, dev := range d.alloc.Devices() {
 		health[dev.UUID] = []node.Health{dev.Health}
@@ -231,36 +227,20 @@ func (d *Driver) holdTolerated(ctx context.Context, cp *Checkpoint, refused erro
 			health[m.UUID] = []node.Health{m.Health, dev.Health}
 		}
 	}
-	var uuids, accept []string
+	var accept []string
 	for _, pd := range cp.Devices {
-		if pd.Admin {
-			continue
-		}
-		uuids = append(uuids, pd.UUID)
 		hs := health[pd.UUID]
-		if !slices.ContainsFunc(hs, func(h node.Health) bool { return !h.Healthy }) {
+		if pd.Admin || !slices.ContainsFunc(hs, func(h node.Health) bool { return !h.Healthy }) {
 			continue
 		}
 		taints := d.cfg.Slice.taints(hs...)
 		if len(taints) == 0 {
-			return allocator.Allocation{}, fmt.Errorf("device %s: %s: %w", pd.Device, hs[0], ErrUntolerated)
+			return nil, fmt.Errorf("device %s: %s: %w", pd.Device, hs[0], ErrUntolerated)
 		}
 		if t, ok := untolerated(taints, pd.tolerations); ok {
-			return allocator.Allocation{}, fmt.Errorf("device %s: its taint %s=%s:%s is not tolerated: %w", pd.Device, t.Key, t.Value, t.Effect, ErrUntolerated)
+			return nil, fmt.Errorf("device %s: its taint %s=%s:%s is not tolerated: %w", pd.Device, t.Key, t.Value, t.Effect, ErrUntolerated)
 		}
 		accept = append(accept, pd.UUID)
 	}
-	if len(accept) == 0 {
-		return allocator.Allocation{}, refused
-	}
-	req := allocator.Request{Devices: uuids, AcceptUnhealthy: accept}
-	if cp.Share != nil {
-		req.Share = cp.Share.share()
-	}
-	al, err := d.alloc.Allocate(ctx, cp.Owner, req)
-	if err != nil {
-		return allocator.Allocation{}, err
-	}
-	d.cfg.Logger.Info("holding unhealthy devices for a claim that tolerates their taints", "claim", cp.Namespace+"/"+cp.Name, "devices", accept)
-	return d.withAdmin(al, *cp)
+	return accept, nil
 }
