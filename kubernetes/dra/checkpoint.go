@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/gpuiso/gpuiso/allocator"
 	"github.com/gpuiso/gpuiso/record"
 )
 
@@ -45,8 +46,8 @@ type Checkpoint struct {
 	// Devices are the claim's devices of this driver.
 	Devices []PreparedDevice `json:"devices"`
 	// Share, for a claim of a share of a GPU (then its one device), is
-	// the memory share the allocator holds for it and its MPS daemon
-	// enforces.
+	// the share the allocator holds for it: a memory share its MPS daemon
+	// enforces, a time slice or a concurrent slice.
 	Share *PreparedShare `json:"share,omitempty"`
 }
 
@@ -70,13 +71,36 @@ type PreparedDevice struct {
 	tolerations deviceTolerations
 }
 
-// PreparedShare is the memory share of a claim: the memory the scheduler
-// allocated it (its consumed capacity) and the compute percentage its
-// configuration asks for (0: no limit).
+// PreparedShare is the share of a claim. A memory share (Mode empty) has
+// the memory the scheduler allocated it (its consumed capacity) and the
+// compute percentage its configuration asks for (0: no limit); a time
+// slice (allocator.ShareTime) has neither; a concurrent slice
+// (allocator.ShareSlice) has its count, Slices, and no memory of its own
+// (the allocator gives it its GPU's memory divided by Slices). A driver
+// that knew memory shares alone reads a slice as a memory share of no
+// memory, which it refuses rather than hold the GPU as something else.
 type PreparedShare struct {
-	MemoryBytes    uint64 `json:"memoryBytes"`
-	ComputePercent int    `json:"computePercent,omitempty"`
+	MemoryBytes    uint64              `json:"memoryBytes"`
+	ComputePercent int                 `json:"computePercent,omitempty"`
+	Mode           allocator.ShareMode `json:"mode,omitempty"`
+	Slices         int                 `json:"slices,omitempty"`
 }
+
+// check reports whether p is a share the driver prepares: a memory share
+// of some memory, a time slice or a concurrent slice, valid as an
+// allocator.Share.
+func (p PreparedShare) check() error {
+	switch p.Mode {
+	case "", allocator.ShareMemory, allocator.ShareTime, allocator.ShareSlice:
+	default:
+		return fmt.Errorf("share mode %q", p.Mode)
+	}
+	return p.share().Validate()
+}
+
+// daemon reports whether p has an MPS daemon: a memory share its own, a
+// concurrent slice its GPU's.
+func (p PreparedShare) daemon() bool { return p.Mode != allocator.ShareTime }
 
 // claimOwnerPrefix starts the owner id of every claim of the driver's.
 const claimOwnerPrefix = "claim-"
@@ -180,8 +204,13 @@ func checkpointOf(e record.Entry[Checkpoint]) (Checkpoint, error) {
 	case record.Completed:
 		c.State = StatePrepareCompleted
 	}
-	if sh := c.Share; sh != nil && (sh.MemoryBytes == 0 || sh.ComputePercent < 0 || sh.ComputePercent > 100 || len(c.Devices) != 1) {
-		return Checkpoint{}, fmt.Errorf("share of %d bytes, %d%% compute, on %d devices", sh.MemoryBytes, sh.ComputePercent, len(c.Devices))
+	if sh := c.Share; sh != nil {
+		if err := sh.check(); err != nil {
+			return Checkpoint{}, fmt.Errorf("share of %d bytes, %d%% compute, on %d devices: %w", sh.MemoryBytes, sh.ComputePercent, len(c.Devices), err)
+		}
+		if len(c.Devices) != 1 {
+			return Checkpoint{}, fmt.Errorf("share of %d bytes, %d%% compute, on %d devices", sh.MemoryBytes, sh.ComputePercent, len(c.Devices))
+		}
 	}
 	return c, nil
 }

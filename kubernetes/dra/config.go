@@ -10,6 +10,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	sigsjson "sigs.k8s.io/json"
 
+	"github.com/gpuiso/gpuiso/allocator"
 	"github.com/gpuiso/gpuiso/node"
 )
 
@@ -31,10 +32,20 @@ import (
 //	      mig:
 //	        profiles: [1g.10gb, 2g.20gb]
 //
+// A request of a share device (the class share.gpuiso.io) is prepared as
+// one of three kinds of share of its GPU, after its sharing: a memory
+// share with an MPS daemon of its own (strategy MPS, or none; the
+// default), a time slice (strategy TimeSlicing: the GPU whole beside its
+// other time slices, no daemon) or a concurrent slice (strategy MPS with
+// mps.slices N: one of N equal slices of the GPU under one MPS daemon
+// that its slices share). A GPU holds shares of one kind at a time.
+//
 // It is decoded strictly: field names are case-sensitive, and an unknown
 // or repeated field, a value of the wrong type, an unknown strategy, a
-// compute percentage outside 0 to 100 or a malformed MIG profile is
-// refused. Prepare reads every configuration of the driver that applies
+// compute percentage outside 0 to 100, a slice count outside
+// allocator.MinSlices to allocator.MaxSlices, a slice count beside a
+// compute percentage, MPS limits with strategy TimeSlicing or a malformed
+// MIG profile is refused. Prepare reads every configuration of the driver that applies
 // to a request it prepares (those naming no request, or naming it or its
 // main request), the class's before the claim's, each set field
 // overriding an earlier one's, and checks the result against the devices
@@ -62,8 +73,15 @@ const (
 	// (the devices of the classes gpu.gpuiso.io and mig.gpuiso.io).
 	SharingExclusive SharingStrategy = "Exclusive"
 	// SharingMPS: a memory share of a GPU with an MPS control daemon of
-	// its own (the devices of the class share.gpuiso.io).
+	// its own (the devices of the class share.gpuiso.io), or, with
+	// mps.slices, a concurrent slice of a GPU under the one MPS daemon
+	// of its slices.
 	SharingMPS SharingStrategy = "MPS"
+	// SharingTimeSlicing: a time slice of a shared GPU (a device of the
+	// class share.gpuiso.io): the GPU whole, beside its other time slices
+	// (at most the node's time-slice count), isolated from none of them;
+	// no MPS daemon.
+	SharingTimeSlicing SharingStrategy = "TimeSlicing"
 )
 
 // SharingConfig is how a request's devices are shared. An empty strategy
@@ -75,12 +93,19 @@ type SharingConfig struct {
 }
 
 // MPSConfig are the limits of a memory share beyond its memory (which is
-// the capacity the scheduler allocated it).
+// the capacity the scheduler allocated it), or the count of a concurrent
+// slice.
 type MPSConfig struct {
 	// ComputePercent is the part of the GPU's compute (MPS's active
 	// thread percentage, 1 to 100) each process of the share may use; 0
 	// means no limit.
 	ComputePercent *int `json:"computePercent,omitempty"`
+	// Slices, when set, makes the request a concurrent slice: one of
+	// Slices equal slices of its GPU (allocator.MinSlices to
+	// allocator.MaxSlices), held by the GPU's one MPS daemon to 1/Slices
+	// of its memory and threads. A GPU split in N holds at most N slices,
+	// all of count N.
+	Slices *int `json:"slices,omitempty"`
 }
 
 // MIGConfig constrains a request's MIG devices.
@@ -159,16 +184,24 @@ func ParseDeviceConfig(driver string, b []byte) (GPUConfig, error) {
 func (c GPUConfig) Validate() error {
 	if s := c.Sharing; s != nil {
 		switch s.Strategy {
-		case "", SharingExclusive, SharingMPS:
+		case "", SharingExclusive, SharingMPS, SharingTimeSlicing:
 		default:
-			return configErr(GPUConfigKind, "sharing.strategy", fmt.Errorf("%q, want %s or %s", s.Strategy, SharingExclusive, SharingMPS))
+			return configErr(GPUConfigKind, "sharing.strategy", fmt.Errorf("%q, want %s, %s or %s", s.Strategy, SharingExclusive, SharingMPS, SharingTimeSlicing))
 		}
-		if s.MPS != nil && s.Strategy == SharingExclusive {
-			return configErr(GPUConfigKind, "sharing.mps", fmt.Errorf("limits of an MPS share with strategy %s", SharingExclusive))
+		if s.MPS != nil && (s.Strategy == SharingExclusive || s.Strategy == SharingTimeSlicing) {
+			return configErr(GPUConfigKind, "sharing.mps", fmt.Errorf("limits of an MPS share with strategy %s", s.Strategy))
 		}
 		if s.MPS != nil && s.MPS.ComputePercent != nil {
 			if p := *s.MPS.ComputePercent; p < 0 || p > 100 {
 				return configErr(GPUConfigKind, "sharing.mps.computePercent", fmt.Errorf("%d, want 1 to 100 (0: no limit)", p))
+			}
+		}
+		if s.MPS != nil && s.MPS.Slices != nil {
+			if n := *s.MPS.Slices; n < allocator.MinSlices || n > allocator.MaxSlices {
+				return configErr(GPUConfigKind, "sharing.mps.slices", fmt.Errorf("%d, want %d to %d", n, allocator.MinSlices, allocator.MaxSlices))
+			}
+			if s.MPS.ComputePercent != nil && *s.MPS.ComputePercent != 0 {
+				return configErr(GPUConfigKind, "sharing.mps.slices", fmt.Errorf("a concurrent slice beside a compute percentage (a slice has 1/%d of the GPU's threads)", *s.MPS.Slices))
 			}
 		}
 	}
@@ -194,8 +227,16 @@ func (c *GPUConfig) merge(o GPUConfig) {
 		if s.Strategy != "" {
 			c.Sharing.Strategy = s.Strategy
 		}
-		if s.MPS != nil && s.MPS.ComputePercent != nil {
-			c.Sharing.MPS = &MPSConfig{ComputePercent: s.MPS.ComputePercent}
+		if m := s.MPS; m != nil && (m.ComputePercent != nil || m.Slices != nil) {
+			if c.Sharing.MPS == nil {
+				c.Sharing.MPS = &MPSConfig{}
+			}
+			if m.ComputePercent != nil {
+				c.Sharing.MPS.ComputePercent = m.ComputePercent
+			}
+			if m.Slices != nil {
+				c.Sharing.MPS.Slices = m.Slices
+			}
 		}
 	}
 	if o.MIG != nil && o.MIG.Profiles != nil {
@@ -209,6 +250,19 @@ func (c GPUConfig) computePercent() int {
 		return *c.Sharing.MPS.ComputePercent
 	}
 	return 0
+}
+
+// sliceCount is the concurrent slice count c asks for (0: none).
+func (c GPUConfig) sliceCount() int {
+	if c.Sharing != nil && c.Sharing.MPS != nil && c.Sharing.MPS.Slices != nil {
+		return *c.Sharing.MPS.Slices
+	}
+	return 0
+}
+
+// timeSliced reports whether c asks for a time slice.
+func (c GPUConfig) timeSliced() bool {
+	return c.Sharing != nil && c.Sharing.Strategy == SharingTimeSlicing
 }
 
 // ConfigError is an opaque configuration that cannot be used.
@@ -289,7 +343,9 @@ func checkConfig(c GPUConfig, request, device, typ, profile string) error {
 			return fail("sharing.strategy", fmt.Errorf("%s, but the device is a memory share of a GPU", SharingExclusive))
 		case s.Strategy == SharingMPS && typ != "share":
 			return fail("sharing.strategy", fmt.Errorf("%s needs a memory share (a device of type share), the device is a whole %s", SharingMPS, strings.ToUpper(typ)))
-		case s.MPS != nil && s.MPS.ComputePercent != nil && typ != "share":
+		case s.Strategy == SharingTimeSlicing && typ != "share":
+			return fail("sharing.strategy", fmt.Errorf("%s needs a shared GPU (a device of type share), the device is a whole %s", SharingTimeSlicing, strings.ToUpper(typ)))
+		case s.MPS != nil && (s.MPS.ComputePercent != nil || s.MPS.Slices != nil) && typ != "share":
 			return fail("sharing.mps", fmt.Errorf("limits of an MPS share, the device is a whole %s", strings.ToUpper(typ)))
 		}
 	}

@@ -21,12 +21,16 @@ func TestParseDeviceConfig(t *testing.T) {
 		name, in       string
 		strategy       dra.SharingStrategy
 		compute        int
+		slices         int
 		profiles       []string
 		noSharing, mig bool
 	}{
 		{name: "empty", in: `{` + head + `}`, noSharing: true},
 		{name: "mps", in: `{` + head + `,"sharing":{"strategy":"MPS","mps":{"computePercent":50}}}`, strategy: dra.SharingMPS, compute: 50},
 		{name: "exclusive", in: `{` + head + `,"sharing":{"strategy":"Exclusive"}}`, strategy: dra.SharingExclusive},
+		{name: "time slicing", in: `{` + head + `,"sharing":{"strategy":"TimeSlicing"}}`, strategy: dra.SharingTimeSlicing},
+		{name: "concurrent slices", in: `{` + head + `,"sharing":{"strategy":"MPS","mps":{"slices":4}}}`, strategy: dra.SharingMPS, slices: 4},
+		{name: "48 slices, no compute", in: `{` + head + `,"sharing":{"mps":{"slices":48,"computePercent":0}}}`, slices: 48},
 		{name: "mig", in: `{` + head + `,"mig":{"profiles":["1g.10gb","2g.20gb","1g.10gb+me","1c.2g.20gb"]}}`, noSharing: true, mig: true,
 			profiles: []string{"1g.10gb", "2g.20gb", "1g.10gb+me", "1c.2g.20gb"}},
 		{name: "share config", in: `{"kind":"ShareConfig","computePercent":40}`, compute: 40},
@@ -46,12 +50,15 @@ func TestParseDeviceConfig(t *testing.T) {
 				t.Fatalf("sharing %+v", c.Sharing)
 			}
 			if s := c.Sharing; s != nil {
-				got := 0
+				got, n := 0, 0
 				if s.MPS != nil && s.MPS.ComputePercent != nil {
 					got = *s.MPS.ComputePercent
 				}
-				if s.Strategy != tt.strategy || got != tt.compute {
-					t.Errorf("strategy %q compute %d, want %q %d", s.Strategy, got, tt.strategy, tt.compute)
+				if s.MPS != nil && s.MPS.Slices != nil {
+					n = *s.MPS.Slices
+				}
+				if s.Strategy != tt.strategy || got != tt.compute || n != tt.slices {
+					t.Errorf("strategy %q compute %d slices %d, want %q %d %d", s.Strategy, got, n, tt.strategy, tt.compute, tt.slices)
 				}
 			}
 			if (c.MIG != nil) != tt.mig || (c.MIG != nil && strings.Join(c.MIG.Profiles, " ") != strings.Join(tt.profiles, " ")) {
@@ -65,7 +72,13 @@ func TestParseDeviceConfig(t *testing.T) {
 		{"field of another case", `{` + head + `,"Sharing":{"strategy":"MPS"}}`, `unknown field "Sharing"`},
 		{"repeated field", `{` + head + `,"mig":{},"mig":{}}`, `duplicate field "mig"`},
 		{"wrong type", `{` + head + `,"sharing":{"mps":{"computePercent":"50"}}}`, "computePercent"},
-		{"bad strategy", `{` + head + `,"sharing":{"strategy":"TimeSlicing"}}`, `sharing.strategy: "TimeSlicing", want Exclusive or MPS`},
+		{"bad strategy", `{` + head + `,"sharing":{"strategy":"Replicas"}}`, `sharing.strategy: "Replicas", want Exclusive, MPS or TimeSlicing`},
+		{"strategy of another case", `{` + head + `,"sharing":{"strategy":"timeSlicing"}}`, `sharing.strategy: "timeSlicing"`},
+		{"one slice", `{` + head + `,"sharing":{"strategy":"MPS","mps":{"slices":1}}}`, "sharing.mps.slices: 1, want 2 to 48"},
+		{"49 slices", `{` + head + `,"sharing":{"mps":{"slices":49}}}`, "sharing.mps.slices: 49, want 2 to 48"},
+		{"slices and compute", `{` + head + `,"sharing":{"mps":{"slices":4,"computePercent":50}}}`, "sharing.mps.slices: a concurrent slice beside a compute percentage"},
+		{"mps limits when time sliced", `{` + head + `,"sharing":{"strategy":"TimeSlicing","mps":{"slices":4}}}`, "sharing.mps: limits of an MPS share with strategy TimeSlicing"},
+		{"slices of the wrong type", `{` + head + `,"sharing":{"mps":{"slices":"4"}}}`, "slices"},
 		{"compute over 100", `{` + head + `,"sharing":{"mps":{"computePercent":150}}}`, "sharing.mps.computePercent: 150, want 1 to 100"},
 		{"negative compute", `{` + head + `,"sharing":{"mps":{"computePercent":-1}}}`, "sharing.mps.computePercent: -1"},
 		{"mps limits when exclusive", `{` + head + `,"sharing":{"strategy":"Exclusive","mps":{"computePercent":10}}}`, "sharing.mps"},

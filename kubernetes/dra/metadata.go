@@ -5,6 +5,7 @@ import (
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/utils/ptr"
 
+	"github.com/gpuiso/gpuiso/allocator"
 	"github.com/gpuiso/gpuiso/isolator"
 )
 
@@ -63,9 +64,16 @@ func (d *Driver) withMetadata(cp Checkpoint, devs []kubeletplugin.Device) []kube
 			attrs[AttrShareID] = str(pd.ShareID)
 		}
 		if s := cp.Share; s != nil && !pd.Admin {
-			attrs[AttrShareMemory] = integer(int64(min(s.MemoryBytes, 1<<62)))
-			attrs[AttrShareComputePercent] = integer(int64(s.ComputePercent))
-			attrs[AttrMPSPipeDirectory] = str(isolator.MPSPipeDir)
+			// A memory share has its limits; a concurrent slice its GPU's
+			// daemon (its limits are the daemon's defaults); a time slice
+			// neither.
+			if s.Mode == "" || s.Mode == allocator.ShareMemory {
+				attrs[AttrShareMemory] = integer(int64(min(s.MemoryBytes, 1<<62)))
+				attrs[AttrShareComputePercent] = integer(int64(s.ComputePercent))
+			}
+			if s.daemon() {
+				attrs[AttrMPSPipeDirectory] = str(isolator.MPSPipeDir)
+			}
 		}
 		devs[i].Metadata = &kubeletplugin.DeviceMetadata{Attributes: attrs}
 	}

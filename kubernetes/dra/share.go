@@ -6,6 +6,8 @@ import (
 
 	resourceapi "k8s.io/api/resource/v1"
 	sigsjson "sigs.k8s.io/json"
+
+	"github.com/gpuiso/gpuiso/allocator"
 )
 
 // ShareConfig is the configuration of a share of a GPU that a DeviceClass
@@ -59,13 +61,27 @@ func ParseShareConfig(b []byte) (ShareConfig, error) {
 	return c, nil
 }
 
-// shareOf is the memory share of r, a result allocating a share device:
-// the memory the scheduler gave it (its consumed capacity, the request
-// rounded up by the request policy) and the compute percentage of cfg,
-// the configurations that apply to its request (configOf).
+// shareOf is the share of r, a result allocating a share device, of the
+// kind cfg (the configurations that apply to its request, configOf) asks
+// for: a time slice (strategy TimeSlicing), a concurrent slice of
+// mps.slices, or a memory share of the memory the scheduler gave it (its
+// consumed capacity, the request rounded up by the request policy) and
+// cfg's compute percentage. A time or concurrent slice's consumed memory
+// is the scheduler's count alone: its GPU's allocator counts it as a slice.
 func (d *Driver) shareOf(r resourceapi.DeviceRequestAllocationResult, cfg GPUConfig) (PreparedShare, error) {
 	if r.ShareID == nil || *r.ShareID == "" {
 		return PreparedShare{}, fmt.Errorf("a share allocated without a share id: %w", ErrInvalidShare)
+	}
+	// Each configuration was checked on its own; merged, a class's
+	// compute percentage may meet a claim's slice count.
+	if err := cfg.Validate(); err != nil {
+		return PreparedShare{}, err
+	}
+	switch {
+	case cfg.timeSliced():
+		return PreparedShare{Mode: allocator.ShareTime}, nil
+	case cfg.sliceCount() > 0:
+		return PreparedShare{Mode: allocator.ShareSlice, Slices: cfg.sliceCount()}, nil
 	}
 	q, ok := r.ConsumedCapacity[CapMemory]
 	if !ok {
