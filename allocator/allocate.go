@@ -30,6 +30,13 @@ func (a *Allocator) allocate(ctx context.Context, owner string, r Request) (Allo
 	if err := node.ValidateOwner(owner); err != nil {
 		return Allocation{}, err
 	}
+	if isMIGShareRequest(r) {
+		s, err := r.share()
+		if err != nil {
+			return Allocation{}, err
+		}
+		return a.allocateMIGShare(ctx, owner, r, *s)
+	}
 	if isMIGRequest(r) {
 		return a.allocateMIG(ctx, owner, r)
 	}
@@ -169,7 +176,7 @@ func (a *Allocator) groupDevices(group, except string) uint64 {
 		if o == except || h.group != group {
 			continue
 		}
-		m |= h.devices | a.migParentsOf(h.mig)
+		m |= h.devices | a.migParentsOf(h.mig) | a.migShareParent(h)
 		if h.shared >= 0 {
 			m |= 1 << h.shared
 		}
@@ -183,7 +190,7 @@ func (a *Allocator) checkQuota(owner string, h *holding) error {
 		return nil
 	}
 	used := a.groupDevices(h.group, owner)
-	want := h.devices | a.migParentsOf(h.mig)
+	want := h.devices | a.migParentsOf(h.mig) | a.migShareParent(h)
 	if h.shared >= 0 {
 		want |= 1 << h.shared
 	}
@@ -196,6 +203,7 @@ func (a *Allocator) checkQuota(owner string, h *holding) error {
 // apply makes owner hold h (nil: nothing), in memory.
 func (a *Allocator) apply(owner string, h *holding) {
 	a.applyMIG(owner, a.owners[owner], h)
+	a.applyMIGShare(owner, a.owners[owner], h)
 	if old := a.owners[owner]; old != nil {
 		for _, p := range a.positions(old.devices) {
 			a.exclusive[p] = ""

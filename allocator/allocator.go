@@ -52,6 +52,9 @@ type holding struct {
 	compute int       // a memory share's compute percentage, or 0
 	slices  int       // a concurrent slice's count (1 of slices), or 0
 	mig     []int     // MIG devices by unit number, ascending
+	// sharedMIG is the unit number + 1 of the MIG device a share holds
+	// (mode, memory, compute, slices as for a GPU's), or 0 for none.
+	sharedMIG int
 }
 
 // Option configures New.

@@ -273,6 +273,9 @@ func (a *Allocator) holds(h *holding, s claimSet) bool {
 	if h.shared >= 0 {
 		return len(s.mig) == 0 && s.devices == 1<<h.shared
 	}
+	if k, ok := h.migShare(); ok {
+		return s.devices == 0 && slices.Equal(s.mig, []int{k})
+	}
 	return h.devices == s.devices && slices.Equal(h.mig, s.mig)
 }
 

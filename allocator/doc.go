@@ -77,8 +77,13 @@
 // or why it cannot take it; one no GPU of the node could ever take is
 // refused as such: [ErrShareNotSupported] on a node with no shareable GPU,
 // [ErrInvalidRequest] for more memory than any shareable GPU has. A
-// GPU with MIG enabled is never shared (a share naming a MIG device is
-// [ErrShareNotSupported]); quotas count a shared GPU once per group.
+// GPU with MIG enabled is never shared whole; its MIG devices are, as GPUs
+// are: a [Request] with Share beside a MIG selection (MIG,
+// MIGMemoryBytes, or one MIG device in Devices) asks for a share of one
+// MIG device, whose own memory its shares divide; a MIG device holds one
+// owner whole or shares of one mode, never both, and one that holds shares
+// is not handed out whole. Quotas count a shared GPU (the parent of a
+// shared MIG device) once per group.
 // Shares are in the state file with their mode, compute and count; after a crash
 // [Allocator.Claim] with [AsShare] re-holds the share a container's record
 // names.

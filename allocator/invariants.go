@@ -36,7 +36,7 @@ func (a *Allocator) checkInvariants() error {
 			if h.mode == ShareSlice && h.memory != a.sliceMemory(h.shared, h.slices) {
 				return fmt.Errorf("owner %s holds a slice of %d of %d bytes, not the gpu's part", o, h.slices, h.memory)
 			}
-		} else if h.devices == 0 && len(h.mig) == 0 {
+		} else if _, migShare := h.migShare(); h.devices == 0 && len(h.mig) == 0 && !migShare {
 			return fmt.Errorf("owner %s holds nothing", o)
 		}
 	}

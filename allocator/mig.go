@@ -24,6 +24,9 @@ type migTable struct {
 	owner   []string      // by unit: the holder, or ""
 	health  []node.Health // by unit: the instance's own health
 	parents uint64        // positions of the GPUs with MIG enabled
+	// shares are the shares of MIG devices: by unit, its sharers' memory
+	// by owner (migshare.go).
+	shares map[int]map[string]uint64
 }
 
 type migUnit struct {
@@ -54,6 +57,7 @@ func (a *Allocator) initMIG() error {
 		}
 	}
 	a.mig.owner = make([]string, len(a.mig.units))
+	a.mig.shares = map[int]map[string]uint64{}
 	return nil
 }
 
@@ -71,7 +75,7 @@ func (a *Allocator) migUnitOf(uuid string) (int, bool) {
 // parent healthy.
 func (a *Allocator) migUsable(k int) bool {
 	u := a.mig.units[k]
-	return !u.gone && a.mig.owner[k] == "" && a.mig.health[k].Healthy && a.health[u.pos].Healthy
+	return !u.gone && a.mig.owner[k] == "" && len(a.mig.shares[k]) == 0 && a.mig.health[k].Healthy && a.health[u.pos].Healthy
 }
 
 // isMIGRequest tells whether r asks for MIG devices.
@@ -231,7 +235,7 @@ func (a *Allocator) fits(k int, m migMatch) bool {
 func (a *Allocator) placeMIG(m migMatch) ([]int, error) {
 	chosen := slices.Clone(m.must)
 	for _, k := range m.must {
-		usable := a.migUsable(k) || slices.Contains(m.sick, k) && !a.mig.units[k].gone && a.mig.owner[k] == ""
+		usable := a.migUsable(k) || slices.Contains(m.sick, k) && !a.mig.units[k].gone && a.mig.owner[k] == "" && len(a.mig.shares[k]) == 0
 		if !usable || !a.fits(k, m) {
 			return nil, fmt.Errorf("MIG device %s: %s: %w", a.mig.units[k].dev.UUID, a.whyMIG(k, m), ErrDeviceUnavailable)
 		}
@@ -284,6 +288,8 @@ func (a *Allocator) whyMIG(k int, m migMatch) string {
 	switch {
 	case a.mig.owner[k] != "":
 		return "owned by " + a.mig.owner[k]
+	case len(a.mig.shares[k]) > 0:
+		return fmt.Sprintf("shared by %d owners", len(a.mig.shares[k]))
 	case !a.health[u.pos].Healthy:
 		return "parent " + a.health[u.pos].String()
 	case !a.mig.health[k].Healthy:
@@ -344,6 +350,13 @@ func (a *Allocator) migOwnersOf(p int) []string {
 		if !u.gone && u.pos == p && a.mig.owner[k] != "" && !slices.Contains(out, a.mig.owner[k]) {
 			out = append(out, a.mig.owner[k])
 		}
+		if !u.gone && u.pos == p {
+			for _, o := range a.migShareOwners(k) {
+				if !slices.Contains(out, o) {
+					out = append(out, o)
+				}
+			}
+		}
 	}
 	sort.Strings(out)
 	return out
@@ -370,7 +383,9 @@ func (a *Allocator) setMIGHealth(ctx context.Context, k int, h node.Health) ([]s
 	if o := a.mig.owner[k]; o != "" {
 		return []string{o}, nil
 	}
-	return []string{}, nil
+	owners := a.migShareOwners(k)
+	slices.Sort(owners)
+	return owners, nil
 }
 
 // withMIGHealth writes the allocator's health of parent p's MIG devices
@@ -411,6 +426,9 @@ func (a *Allocator) FreeMIG() []node.MIGDevice {
 // holds a.mu.
 func (a *Allocator) checkMIGInvariants() error {
 	held := make([]string, len(a.mig.units))
+	if err := a.checkMIGShareInvariants(); err != nil {
+		return err
+	}
 	for o, h := range a.owners {
 		if len(h.mig) > 0 && (h.devices != 0 || h.shared >= 0) {
 			return fmt.Errorf("owner %s holds MIG devices beside whole or shared GPUs", o)

@@ -99,7 +99,7 @@ func TestMIGRequestErrors(t *testing.T) {
 	}{
 		"unknown profile":       {allocator.Request{MIG: "1g.5gb"}, allocator.ErrUnknownMIGProfile},
 		"profile and memory":    {allocator.Request{MIG: "1g.10gb", MIGMemoryBytes: 1}, allocator.ErrInvalidRequest},
-		"MIG and share":         {allocator.Request{MIG: "1g.10gb", Share: &allocator.Share{MemoryBytes: 1}}, allocator.ErrInvalidRequest},
+		"share of two MIG":      {allocator.Request{MIG: "1g.10gb", Count: 2, Share: &allocator.Share{MemoryBytes: 1}}, allocator.ErrInvalidRequest},
 		"GPU beside MIG device": {allocator.Request{Devices: []string{"4", uuid}}, allocator.ErrInvalidRequest},
 		"unknown MIG UUID":      {allocator.Request{Devices: []string{"MIG-00000000-0000-0000-0000-000000000000"}}, allocator.ErrUnknownDevice},
 		"held MIG device":       {allocator.Request{Devices: []string{uuid}}, allocator.ErrDeviceUnavailable},

@@ -45,7 +45,7 @@ func WithMIGManager(m MIGManager) Option {
 func (a *Allocator) createMIG(ctx context.Context, m migMatch, need int) ([]int, error) {
 	held := map[int]int{}
 	for k, u := range a.mig.units {
-		if !u.gone && a.mig.owner[k] != "" {
+		if !u.gone && (a.mig.owner[k] != "" || len(a.mig.shares[k]) > 0) {
 			held[u.pos]++
 		}
 	}
@@ -109,7 +109,7 @@ func (a *Allocator) destroyUnits(ctx context.Context, units []int) error {
 	var errs []error
 	for _, k := range units {
 		u := a.mig.units[k]
-		if !u.dynamic || u.gone || a.mig.owner[k] != "" {
+		if !u.dynamic || u.gone || a.mig.owner[k] != "" || len(a.mig.shares[k]) > 0 {
 			continue
 		}
 		if err := a.cfg.migManager.DestroyMIG(ctx, a.inv.Devices[u.pos].UUID, u.dev.UUID); err != nil {

@@ -54,7 +54,7 @@ func (a *Allocator) restoreMIG(so savedOwner, h *holding, warn func(string, ...a
 			warn("owner %s: MIG device %s (gpu %s gi %d ci %d) is not in the inventory: dropped", so.Owner, m.UUID, m.ParentUUID, m.GI, m.CI)
 			continue
 		}
-		if a.mig.owner[k] != "" {
+		if a.mig.owner[k] != "" || len(a.mig.shares[k]) > 0 {
 			return fmt.Errorf("MIG device %s held twice: %w", m.UUID, ErrCorruptState)
 		}
 		a.mig.owner[k] = so.Owner

@@ -26,7 +26,9 @@ func (a *Allocator) Owners(device string) ([]string, error) {
 		if o := a.mig.owner[k]; o != "" {
 			return []string{o}, nil
 		}
-		return []string{}, nil
+		owners := a.migShareOwners(k)
+		slices.Sort(owners)
+		return owners, nil
 	}
 	p, err := a.resolve(device)
 	if err != nil {

@@ -18,15 +18,20 @@ func (a *Allocator) allocation(owner string, h *holding) Allocation {
 		hh := *h.holder
 		al.Holder = &hh
 	}
+	k, migShare := h.migShare()
 	if len(h.mig) > 0 {
 		al.Devices = a.migRefs(h.mig)
-	} else if h.shared >= 0 {
+	} else if h.shared >= 0 || migShare {
 		al.Share = &Share{Mode: h.mode, MemoryBytes: h.memory, ComputePercent: h.compute, Slices: h.slices}
 		al.Shared = h.mode == ShareMemory
 		if al.Shared {
 			al.MemoryBytes = h.memory
 		}
-		al.Devices = []node.DeviceRef{a.inv.Devices[h.shared].Ref()}
+		if migShare {
+			al.Devices = a.migRefs([]int{k})
+		} else {
+			al.Devices = []node.DeviceRef{a.inv.Devices[h.shared].Ref()}
+		}
 	} else {
 		al.Devices = make([]node.DeviceRef, 0, bits.OnesCount64(h.devices))
 		for m := h.devices; m != 0; m &= m - 1 {

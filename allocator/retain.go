@@ -41,7 +41,7 @@ func (a *Allocator) retain(ctx context.Context, owner string, keep []string) (Al
 	if !ok {
 		return Allocation{}, ErrUnknownOwner
 	}
-	if h.shared >= 0 {
+	if _, migShare := h.migShare(); h.shared >= 0 || migShare {
 		return Allocation{}, fmt.Errorf("shared allocation: %w", ErrInvalidRequest)
 	}
 	if len(h.mig) > 0 {

@@ -395,8 +395,8 @@ func (e *ShareError) Is(target error) bool {
 }
 
 // ErrShareNotSupported: a share was asked of something that cannot be
-// shared, such as a MIG device, or of a node with no GPU made shareable
-// (WithShared).
+// shared, such as a GPU with MIG enabled (its MIG devices can be), or of
+// a node with no GPU made shareable (WithShared).
 var ErrShareNotSupported = node.Sentinel(node.ErrNotSupported, "cannot be shared")
 
 // ClaimShare makes owner hold share s of device, the GPU a container was
@@ -423,7 +423,16 @@ func (a *Allocator) claimShare(ctx context.Context, owner string, device node.De
 	}
 	id := strings.TrimSpace(device.UUID)
 	if node.IsMIGUUID(id) {
-		return Allocation{}, fmt.Errorf("MIG device %s: %w", id, ErrShareNotSupported)
+		unlock, err := a.lock(ctx)
+		if err != nil {
+			return Allocation{}, err
+		}
+		defer unlock()
+		k, ok := a.migUnitOf(id)
+		if !ok {
+			return Allocation{}, fmt.Errorf("MIG device %q: %w", id, ErrUnknownDevice)
+		}
+		return a.claimMIGShare(ctx, owner, k, s, o)
 	}
 	if id == "" {
 		id = strconv.Itoa(device.Index)
@@ -482,11 +491,18 @@ func (a *Allocator) claimShare(ctx context.Context, owner string, device node.De
 	return a.allocation(owner, h), nil
 }
 
-// Shares returns the shares GPU device (index, UUID or bus id) holds, by
-// owner: their allocations, sorted by owner.
+// Shares returns the shares GPU device (index, UUID or bus id) or MIG
+// device ("MIG-" UUID) holds, by owner: their allocations, sorted by
+// owner.
 func (a *Allocator) Shares(device string) ([]Allocation, error) {
 	if a.inv == nil {
 		return nil, ErrNotMade
+	}
+	if node.IsMIGUUID(strings.TrimSpace(device)) {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		a.refresh()
+		return a.migSharesOf(device)
 	}
 	p, err := a.resolve(device)
 	if err != nil {

@@ -171,25 +171,14 @@ func TestShareRequests(t *testing.T) {
 	}
 }
 
-// TestShareOfMIG: a share naming a MIG device says it is not supported; a
-// share on a node whose free GPUs all have MIG enabled says why per GPU.
-func TestShareOfMIG(t *testing.T) {
+// TestShareOfMIGParent: a GPU with MIG enabled is not shared whole: a
+// share on a node whose free whole GPUs are all taken says why per GPU.
+func TestShareOfMIGParent(t *testing.T) {
 	ctx := context.Background()
 	inv := simInv(t, "hgx-h100-mig")
-	var mig string
-	for _, d := range inv.Devices {
-		if len(d.MIGDevices) > 0 {
-			mig = d.MIGDevices[0].UUID
-			break
-		}
-	}
 	a := newAlloc(t, "hgx-h100-mig", allocator.WithShared("7"))
-	_, err := a.Allocate(ctx, "o", allocator.Request{Share: memShare(gib), Devices: []string{mig}})
-	if !errors.Is(err, allocator.ErrShareNotSupported) || !errors.Is(err, node.ErrNotSupported) {
-		t.Fatalf("share of a MIG device: %v", err)
-	}
 	allocOK(t, a, "all", allocator.Request{Share: memShare(a.Devices()[7].MemoryBytes)})
-	_, err = a.Allocate(ctx, "more", allocator.Request{Share: memShare(gib)})
+	_, err := a.Allocate(ctx, "more", allocator.Request{Share: memShare(gib)})
 	var se *allocator.ShareError
 	if !errors.As(err, &se) {
 		t.Fatalf("share on a full node: %v", err)
@@ -198,9 +187,6 @@ func TestShareOfMIG(t *testing.T) {
 		if d := inv.Devices[g.Index]; d.MIGSplit() && !strings.HasPrefix(g.Reason, "MIG enabled") {
 			t.Errorf("gpu %d (MIG) reason %q", g.Index, g.Reason)
 		}
-	}
-	if _, err := a.ClaimShare(ctx, "c", node.DeviceRef{UUID: mig}, allocator.Share{MemoryBytes: gib}); !errors.Is(err, allocator.ErrShareNotSupported) {
-		t.Fatalf("claim of a MIG device's share: %v", err)
 	}
 }
 

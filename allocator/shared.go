@@ -135,6 +135,10 @@ func (a *Allocator) reset() {
 		}
 		a.health[p] = a.inv.Devices[p].Health
 	}
+	clear(a.mig.shares)
+	for k := range a.mig.owner {
+		a.mig.owner[k] = ""
+	}
 }
 
 // Close lets go of the state directory. An allocator without one has

@@ -83,7 +83,9 @@ type savedOwner struct {
 	// Slices is a concurrent slice's count (optional: files written
 	// before concurrent slices have none).
 	Slices int `json:"slices,omitempty"`
-	// MIG are the MIG devices held (optional, see savedMIG).
+	// MIG are the MIG devices held (optional, see savedMIG); one MIG
+	// device beside a share's fields (a mode other than memory, or a
+	// memory) is a share of that MIG device, not the device whole.
 	MIG    []savedMIG `json:"mig,omitempty"`
 	Holder *Holder    `json:"holder,omitempty"`
 }
@@ -196,7 +198,7 @@ func checkState(s *savedState, corrupt func(format string, args ...any) error) e
 		if kinds != 1 {
 			return corrupt("owner %s must hold either whole GPUs, one share or MIG devices", o.Owner)
 		}
-		if o.Shared != nil {
+		if o.Shared != nil || len(o.MIG) == 1 && (o.ShareMode != "" || o.MemoryBytes != 0) {
 			if err := (Share{Mode: o.ShareMode, MemoryBytes: o.MemoryBytes, ComputePercent: o.ComputePercent, Slices: o.Slices}).Validate(); err != nil {
 				return corrupt("owner %s: %v", o.Owner, err)
 			}
@@ -223,6 +225,13 @@ func (a *Allocator) snapshot() *savedState {
 			}
 		}
 		so.MIG = a.savedMIGs(h.mig)
+		if k, ok := h.migShare(); ok {
+			so.MIG = a.savedMIGs([]int{k})
+			so.MemoryBytes, so.ComputePercent, so.Slices = h.memory, h.compute, h.slices
+			if h.mode != ShareMemory {
+				so.ShareMode = h.mode
+			}
+		}
 		s.Owners = append(s.Owners, so)
 	}
 	sort.Slice(s.Owners, func(i, j int) bool { return s.Owners[i].Owner < s.Owners[j].Owner })
@@ -316,10 +325,14 @@ func (a *Allocator) restore(s *savedState) error {
 				h.shared, h.memory, h.mode, h.compute, h.slices = p, memory, mode, so.ComputePercent, so.Slices
 			}
 		}
-		if err := a.restoreMIG(so, h, warn); err != nil {
+		if so.Shared == nil && len(so.MIG) == 1 && (so.ShareMode != "" || so.MemoryBytes != 0) {
+			if err := a.restoreMIGShare(so, h, warn); err != nil {
+				return err
+			}
+		} else if err := a.restoreMIG(so, h, warn); err != nil {
 			return err
 		}
-		if h.devices == 0 && h.shared < 0 && len(h.mig) == 0 {
+		if _, migShare := h.migShare(); h.devices == 0 && h.shared < 0 && len(h.mig) == 0 && !migShare {
 			continue
 		}
 		a.owners[so.Owner] = h
