@@ -145,3 +145,28 @@ func TestMIGSharesPersist(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestMIGReload: an allocator that reads the state again after another
+// changed it forgets what its MIG devices held before: a MIG device it
+// held whole, which another allocator released, takes a share, and the
+// MIG device another allocator shared is as the file says.
+func TestMIGReload(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	a := newAlloc(t, migShareNode, allocator.WithStateDir(dir))
+	defer a.Close()
+	b := newAlloc(t, migShareNode, allocator.WithStateDir(dir))
+	defer b.Close()
+	mig := migUUID(a, 0, 0)
+	allocOK(t, a, "whole", allocator.Request{Devices: []string{mig}})
+	allocOK(t, b, "shared", allocator.Request{Devices: []string{migUUID(a, 0, 1)}, Share: memShare(gib)})
+	if err := b.Release(ctx, "whole"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Allocate(ctx, "again", allocator.Request{Devices: []string{mig}, Share: memShare(gib)}); err != nil {
+		t.Fatalf("after another allocator released it: %v", err)
+	}
+	if sh, err := a.Shares(migUUID(a, 0, 1)); err != nil || len(sh) != 1 {
+		t.Fatalf("the other allocator's share: %+v, %v", sh, err)
+	}
+}
