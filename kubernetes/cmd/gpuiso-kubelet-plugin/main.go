@@ -58,9 +58,11 @@
 // the state directory, which outlives the program and is found again when
 // it restarts; in a pod, --mps-mount-namespace and --mps-cgroup-parent
 // keep it outside the pod's mounts and cgroup, so that it outlives the pod
-// too), and the device plugin serves each as --time-slices
-// replicas under --shared-resource-name (time slices: no isolation between
-// the pods of a GPU).
+// too), or, as a claim's configuration asks, as time slices (at most
+// --time-slices per GPU, no daemon) or concurrent slices (one MPS daemon
+// per GPU, shared by its slices); the device plugin serves each as
+// --time-slices replicas under --shared-resource-name (time slices: no
+// isolation between the pods of a GPU).
 //
 // With --dynamic-mig (DRA only), every GPU with MIG enabled is partitioned
 // on demand: the slice publishes its memory and compute slices as counters

@@ -42,10 +42,10 @@ type shareFlags struct {
 }
 
 func (s *shareFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&s.sharedGPUs, "shared-gpus", "", "the GPUs handed out in parts instead of whole: `LIST` of indexes or UUIDs, comma-separated, or \"all\" (the DRA driver publishes each as memory shares enforced by an MPS daemon; the device plugin serves each as --time-slices replicas)")
+	fs.StringVar(&s.sharedGPUs, "shared-gpus", "", "the GPUs handed out in parts instead of whole: `LIST` of indexes or UUIDs, comma-separated, or \"all\" (the DRA driver publishes each as a share device whose claims are memory shares enforced by an MPS daemon, time slices or concurrent slices under one MPS daemon per GPU; the device plugin serves each as --time-slices replicas)")
 	fs.StringVar(&s.shareMin, "share-min", "1Gi", "DRA: the least memory of a share, what a claim asking for none gets (`SIZE`, a quantity: 1Gi)")
 	fs.StringVar(&s.shareStep, "share-step", "256Mi", "DRA: the steps of a share's memory above --share-min (`SIZE`, a quantity: 256Mi)")
-	fs.IntVar(&s.timeSlices, "time-slices", allocator.DefaultTimeSlices, "device plugin: the time slices (replicas) of each shared GPU, `N`")
+	fs.IntVar(&s.timeSlices, "time-slices", allocator.DefaultTimeSlices, "the time slices of each shared GPU, `N`: the device plugin's replicas, and the most DRA time slices a GPU takes")
 	fs.StringVar(&s.sharedResource, "shared-resource-name", "nvidia.com/gpu.shared", "device plugin: the resource of the time slices")
 	fs.StringVar(&s.podResources, "pod-resources-socket", "/var/lib/kubelet/pod-resources/kubelet.sock", "the kubelet's pod-resources socket, which tells the GPUs and time slices pods of the device plugin still hold (those of an earlier device plugin too, with it off)")
 	fs.StringVar(&s.mpsControl, "mps-control", "", "DRA: the MPS control daemon's binary (default: nvidia-cuda-mps-control in PATH, else under --mps-driver-root)")
