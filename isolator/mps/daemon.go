@@ -23,8 +23,9 @@ import (
 type Daemon struct {
 	// Owner is the share's owner (its container's id).
 	Owner string `json:"owner"`
-	// GPU is the UUID of the one GPU the daemon serves (its
-	// CUDA_VISIBLE_DEVICES), Index its index on the node.
+	// GPU is the UUID of the one GPU or MIG device ("MIG-" UUID) the
+	// daemon serves (its CUDA_VISIBLE_DEVICES), Index the GPU's index on
+	// the node (a MIG device's parent's).
 	GPU   string `json:"gpu"`
 	Index int    `json:"index"`
 	// Limits are the limits the daemon was given.
@@ -149,8 +150,8 @@ func (m *Manager) start(ctx context.Context, owner string, gpu node.DeviceRef, l
 	if err := node.ValidateOwner(owner); err != nil {
 		return d, fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
-	if gpu.UUID == "" || node.IsMIGUUID(gpu.UUID) || gpu.MIG != nil {
-		return d, fmt.Errorf("gpu %d (%q): a whole GPU with a UUID: %w", gpu.Index, gpu.UUID, ErrInvalid)
+	if gpu.UUID == "" || gpu.MIG != nil && !node.IsMIGUUID(gpu.UUID) {
+		return d, fmt.Errorf("gpu %d (%q): a whole GPU with its UUID, or a MIG device with its own: %w", gpu.Index, gpu.UUID, ErrInvalid)
 	}
 	if err := lim.validate(); err != nil {
 		return d, err

@@ -12,9 +12,11 @@
 // [Manager.StartShare] gives the share an allocation holds (through
 // [Manager.Start]) a control daemon of its own:
 //
-//   - started with CUDA_VISIBLE_DEVICES naming the share's GPU alone, so
+//   - started with CUDA_VISIBLE_DEVICES naming the share's GPU alone (or
+//     its MIG device alone, by its "MIG-" UUID, for a share of a MIG
+//     device: the allocator shares MIG devices as it shares GPUs), so
 //     that its server (nvidia-cuda-mps-server, which the daemon starts when
-//     the first CUDA client connects) reaches no other GPU;
+//     the first CUDA client connects) reaches no other GPU or MIG device;
 //   - in a mount namespace of its own, in which a tmpfs covers /tmp, its
 //     pipe directory is /tmp/nvidia-mps, its log directory
 //     /tmp/nvidia-mps-log and its /dev/shm a directory of its own: the paths
@@ -23,7 +25,7 @@
 //     and neither the host's /dev/shm nor its /tmp reaches a container;
 //   - given its limits before anyone can connect, and read back:
 //     set_default_device_pinned_mem_limit 0 <MiB>M (device 0 is the one GPU
-//     it sees) and, with a compute percentage,
+//     or MIG device it sees) and, with a compute percentage,
 //     set_default_active_thread_percentage;
 //   - recorded (daemon.json in its directory: owner, GPU, limits, the
 //     process by pid and start time, and a random mark that its environment
@@ -195,7 +197,9 @@
 // to its record (no command to the daemon: a slice's launch beside a
 // running daemon costs what an exclusive launch does); [Manager.Stop] of a
 // slice's owner drops it from the tenants and stops the daemon with the
-// last. The manager's lock orders starts, so that two slices started at
+// last. A MIG device is split as a GPU is: its slices' daemon is
+// [SliceOwner] of its "MIG-" UUID, serves it alone, and divides its memory.
+// The manager's lock orders starts, so that two slices started at
 // once start one daemon. A sweep keeps the daemon while its allocator
 // holds a slice of its GPU, or the caller keeps one of its tenants
 // ([Keep]). Each slice's container gets the daemon's pipe directory and

@@ -8,7 +8,8 @@ var (
 	// shares cannot be enforced on it.
 	ErrNoControl = node.Sentinel(node.ErrNotSupported, "no MPS control daemon (nvidia-cuda-mps-control)")
 	// ErrInvalid: a request to the manager is malformed (an owner id no
-	// container can have, a GPU without a UUID or a MIG device, a share
+	// container can have, a GPU without a UUID, a MIG device named by its
+	// parent's UUID, a share
 	// of no memory, a compute percentage over 100).
 	ErrInvalid = node.Sentinel(node.ErrInvalid, "invalid MPS request")
 	// ErrExists: the owner has a running daemon of another GPU or other

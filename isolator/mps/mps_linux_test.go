@@ -315,11 +315,11 @@ func TestInvalid(t *testing.T) {
 		gpu   node.DeviceRef
 		lim   mps.Limits
 	}{
-		"bad owner":   {"../x", gpu(0), mps.Limits{MemoryBytes: gib}},
-		"no uuid":     {"o", node.DeviceRef{Index: 1}, mps.Limits{MemoryBytes: gib}},
-		"MIG":         {"o", node.DeviceRef{UUID: "MIG-1234"}, mps.Limits{MemoryBytes: gib}},
-		"no memory":   {"o", gpu(0), mps.Limits{}},
-		"compute 101": {"o", gpu(0), mps.Limits{MemoryBytes: gib, ComputePercent: 101}},
+		"bad owner":         {"../x", gpu(0), mps.Limits{MemoryBytes: gib}},
+		"no uuid":           {"o", node.DeviceRef{Index: 1}, mps.Limits{MemoryBytes: gib}},
+		"MIG by its parent": {"o", node.DeviceRef{UUID: gpu(0).UUID, MIG: &node.MIGRef{ParentUUID: gpu(0).UUID}}, mps.Limits{MemoryBytes: gib}},
+		"no memory":         {"o", gpu(0), mps.Limits{}},
+		"compute 101":       {"o", gpu(0), mps.Limits{MemoryBytes: gib, ComputePercent: 101}},
 	} {
 		if _, err := m.Start(ctx, tc.owner, tc.gpu, tc.lim); !errors.Is(err, mps.ErrInvalid) || !errors.Is(err, node.ErrInvalid) {
 			t.Errorf("%s: %v", name, err)
