@@ -44,8 +44,9 @@ type MPS struct {
 // the daemon's pipe directory at MPSPipeDir and its /dev/shm at MPSShmDir
 // (both nosuid, nodev, noexec), CUDA_MPS_PIPE_DIRECTORY naming the pipe
 // directory, and the share's client limits (mps.Limits.Env), which can
-// only lower the daemon's. A nil d (whole GPUs, MIG devices, a time slice)
-// adds nothing. The plan must be of one whole GPU.
+// only lower the daemon's. A nil d (whole GPUs, MIG devices held whole, a
+// time slice) adds nothing. The plan must be of one GPU or one MIG device
+// (a share of a MIG device, whose daemon serves it alone).
 func WithShare(d *mps.Daemon) PlanOption {
 	return func(c *planConfig) error {
 		if d == nil {
@@ -78,11 +79,11 @@ func withMPS(c *planConfig, m MPS) error {
 	return nil
 }
 
-// addMPS adds the daemon m to p, a plan of one whole GPU, with env, the
-// share's client limits.
+// addMPS adds the daemon m to p, a plan of one whole GPU or one MIG
+// device, with env, the share's client limits.
 func addMPS(p *Plan, m MPS, env []string) error {
-	if len(p.GPUs) != 1 || p.GPUs[0].MIG != nil {
-		return fmt.Errorf("an MPS share is of one whole GPU, not %d devices: %w", len(p.GPUs), ErrInvalidMPS)
+	if len(p.GPUs) != 1 {
+		return fmt.Errorf("an MPS share is of one GPU or MIG device, not %d devices: %w", len(p.GPUs), ErrInvalidMPS)
 	}
 	opts := []string{"rbind", "rw", "nosuid", "nodev", "noexec"}
 	for _, mnt := range []specs.Mount{

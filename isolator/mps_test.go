@@ -70,8 +70,8 @@ func TestPlanMPS(t *testing.T) {
 	}
 }
 
-// TestPlanMPSRejects: an MPS share is of one whole GPU, with absolute
-// directories.
+// TestPlanMPSRejects: an MPS share is of one GPU or MIG device, with
+// absolute directories.
 func TestPlanMPSRejects(t *testing.T) {
 	inv := migInv()
 	m := isolator.MPS{PipeDir: "/p", ShmDir: "/s"}
@@ -80,13 +80,30 @@ func TestPlanMPSRejects(t *testing.T) {
 		m    isolator.MPS
 	}{
 		"two GPUs":     {[]node.DeviceRef{inv.Devices[1].Ref(), inv.Devices[0].MIGRef(inv.Devices[0].MIGDevices[0])}, m},
-		"a MIG device": {[]node.DeviceRef{inv.Devices[0].MIGRef(inv.Devices[0].MIGDevices[0])}, m},
 		"no GPU":       {nil, m},
 		"relative":     {[]node.DeviceRef{inv.Devices[1].Ref()}, isolator.MPS{PipeDir: "p", ShmDir: "/s"}},
 	} {
 		if _, err := isolator.NewPlan("job", inv, tc.gpus, nil, nil, isolator.WithMPS(tc.m)); !errors.Is(err, isolator.ErrInvalidMPS) || !errors.Is(err, node.ErrInvalid) {
 			t.Errorf("%s: %v", name, err)
 		}
+	}
+}
+
+// TestPlanMIGShare: a share of a MIG device gets its daemon as a GPU's
+// share does, beside the MIG device's nodes.
+func TestPlanMIGShare(t *testing.T) {
+	inv := migInv()
+	ref := inv.Devices[0].MIGRef(inv.Devices[0].MIGDevices[0])
+	d := &mps.Daemon{PipeDir: "/p", ShmDir: "/s", Limits: mps.Limits{MemoryBytes: 1 << 30}}
+	p, err := isolator.NewPlan("job", inv, []node.DeviceRef{ref}, nil, nil, isolator.WithShare(d))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.MPS == nil || len(p.Mounts) != 2 || p.Mounts[0].Destination != isolator.MPSPipeDir || p.Mounts[1].Destination != isolator.MPSShmDir {
+		t.Fatalf("plan of a MIG device's share: MPS %+v, mounts %+v", p.MPS, p.Mounts)
+	}
+	if !slices.Contains(p.Env, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=1024M") {
+		t.Fatalf("env %v", p.Env)
 	}
 }
 
