@@ -55,6 +55,21 @@
 // limit holds each MPS client process of the pod; a pod that sets out to
 // break it can.
 //
+// A claim's GPUConfig may ask for another kind of share of the same
+// device: a time slice (sharing.strategy TimeSlicing: the GPU whole,
+// beside the GPU's other time slices, no MPS daemon; at most the
+// allocator's time-slice count per GPU) or a concurrent slice
+// (strategy MPS with mps.slices N: one of N slices, held by the GPU's one
+// MPS daemon, which its slices share, to 1/N of the GPU's memory and
+// threads; mps.Manager.StartShare starts it with the first slice and
+// Stop drops each, stopping it with the last). The allocator holds
+// either as such (allocator.ShareTime, allocator.ShareSlice) and the
+// checkpoint records the kind, so that a restart holds the same again. A
+// GPU holds shares of one kind at a time, which the scheduler cannot see
+// (it reads no opaque configuration, and a slice consumes the memory its
+// request asks for, as a memory share does): a claim allocated a GPU
+// that holds another kind is refused at Prepare by the allocator.
+//
 // # Dynamic MIG
 //
 // A GPU with MIG enabled that SliceOptions.DynamicMIG names (the
