@@ -59,7 +59,11 @@
 //
 // --mig PROFILE asks for --gpus MIG devices of that profile ("1g.10gb")
 // instead of whole GPUs, on a node with MIG enabled on some GPUs
-// (--simulate hgx-h100-mig). --simulate runs on a simulated node: real
+// (--simulate hgx-h100-mig). Beside a share flag it asks for a share of
+// one MIG device of that profile instead of one GPU's (--devices may name
+// the MIG device): --mig 1g.10gb --gpu-memory 2GiB is a memory share of a
+// 1g.10gb device under an MPS daemon of its own that serves that MIG
+// device alone, --mig 3g.40gb --gpu-slices 2 one of two slices of one. --simulate runs on a simulated node: real
 // cgroups and real device nodes with NVIDIA's numbers, made by the first run
 // of the state directory (sim/NAME) and kept for the next. gpurun needs
 // root: without it, it says so in one line and exits 125, having made
@@ -212,8 +216,6 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		return usageErr("--gpu-slices excludes --gpu-memory and --gpu-time-slice: a GPU is shared one way")
 	case set["gpu-compute"] && !set["gpu-memory"]:
 		return usageErr("--gpu-compute applies to --gpu-memory only")
-	case (set["gpu-memory"] || *timeSlice || set["gpu-slices"]) && *mig != "":
-		return usageErr("a share (--gpu-memory, --gpu-time-slice, --gpu-slices) and --mig exclude each other: MIG devices are not shared")
 	case (set["gpu-memory"] || *timeSlice || set["gpu-slices"]) && set["gpus"] && *gpus != 1:
 		return usageErr("a share (--gpu-memory, --gpu-time-slice, --gpu-slices) is of one GPU, not --gpus %d", *gpus)
 	case *gpus < 0:

@@ -25,7 +25,6 @@ func TestShareUsage(t *testing.T) {
 	for name, args := range map[string][]string{
 		"compute alone":           {"--gpu-compute", "50", "--", "true"},
 		"memory and time slice":   {"--gpu-memory", "1G", "--gpu-time-slice", "--", "true"},
-		"share and MIG":           {"--gpu-time-slice", "--mig", "1g.10gb", "--", "true"},
 		"share of two GPUs":       {"--gpu-memory", "1G", "--gpus", "2", "--", "true"},
 		"no size":                 {"--gpu-memory", "lots", "--", "true"},
 		"compute over 100":        {"--gpu-memory", "1G", "--gpu-compute", "101", "--", "true"},

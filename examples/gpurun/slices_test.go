@@ -23,7 +23,6 @@ func TestSliceUsage(t *testing.T) {
 		"too many":           {"--gpu-slices", "49", "--", "true"},
 		"slices and memory":  {"--gpu-slices", "4", "--gpu-memory", "1G", "--", "true"},
 		"slices and time":    {"--gpu-slices", "4", "--gpu-time-slice", "--", "true"},
-		"slices and MIG":     {"--gpu-slices", "4", "--mig", "1g.10gb", "--", "true"},
 		"slices of two GPUs": {"--gpu-slices", "4", "--gpus", "2", "--", "true"},
 	} {
 		_, errOut, code := gpurun(args...)
