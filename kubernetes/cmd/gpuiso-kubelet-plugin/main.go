@@ -597,6 +597,15 @@ func startDRA(ctx context.Context, f *flags, inv *node.Inventory, alloc *allocat
 	if len(restored) > 0 {
 		log.Info("wrote the CDI specs of prepared claims again", "claims", restored)
 	}
+	// A release before device metadata, rolled back to, unprepares claims
+	// without removing their metadata files and specs.
+	swept, err := d.SweepMetadata(dataDir)
+	if err != nil {
+		log.Warn("remove the device metadata of claims no longer prepared", "err", err)
+	}
+	if len(swept) > 0 {
+		log.Info("removed the device metadata of claims no longer prepared", "claims", swept)
+	}
 	// Both sockets are 0600 whatever the umask: only root, the kubelet,
 	// may connect.
 	served := &republishing{Driver: d}
