@@ -7,12 +7,17 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 
 	"github.com/gpuiso/gpuiso/internal/linux"
 	"github.com/gpuiso/gpuiso/internal/testing/testenv"
@@ -86,16 +91,43 @@ func nodeLimit(t *testing.T, n *cluster.Node, owner string) string {
 	return strings.TrimSpace(string(out))
 }
 
-// TestHelmShares installs the chart with memory shares of GPU 4 of the
-// simulated DGX-1 (sharing.gpus=4), the real MPS control daemon run from
-// the node's driver root: two pods with claims of 8 GiB each get a daemon
-// of their own, placed in a cgroup outside the plugin's pod; from inside
-// each pod sees only its GPU, its own daemon's pipe directory and a
-// /dev/shm bounded at the chart's 64 MiB (a write past it is ENOSPC), and
-// each daemon holds 8 GiB. Then `helm upgrade` rolls the DaemonSet and
-// every node's plugin process gets SIGKILL: the pods run on with no
-// restart, the daemons are the same processes, holding the same limits.
-// After the pods and the uninstall no daemon, cgroup or mount is left.
+// sharedTemplate makes a claim template of one share of the shared GPU
+// of index gpu (a CEL selector), asking for memory, with config, when
+// set, as the claim's GPUConfig parameters.
+func sharedTemplate(t *testing.T, c *cluster.Cluster, name string, gpu int, memory, config string) {
+	t.Helper()
+	req := &resourceapi.ExactDeviceRequest{DeviceClassName: shareClass, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: 1,
+		Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{
+			Expression: fmt.Sprintf(`device.attributes["gpu.gpuiso.io"].index == %d`, gpu)}}},
+		Capacity: &resourceapi.CapacityRequirements{Requests: map[resourceapi.QualifiedName]resource.Quantity{"memory": resource.MustParse(memory)}}}
+	tmpl := &resourceapi.ResourceClaimTemplate{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"}}
+	tmpl.Spec.Spec.Devices.Requests = []resourceapi.DeviceRequest{{Name: "gpus", Exactly: req}}
+	if config != "" {
+		tmpl.Spec.Spec.Devices.Config = []resourceapi.DeviceClaimConfiguration{{Requests: []string{"gpus"},
+			DeviceConfiguration: resourceapi.DeviceConfiguration{Opaque: &resourceapi.OpaqueDeviceConfiguration{
+				Driver: "gpu.gpuiso.io", Parameters: runtime.RawExtension{Raw: []byte(config)}}}}}
+	}
+	if _, err := c.Client.ResourceV1().ResourceClaimTemplates("default").Create(t.Context(), tmpl, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		c.Client.ResourceV1().ResourceClaimTemplates("default").Delete(context.Background(), name, metav1.DeleteOptions{})
+	})
+}
+
+// TestHelmShares installs the chart with GPUs 4 and 5 of the simulated
+// DGX-1 shared (sharing.gpus=4,5), the real MPS control daemon run from
+// the node's driver root. Six pods with claims of memory shares of 2 GiB
+// of GPU 4 each get a daemon of their own, placed in a cgroup outside the
+// plugin's pod; from inside each pod sees only its GPU, its own daemon's
+// pipe directory and a /dev/shm bounded at the chart's 64 MiB (a write
+// past it is ENOSPC), and each daemon holds 2 GiB. Four pods with claims
+// of concurrent slices of GPU 5 (mps.slices 4) share the GPU's one daemon,
+// which holds 4 GiB (a quarter) by default: each sees GPU 5 and that
+// daemon's directories. Then `helm upgrade` rolls the DaemonSet and every
+// node's plugin process gets SIGKILL: the ten pods run on with no restart,
+// the daemons are the same processes, holding the same limits. After the
+// pods and the uninstall no daemon, cgroup or mount is left.
 func TestHelmShares(t *testing.T) {
 	c := requireCluster(t)
 	h := requireHelm(t, c)
@@ -111,7 +143,7 @@ func TestHelmShares(t *testing.T) {
 	}
 	clearForInstall(t, c)
 	// GPU 4: whole on every node's kind (hgx-h100-mig splits 0-3).
-	values := append(installValues(t, c, freeMetricsPort(t, c)), "--set-string", "sharing.gpus=4")
+	values := append(installValues(t, c, freeMetricsPort(t, c)), "--set-string", `sharing.gpus=4\,5`)
 	if _, err := h.run(ctx, append([]string{"install", release, chartDir, "--namespace", "default", "--wait", "--timeout", "3m"}, values...)...); err != nil {
 		t.Fatalf("%v\n%s", err, c.Logs(2000))
 	}
@@ -119,21 +151,24 @@ func TestHelmShares(t *testing.T) {
 	h.uninstallAtEnd(t, c, &uninstalled)
 	until(t, "the DaemonSet on every node", func() bool { return daemonSetRolled(t, c) })
 	volta := c.Nodes[0]
-	var share nodeDevice
-	until(t, "the share of GPU 4 in the DGX-1's slice", func() bool {
+	var share, sliced nodeDevice
+	until(t, "the shares of GPUs 4 and 5 in the DGX-1's slice", func() bool {
 		for _, d := range slicesByNode(t, c)[volta.Name] {
-			if d.name == "share-4" {
+			switch d.name {
+			case "share-4":
 				share = d
-				return true
+			case "share-5":
+				sliced = d
 			}
 		}
-		return false
+		return share.name != "" && sliced.name != ""
 	})
-	major, all := nodeMajor(t, volta), append(minorsOn(t, c, volta.Name), share.minor)
-	if share.uuid == "" {
-		t.Fatalf("the share device has no uuid: %+v", share)
+	major, all := nodeMajor(t, volta), append(minorsOn(t, c, volta.Name), share.minor, sliced.minor)
+	if share.uuid == "" || sliced.uuid == "" {
+		t.Fatalf("a share device has no uuid: %+v, %+v", share, sliced)
 	}
-	shareTemplate(t, c, "hshare-8g", "8Gi")
+	sharedTemplate(t, c, "hshare-2g", 4, "2Gi", "")
+	sharedTemplate(t, c, "hshare-slice", 5, "4Gi", `{"apiVersion":"gpu.gpuiso.io/v1","kind":"GPUConfig","sharing":{"strategy":"MPS","mps":{"slices":4}}}`)
 	mpsDir := filepath.Join(volta.StateDir, "mps")
 	daemons := func() map[string]mps.Daemon {
 		ds, err := mps.Daemons(context.Background(), mpsDir)
@@ -147,7 +182,11 @@ func TestHelmShares(t *testing.T) {
 		return out
 	}
 	const shmBytes = 64 << 20
-	names := []string{"hshare-a", "hshare-b"}
+	names := []string{"hshare-m0", "hshare-m1", "hshare-m2", "hshare-m3", "hshare-m4", "hshare-m5"}
+	sliceNames := []string{"hshare-s0", "hshare-s1", "hshare-s2", "hshare-s3"}
+	for _, name := range sliceNames {
+		createPod(t, c, onNode(withClaim(probePod(name, shareArgs(major, all, name)), "hshare-slice"), volta.Name))
+	}
 	for _, name := range names {
 		args := isolationArgs(major, all, true,
 			"write", "/tmp/nvidia-mps/seen-by-"+name, "/dev/shm/seen-by-"+name, "--",
@@ -155,7 +194,7 @@ func TestHelmShares(t *testing.T) {
 			"env", "CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "--",
 			"fill", "/dev/shm/small", strconv.Itoa(1<<20), "--",
 			"fill", "/dev/shm/big", strconv.Itoa(shmBytes+1<<20))
-		createPod(t, c, onNode(withClaim(probePod(name, args), "hshare-8g"), volta.Name))
+		createPod(t, c, onNode(withClaim(probePod(name, args), "hshare-2g"), volta.Name))
 	}
 	kept := map[string]*corev1.Pod{}
 	byPod := map[string]mps.Daemon{}
@@ -172,7 +211,7 @@ func TestHelmShares(t *testing.T) {
 		kept[name] = running(t, c, "default", name)
 		owner := "claim-" + string(claimOf(t, c, name).UID)
 		d, ok := daemons()[owner]
-		if !ok || !d.Alive || d.Limits.MemoryBytes != 8<<30 {
+		if !ok || !d.Alive || d.Limits.MemoryBytes != 2<<30 {
 			t.Fatalf("pod %s: daemon %+v (%v)", name, d, ok)
 		}
 		byPod[name] = d
@@ -193,8 +232,8 @@ func TestHelmShares(t *testing.T) {
 			}
 		}
 		limits[name] = daemonLimit(t, d.Pid)
-		if limits[name] != "8G" && limits[name] != "8192M" {
-			t.Errorf("pod %s: its daemon holds %q, want 8G", name, limits[name])
+		if limits[name] != "2G" && limits[name] != "2048M" {
+			t.Errorf("pod %s: its daemon holds %q, want 2G", name, limits[name])
 		}
 		if l := nodeLimit(t, volta, owner); l != limits[name] {
 			t.Errorf("pod %s: its daemon holds %q asked from the node, %q from its own namespace", name, l, limits[name])
@@ -211,13 +250,54 @@ func TestHelmShares(t *testing.T) {
 			}
 		}
 	}
-	if byPod[names[0]].Pid == byPod[names[1]].Pid {
-		t.Fatalf("the two shares have one daemon: %+v", byPod)
+	pids := map[int]string{}
+	for name, d := range byPod {
+		if other, ok := pids[d.Pid]; ok {
+			t.Fatalf("the shares of %s and %s have one daemon: %+v", name, other, d)
+		}
+		pids[d.Pid] = name
+	}
+
+	// The concurrent slices of GPU 5: one daemon, a quarter of the GPU
+	// by default, whose directories every slice's pod has.
+	sliceOwner := mps.SliceOwner(sliced.uuid)
+	for _, name := range sliceNames {
+		out := podOutput(t, c, name)
+		parseSeen(out).check(t, all, []int{sliced.minor}, []string{sliced.uuid})
+		for _, want := range []string{"/tmp/nvidia-mps/seen-by-" + name + " ok", "/dev/shm/seen-by-" + name + " ok", "control\n"} {
+			if !strings.Contains(out, want) {
+				t.Errorf("pod %s: no %q in what it saw:\n%s", name, strings.TrimSpace(want), out)
+			}
+		}
+		kept[name] = running(t, c, "default", name)
+	}
+	slicer, ok := daemons()[sliceOwner]
+	if !ok || !slicer.Alive || slicer.Slices != 4 || slicer.GPU != sliced.uuid {
+		t.Fatalf("the daemon of GPU 5's slices: %+v (%v), daemons %v", slicer, ok, daemons())
+	}
+	if _, ok := pids[slicer.Pid]; ok {
+		t.Fatalf("the slices' daemon is a memory share's: %+v", slicer)
+	}
+	if len(daemons()) != len(names)+1 {
+		t.Errorf("daemons %v, want one per memory share and one for the slices", daemons())
+	}
+	byPod["slices"] = slicer
+	limits["slices"] = daemonLimit(t, slicer.Pid)
+	if limits["slices"] != "4G" && limits["slices"] != "4096M" {
+		t.Errorf("the slices' daemon holds %q, want 4G", limits["slices"])
+	}
+	for _, name := range sliceNames {
+		root := fmt.Sprintf("/proc/%d/root", slicer.Pid)
+		for _, f := range []string{root + "/tmp/nvidia-mps/seen-by-" + name, root + "/dev/shm/seen-by-" + name} {
+			if _, err := os.Stat(f); err != nil {
+				t.Errorf("%s's mark in the slices' daemon: %v", name, err)
+			}
+		}
 	}
 	same := func(when string) {
 		t.Helper()
 		now := daemons()
-		for _, name := range names {
+		for _, name := range append(slices.Clone(names), "slices") {
 			d := byPod[name]
 			if n := now[d.Owner]; !n.Alive || n.Pid != d.Pid || n.Start != d.Start {
 				t.Errorf("%s: the daemon of %s is %+v, was pid %d", when, name, n, d.Pid)
@@ -231,6 +311,8 @@ func TestHelmShares(t *testing.T) {
 				logb, _ := os.ReadFile(root + "/tmp/nvidia-mps-log/control.log")
 				t.Errorf("%s: the daemon of %s holds %q, held %q; its pipe directory:\n%s\nits log:\n%s", when, name, l, limits[name], ls, logb)
 			}
+		}
+		for _, name := range append(slices.Clone(names), sliceNames...) {
 			p := pod(t, c, name)
 			if p.UID != kept[name].UID || p.Status.Phase != corev1.PodRunning || p.Status.ContainerStatuses[0].RestartCount != 0 ||
 				p.Status.ContainerStatuses[0].ContainerID != kept[name].Status.ContainerStatuses[0].ContainerID {
@@ -276,10 +358,10 @@ func TestHelmShares(t *testing.T) {
 		return true
 	})
 	same("after SIGKILL of the plugins")
-	t.Logf("daemons kept through the upgrade and the kill: %s pid %d, %s pid %d (%s each)", names[0], byPod[names[0]].Pid,
-		names[1], byPod[names[1]].Pid, limits[names[0]])
+	t.Logf("daemons kept through the upgrade and the kill: %d memory shares' (%s each), pids %v; the %d slices' of GPU 5, pid %d (%s)",
+		len(names), limits[names[0]], pids, len(sliceNames), slicer.Pid, limits["slices"])
 
-	for _, name := range names {
+	for _, name := range append(slices.Clone(names), sliceNames...) {
 		deletePod(t, c, name)
 	}
 	until(t, "every daemon to go", func() bool { return len(daemons()) == 0 })
