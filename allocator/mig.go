@@ -91,8 +91,11 @@ func (a *Allocator) allocateMIG(ctx context.Context, owner string, r Request) (A
 	if err != nil {
 		return Allocation{}, err
 	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
+	unlock, err := a.lock(ctx)
+	if err != nil {
+		return Allocation{}, err
+	}
+	defer unlock()
 	if _, ok := a.owners[owner]; ok {
 		return Allocation{}, ErrOwnerExists
 	}

@@ -170,3 +170,23 @@ func TestMIGReload(t *testing.T) {
 		t.Fatalf("the other allocator's share: %+v, %v", sh, err)
 	}
 }
+
+// TestMIGAllocateSeesOthers: a MIG request takes the state directory's
+// lock and reads the state another allocator wrote: a MIG device the other
+// holds is not handed out again, and its owner is known.
+func TestMIGAllocateSeesOthers(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	a := newAlloc(t, migShareNode, allocator.WithStateDir(dir))
+	defer a.Close()
+	b := newAlloc(t, migShareNode, allocator.WithStateDir(dir))
+	defer b.Close()
+	mig := migUUID(a, 1, 0)
+	allocOK(t, a, "x", allocator.Request{Devices: []string{mig}})
+	if _, err := b.Allocate(ctx, "y", allocator.Request{Devices: []string{mig}}); !errors.Is(err, allocator.ErrDeviceUnavailable) {
+		t.Fatalf("a MIG device another allocator holds: %v", err)
+	}
+	if o, err := b.Owners(mig); err != nil || !slices.Equal(o, []string{"x"}) {
+		t.Fatalf("Owners(%s) = %v, %v", mig, o, err)
+	}
+}

@@ -19,6 +19,7 @@ func (a *Allocator) Owners(device string) ([]string, error) {
 	if node.IsMIGUUID(strings.TrimSpace(device)) {
 		a.mu.Lock()
 		defer a.mu.Unlock()
+		a.refresh()
 		k, ok := a.migUnitOf(device)
 		if !ok {
 			return nil, fmt.Errorf("owners: MIG device %q: %w", device, ErrUnknownDevice)
