@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/gpuiso/gpuiso/allocator"
@@ -65,7 +66,7 @@ func TestMIGMemoryShares(t *testing.T) {
 	if _, err := a.Allocate(ctx, "s4", allocator.Request{Devices: []string{mig}, Share: memShare(gib)}); !errors.Is(err, allocator.ErrDeviceUnavailable) {
 		t.Fatalf("a share of a MIG device held whole: %v", err)
 	}
-	if _, err := a.Allocate(ctx, "big", allocator.Request{MIG: "1g.10gb", Share: memShare(20 * gib)}); !errors.Is(err, allocator.ErrInvalidRequest) {
+	if _, err := a.Allocate(ctx, "big", allocator.Request{MIG: "1g.10gb", Share: memShare(20 * gib)}); !errors.Is(err, allocator.ErrInvalidRequest) || !strings.Contains(err.Error(), "allocate a share of 20 GiB of a mig device for big") {
 		t.Fatalf("a share larger than any MIG device of the profile: %v", err)
 	}
 }

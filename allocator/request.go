@@ -232,6 +232,9 @@ func (a *Allocator) compile(r Request) (compiled, error) {
 }
 
 func describe(r Request) string {
+	if s, err := r.share(); err == nil && s != nil && isMIGRequest(r) {
+		return "a share of " + s.String() + " of a mig device"
+	}
 	if isMIGRequest(r) {
 		n := max(r.Count, len(r.Devices), 1)
 		what := r.MIG
