@@ -115,8 +115,8 @@ func sharedTemplate(t *testing.T, c *cluster.Cluster, name string, gpu int, memo
 	})
 }
 
-// TestHelmShares installs the chart with GPUs 4 and 5 of the simulated
-// DGX-1 shared (sharing.gpus=4,5), the real MPS control daemon run from
+// TestHelmShares installs the chart with GPUs 4, 5 and 6 of the simulated
+// DGX-1 shared (sharing.gpus=4,5,6), the real MPS control daemon run from
 // the node's driver root. Six pods with claims of memory shares of 2 GiB
 // of GPU 4 each get a daemon of their own, placed in a cgroup outside the
 // plugin's pod; from inside each pod sees only its GPU, its own daemon's
@@ -124,8 +124,10 @@ func sharedTemplate(t *testing.T, c *cluster.Cluster, name string, gpu int, memo
 // past it is ENOSPC), and each daemon holds 2 GiB. Four pods with claims
 // of concurrent slices of GPU 5 (mps.slices 4) share the GPU's one daemon,
 // which holds 4 GiB (a quarter) by default: each sees GPU 5 and that
-// daemon's directories. Then `helm upgrade` rolls the DaemonSet and every
-// node's plugin process gets SIGKILL: the ten pods run on with no restart,
+// daemon's directories. Two pods with claims of time slices of GPU 6
+// (TimeSlicing) see GPU 6 and no MPS daemon, and none is started for
+// them. Then `helm upgrade` rolls the DaemonSet and every node's plugin
+// process gets SIGKILL: the twelve pods run on with no restart,
 // the daemons are the same processes, holding the same limits. After the
 // pods and the uninstall no daemon, cgroup or mount is left.
 func TestHelmShares(t *testing.T) {
@@ -143,7 +145,7 @@ func TestHelmShares(t *testing.T) {
 	}
 	clearForInstall(t, c)
 	// GPU 4: whole on every node's kind (hgx-h100-mig splits 0-3).
-	values := append(installValues(t, c, freeMetricsPort(t, c)), "--set-string", `sharing.gpus=4\,5`)
+	values := append(installValues(t, c, freeMetricsPort(t, c)), "--set-string", `sharing.gpus=4\,5\,6`)
 	if _, err := h.run(ctx, append([]string{"install", release, chartDir, "--namespace", "default", "--wait", "--timeout", "3m"}, values...)...); err != nil {
 		t.Fatalf("%v\n%s", err, c.Logs(2000))
 	}
@@ -151,24 +153,27 @@ func TestHelmShares(t *testing.T) {
 	h.uninstallAtEnd(t, c, &uninstalled)
 	until(t, "the DaemonSet on every node", func() bool { return daemonSetRolled(t, c) })
 	volta := c.Nodes[0]
-	var share, sliced nodeDevice
-	until(t, "the shares of GPUs 4 and 5 in the DGX-1's slice", func() bool {
+	var share, sliced, timed nodeDevice
+	until(t, "the shares of GPUs 4, 5 and 6 in the DGX-1's slice", func() bool {
 		for _, d := range slicesByNode(t, c)[volta.Name] {
 			switch d.name {
 			case "share-4":
 				share = d
 			case "share-5":
 				sliced = d
+			case "share-6":
+				timed = d
 			}
 		}
-		return share.name != "" && sliced.name != ""
+		return share.name != "" && sliced.name != "" && timed.name != ""
 	})
-	major, all := nodeMajor(t, volta), append(minorsOn(t, c, volta.Name), share.minor, sliced.minor)
-	if share.uuid == "" || sliced.uuid == "" {
-		t.Fatalf("a share device has no uuid: %+v, %+v", share, sliced)
+	major, all := nodeMajor(t, volta), append(minorsOn(t, c, volta.Name), share.minor, sliced.minor, timed.minor)
+	if share.uuid == "" || sliced.uuid == "" || timed.uuid == "" {
+		t.Fatalf("a share device has no uuid: %+v, %+v, %+v", share, sliced, timed)
 	}
 	sharedTemplate(t, c, "hshare-2g", 4, "2Gi", "")
 	sharedTemplate(t, c, "hshare-slice", 5, "4Gi", `{"apiVersion":"gpu.gpuiso.io/v1","kind":"GPUConfig","sharing":{"strategy":"MPS","mps":{"slices":4}}}`)
+	sharedTemplate(t, c, "hshare-time", 6, "1Gi", `{"apiVersion":"gpu.gpuiso.io/v1","kind":"GPUConfig","sharing":{"strategy":"TimeSlicing"}}`)
 	mpsDir := filepath.Join(volta.StateDir, "mps")
 	daemons := func() map[string]mps.Daemon {
 		ds, err := mps.Daemons(context.Background(), mpsDir)
@@ -184,6 +189,11 @@ func TestHelmShares(t *testing.T) {
 	const shmBytes = 64 << 20
 	names := []string{"hshare-m0", "hshare-m1", "hshare-m2", "hshare-m3", "hshare-m4", "hshare-m5"}
 	sliceNames := []string{"hshare-s0", "hshare-s1", "hshare-s2", "hshare-s3"}
+	timeNames := []string{"hshare-t0", "hshare-t1"}
+	for _, name := range timeNames {
+		args := isolationArgs(major, all, true, "env", "CUDA_MPS_PIPE_DIRECTORY", "--", "ls", "/tmp/nvidia-mps")
+		createPod(t, c, onNode(withClaim(probePod(name, args), "hshare-time"), volta.Name))
+	}
 	for _, name := range sliceNames {
 		createPod(t, c, onNode(withClaim(probePod(name, shareArgs(major, all, name)), "hshare-slice"), volta.Name))
 	}
@@ -271,6 +281,15 @@ func TestHelmShares(t *testing.T) {
 		}
 		kept[name] = running(t, c, "default", name)
 	}
+	// The time slices of GPU 6: the GPU, no daemon.
+	for _, name := range timeNames {
+		out := podOutput(t, c, name)
+		parseSeen(out).check(t, all, []int{timed.minor}, []string{timed.uuid})
+		if strings.Contains(out, "CUDA_MPS_PIPE_DIRECTORY=") || strings.Contains(out, "control\n") {
+			t.Errorf("pod %s of a time slice has an MPS daemon:\n%s", name, out)
+		}
+		kept[name] = running(t, c, "default", name)
+	}
 	slicer, ok := daemons()[sliceOwner]
 	if !ok || !slicer.Alive || slicer.Slices != 4 || slicer.GPU != sliced.uuid {
 		t.Fatalf("the daemon of GPU 5's slices: %+v (%v), daemons %v", slicer, ok, daemons())
@@ -279,7 +298,7 @@ func TestHelmShares(t *testing.T) {
 		t.Fatalf("the slices' daemon is a memory share's: %+v", slicer)
 	}
 	if len(daemons()) != len(names)+1 {
-		t.Errorf("daemons %v, want one per memory share and one for the slices", daemons())
+		t.Errorf("daemons %v, want one per memory share and one for the slices (none for the time slices)", daemons())
 	}
 	byPod["slices"] = slicer
 	limits["slices"] = daemonLimit(t, slicer.Pid)
@@ -312,7 +331,7 @@ func TestHelmShares(t *testing.T) {
 				t.Errorf("%s: the daemon of %s holds %q, held %q; its pipe directory:\n%s\nits log:\n%s", when, name, l, limits[name], ls, logb)
 			}
 		}
-		for _, name := range append(slices.Clone(names), sliceNames...) {
+		for _, name := range append(slices.Concat(names, sliceNames), timeNames...) {
 			p := pod(t, c, name)
 			if p.UID != kept[name].UID || p.Status.Phase != corev1.PodRunning || p.Status.ContainerStatuses[0].RestartCount != 0 ||
 				p.Status.ContainerStatuses[0].ContainerID != kept[name].Status.ContainerStatuses[0].ContainerID {
@@ -358,10 +377,10 @@ func TestHelmShares(t *testing.T) {
 		return true
 	})
 	same("after SIGKILL of the plugins")
-	t.Logf("daemons kept through the upgrade and the kill: %d memory shares' (%s each), pids %v; the %d slices' of GPU 5, pid %d (%s)",
-		len(names), limits[names[0]], pids, len(sliceNames), slicer.Pid, limits["slices"])
+	t.Logf("daemons kept through the upgrade and the kill: %d memory shares' (%s each), pids %v; the %d slices' of GPU 5, pid %d (%s); %d time slices of GPU 6, no daemon",
+		len(names), limits[names[0]], pids, len(sliceNames), slicer.Pid, limits["slices"], len(timeNames))
 
-	for _, name := range append(slices.Clone(names), sliceNames...) {
+	for _, name := range append(slices.Concat(names, sliceNames), timeNames...) {
 		deletePod(t, c, name)
 	}
 	until(t, "every daemon to go", func() bool { return len(daemons()) == 0 })
