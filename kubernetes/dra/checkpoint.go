@@ -87,15 +87,13 @@ type PreparedShare struct {
 }
 
 // check reports whether p is a share the driver prepares: a memory share
-// of some memory, a time slice or a concurrent slice, valid as an
-// allocator.Share.
+// of some memory, a time slice or a concurrent slice with no memory
+// recorded, each valid as an allocator.Share with every field p has.
 func (p PreparedShare) check() error {
-	switch p.Mode {
-	case "", allocator.ShareMemory, allocator.ShareTime, allocator.ShareSlice:
-	default:
-		return fmt.Errorf("share mode %q", p.Mode)
+	if p.Mode == allocator.ShareSlice && p.MemoryBytes != 0 {
+		return fmt.Errorf("a concurrent slice of %d bytes: %w", p.MemoryBytes, allocator.ErrInvalidRequest)
 	}
-	return p.share().Validate()
+	return allocator.Share{Mode: p.Mode, MemoryBytes: p.MemoryBytes, ComputePercent: p.ComputePercent, Slices: p.Slices}.Validate()
 }
 
 // daemon reports whether p has an MPS daemon: a memory share its own, a

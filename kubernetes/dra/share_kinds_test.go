@@ -217,3 +217,47 @@ func TestPrepareSliceConfig(t *testing.T) {
 		})
 	}
 }
+
+// TestCheckpointShareKinds: a checkpoint keeps the kind of its share (a
+// memory share without a mode, as before); one whose share is no share
+// the driver prepares is corrupt.
+func TestCheckpointShareKinds(t *testing.T) {
+	dev := []dra.PreparedDevice{{Requests: []string{"gpu"}, Pool: "node", Device: "share-0", UUID: "GPU-0", ShareID: "s"}}
+	for _, tt := range []struct {
+		name  string
+		share dra.PreparedShare
+		ok    bool
+	}{
+		{"memory share", dra.PreparedShare{MemoryBytes: gib, ComputePercent: 50}, true},
+		{"time slice", dra.PreparedShare{Mode: allocator.ShareTime}, true},
+		{"concurrent slice", dra.PreparedShare{Mode: allocator.ShareSlice, Slices: 4}, true},
+		{"unknown mode", dra.PreparedShare{Mode: "bogus", Slices: 4}, false},
+		{"one slice", dra.PreparedShare{Mode: allocator.ShareSlice, Slices: 1}, false},
+		{"slice with compute", dra.PreparedShare{Mode: allocator.ShareSlice, Slices: 4, ComputePercent: 10}, false},
+		{"slice with memory", dra.PreparedShare{Mode: allocator.ShareSlice, Slices: 4, MemoryBytes: gib}, false},
+		{"time slice with memory", dra.PreparedShare{Mode: allocator.ShareTime, MemoryBytes: gib}, false},
+		{"memory share of no memory", dra.PreparedShare{}, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := t.TempDir()
+			sh := tt.share
+			cp := dra.Checkpoint{UID: "u", Namespace: "ns", Name: "c", State: dra.StatePrepareCompleted, Owner: "claim-u", Devices: dev, Share: &sh}
+			if err := dra.WriteCheckpoint(dir, cp); err != nil {
+				t.Fatal(err)
+			}
+			got, err := dra.ReadCheckpoint(dir, "u")
+			if !tt.ok {
+				if !errors.Is(err, dra.ErrCorruptCheckpoint) {
+					t.Fatalf("read %+v: %v, want ErrCorruptCheckpoint", got.Share, err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got.Share == nil || *got.Share != tt.share {
+				t.Errorf("read share %+v, want %+v", got.Share, tt.share)
+			}
+		})
+	}
+}
