@@ -79,9 +79,9 @@ func TestPlanMPSRejects(t *testing.T) {
 		gpus []node.DeviceRef
 		m    isolator.MPS
 	}{
-		"two GPUs":     {[]node.DeviceRef{inv.Devices[1].Ref(), inv.Devices[0].MIGRef(inv.Devices[0].MIGDevices[0])}, m},
-		"no GPU":       {nil, m},
-		"relative":     {[]node.DeviceRef{inv.Devices[1].Ref()}, isolator.MPS{PipeDir: "p", ShmDir: "/s"}},
+		"two GPUs": {[]node.DeviceRef{inv.Devices[1].Ref(), inv.Devices[0].MIGRef(inv.Devices[0].MIGDevices[0])}, m},
+		"no GPU":   {nil, m},
+		"relative": {[]node.DeviceRef{inv.Devices[1].Ref()}, isolator.MPS{PipeDir: "p", ShmDir: "/s"}},
 	} {
 		if _, err := isolator.NewPlan("job", inv, tc.gpus, nil, nil, isolator.WithMPS(tc.m)); !errors.Is(err, isolator.ErrInvalidMPS) || !errors.Is(err, node.ErrInvalid) {
 			t.Errorf("%s: %v", name, err)
