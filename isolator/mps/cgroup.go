@@ -126,3 +126,24 @@ func (m *Manager) unplace(ctx context.Context, d Daemon) error {
 	}
 	return nil
 }
+
+// CheckCgroupParent checks a parent for WithCgroup on its own: an absolute,
+// clean cgroup path (no "..", no empty or "." component), which cannot
+// leave the hierarchy it is joined to. A bad one matches ErrInvalid.
+func CheckCgroupParent(parent string) error {
+	if err := linux.CheckCgroupPath(parent); err != nil {
+		return fmt.Errorf("cgroup parent: %w: %w", err, ErrInvalid)
+	}
+	return nil
+}
+
+// OwnCgroups is the calling process's cgroup in each hierarchy, keyed by
+// the hierarchy's controllers as /proc/<pid>/cgroup lists them ("" for
+// the unified hierarchy, "memory", "name=systemd", ...), each path as the
+// cgroup namespace nsFile shows it ("": the caller's own; a container that
+// shares the host's pid namespace names the host's, /proc/1/ns/cgroup):
+// where a starter finds the parent for WithCgroup, such as the one of its
+// kubepods cgroup.
+func OwnCgroups(nsFile string) (map[string]string, error) {
+	return linux.OwnCgroups(nsFile)
+}

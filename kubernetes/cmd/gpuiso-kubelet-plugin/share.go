@@ -16,7 +16,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/gpuiso/gpuiso/allocator"
-	"github.com/gpuiso/gpuiso/internal/linux"
 	"github.com/gpuiso/gpuiso/isolator/mps"
 	"github.com/gpuiso/gpuiso/node"
 )
@@ -79,7 +78,7 @@ func (s *shareFlags) check() string {
 		return "--mps-driver-root must be an absolute path"
 	}
 	if s.mpsCgroup != "" && s.mpsCgroup != "auto" {
-		if err := linux.CheckCgroupPath(s.mpsCgroup); err != nil {
+		if err := mps.CheckCgroupParent(s.mpsCgroup); err != nil {
 			return "--mps-cgroup-parent: " + err.Error()
 		}
 	}
@@ -252,13 +251,13 @@ func (s *shareFlags) cgroupPlacement() ([]mps.Option, error) {
 	opts := []mps.Option{mps.WithCgroupRoot(s.mpsCgroupRoot)}
 	parent := s.mpsCgroup
 	if parent == "auto" {
-		own, err := linux.OwnCgroups("")
+		own, err := mps.OwnCgroups("")
 		if err != nil {
 			return nil, fmt.Errorf("--mps-cgroup-parent=auto: %w", err)
 		}
 		var ok bool
 		if parent, ok = kubepodsParent(own); !ok {
-			if own, err = linux.OwnCgroups(hostCgroupNamespace); err != nil {
+			if own, err = mps.OwnCgroups(hostCgroupNamespace); err != nil {
 				return nil, fmt.Errorf("--mps-cgroup-parent=auto: in the host's cgroup namespace: %w", err)
 			}
 			if parent, ok = kubepodsParent(own); !ok {
@@ -272,7 +271,7 @@ func (s *shareFlags) cgroupPlacement() ([]mps.Option, error) {
 
 // kubepodsParent is the parent of the first kubepods cgroup (kubepods
 // with the cgroupfs driver, kubepods.slice with systemd's) in a process's
-// cgroups (linux.ProcCgroups): the unified hierarchy's path first, else
+// cgroups (mps.OwnCgroups): the unified hierarchy's path first, else
 // the memory hierarchy's, else any other's.
 func kubepodsParent(cgroups map[string]string) (string, bool) {
 	keys := []string{"", "memory"}
