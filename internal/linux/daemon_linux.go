@@ -3,6 +3,7 @@ package linux
 import (
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"os/exec"
@@ -18,6 +19,12 @@ import (
 // Target, or, with Source empty, a tmpfs of mode Mode at Target. Target
 // is made when missing (in a tmpfs mounted before it, say).
 //
+// Content, instead, is a file whose bytes are written at Target, a new
+// file of mode Mode owned by the starter, after the mounts before it (a
+// tmpfs): a copy of a program that exists in the daemon's namespace
+// alone. It is read from the start of the file, in the starter's
+// namespace, wherever it was opened.
+//
 // Untrusted marks a bound directory that another party may write while
 // the daemon runs (a container's, say): it is bound nosuid, nodev, noexec
 // and nosymfollow, so that the daemon, however privileged, follows no
@@ -29,6 +36,7 @@ type NamespaceMount struct {
 	Target    string
 	Mode      os.FileMode
 	Untrusted bool
+	Content   *os.File
 }
 
 // StartDaemon starts cmd as a daemon: in a session of its own (so that
@@ -144,6 +152,12 @@ func startIn(cmd *exec.Cmd, mounts []NamespaceMount) error {
 		srcs[i] = f
 	}
 	for i, m := range mounts {
+		if m.Content != nil {
+			if err := copyContent(m); err != nil {
+				return err
+			}
+			continue
+		}
 		if err := os.MkdirAll(m.Target, 0o755); err != nil {
 			return err
 		}
@@ -176,6 +190,36 @@ func startIn(cmd *exec.Cmd, mounts []NamespaceMount) error {
 		}
 	}
 	return cmd.Start()
+}
+
+// copyContent writes m.Content's bytes at m.Target, a new file of mode
+// m.Mode, its directory made when missing.
+func copyContent(m NamespaceMount) error {
+	fi, err := m.Content.Stat()
+	if err != nil {
+		return err
+	}
+	if !fi.Mode().IsRegular() {
+		return &fs.PathError{Op: "copy", Path: m.Content.Name(), Err: ErrNotRegular}
+	}
+	if err := os.MkdirAll(filepath.Dir(m.Target), 0o755); err != nil {
+		return err
+	}
+	f, err := os.OpenFile(m.Target, os.O_WRONLY|os.O_CREATE|os.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return err
+	}
+	_, err = io.Copy(f, io.NewSectionReader(m.Content, 0, fi.Size()))
+	if err == nil {
+		err = f.Chmod(m.Mode.Perm())
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("copy %s to %s: %w", m.Content.Name(), m.Target, err)
+	}
+	return nil
 }
 
 // LockHolder returns the pid of the process that holds a POSIX (fcntl)

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -200,5 +201,79 @@ func TestStartDaemonUntrusted(t *testing.T) {
 	}
 	if strings.Contains(out.String(), "ran\n") || !strings.Contains(out.String(), "done") {
 		t.Errorf("the daemon ran a program of the shared directory, or did not finish: %s", out.String())
+	}
+}
+
+// TestStartDaemonContent: a Content mount writes a copy of the file at its
+// target, of its mode, in the daemon's namespace alone; a process run as
+// another user from an execute-only copy (0111) is non-dumpable: its
+// private /proc entries are root's, and a process of its own uid cannot reach its
+// root through /proc, where one run from a readable copy (0755) can.
+func TestStartDaemonContent(t *testing.T) {
+	if !IsRoot() {
+		t.Skip("needs root: mount namespaces and another user's processes")
+	}
+	const nobody = 65534
+	for _, tc := range []struct {
+		mode     os.FileMode
+		reached  bool
+		procUser uint32
+	}{{0o111, false, 0}, {0o755, true, nobody}} {
+		t.Run(tc.mode.String(), func(t *testing.T) {
+			scratch := t.TempDir()
+			if err := os.Chmod(filepath.Dir(scratch), 0o755); err != nil { // for the other user's exec
+				t.Fatal(err)
+			}
+			src, err := os.Open("/bin/sleep")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer src.Close()
+			if _, err := src.Seek(100, 0); err != nil { // the copy is read from the start whatever the offset
+				t.Fatal(err)
+			}
+			prog := filepath.Join(scratch, "bin", "sleep")
+			cmd := exec.Command(prog, "30")
+			cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: nobody, Gid: nobody}}
+			err = StartDaemon(cmd, []NamespaceMount{{Target: scratch, Mode: 0o755}, {Target: prog, Content: src, Mode: tc.mode}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { cmd.Process.Kill(); cmd.Wait() }()
+			if _, err := os.Stat(prog); err == nil {
+				t.Fatal("the copy is in the caller's namespace")
+			}
+			proc := "/proc/" + strconv.Itoa(cmd.Process.Pid)
+			// The program runs once its exec is done: its exe is the copy.
+			deadline := time.Now().Add(10 * time.Second)
+			for {
+				if exe, _ := os.Readlink(proc + "/exe"); exe == prog {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("%s never ran %s", proc, prog)
+				}
+				time.Sleep(time.Millisecond)
+			}
+			var st unix.Stat_t
+			if err := unix.Stat(proc+"/root/"+strings.TrimPrefix(prog, "/"), &st); err != nil {
+				t.Fatal(err)
+			}
+			if os.FileMode(st.Mode).Perm() != tc.mode || st.Uid != 0 {
+				t.Errorf("copy: mode %o, uid %d; want %o, 0", st.Mode&0o777, st.Uid, tc.mode)
+			}
+			if err := unix.Stat(proc+"/environ", &st); err != nil {
+				t.Fatal(err)
+			}
+			if st.Uid != tc.procUser {
+				t.Errorf("%s/environ is uid %d's; want %d's", proc, st.Uid, tc.procUser)
+			}
+			ls := exec.Command("ls", proc+"/root/")
+			ls.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: nobody, Gid: nobody}}
+			out, err := ls.CombinedOutput()
+			if reached := err == nil; reached != tc.reached {
+				t.Errorf("uid %d listing %s/root: %v, %s; want reached %v", nobody, proc, err, out, tc.reached)
+			}
+		})
 	}
 }

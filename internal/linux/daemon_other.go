@@ -13,6 +13,7 @@ type NamespaceMount struct {
 	Target    string
 	Mode      os.FileMode
 	Untrusted bool
+	Content   *os.File
 }
 
 // StartDaemon is not supported on this operating system.

@@ -193,6 +193,11 @@ func (m *Manager) start(ctx context.Context, owner string, gpu node.DeviceRef, l
 			return d, err
 		}
 	}
+	server, err := m.serverSource()
+	if err != nil {
+		return d, err
+	}
+	defer server.Close()
 	d = m.blank(owner)
 	d.GPU, d.Index, d.Limits, d.Started = gpu.UUID, gpu.Index, lim, time.Now().UTC()
 	d.Cgroup = m.cgroupOf(owner)
@@ -243,7 +248,7 @@ func (m *Manager) start(ctx context.Context, owner string, gpu node.DeviceRef, l
 	}
 	defer log.Close()
 	began := time.Now()
-	cmd, err := m.startDaemon(d, log, again)
+	cmd, err := m.startDaemon(d, log, server, again)
 	if err != nil {
 		return d, err
 	}
@@ -282,8 +287,10 @@ func (m *Manager) start(ctx context.Context, owner string, gpu node.DeviceRef, l
 // nosymfollow (before Linux 5.10) has them bound as they are for a new
 // daemon, whose directories no container has seen yet, and refuses again
 // (a dead daemon started again in the directories its container may
-// still write) with ErrUnsafeRestart.
-func (m *Manager) startDaemon(d Daemon, log *os.File, again bool) (*exec.Cmd, error) {
+// still write) with ErrUnsafeRestart. The servers it starts run a copy of
+// server (the driver's, serverSource) that its namespace alone holds, which
+// their users may run but not read (serverMode).
+func (m *Manager) startDaemon(d Daemon, log, server *os.File, again bool) (*exec.Cmd, error) {
 	untrusted := true
 	for {
 		cmd := exec.Command(m.daemonBin(), "-f")
@@ -291,6 +298,7 @@ func (m *Manager) startDaemon(d Daemon, log *os.File, again bool) (*exec.Cmd, er
 		cmd.Stdout, cmd.Stderr = log, log
 		mounts := []linux.NamespaceMount{
 			{Target: daemonTmp, Mode: 0o777 | os.ModeSticky},
+			{Target: filepath.Join(daemonServerDir, ServerBinary), Content: server, Mode: serverMode},
 			{Source: d.PipeDir, Target: daemonPipeDir, Untrusted: untrusted},
 			{Source: d.LogDir, Target: daemonLogDir},
 			{Source: d.ShmDir, Target: daemonShmDir, Untrusted: untrusted},
@@ -315,12 +323,13 @@ func (m *Manager) startDaemon(d Daemon, log *os.File, again bool) (*exec.Cmd, er
 
 // env is the daemon's environment: its GPU, its directories as its own
 // namespace shows them, the search path of the driver's programs (the
-// control daemon starts nvidia-cuda-mps-server) and the library path of a
+// control daemon starts nvidia-cuda-mps-server by name: its namespace's
+// copy comes first) and the library path of a
 // driver root other than / (driverDirs) before the caller's (a driver
 // outside the loader's default directories).
 func (m *Manager) env(uuid, mark string) []string {
 	bins, libs := driverDirs(m.driverRoot, m.nsDriverRoot)
-	path := strings.Join(append([]string{filepath.Dir(m.daemonBin())}, bins...), ":") + ":/usr/local/nvidia/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+	path := strings.Join(append([]string{daemonServerDir, filepath.Dir(m.daemonBin())}, bins...), ":") + ":/usr/local/nvidia/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 	env := []string{
 		"CUDA_VISIBLE_DEVICES=" + uuid,
 		MarkEnv + "=" + mark,

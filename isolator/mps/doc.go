@@ -72,13 +72,19 @@
 //
 // Host users are another matter. A daemon's server runs as the uid of the
 // client that asked for it (MPS's design: a daemon started by root starts
-// servers for any user), and a process of a host user of the same uid may
-// reach the server's mount namespace, and in it the share's /dev/shm and
-// pipe directory, through /proc/<pid>/root, as it may reach the container's
-// own processes: a container run without a user namespace as a uid some
-// host user has is within that user's reach, MPS or not. A container run as
-// root (the default) has root servers, within the reach of host root alone;
-// a container for a tenant should run as a uid no host user has.
+// servers for any user), and a process of the same uid may trace a
+// process of its own and reach its mount namespace, and in it the share's
+// /dev/shm and pipe directory, through /proc/<pid>/root. So a daemon's
+// servers run a copy of the driver's nvidia-cuda-mps-server that only its
+// namespace holds (on its own /tmp), which any user may run and none but
+// root may read (0111): the kernel makes a process that runs a program
+// its user cannot read non-dumpable, and the /proc entries of a
+// non-dumpable process are root's, out of reach of every other process of
+// its uid. A node whose driver has no server beside its control daemon is
+// ErrNoServer, and no daemon starts. The container's own processes are
+// not the manager's to guard: a container run without a user namespace as
+// a uid some host user has is within that user's reach, MPS or not; a
+// container for a tenant should run as a uid no host user has.
 //
 // # Life
 //

@@ -43,7 +43,7 @@ func TestDriverDirs(t *testing.T) {
 	m := &Manager{bin: filepath.Join(root, "usr/bin", ControlBinary), driverRoot: root}
 	env := strings.Join(m.env("GPU-1", "mark"), "\n")
 	if !strings.Contains(env, "LD_LIBRARY_PATH="+filepath.Join(root, "usr/lib/x86_64-linux-gnu")) ||
-		!strings.Contains(env, "PATH="+filepath.Join(root, "usr/bin")+":"+filepath.Join(root, "usr/bin")+":"+filepath.Join(root, "usr/sbin")) {
+		!strings.Contains(env, "PATH="+daemonServerDir+":"+filepath.Join(root, "usr/bin")+":"+filepath.Join(root, "usr/bin")+":"+filepath.Join(root, "usr/sbin")) {
 		t.Errorf("the daemon's environment lacks the driver root's directories:\n%s", env)
 	}
 	for _, r := range []string{"", "/", t.TempDir()} {

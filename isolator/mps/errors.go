@@ -7,6 +7,11 @@ var (
 	// (nvidia-cuda-mps-control) in PATH or its driver root, so memory
 	// shares cannot be enforced on it.
 	ErrNoControl = node.Sentinel(node.ErrNotSupported, "no MPS control daemon (nvidia-cuda-mps-control)")
+	// ErrNoServer: the node has no MPS server binary
+	// (nvidia-cuda-mps-server) beside its control daemon or in its driver
+	// root, so a daemon could start no server the manager has made out of
+	// its clients' reach; no daemon is started.
+	ErrNoServer = node.Sentinel(node.ErrNotSupported, "no MPS server (nvidia-cuda-mps-server)")
 	// ErrInvalid: a request to the manager is malformed (an owner id no
 	// container can have, a GPU without a UUID, a MIG device named by its
 	// parent's UUID, a share

@@ -11,3 +11,9 @@ import (
 func SetStartDaemon(m *Manager, fn func(*exec.Cmd, []linux.NamespaceMount) error) {
 	m.startFn = fn
 }
+
+// SetHostRoot has m look for the MPS server under root instead of /, for a
+// test of a node without one.
+func SetHostRoot(m *Manager, root string) {
+	m.hostRoot = root
+}

@@ -44,6 +44,9 @@ type Manager struct {
 
 	// startFn starts a daemon's process (linux.StartDaemon when nil).
 	startFn func(*exec.Cmd, []linux.NamespaceMount) error
+	// hostRoot is where serverSource looks for the server last, as the
+	// daemons' PATH does ("/" when empty).
+	hostRoot string
 }
 
 // New returns a manager of the daemons under dir (made if missing, and
