@@ -72,5 +72,39 @@
 // number per GPU is enforced. Memory shares, enforced by MPS, are the DRA
 // driver's.
 //
+// # Concurrent slices
+//
+// With Config.Strategy StrategyMPS the same replicas are concurrent
+// slices, enforced by MPS, as the DRA driver's slices are: each GPU's
+// Config.Replicas replicas (2 to allocator.MaxSlices) are its N equal
+// slices. Allocate holds a replica as allocator.ShareSlice with Slices N
+// for its ConcurrentSliceOwner ("mpsslice-<uuid>-<k>"), and makes sure its
+// GPU's one MPS daemon runs (Config.MPS, an mps.Manager:
+// mps.Manager.StartShare starts it with the GPU's first slice, with the
+// default limits of 1/N of the GPU's memory and threads, and records each
+// slice among its tenants). The container gets the GPU as a time slice's
+// does, the daemon's pipe directory and /dev/shm as mounts (at
+// isolator.MPSPipeDir and isolator.MPSShmDir) and CUDA_MPS_PIPE_DIRECTORY
+// and the daemon's limits in its environment, as isolator.WithShare
+// renders a DRA slice's. Reconcile gives a slice back once no pod holds
+// it, its daemon first (mps.Manager.Stop of the tenant: the daemon stops
+// with the GPU's last slice). Adopt holds the slices of running pods again
+// with their daemons (a running daemon is kept, a dead one started again
+// in place) and stops every daemon of Config.MPS that no slice held in
+// the allocator explains, so that a restarted plugin kills no daemon its
+// pods use and leaves none that nothing uses. Config.MPS should be a
+// directory of the device plugin's own: the DRA driver sweeps its own by
+// its claims.
+//
+// A container asking for more than one concurrent slice is refused
+// (ErrSliceCount), as NVIDIA's device plugin refuses more than one MPS
+// replica: the daemon holds each client process to one slice's limits
+// whatever the container was given. The allocator keeps a GPU to one kind
+// of share and one count of slices: a GPU with time slices gives no
+// concurrent slice and the reverse. What concurrent slices enforce and
+// what they do not (the limits are per client process; the slices of a
+// GPU share one server, one control socket and one /dev/shm) is in
+// package isolator/mps: give them to cooperating workloads of one tenant.
+//
 // The package never logs unless given a *slog.Logger.
 package deviceplugin

@@ -77,7 +77,11 @@ func release(ctx context.Context, k interface {
 // Adopt holds in the allocator what the kubelet's pods hold now of the
 // manager's resources, as its pod-resources service (Config.PodResources)
 // tells: each whole GPU or MIG device for its DeviceOwner, each time slice
-// for its TimeSliceOwner. It is how a plugin that starts finds the devices
+// for its TimeSliceOwner, each concurrent slice for its
+// ConcurrentSliceOwner, with its GPU's MPS daemon (kept running, or
+// started again in place); then, with StrategyMPS, it stops every daemon
+// of Config.MPS that no slice held in the allocator explains (a GPU's
+// daemon is kept while any slice of it is held). It is how a plugin that starts finds the devices
 // handed out before it ran: by a version that did not hold them, or by a
 // device plugin since turned off (a Manager that is not Run adopts and
 // reconciles all the same), so that no DRA claim takes a GPU a running pod
@@ -107,7 +111,15 @@ func (m *Manager) Adopt(ctx context.Context) ([]string, error) {
 			case d.TimeSlice && tok:
 				owner = TimeSliceOwner(d.Ref.UUID, d.Replica)
 				_, err = ts.Claim(ctx, owner, []node.DeviceRef{d.Ref}, allocator.AsShare(allocator.Share{Mode: allocator.ShareTime}))
-			case !d.TimeSlice && kok:
+			case d.Slice && tok && m.cfg.MPS != nil:
+				owner = ConcurrentSliceOwner(d.Ref.UUID, d.Replica)
+				var al allocator.Allocation
+				if al, err = ts.Claim(ctx, owner, []node.DeviceRef{d.Ref}, allocator.AsShare(m.cfg.sliceShare())); err == nil {
+					// Its GPU's daemon, found running (the slice joins its
+					// tenants) or started again in place.
+					_, err = m.cfg.MPS.StartShare(ctx, al)
+				}
+			case !d.TimeSlice && !d.Slice && kok:
 				owner = DeviceOwner(d.ID)
 				_, err = k.Claim(ctx, owner, []node.DeviceRef{d.Ref})
 			default:
@@ -124,6 +136,9 @@ func (m *Manager) Adopt(ctx context.Context) ([]string, error) {
 	if len(held) > 0 {
 		m.cfg.Logger.Info("held the devices of running pods", "owners", held)
 		m.cfg.heldChanged()
+	}
+	if _, err := m.sweepSlices(ctx); err != nil {
+		errs = append(errs, err)
 	}
 	if err := errors.Join(errs...); err != nil {
 		return held, fmt.Errorf("adopt the devices of running pods: %w", err)

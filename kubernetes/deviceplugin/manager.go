@@ -68,6 +68,15 @@ type Config struct {
 	// SharedResourceName is the time slices' resource (default
 	// DefaultSharedResourceName).
 	SharedResourceName string
+	// Strategy is how the replicas of a shared GPU share it: time slices
+	// (StrategyTimeSlicing, the default: "" is it) or concurrent slices
+	// enforced by MPS (StrategyMPS: Replicas from allocator.MinSlices to
+	// allocator.MaxSlices, each held as allocator.ShareSlice with Slices
+	// Replicas, and MPS runs the daemons).
+	Strategy Strategy
+	// MPS runs the MPS daemons of the concurrent slices (StrategyMPS),
+	// one per sliced GPU: an *mps.Manager of a directory of its own.
+	MPS SliceDaemons
 	// PodResources is the kubelet's pod-resources socket, which Adopt and
 	// Reconcile ask (default DefaultPodResources).
 	PodResources string
@@ -115,6 +124,11 @@ func (c *Config) defaults() error {
 	if c.TimeSliceGrace == 0 {
 		c.TimeSliceGrace = DefaultTimeSliceGrace
 	}
+	strategy, err := ParseStrategy(string(c.Strategy))
+	if err != nil {
+		return err
+	}
+	c.Strategy = strategy
 	if len(c.Shared) > 0 {
 		if c.SharedResourceName == "" {
 			c.SharedResourceName = DefaultSharedResourceName
@@ -124,6 +138,14 @@ func (c *Config) defaults() error {
 		}
 		if c.Replicas < 1 {
 			return fmt.Errorf("%d time slices per GPU: %w", c.Replicas, ErrInvalidConfig)
+		}
+		if c.Strategy == StrategyMPS {
+			if c.Replicas < allocator.MinSlices || c.Replicas > allocator.MaxSlices {
+				return fmt.Errorf("%d concurrent slices per GPU, want %d to %d: %w", c.Replicas, allocator.MinSlices, allocator.MaxSlices, ErrInvalidConfig)
+			}
+			if c.MPS == nil {
+				return fmt.Errorf("concurrent slices need their MPS daemons (Config.MPS): %w", ErrInvalidConfig)
+			}
 		}
 		if c.SharedResourceName == c.ResourceName {
 			return fmt.Errorf("time slices and whole GPUs under one resource %q: %w", c.ResourceName, ErrInvalidConfig)

@@ -184,7 +184,7 @@ func (p *Plugin) Preferred(ctx context.Context, available, mustInclude []string,
 		return nil, fmt.Errorf("preferred allocation of %s: size %d of %d available with %d required: %w",
 			p.resource, size, len(available), len(mustInclude), ErrInvalidConfig)
 	}
-	if byID[available[0]].TimeSlice {
+	if d := byID[available[0]]; d.TimeSlice || d.Slice {
 		return preferSlices(byID, available, mustInclude, size), nil
 	}
 	if strings.HasPrefix(available[0], "MIG-") || p.inv == nil {
@@ -249,7 +249,13 @@ func (p *Plugin) Allocate(ctx context.Context, req *pluginapi.AllocateRequest) (
 // handed out twice. A time slice is held in the allocator for its replica
 // (TimeSliceOwner) first: one refused there (its GPU held whole, or by
 // memory shares) fails the container; the container gets the GPU, as
-// every other time slice of it. A refused container holds nothing.
+// every other time slice of it. A concurrent slice (StrategyMPS) is held
+// for its replica (ConcurrentSliceOwner) and joins its GPU's MPS daemon
+// (started with the GPU's first slice); the container gets the GPU, the
+// daemon's pipe directory and /dev/shm as mounts, and
+// CUDA_MPS_PIPE_DIRECTORY and the daemon's limits in its environment. A
+// container asking for more than one concurrent slice is refused
+// (ErrSliceCount). A refused container holds nothing.
 func (p *Plugin) Container(ids []string) (*pluginapi.ContainerAllocateResponse, error) {
 	return p.container(context.Background(), ids)
 }
@@ -266,6 +272,12 @@ func (p *Plugin) container(ctx context.Context, ids []string) (*pluginapi.Contai
 		d, ok := byID[id]
 		if !ok {
 			return nil, fmt.Errorf("allocate %s: device %q: %w", p.resource, id, ErrUnknownDevice)
+		}
+		if d.Slice {
+			if len(ids) > 1 {
+				return nil, fmt.Errorf("allocate %s: %d devices in one container: %w", p.resource, len(ids), ErrSliceCount)
+			}
+			return p.concurrentContainer(ctx, d)
 		}
 		if d.TimeSlice {
 			sliced = append(sliced, d)

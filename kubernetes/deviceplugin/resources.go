@@ -20,9 +20,11 @@ type Device struct {
 	Ref node.DeviceRef
 	// Position is the parent GPU's position in the inventory.
 	Position int
-	// TimeSlice tells a time slice of a shared GPU (TimeSlices), Replica
+	// TimeSlice tells a time slice of a shared GPU (TimeSlices), Slice a
+	// concurrent slice of one (ConcurrentSlices, StrategyMPS), Replica
 	// its number on the GPU.
 	TimeSlice bool
+	Slice     bool
 	Replica   int
 }
 

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -54,18 +53,7 @@ func TimeSliceOwner(uuid string, k int) string { return timeSlicePrefix + uuid +
 const timeSlicePrefix = "timeslice-"
 
 // timeSliceOfOwner is the replica an owner of TimeSliceOwner's names.
-func timeSliceOfOwner(owner string) (string, bool) {
-	rest, ok := strings.CutPrefix(owner, timeSlicePrefix)
-	i := strings.LastIndexByte(rest, '-')
-	if !ok || i <= 0 {
-		return "", false
-	}
-	k, err := strconv.Atoi(rest[i+1:])
-	if err != nil || k < 0 {
-		return "", false
-	}
-	return TimeSliceID(rest[:i], k), true
-}
+func timeSliceOfOwner(owner string) (string, bool) { return replicaOfOwner(timeSlicePrefix, owner) }
 
 // TimeSlices are the replicas of the GPUs of devs that shared names (by
 // UUID): replicas devices per GPU, each a time slice of it, named by
@@ -87,8 +75,8 @@ func TimeSlices(devs []node.Device, shared []string, replicas int) []Device {
 }
 
 // resources are the resources the manager serves for devs: Resources,
-// with the shared GPUs as time slices under SharedResourceName instead of
-// whole.
+// with the shared GPUs as time slices (or, with StrategyMPS, concurrent
+// slices) under SharedResourceName instead of whole.
 func (c *Config) resources(devs []node.Device) (map[string][]Device, error) {
 	res, err := Resources(c.ResourceName, devs)
 	if err != nil || len(c.Shared) == 0 {
@@ -100,7 +88,11 @@ func (c *Config) resources(devs []node.Device) (map[string][]Device, error) {
 	} else {
 		res[c.ResourceName] = whole
 	}
-	if ts := TimeSlices(devs, c.Shared, c.Replicas); len(ts) > 0 {
+	replicas := TimeSlices
+	if c.Strategy == StrategyMPS {
+		replicas = ConcurrentSlices
+	}
+	if ts := replicas(devs, c.Shared, c.Replicas); len(ts) > 0 {
 		res[c.SharedResourceName] = ts
 	}
 	return res, nil
@@ -160,8 +152,11 @@ func (p *Plugin) claimSlices(ctx context.Context, devs []Device) error {
 // device out, never when its pod ends, so the manager asks the kubelet's
 // pod-resources service (Config.PodResources) which devices of its
 // resources its pods hold, and releases every other one it holds in the
-// allocator (DeviceOwner, TimeSliceOwner), except those Allocate took
-// within Config.TimeSliceGrace. It returns the owners released, sorted.
+// allocator (DeviceOwner, TimeSliceOwner, ConcurrentSliceOwner), except
+// those Allocate took within Config.TimeSliceGrace. A concurrent slice
+// leaves its GPU's MPS daemon first (Config.MPS: the daemon stops with
+// the GPU's last slice); one whose daemon cannot be left stays held, in
+// the error, for the next round. It returns the owners released, sorted.
 // When the kubelet cannot be asked, it releases nothing.
 func (m *Manager) Reconcile(ctx context.Context) ([]string, error) {
 	k, kok := m.src.(Keeper)
@@ -177,7 +172,7 @@ func (m *Manager) Reconcile(ctx context.Context) ([]string, error) {
 	}
 	var ours []allocator.Allocation
 	for _, al := range allocs {
-		if _, ok := ownedDevice(al); ok {
+		if _, ok := m.ownedDevice(al); ok {
 			ours = append(ours, al)
 		}
 	}
@@ -191,9 +186,17 @@ func (m *Manager) Reconcile(ctx context.Context) ([]string, error) {
 	var released []string
 	var errs []error
 	for _, al := range ours {
-		id, _ := ownedDevice(al)
+		id, _ := m.ownedDevice(al)
 		if inUse[id] || m.book.recent(id, m.cfg.TimeSliceGrace) {
 			continue
+		}
+		if al.Share != nil && al.Share.Mode == allocator.ShareSlice {
+			// The daemon goes before the slice: a daemon that cannot
+			// leave keeps its slice held, for the next round.
+			if err := m.cfg.MPS.Stop(ctx, al.Owner); err != nil {
+				errs = append(errs, fmt.Errorf("release %s: %w", al.Owner, err))
+				continue
+			}
 		}
 		var err error
 		if kok {
@@ -215,10 +218,16 @@ func (m *Manager) Reconcile(ctx context.Context) ([]string, error) {
 	return released, errors.Join(errs...)
 }
 
-// ownedDevice is the kubelet's id of the device or time slice al holds
-// for a pod of the plugin's (DeviceOwner, TimeSliceOwner); ok is false
-// for any other allocation (a DRA claim's).
-func ownedDevice(al allocator.Allocation) (string, bool) {
+// ownedDevice is the kubelet's id of the device, time slice or
+// concurrent slice al holds for a pod of the plugin's (DeviceOwner,
+// TimeSliceOwner, ConcurrentSliceOwner); ok is false for any other
+// allocation (a DRA claim's).
+func (m *Manager) ownedDevice(al allocator.Allocation) (string, bool) {
+	if id, ok := replicaOfOwner(concurrentPrefix, al.Owner); ok && al.Share != nil && al.Share.Mode == allocator.ShareSlice {
+		// Without the daemons of slices, a slice is left alone: giving
+		// it back would leave its daemon running.
+		return id, m.cfg.MPS != nil
+	}
 	if id, ok := timeSliceOfOwner(al.Owner); ok && al.Share != nil && al.Share.Mode == allocator.ShareTime {
 		return id, true
 	}
