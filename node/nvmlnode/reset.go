@@ -244,3 +244,108 @@ func (m *monitor) resetDone(p int, pr *pendingReset) {
 	}
 	m.notify(ev)
 }
+
+// ResetStep is a step of a GPU reset, as a HealthEvent tells it.
+type ResetStep int
+
+// The steps.
+const (
+	// ResetNone: the event is not about a reset.
+	ResetNone ResetStep = iota
+	// ResetWaiting: the GPU waits for its reset while Owners hold it
+	// (the reset policy was asked to release them; Err: what it said),
+	// or, Owners empty, while the driver lists processes on it or its
+	// owners cannot be read (Err says which); a GPU with MIG devices is
+	// not reset at all (Err matches node.ErrNotSupported).
+	ResetWaiting
+	// ResetDone: the GPU was reset, its signals read again were clear,
+	// and it is healthy again (Healed is set too).
+	ResetDone
+	// ResetFailed: the reset failed, or the signals read again after it
+	// still made the GPU unhealthy: it stays unhealthy, its Verdict's
+	// action now a reboot; Err says why.
+	ResetFailed
+)
+
+var resetStepNames = [...]string{"none", "waiting", "done", "failed"}
+
+func (s ResetStep) String() string {
+	if s >= 0 && int(s) < len(resetStepNames) {
+		return resetStepNames[s]
+	}
+	return fmt.Sprintf("reset-step(%d)", int(s))
+}
+
+// ResetPolicy releases the work that holds a GPU waiting for a reset
+// (WithReset): the importer's, which alone knows what its owners are
+// (a container of its own to stop, a claim the cluster evicts, a job to
+// leave running). The monitor never ends a process itself.
+type ResetPolicy interface {
+	// Release is asked once per reset, when the GPU gpu (unhealthy now)
+	// waits for one while owners hold it: it may stop their work and
+	// release the GPU (the allocator's Release), at once or later, or do
+	// nothing and let them end on their own. The monitor waits for the
+	// GPU to be free either way; what Release returns is only told
+	// (ResetWaiting, Err). It must not block for long: the monitor waits
+	// for it.
+	Release(ctx context.Context, gpu node.Device, owners []string) error
+}
+
+// ResetPolicyFunc is a function as a ResetPolicy.
+type ResetPolicyFunc func(ctx context.Context, gpu node.Device, owners []string) error
+
+// Release calls f.
+func (f ResetPolicyFunc) Release(ctx context.Context, gpu node.Device, owners []string) error {
+	return f(ctx, gpu, owners)
+}
+
+// owners is a Target that tells who holds a device now (the allocator's
+// Owners): WithReset needs it.
+type owners interface {
+	Owners(device string) ([]string, error)
+}
+
+// WithReset makes the monitor reset a GPU instead of leaving it out of
+// service, through r: a GPU marked unhealthy for a signal whose action is
+// a GPU reset (a MIG device's own XID aside) waits for its reset, out of
+// service. The owners holding it are told to policy once (nil: the
+// policy is to wait, and they are not told); when the target says no
+// owner holds it any more and the driver lists no process on it, r
+// resets it, and its signals are read again: all clear, the GPU and its
+// MIG devices are healthy again at once (no quiet period); a failed
+// reset, or a signal still unhealthy after it, leaves the GPU unhealthy
+// with the action of the verdict a reboot (the reason "...: reboot"),
+// which no reset follows. Each step is told (HealthEvent.Reset). Only the
+// GPU waiting is touched: other GPUs and their owners are not. A GPU with
+// MIG devices is not reset (a reset destroys them): it is told once
+// (ResetWaiting, Err matching node.ErrNotSupported) and stays out of
+// service, as without WithReset.
+//
+// A GPU waiting for its reset is healthy again only through it: the
+// signals clearing do not heal it, as they do without WithReset. A GPU
+// unhealthy for a reset when the monitor starts (for a reason a Verdict
+// wrote) waits for its reset too. The target must tell a device's owners
+// (Owners(device string) ([]string, error), as the allocator does), else
+// Monitor refuses the option, and one that cannot mark a device healthy
+// (MarkHealthy); a nil r is refused.
+func WithReset(r node.Resetter, policy ResetPolicy) MonitorOption {
+	return func(c *monitorConfig) error {
+		if r == nil {
+			return fmt.Errorf("reset: no resetter: %w", node.ErrInvalid)
+		}
+		c.resetter, c.policy = r, policy
+		return nil
+	}
+}
+
+// pendingReset is a GPU waiting for its reset.
+type pendingReset struct {
+	// verdict is the one the GPU was marked for, reason its health
+	// reason then.
+	verdict node.Verdict
+	reason  string
+	// told is set once the policy was asked to release the owners,
+	// toldBusy once the driver's processes on the GPU were told, and
+	// ownersFailed while the owners cannot be read (told once).
+	told, toldBusy, ownersFailed bool
+}
