@@ -277,3 +277,34 @@ func TestStartDaemonContent(t *testing.T) {
 		})
 	}
 }
+
+// TestEnd: End kills the process it names and waits for it; a name whose
+// start time is another's (a later process given the pid) kills nothing.
+func TestEnd(t *testing.T) {
+	cmd := exec.Command("sleep", "30")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	defer cmd.Process.Kill()
+	p, err := ProcessOf("", cmd.Process.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := Process{Pid: p.Pid, Start: p.Start + 1}
+	if err := End(t.Context(), "", other, time.Second); err != nil {
+		t.Fatalf("End of a process that is not there: %v", err)
+	}
+	if !Alive("", p) {
+		t.Fatal("End killed a process it did not name")
+	}
+	if err := End(t.Context(), "", p, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the process runs on")
+	}
+}

@@ -22,3 +22,7 @@ var ErrInvalidProcess = node.ErrInvalidProcess
 // regular file where one is read (a FIFO, a device, a socket, a directory,
 // a symbolic link in the last component). Such a file is never opened.
 var ErrNotRegular = node.Sentinel(node.ErrInvalid, "not a regular file")
+
+// ErrStillRuns is returned for a process that was to end and did not
+// within its bound.
+var ErrStillRuns = node.Sentinel(node.ErrUnavailable, "process still runs")

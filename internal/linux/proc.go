@@ -1,6 +1,7 @@
 package linux
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -8,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/gpuiso/gpuiso/node"
 )
@@ -88,6 +90,37 @@ func Self(procRoot string) (Process, error) { return ProcessOf(procRoot, os.Getp
 func Alive(procRoot string, p Process) bool {
 	st, err := ReadProcStat(procRoot, p.Pid)
 	return err == nil && st.Start == p.Start && !st.Exited()
+}
+
+// WaitGone polls until p no longer runs (Alive is false), at most bound
+// and while ctx lasts; it reports whether p ended.
+func WaitGone(ctx context.Context, procRoot string, p Process, bound time.Duration) bool {
+	deadline := time.Now().Add(bound)
+	wait := 200 * time.Microsecond
+	for Alive(procRoot, p) {
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return false
+		}
+		time.Sleep(wait)
+		wait = min(2*wait, 20*time.Millisecond)
+	}
+	return true
+}
+
+// End kills p (SIGKILL) while it is still the process it names (its pid
+// and start time: never a later process given its pid) and waits for it
+// to end, at most bound (WaitGone). A process that runs on is an error
+// matching ErrStillRuns.
+func End(ctx context.Context, procRoot string, p Process, bound time.Duration) error {
+	if Alive(procRoot, p) {
+		if err := Kill(p.Pid); err != nil {
+			return fmt.Errorf("kill %d: %w", p.Pid, err)
+		}
+	}
+	if !WaitGone(ctx, procRoot, p, bound) {
+		return fmt.Errorf("process %d: %w", p.Pid, ErrStillRuns)
+	}
+	return nil
 }
 
 // PidGone reports whether no process of pid runs, whenever it started:

@@ -63,26 +63,23 @@ func (m *Manager) stop(ctx context.Context, d Daemon) error {
 			}
 		}
 	}
+	var errs []error
 	if proc.Pid > 0 && linux.Alive(m.procRoot, proc) {
 		_, err := m.control(ctx, d.PipeDir, "quit")
 		if err != nil {
 			m.log.WarnContext(ctx, "mps daemon did not take quit", "owner", d.Owner, "pid", proc.Pid, "err", err)
 		}
-		if err != nil || !m.waitGone(ctx, proc, stopBound) {
-			linux.Kill(proc.Pid)
-			m.waitGone(ctx, proc, stopBound)
+		if err != nil || !linux.WaitGone(ctx, m.procRoot, proc, stopBound) {
+			if err := linux.End(ctx, m.procRoot, proc, stopBound); err != nil {
+				errs = append(errs, fmt.Errorf("daemon: %w: %w", err, ErrDaemon))
+			}
 		}
 	}
-	var errs []error
 	for _, p := range m.strays(d) {
 		m.log.InfoContext(ctx, "killing what an mps daemon left", "owner", d.Owner, "pid", p.Pid)
-		if err := linux.Kill(p.Pid); err != nil {
+		if err := linux.End(ctx, m.procRoot, p, stopBound); err != nil {
 			errs = append(errs, err)
 		}
-		m.waitGone(ctx, p, stopBound)
-	}
-	if proc.Pid > 0 && linux.Alive(m.procRoot, proc) {
-		errs = append(errs, fmt.Errorf("daemon %d still runs: %w", proc.Pid, ErrDaemon))
 	}
 	if len(errs) > 0 {
 		return errors.Join(errs...)
@@ -108,9 +105,8 @@ func (m *Manager) stop(ctx context.Context, d Daemon) error {
 // a running container has mounted. The caller holds the lock.
 func (m *Manager) clear(ctx context.Context, d Daemon) error {
 	for _, p := range m.strays(d) {
-		linux.Kill(p.Pid)
-		if !m.waitGone(ctx, p, stopBound) {
-			return fmt.Errorf("process %d of a dead daemon still runs: %w", p.Pid, ErrDaemon)
+		if err := linux.End(ctx, m.procRoot, p, stopBound); err != nil {
+			return fmt.Errorf("what a dead daemon left: %w: %w", err, ErrDaemon)
 		}
 	}
 	entries, err := os.ReadDir(d.PipeDir)
@@ -123,21 +119,6 @@ func (m *Manager) clear(ctx context.Context, d Daemon) error {
 		}
 	}
 	return nil
-}
-
-// waitGone polls until p has ended, at most bound; it reports whether it
-// did.
-func (m *Manager) waitGone(ctx context.Context, p linux.Process, bound time.Duration) bool {
-	deadline := time.Now().Add(bound)
-	wait := 200 * time.Microsecond
-	for linux.Alive(m.procRoot, p) {
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			return false
-		}
-		time.Sleep(wait)
-		wait = min(2*wait, 20*time.Millisecond)
-	}
-	return true
 }
 
 // MarkEnv names the variable that carries a daemon's mark (Daemon.Mark)
