@@ -17,12 +17,12 @@ const ServerBinary = "nvidia-cuda-mps-server"
 const daemonServerDir = "/tmp/nvidia-mps-server"
 
 // serverMode is the copy's: any user may run it, none but root may read
-// it. A process that runs a program its user cannot read is made
-// non-dumpable by the kernel (fs.suid_dumpable is 0 where it is not set):
-// its /proc/<pid> entries become root's, and no process of another
-// user namespace's root, nor of the same uid, may trace it or reach its
-// root, working directory, files or memory through /proc, where a server
-// run from the driver's own (readable) program is within reach of every
+// it. The kernel makes a process that runs a program its user cannot read
+// non-dumpable (with fs.suid_dumpable at its default, 0): its private
+// /proc/<pid> entries (environ, fd, root, cwd, mem) become root's, and only
+// a process with CAP_SYS_PTRACE in the host's user namespace may trace it
+// or reach its mount namespace through them. A server run from the
+// driver's own program, which its user may read, is within reach of every
 // host process of its client's uid.
 const serverMode os.FileMode = 0o111
 
