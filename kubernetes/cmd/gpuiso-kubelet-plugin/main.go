@@ -16,6 +16,7 @@
 //	        [--nri-policy none|numa [--nri-socket SOCKET]]
 //	        [--shared-gpus LIST [--share-min SIZE] [--share-step SIZE]
 //	         [--time-slices N] [--shared-resource-name NAME]
+//	         [--device-plugin-sharing time-slicing|mps]
 //	         [--pod-resources-socket PATH] [--mps-control PATH]
 //	         [--mps-driver-root DIR] [--mps-mount-namespace runtime|PATH]
 //	         [--mps-namespace-driver-root DIR] [--mps-cgroup-parent auto|PATH]
@@ -61,8 +62,12 @@
 // too), or, as a claim's configuration asks, as time slices (at most
 // --time-slices per GPU, no daemon) or concurrent slices (one MPS daemon
 // per GPU, shared by its slices); the device plugin serves each as
-// --time-slices replicas under --shared-resource-name (time slices: no
-// isolation between the pods of a GPU).
+// --time-slices replicas under --shared-resource-name: time slices (no
+// isolation between the pods of a GPU), or, with
+// --device-plugin-sharing=mps, concurrent slices (one MPS daemon per GPU,
+// recorded under the state directory's mps-deviceplugin, holds each pod's
+// processes to 1/N of the GPU; a restart keeps the daemons of the slices
+// pods still hold and stops the others).
 //
 // With --dynamic-mig (DRA only), every GPU with MIG enabled is partitioned
 // on demand: the slice publishes its memory and compute slices as counters
@@ -386,6 +391,18 @@ func serve(ctx context.Context, f *flags, log *slog.Logger) error {
 	}
 	writeSpec()
 
+	// The device plugin's concurrent slices have MPS daemons of their
+	// own directory, which Adopt sweeps by the slices held;
+	// closed after the device plugin's Run has returned (deferred first).
+	sliceDaemons, err := f.deviceSlicesMPS(shared)
+	if err != nil {
+		return fmt.Errorf("device plugin: concurrent slices: %w", err)
+	}
+	var dpMPS deviceplugin.SliceDaemons
+	if sliceDaemons != nil {
+		defer sliceDaemons.Close()
+		dpMPS = sliceDaemons
+	}
 	// The device plugin's Run removes its sockets before it returns: serve
 	// waits for it.
 	errc := make(chan error, 1)
@@ -404,6 +421,7 @@ func serve(ctx context.Context, f *flags, log *slog.Logger) error {
 	dpConfig := deviceplugin.Config{
 		ResourceName: f.resourceName, Dir: f.devicePluginDir, DeviceSpecs: f.deviceSpecs, Logger: log,
 		Shared: shared, Replicas: f.share.timeSlices, SharedResourceName: f.share.sharedResource, PodResources: f.share.podResources,
+		Strategy: f.share.dpStrategy(), MPS: dpMPS,
 		HeldChanged: func() {
 			if p := republish.Load(); p != nil {
 				(*p)()

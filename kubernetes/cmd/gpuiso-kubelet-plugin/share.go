@@ -17,6 +17,7 @@ import (
 
 	"github.com/gpuiso/gpuiso/allocator"
 	"github.com/gpuiso/gpuiso/isolator/mps"
+	"github.com/gpuiso/gpuiso/kubernetes/deviceplugin"
 	"github.com/gpuiso/gpuiso/node"
 )
 
@@ -38,6 +39,13 @@ type shareFlags struct {
 	mpsShmSize     string
 	mpsMountNS     string
 	mpsHostDriver  string
+	dpSharing      string
+}
+
+// dpStrategy is --device-plugin-sharing, checked by check.
+func (s *shareFlags) dpStrategy() deviceplugin.Strategy {
+	st, _ := deviceplugin.ParseStrategy(s.dpSharing)
+	return st
 }
 
 func (s *shareFlags) register(fs *flag.FlagSet) {
@@ -45,16 +53,17 @@ func (s *shareFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&s.shareMin, "share-min", "1Gi", "DRA: the least memory of a share, what a claim asking for none gets (`SIZE`, a quantity: 1Gi)")
 	fs.StringVar(&s.shareStep, "share-step", "256Mi", "DRA: the steps of a share's memory above --share-min (`SIZE`, a quantity: 256Mi)")
 	fs.IntVar(&s.timeSlices, "time-slices", allocator.DefaultTimeSlices, "the time slices of each shared GPU, `N`: the device plugin's replicas, and the most DRA time slices a GPU takes")
+	fs.StringVar(&s.dpSharing, "device-plugin-sharing", string(deviceplugin.StrategyTimeSlicing), "device plugin: how the --time-slices replicas of a shared GPU share it: \"time-slicing\" (time slices: nothing enforced but their number) or \"mps\" (concurrent slices: one MPS daemon per GPU, started with its first replica and stopped with its last, holds each replica's processes to 1/N of the GPU's memory and threads; N from 2 to 48; a container may ask for one replica only; the --mps-* flags place the daemons)")
 	fs.StringVar(&s.sharedResource, "shared-resource-name", "nvidia.com/gpu.shared", "device plugin: the resource of the time slices")
 	fs.StringVar(&s.podResources, "pod-resources-socket", "/var/lib/kubelet/pod-resources/kubelet.sock", "the kubelet's pod-resources socket, which tells the GPUs and time slices pods of the device plugin still hold (those of an earlier device plugin too, with it off)")
-	fs.StringVar(&s.mpsControl, "mps-control", "", "DRA: the MPS control daemon's binary (default: nvidia-cuda-mps-control in PATH, else under --mps-driver-root)")
-	fs.StringVar(&s.mpsDriverRoot, "mps-driver-root", "", "DRA: the driver root the MPS control daemon's binary is looked for under (default: --driver-root); a simulated node's may be a real one")
-	fs.StringVar(&s.mpsCgroup, "mps-cgroup-parent", "", "DRA: the cgroup (`PATH` as the host names it) under which each MPS daemon gets a cgroup of its own, gpuiso-mps/<owner>, outside the plugin's: \"auto\" is the parent of the kubepods cgroup the plugin's pod is in, a sibling of every pod's; \"\" leaves the daemons in the plugin's cgroup")
-	fs.StringVar(&s.mpsCgroupRoot, "mps-cgroup-root", mps.DefaultCgroupRoot, "DRA: where the host's cgroup hierarchies are mounted (in a pod: the host's /sys/fs/cgroup mounted elsewhere)")
-	fs.BoolVar(&s.mpsPlainDirs, "mps-plain-dirs", false, "DRA: keep each share's /dev/shm and MPS pipe directory plain directories of --state-dir instead of bounded tmpfs mounts: only for a plugin whose mounts do not reach the container runtime (a pod without bidirectional mount propagation on --state-dir); nothing then bounds what a share writes there but the disk")
-	fs.StringVar(&s.mpsMountNS, "mps-mount-namespace", "", "DRA: the mount namespace each MPS daemon's own is made from: \"\" is the plugin's, \"runtime\" that of the container runtime that started the plugin (its parent process, with hostPID: the node's), which a pod's removal leaves in place, or a `PATH` (/proc/<pid>/ns/mnt); --state-dir must be at the same path there")
-	fs.StringVar(&s.mpsHostDriver, "mps-namespace-driver-root", "", "DRA: with --mps-mount-namespace, where that namespace has the driver root the MPS binary was found under (the node's --driver-root, where the pod has it at /driver-root)")
-	fs.StringVar(&s.mpsShmSize, "mps-shm-size", "64Mi", "DRA: the size of each share's /dev/shm, a tmpfs of its own (`SIZE`, a quantity: 64Mi); a write past it fails with ENOSPC")
+	fs.StringVar(&s.mpsControl, "mps-control", "", "MPS daemons: the MPS control daemon's binary (default: nvidia-cuda-mps-control in PATH, else under --mps-driver-root)")
+	fs.StringVar(&s.mpsDriverRoot, "mps-driver-root", "", "MPS daemons: the driver root the MPS control daemon's binary is looked for under (default: --driver-root); a simulated node's may be a real one")
+	fs.StringVar(&s.mpsCgroup, "mps-cgroup-parent", "", "MPS daemons: the cgroup (`PATH` as the host names it) under which each MPS daemon gets a cgroup of its own, gpuiso-mps/<owner>, outside the plugin's: \"auto\" is the parent of the kubepods cgroup the plugin's pod is in, a sibling of every pod's; \"\" leaves the daemons in the plugin's cgroup")
+	fs.StringVar(&s.mpsCgroupRoot, "mps-cgroup-root", mps.DefaultCgroupRoot, "MPS daemons: where the host's cgroup hierarchies are mounted (in a pod: the host's /sys/fs/cgroup mounted elsewhere)")
+	fs.BoolVar(&s.mpsPlainDirs, "mps-plain-dirs", false, "MPS daemons: keep each share's /dev/shm and MPS pipe directory plain directories of --state-dir instead of bounded tmpfs mounts: only for a plugin whose mounts do not reach the container runtime (a pod without bidirectional mount propagation on --state-dir); nothing then bounds what a share writes there but the disk")
+	fs.StringVar(&s.mpsMountNS, "mps-mount-namespace", "", "MPS daemons: the mount namespace each MPS daemon's own is made from: \"\" is the plugin's, \"runtime\" that of the container runtime that started the plugin (its parent process, with hostPID: the node's), which a pod's removal leaves in place, or a `PATH` (/proc/<pid>/ns/mnt); --state-dir must be at the same path there")
+	fs.StringVar(&s.mpsHostDriver, "mps-namespace-driver-root", "", "MPS daemons: with --mps-mount-namespace, where that namespace has the driver root the MPS binary was found under (the node's --driver-root, where the pod has it at /driver-root)")
+	fs.StringVar(&s.mpsShmSize, "mps-shm-size", "64Mi", "MPS daemons: the size of each share's /dev/shm, a tmpfs of its own (`SIZE`, a quantity: 64Mi); a write past it fails with ENOSPC")
 }
 
 // check validates the share flags; it returns the reason a command line is
@@ -70,6 +79,12 @@ func (s *shareFlags) check() string {
 	}
 	if s.timeSlices < 1 {
 		return "--time-slices must be 1 or more"
+	}
+	if _, err := deviceplugin.ParseStrategy(s.dpSharing); err != nil {
+		return "--device-plugin-sharing: " + err.Error()
+	}
+	if s.dpStrategy() == deviceplugin.StrategyMPS && (s.timeSlices < allocator.MinSlices || s.timeSlices > allocator.MaxSlices) {
+		return fmt.Sprintf("--device-plugin-sharing=mps: --time-slices %d, want %d to %d concurrent slices per GPU", s.timeSlices, allocator.MinSlices, allocator.MaxSlices)
 	}
 	if s.mpsControl != "" && !filepath.IsAbs(s.mpsControl) {
 		return "--mps-control must be an absolute path"
@@ -169,6 +184,32 @@ func sharedUUIDs(inv *node.Inventory, list string) ([]string, error) {
 // mpsManager is the manager of the DRA shares' MPS daemons, under the
 // state directory.
 func (f *flags) mpsManager() (*mps.Manager, error) {
+	return f.mpsManagerAt(filepath.Join(f.stateDir, mpsDir))
+}
+
+// The MPS daemons' directories under the state directory: the DRA
+// driver's (one per memory share, one per GPU of its concurrent slices)
+// and the device plugin's (one per GPU of its concurrent slices,
+// --device-plugin-sharing=mps). Each program part sweeps its own by what
+// it holds.
+const (
+	mpsDir             = "mps"
+	deviceSlicesMPSDir = "mps-deviceplugin"
+)
+
+// deviceSlicesMPS is the manager of the device plugin's concurrent
+// slices' MPS daemons (--device-plugin-sharing=mps), under the state
+// directory; nil, nil for time slices or without shared GPUs.
+func (f *flags) deviceSlicesMPS(shared []string) (*mps.Manager, error) {
+	if len(shared) == 0 || f.share.dpStrategy() != deviceplugin.StrategyMPS {
+		return nil, nil
+	}
+	return f.mpsManagerAt(filepath.Join(f.stateDir, deviceSlicesMPSDir))
+}
+
+// mpsManagerAt is the manager of the MPS daemons of dir, with the --mps-*
+// flags.
+func (f *flags) mpsManagerAt(dir string) (*mps.Manager, error) {
 	var opts []mps.Option
 	switch {
 	case f.share.mpsControl != "":
@@ -200,22 +241,31 @@ func (f *flags) mpsManager() (*mps.Manager, error) {
 		}
 		opts = append(opts, mps.WithMountNamespace(ns, f.share.mpsHostDriver))
 	}
-	m, err := mps.New(filepath.Join(f.stateDir, "mps"), append(opts, place...)...)
+	m, err := mps.New(dir, append(opts, place...)...)
 	if err != nil {
 		return nil, fmt.Errorf("memory shares of --shared-gpus: %w", err)
 	}
 	return m, nil
 }
 
-// cleanShares removes the MPS daemons' directory once no claim is
-// prepared (cleanNode checked): any daemon left in it is stopped first.
+// cleanShares removes the MPS daemons' directories (the DRA driver's and
+// the device plugin's) once no claim is prepared (cleanNode checked): any
+// daemon left in them is stopped first.
 func (f *flags) cleanShares(ctx context.Context) error {
-	dir := filepath.Join(f.stateDir, "mps")
+	var errs []error
+	for _, name := range []string{mpsDir, deviceSlicesMPSDir} {
+		errs = append(errs, f.cleanDaemons(ctx, filepath.Join(f.stateDir, name)))
+	}
+	return errors.Join(errs...)
+}
+
+// cleanDaemons stops the daemons of the MPS directory dir and removes it.
+func (f *flags) cleanDaemons(ctx context.Context, dir string) error {
 	if _, err := os.Stat(dir); errors.Is(err, fs.ErrNotExist) {
 		return nil
 	}
 	if ds, _ := mps.Daemons(ctx, dir); len(ds) > 0 {
-		m, err := f.mpsManager()
+		m, err := f.mpsManagerAt(dir)
 		if err != nil {
 			return err
 		}

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/gpuiso/gpuiso/kubernetes/deviceplugin"
 	"github.com/gpuiso/gpuiso/node"
 	"github.com/gpuiso/gpuiso/node/nvmlnode"
 	"github.com/gpuiso/gpuiso/node/simnode"
@@ -91,6 +92,8 @@ func TestShareFlags(t *testing.T) {
 		"--mps-shm-size":              {"--shared-gpus", "0", "--mps-shm-size", "0"},
 		"--mps-mount-namespace":       {"--shared-gpus", "0", "--mps-mount-namespace", "node"},
 		"--mps-namespace-driver-root": {"--shared-gpus", "0", "--mps-namespace-driver-root", "driver"},
+		"--device-plugin-sharing":     {"--shared-gpus", "0", "--device-plugin-sharing", "spatial"},
+		"--device-plugin-sharing=mps": {"--shared-gpus", "0", "--device-plugin-sharing", "mps", "--time-slices", "1"},
 	} {
 		var out bytes.Buffer
 		_, code, done := parse(args, &out)
@@ -105,6 +108,16 @@ func TestShareFlags(t *testing.T) {
 	}
 	if least, step := f.share.sizes(); least != 2<<30 || step != 512<<20 {
 		t.Errorf("sizes %d, %d", least, step)
+	}
+	if got := f.share.dpStrategy(); got != deviceplugin.StrategyTimeSlicing {
+		t.Errorf("the device plugin's sharing is %q by default, want time slicing", got)
+	}
+	f, _, done = parse([]string{"--shared-gpus", "all", "--device-plugin-sharing", "mps", "--time-slices", "48"}, &out)
+	if done {
+		t.Fatalf("refused: %s", out.String())
+	}
+	if got := f.share.dpStrategy(); got != deviceplugin.StrategyMPS {
+		t.Errorf("--device-plugin-sharing=mps gives %q", got)
 	}
 }
 
