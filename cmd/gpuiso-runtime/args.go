@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/gpuiso/gpuiso/allocator"
 	"github.com/gpuiso/gpuiso/node"
 )
 
@@ -38,6 +39,14 @@ type Settings struct {
 	// SwarmMemoryResource is the Swarm generic resource read as a memory
 	// share of one GPU, in MiB (--swarm-memory-resource, default VRAM).
 	SwarmMemoryResource string
+	// SwarmSliceResource is the Swarm generic resource read as a
+	// concurrent slice of one GPU (--swarm-slice-resource, default
+	// NVIDIA-GPU-SLICE): a named resource, one id "<GPU>::<k>" per slice.
+	SwarmSliceResource string
+	// SwarmSlices is the count of concurrent slices each GPU is split in
+	// for SwarmSliceResource (--swarm-slices, 2 to 48; 0: not set, and a
+	// slice Swarm assigned is refused).
+	SwarmSlices int
 	// SharedGPUs are the GPUs that take shares (--shared-gpus: indexes or
 	// UUIDs); nil means every GPU without MIG, empty none.
 	SharedGPUs []string
@@ -56,7 +65,7 @@ type Settings struct {
 }
 
 // Flags of gpuiso-runtime itself (with a value each).
-var ownFlags = []string{"runc", "state-dir", "simulate", "sim-root", "dev-root", "cdi-kind", "swarm-resource", "swarm-memory-resource", "shared-gpus", "accept-env-request", "accept-cdi-annotations", "timeout"}
+var ownFlags = []string{"runc", "state-dir", "simulate", "sim-root", "dev-root", "cdi-kind", "swarm-resource", "swarm-memory-resource", "swarm-slice-resource", "swarm-slices", "shared-gpus", "accept-env-request", "accept-cdi-annotations", "timeout"}
 
 // defaultTimeout is create's deadline without --timeout.
 const defaultTimeout = 30 * time.Second
@@ -72,7 +81,7 @@ var runcValueFlags = []string{"root", "log", "log-format", "criu", "rootless"}
 // and are passed on.
 func splitArgs(args []string) (s Settings, cmd string, rest []string, err error) {
 	s = Settings{Runc: "runc", LogFormat: "text", CDIKind: "nvidia.com/gpu", AcceptEnv: AcceptCaller, Timeout: defaultTimeout,
-		SwarmMemoryResource: defaultSwarmMemoryResource}
+		SwarmMemoryResource: defaultSwarmMemoryResource, SwarmSliceResource: defaultSwarmSliceResource}
 	var swarm []string
 	for i := 0; i < len(args); i++ {
 		a := args[i]
@@ -119,6 +128,14 @@ func splitArgs(args []string) (s Settings, cmd string, rest []string, err error)
 			swarm = append(swarm, value)
 		case "swarm-memory-resource":
 			s.SwarmMemoryResource = value
+		case "swarm-slice-resource":
+			s.SwarmSliceResource = value
+		case "swarm-slices":
+			n, err := strconv.Atoi(value)
+			if err != nil || n < allocator.MinSlices || n > allocator.MaxSlices {
+				return Settings{}, "", nil, fmt.Errorf("--swarm-slices %q: want a count of slices per GPU from %d to %d: %w", value, allocator.MinSlices, allocator.MaxSlices, ErrUsage)
+			}
+			s.SwarmSlices = n
 		case "shared-gpus":
 			if s.SharedGPUs, err = parseSharedGPUs(value); err != nil {
 				return Settings{}, "", nil, err
@@ -156,6 +173,11 @@ func splitArgs(args []string) (s Settings, cmd string, rest []string, err error)
 	if slices.Contains(s.SwarmResources, s.SwarmMemoryResource) {
 		return Settings{}, "", nil, fmt.Errorf("--swarm-memory-resource %q is also a GPU resource (--swarm-resource): %w", s.SwarmMemoryResource, ErrUsage)
 	}
+	// Swarm upper-cases a resource's name in the task's environment.
+	slice := strings.ToUpper(s.SwarmSliceResource)
+	if slices.ContainsFunc(s.SwarmResources, func(n string) bool { return strings.ToUpper(n) == slice }) || strings.ToUpper(s.SwarmMemoryResource) == slice {
+		return Settings{}, "", nil, fmt.Errorf("--swarm-slice-resource %q is also a GPU or memory resource (--swarm-resource, --swarm-memory-resource): %w", s.SwarmSliceResource, ErrUsage)
+	}
 	if s.LogFormat != "text" && s.LogFormat != "json" {
 		return Settings{}, "", nil, fmt.Errorf("--log-format %q: want text or json: %w", s.LogFormat, ErrUsage)
 	}
@@ -188,6 +210,11 @@ func parseSharedGPUs(v string) ([]string, error) {
 		return nil, fmt.Errorf("--shared-gpus %q: want all, none or GPU indexes and UUIDs: %w: %w", v, ErrUsage, err)
 	}
 	return d.IDs, nil
+}
+
+// swarm returns the Swarm generic resources s reads.
+func (s Settings) swarm() swarmNames {
+	return swarmNames{GPUs: s.SwarmResources, Memory: s.SwarmMemoryResource, Slice: s.SwarmSliceResource, Slices: s.SwarmSlices}
 }
 
 // runcArgv is the command line that hands cmd and its arguments to runc:

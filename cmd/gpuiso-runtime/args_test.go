@@ -71,6 +71,23 @@ func TestSplitArgs(t *testing.T) {
 					t.Errorf("memory resource %q, shared GPUs %q; want VRAM and every GPU (nil)", s.SwarmMemoryResource, s.SharedGPUs)
 				}
 			}},
+		{name: "swarm slices", args: []string{"--swarm-slice-resource", "gpu-part", "--swarm-slices=8", "list"}, cmd: "list", rest: []string{},
+			check: func(t *testing.T, s Settings) {
+				if sw := s.swarm(); sw.Slice != "gpu-part" || sw.Slices != 8 || sw.sliceKey() != "DOCKER_RESOURCE_GPU-PART" || len(s.RuncArgs) != 0 {
+					t.Errorf("settings %+v, swarm %+v", s, sw)
+				}
+			}},
+		{name: "swarm slice defaults", args: []string{"list"}, cmd: "list", rest: []string{},
+			check: func(t *testing.T, s Settings) {
+				if sw := s.swarm(); sw.Slice != "NVIDIA-GPU-SLICE" || sw.Slices != 0 || sw.Memory != "VRAM" || !slices.Equal(sw.GPUs, defaultSwarmResources) {
+					t.Errorf("swarm %+v; want NVIDIA-GPU-SLICE, its count not set", sw)
+				}
+			}},
+		{name: "one slice per GPU", args: []string{"--swarm-slices", "1", "list"}, err: true},
+		{name: "49 slices per GPU", args: []string{"--swarm-slices", "49", "list"}, err: true},
+		{name: "slices not a number", args: []string{"--swarm-slices", "four", "list"}, err: true},
+		{name: "slice resource is a GPU resource", args: []string{"--swarm-slice-resource", "nvidia-gpu", "list"}, err: true},
+		{name: "slice resource is the memory resource", args: []string{"--swarm-memory-resource", "SLICE", "--swarm-slice-resource", "slice", "list"}, err: true},
 		{name: "shared all", args: []string{"--shared-gpus=all", "list"}, cmd: "list", rest: []string{},
 			check: func(t *testing.T, s Settings) {
 				if s.SharedGPUs != nil {

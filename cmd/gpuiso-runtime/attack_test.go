@@ -143,7 +143,7 @@ func (r *attackRig) podman(t *testing.T) engine {
 		run: func(ctx context.Context, image string, flags []string, args ...string) (string, error) {
 			a := append([]string{"run", "--rm", "--network", "none", "--cap-add", "MKNOD", "--runtime", r.bin,
 				"--runtime-flag", "simulate=dgx1-volta", "--runtime-flag", "dev-root=" + r.sim,
-				"--runtime-flag", "state-dir=" + r.state, "--runtime-flag", "log=" + logFile}, testenv.PodmanRunFlags...)
+				"--runtime-flag", "state-dir=" + r.state, "--runtime-flag", "swarm-slices=4", "--runtime-flag", "log=" + logFile}, testenv.PodmanRunFlags...)
 			a = append(append(a, flags...), image)
 			return testenv.RunPodman(ctx, podman, append(a, args...)...)
 		},
@@ -155,7 +155,7 @@ func (r *attackRig) podman(t *testing.T) engine {
 // the test, running containers through r's runtime.
 func (r *attackRig) docker(t *testing.T) engine {
 	testenv.RequireRoot(t)
-	d, _ := gpuisoDockerd(t, r.bin, nil, "--simulate", "dgx1-volta", "--dev-root", r.sim, "--state-dir", r.state)
+	d, _ := gpuisoDockerd(t, r.bin, nil, "--simulate", "dgx1-volta", "--dev-root", r.sim, "--state-dir", r.state, "--swarm-slices", "4")
 	return r.dockerEngine(d)
 }
 
@@ -167,7 +167,7 @@ func (r *attackRig) currentDocker(t *testing.T) engine {
 		Binary: filepath.Join(dir, "dockerd"),
 		Path:   []string{dir},
 		Config: map[string]any{"runtimes": map[string]any{"gpuiso": map[string]any{"path": r.bin,
-			"runtimeArgs": []string{"--simulate", "dgx1-volta", "--dev-root", r.sim, "--state-dir", r.state}}}},
+			"runtimeArgs": []string{"--simulate", "dgx1-volta", "--dev-root", r.sim, "--state-dir", r.state, "--swarm-slices", "4"}}}},
 	})
 	return r.dockerEngine(d)
 }
@@ -263,7 +263,7 @@ func (r *attackRig) engines(t *testing.T) map[string]func(*testing.T) engine {
 }
 
 // TestImageEnvironmentIsNoRequest: an image's own NVIDIA_VISIBLE_DEVICES=all
-// and DOCKER_RESOURCE_* ask for nothing (no GPU, no driver volume, nothing
+// and DOCKER_RESOURCE_* (GPUs, and a Swarm slice) ask for nothing (no GPU, no driver volume, nothing
 // claimed); the caller's -e NVIDIA_VISIBLE_DEVICES=1 gets GPU 1; the
 // caller's -e NVIDIA_VISIBLE_DEVICES=void beats the image's
 // DOCKER_RESOURCE_GPU.
@@ -275,7 +275,7 @@ func TestImageEnvironmentIsNoRequest(t *testing.T) {
 			e := mk(t)
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 			defer cancel()
-			img := e.image(ctx, t, tarPath, "NVIDIA_VISIBLE_DEVICES=all", "DOCKER_RESOURCE_GPU=0,1", "DOCKER_RESOURCE_NVIDIA-GPU=2")
+			img := e.image(ctx, t, tarPath, "NVIDIA_VISIBLE_DEVICES=all", "DOCKER_RESOURCE_GPU=0,1", "DOCKER_RESOURCE_NVIDIA-GPU=2", "DOCKER_RESOURCE_NVIDIA-GPU-SLICE=0::0")
 			for _, tc := range []struct {
 				name  string
 				flags []string
@@ -309,14 +309,15 @@ func TestImageEnvironmentIsNoRequest(t *testing.T) {
 // value, or every name of a "PREFIX*", from its own caller's environment)
 // asks for nothing: no GPU node, no share, no claim, the runtime saying
 // why; a caller's -e NVIDIA_VISIBLE_DEVICES=1 beside it still gets GPU 1.
-// The podman and docker processes run with NVIDIA_VISIBLE_DEVICES=0,1 and
-// GPUISO_GPU_MEMORY=4GiB in their environment, for the images that name
-// the variables without a value.
+// The podman and docker processes run with NVIDIA_VISIBLE_DEVICES=0,1,
+// GPUISO_GPU_MEMORY=4GiB and DOCKER_RESOURCE_NVIDIA-GPU-SLICE=0::1 in their
+// environment, for the images that name the variables without a value.
 func TestImageEnvironmentKeys(t *testing.T) {
 	r := newAttackRig(t)
 	tarPath := imageTar(t)
 	t.Setenv("NVIDIA_VISIBLE_DEVICES", "0,1")
 	t.Setenv("GPUISO_GPU_MEMORY", "4GiB")
+	t.Setenv("DOCKER_RESOURCE_NVIDIA-GPU-SLICE", "0::1")
 	images := []struct {
 		name   string
 		env    []string
@@ -327,6 +328,8 @@ func TestImageEnvironmentKeys(t *testing.T) {
 		{name: "key only", env: []string{"NVIDIA_VISIBLE_DEVICES"}, logged: "NVIDIA_VISIBLE_DEVICES=0,1: the image names NVIDIA_VISIBLE_DEVICES without a value"},
 		{name: "prefix", env: []string{"NVIDIA_*", "GPUISO_*"}, logged: "the image names GPUISO_GPU_MEMORY without a value"},
 		{name: "memory after a tab", env: []string{"\tGPUISO_GPU_MEMORY=4GiB"}, logged: "GPUISO_GPU_MEMORY=4GiB: the image's own setting"},
+		{name: "swarm slice after spaces and a tab", env: []string{" \t DOCKER_RESOURCE_NVIDIA-GPU-SLICE=0::0"}, logged: "DOCKER_RESOURCE_NVIDIA-GPU-SLICE: not a Docker Swarm task"},
+		{name: "swarm slice key only", env: []string{"DOCKER_RESOURCE_NVIDIA-GPU-SLICE"}, logged: "DOCKER_RESOURCE_NVIDIA-GPU-SLICE: not a Docker Swarm task"},
 	}
 	for name, mk := range r.engines(t) {
 		t.Run(name, func(t *testing.T) {

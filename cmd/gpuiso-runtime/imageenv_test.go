@@ -22,6 +22,10 @@ import (
 //   - containerd keeps no record of the image: under the default policy
 //     nothing of the environment asks; under "always" the spec's exact
 //     names do.
+//
+// DOCKER_RESOURCE_* (Swarm's GPUs, and its slice resource,
+// DOCKER_RESOURCE_NVIDIA-GPU-SLICE, in every form) asks only in a Docker
+// Swarm task, with a value not the image's.
 func TestImageEnvironmentForms(t *testing.T) {
 	const kind = "nvidia.com/gpu"
 	type row struct {
@@ -64,6 +68,12 @@ func TestImageEnvironmentForms(t *testing.T) {
 			{name: "caller's memory, image's compute", image: []string{" GPUISO_GPU_COMPUTE=100"}, spec: []string{"GPUISO_GPU_MEMORY=4GiB", "GPUISO_GPU_COMPUTE=100"}, share: true, ignored: "GPUISO_GPU_COMPUTE=100: the image's own setting"},
 			{name: "caller's memory", image: []string{" GPUISO_GPU_MEMORY=16GiB"}, spec: []string{"GPUISO_GPU_MEMORY=4GiB"}, share: true},
 			{name: "swarm resource", image: []string{" DOCKER_RESOURCE_GPU=0"}, spec: []string{"DOCKER_RESOURCE_GPU=0"}, ignored: "DOCKER_RESOURCE_GPU: not a Docker Swarm task"},
+			{name: "swarm slice after a space", image: []string{" DOCKER_RESOURCE_NVIDIA-GPU-SLICE=0::0"}, spec: []string{"DOCKER_RESOURCE_NVIDIA-GPU-SLICE=0::0"}, ignored: "DOCKER_RESOURCE_NVIDIA-GPU-SLICE: not a Docker Swarm task"},
+			{name: "swarm slice after tabs", image: []string{"\t \tDOCKER_RESOURCE_NVIDIA-GPU-SLICE=GPU-a::1"}, spec: []string{"DOCKER_RESOURCE_NVIDIA-GPU-SLICE=GPU-a::1"}, ignored: "DOCKER_RESOURCE_NVIDIA-GPU-SLICE: not a Docker Swarm task"},
+			{name: "swarm slice key only", image: []string{"DOCKER_RESOURCE_NVIDIA-GPU-SLICE"}, spec: []string{"DOCKER_RESOURCE_NVIDIA-GPU-SLICE=0::3"}, ignored: "DOCKER_RESOURCE_NVIDIA-GPU-SLICE: not a Docker Swarm task"},
+			{name: "swarm slice by prefix", image: []string{"DOCKER_RESOURCE_*"}, spec: []string{"DOCKER_RESOURCE_NVIDIA-GPU-SLICE=0::3"}, ignored: "DOCKER_RESOURCE_NVIDIA-GPU-SLICE: not a Docker Swarm task"},
+			{name: "swarm slice, task label", task: true, image: []string{"\tDOCKER_RESOURCE_NVIDIA-GPU-SLICE"}, spec: []string{"DOCKER_RESOURCE_NVIDIA-GPU-SLICE=0::3"}, ignored: "DOCKER_RESOURCE_NVIDIA-GPU-SLICE: not a Docker Swarm task"},
+			{name: "swarm slice, bad id", image: []string{" DOCKER_RESOURCE_NVIDIA-GPU-SLICE=0::0,0::1"}, spec: []string{"DOCKER_RESOURCE_NVIDIA-GPU-SLICE=0::0,0::1"}, ignored: "DOCKER_RESOURCE_NVIDIA-GPU-SLICE: not a Docker Swarm task"},
 			{name: "always", policy: AcceptAlways, image: []string{" NVIDIA_VISIBLE_DEVICES=0,1"}, spec: []string{"NVIDIA_VISIBLE_DEVICES=0,1"}, want: []string{"0", "1"}},
 		},
 		"docker": {
@@ -82,11 +92,19 @@ func TestImageEnvironmentForms(t *testing.T) {
 			{name: "swarm task, image's resource after a space", task: true, image: []string{" DOCKER_RESOURCE_GPU=GPU-a"}, spec: []string{"DOCKER_RESOURCE_GPU=GPU-b", " DOCKER_RESOURCE_GPU=GPU-a"}, want: []string{"GPU-b"}},
 			{name: "swarm task, image's resource", task: true, image: []string{"DOCKER_RESOURCE_GPU=GPU-a"}, spec: []string{"DOCKER_RESOURCE_GPU=GPU-a"}, ignored: "DOCKER_RESOURCE_GPU: the image's own setting"},
 			{name: "not a task", image: []string{"\tDOCKER_RESOURCE_GPU=GPU-a"}, spec: []string{"DOCKER_RESOURCE_GPU=GPU-a"}, ignored: "not a Docker Swarm task"},
+			{name: "swarm task, image's slice after a tab", task: true, image: []string{"\tDOCKER_RESOURCE_NVIDIA-GPU-SLICE=GPU-a::0"}, spec: []string{"\tDOCKER_RESOURCE_NVIDIA-GPU-SLICE=GPU-a::0"}},
+			{name: "swarm task, image's slice after a space, Swarm's", task: true, image: []string{" DOCKER_RESOURCE_NVIDIA-GPU-SLICE=GPU-a::0"}, spec: []string{"DOCKER_RESOURCE_NVIDIA-GPU-SLICE=GPU-b::1", " DOCKER_RESOURCE_NVIDIA-GPU-SLICE=GPU-a::0"}, want: []string{"GPU-b"}, share: true},
+			{name: "swarm task, image's slice", task: true, image: []string{"DOCKER_RESOURCE_NVIDIA-GPU-SLICE=GPU-a::0"}, spec: []string{"DOCKER_RESOURCE_NVIDIA-GPU-SLICE=GPU-a::0"}, ignored: "DOCKER_RESOURCE_NVIDIA-GPU-SLICE: the image's own setting"},
+			{name: "swarm task, image's bad slice", task: true, image: []string{"DOCKER_RESOURCE_NVIDIA-GPU-SLICE=GPU-a::0,GPU-a::1"}, spec: []string{"DOCKER_RESOURCE_NVIDIA-GPU-SLICE=GPU-a::0,GPU-a::1"}, ignored: "DOCKER_RESOURCE_NVIDIA-GPU-SLICE: the image's own setting"},
+			{name: "swarm task, image's slice key only is dropped", task: true, image: []string{"DOCKER_RESOURCE_NVIDIA-GPU-SLICE"}, spec: []string{"PATH=/bin"}},
+			{name: "slice, not a task", image: []string{"DOCKER_RESOURCE_NVIDIA-GPU-SLICE=0::0"}, spec: []string{"DOCKER_RESOURCE_NVIDIA-GPU-SLICE=0::0"}, ignored: "DOCKER_RESOURCE_NVIDIA-GPU-SLICE: not a Docker Swarm task"},
+			{name: "slice after a tab, not a task", image: []string{"\tDOCKER_RESOURCE_NVIDIA-GPU-SLICE=0::0"}, spec: []string{"DOCKER_RESOURCE_NVIDIA-GPU-SLICE=0::0"}, ignored: "DOCKER_RESOURCE_NVIDIA-GPU-SLICE: not a Docker Swarm task"},
 		},
 		"containerd": {
 			{name: "caller's value, no record", spec: []string{"NVIDIA_VISIBLE_DEVICES=1"}, ignored: "no record of the image"},
 			{name: "image's value, no record", image: []string{"NVIDIA_VISIBLE_DEVICES=all"}, spec: []string{"NVIDIA_VISIBLE_DEVICES=all"}, ignored: "no record of the image"},
 			{name: "memory, no record", spec: []string{"GPUISO_GPU_MEMORY=4GiB"}, ignored: "GPUISO_GPU_MEMORY=4GiB: no record"},
+			{name: "swarm slice, no record", image: []string{"DOCKER_RESOURCE_NVIDIA-GPU-SLICE=0::0"}, spec: []string{"DOCKER_RESOURCE_NVIDIA-GPU-SLICE=0::0"}, ignored: "DOCKER_RESOURCE_NVIDIA-GPU-SLICE: no Docker record shows a Swarm task"},
 			{name: "always, leading space is another name", policy: AcceptAlways, image: []string{" NVIDIA_VISIBLE_DEVICES=0"}, spec: []string{" NVIDIA_VISIBLE_DEVICES=0"}},
 			{name: "always, key only is dropped", policy: AcceptAlways, image: []string{"NVIDIA_VISIBLE_DEVICES"}, spec: []string{"NVIDIA_VISIBLE_DEVICES"}},
 			{name: "always", policy: AcceptAlways, spec: []string{"NVIDIA_VISIBLE_DEVICES=0"}, want: []string{"0"}},
@@ -111,7 +129,7 @@ func TestImageEnvironmentForms(t *testing.T) {
 						return rec, nil
 					}}
 					spec := &specs.Spec{Process: &specs.Process{Env: tc.spec}}
-					r, err := requestOf(spec, kind, defaultSwarmResources, defaultSwarmMemoryResource, tr)
+					r, err := requestOf(spec, kind, testSwarm(), tr)
 					if err != nil {
 						t.Fatal(err)
 					}

@@ -20,10 +20,10 @@ import (
 // resource, a CDI annotation) does not parse.
 var ErrInvalidDevices = node.Sentinel(node.ErrInvalid, "invalid device list")
 
-// ErrInvalidShare: a request for a share of a GPU (a Swarm memory
-// resource, GPUISO_GPU_MEMORY, GPUISO_GPU_COMPUTE, GPUISO_GPU_SLICES,
-// GPUISO_GPU_TIME_SLICE) does not parse, asks for two kinds of share, or
-// names more than one GPU.
+// ErrInvalidShare: a request for a share of a GPU (a Swarm memory or
+// slice resource, GPUISO_GPU_MEMORY, GPUISO_GPU_COMPUTE, GPUISO_GPU_SLICES,
+// GPUISO_GPU_TIME_SLICE) does not parse, asks for two kinds of share or
+// more than one slice, or names more than one GPU.
 var ErrInvalidShare = node.Sentinel(node.ErrInvalid, "invalid GPU share request")
 
 // Where a container's request comes from.
@@ -51,7 +51,32 @@ const (
 	defaultSwarmMemoryResource = "VRAM"
 	// maxShareMiB bounds a Swarm memory resource's amount (16 TiB).
 	maxShareMiB = 1 << 24
+	// defaultSwarmSliceResource is the generic resource read as a
+	// concurrent slice (--swarm-slice-resource): a named resource whose
+	// ids are "<GPU>::<k>", sliceIDSep between the GPU (an index or a
+	// GPU- UUID) and the slice's number k, 0 to --swarm-slices minus one.
+	defaultSwarmSliceResource = "NVIDIA-GPU-SLICE"
+	sliceIDSep                = "::"
 )
+
+// swarmNames are the Swarm generic resources a spec's DOCKER_RESOURCE_*
+// are read as.
+type swarmNames struct {
+	// GPUs name whole GPUs (--swarm-resource).
+	GPUs []string
+	// Memory names a memory share in MiB (--swarm-memory-resource), ""
+	// for none.
+	Memory string
+	// Slice names a concurrent slice, one id "<GPU>::<k>" a slice
+	// (--swarm-slice-resource), "" for none; Slices is the count each
+	// GPU is split in (--swarm-slices), 0 when not set.
+	Slice  string
+	Slices int
+}
+
+// sliceKey is the variable Swarm sets for the slice resource: Swarm
+// upper-cases a resource's name there.
+func (sw swarmNames) sliceKey() string { return envSwarmPrefix + strings.ToUpper(sw.Slice) }
 
 // defaultSwarmResources are the generic resource names read as GPUs.
 var defaultSwarmResources = []string{"NVIDIA-GPU", "NVIDIA_GPU", "GPU"}
@@ -301,16 +326,17 @@ func privileged(spec *specs.Spec) bool {
 	return spec.Process != nil && spec.Process.Capabilities != nil && slices.Contains(spec.Process.Capabilities.Bounding, "CAP_SYS_ADMIN")
 }
 
-// requestOf reads what spec asks for, first found wins: the GPUs Docker
-// Swarm assigned (DOCKER_RESOURCE_<NAME> for each name of swarm), the CDI
-// annotations naming devices of kind, then NVIDIA_VISIBLE_DEVICES (its last
-// setting). A memory share is asked for by Swarm's memory resource
-// (DOCKER_RESOURCE_<swarmMemory>, MiB), else GPUISO_GPU_MEMORY, with
-// GPUISO_GPU_COMPUTE beside either; a concurrent slice by
-// GPUISO_GPU_SLICES, a time slice by GPUISO_GPU_TIME_SLICE (see shareOf).
-// Only what the caller set counts (see trust); the rest is listed in
-// Ignored.
-func requestOf(spec *specs.Spec, kind string, swarm []string, swarmMemory string, t *trust) (Request, error) {
+// requestOf reads what spec asks for, first found wins: the slice Docker
+// Swarm assigned (DOCKER_RESOURCE_<swarm.Slice>, whose id names its GPU),
+// the GPUs Swarm assigned (DOCKER_RESOURCE_<NAME> for each name of
+// swarm.GPUs), the CDI annotations naming devices of kind, then
+// NVIDIA_VISIBLE_DEVICES (its last setting). A memory share is asked for
+// by Swarm's memory resource (DOCKER_RESOURCE_<swarm.Memory>, MiB), else
+// GPUISO_GPU_MEMORY, with GPUISO_GPU_COMPUTE beside either; a concurrent
+// slice by Swarm's slice resource or GPUISO_GPU_SLICES, a time slice by
+// GPUISO_GPU_TIME_SLICE (see shareOf). Only what the caller set counts
+// (see trust); the rest is listed in Ignored.
+func requestOf(spec *specs.Spec, kind string, swarm swarmNames, t *trust) (Request, error) {
 	var env []string
 	if spec.Process != nil {
 		env = spec.Process.Env
@@ -319,7 +345,7 @@ func requestOf(spec *specs.Spec, kind string, swarm []string, swarmMemory string
 	var ignored []string
 	var swarmIDs []string
 	var swarmSources []string
-	for _, name := range swarm {
+	for _, name := range swarm.GPUs {
 		key := envSwarmPrefix + name
 		v, ok := img.Getenv(key)
 		if !ok {
@@ -359,7 +385,20 @@ func requestOf(spec *specs.Spec, kind string, swarm []string, swarmMemory string
 			ignored = append(ignored, fmt.Sprintf("%s=%s: %s", envVisibleDevices, v, why))
 		}
 	}
+	ask, err := shareOf(spec, img, swarm, t)
+	if err != nil {
+		return Request{}, err
+	}
 	r, err := func() (Request, error) {
+		if ask.GPU != "" {
+			// A Swarm slice's id names its GPU: a GPU Swarm assigned
+			// whole beside it is two claims on the node's resources.
+			if len(swarmSources) > 0 {
+				return Request{}, withRemedy(fmt.Errorf("%s beside %s: a task takes a slice or whole GPUs: %w", ask.Source, strings.Join(swarmSources, ", "), ErrInvalidShare),
+					"ask the service for one of the two generic resources")
+			}
+			return Request{Devices: Devices{IDs: []string{ask.GPU}}, Source: ask.Source}, nil
+		}
 		if len(swarmSources) > 0 {
 			d, err := ParseDevices(strings.Join(swarmIDs, ","))
 			if err != nil {
@@ -382,12 +421,8 @@ func requestOf(spec *specs.Spec, kind string, swarm []string, swarmMemory string
 	if err != nil {
 		return Request{}, err
 	}
-	share, source, why, err := shareOf(spec, img, swarmMemory, t)
-	if err != nil {
-		return Request{}, err
-	}
-	ignored = append(ignored, why...)
-	if share != nil {
+	ignored = append(ignored, ask.Ignored...)
+	if share, source := ask.Share, ask.Source; share != nil {
 		switch {
 		case r.All:
 			r.Devices = Devices{} // any GPU: the allocator's choice
@@ -403,30 +438,62 @@ func requestOf(spec *specs.Spec, kind string, swarm []string, swarmMemory string
 	return r, nil
 }
 
+// shareAsk is the share a spec asks for.
+type shareAsk struct {
+	// Share is the share, nil for none; Source names where it came from.
+	Share  *allocator.Share
+	Source string
+	// GPU is the GPU the request itself names (a Swarm slice's id), ""
+	// for none.
+	GPU string
+	// Ignored are the settings that are no request, with why.
+	Ignored []string
+}
+
 // shareOf reads the share spec asks for: a memory share by Swarm's memory
-// resource (DOCKER_RESOURCE_<swarmMemory>=<MiB>, trusted as Swarm's GPUs
+// resource (DOCKER_RESOURCE_<swarm.Memory>=<MiB>, trusted as Swarm's GPUs
 // are), else GPUISO_GPU_MEMORY (a size, trusted as NVIDIA_VISIBLE_DEVICES
 // is), and a compute percentage from GPUISO_GPU_COMPUTE; a concurrent
-// slice by GPUISO_GPU_SLICES (its count), a time slice by
-// GPUISO_GPU_TIME_SLICE, each trusted as GPUISO_GPU_MEMORY is. Two kinds
-// asked at once, or a compute percentage beside a slice, is
-// ErrInvalidShare. It returns the share (nil for none), where it came
-// from, and the settings it ignored, with why.
-func shareOf(spec *specs.Spec, img volume.Image, swarmMemory string, t *trust) (*allocator.Share, string, []string, error) {
+// slice by Swarm's slice resource (DOCKER_RESOURCE_<swarm.Slice>=<GPU>::<k>,
+// trusted as Swarm's GPUs are; see parseSwarmSlice) or GPUISO_GPU_SLICES
+// (its count), a time slice by GPUISO_GPU_TIME_SLICE, each trusted as
+// GPUISO_GPU_MEMORY is. Two kinds asked at once (Swarm's memory and slice
+// resources included), or a compute percentage beside a slice, is
+// ErrInvalidShare.
+func shareOf(spec *specs.Spec, img volume.Image, swarm swarmNames, t *trust) (shareAsk, error) {
 	var ignored []string
 	var share *allocator.Share
-	source := ""
-	if swarmMemory != "" {
-		key := envSwarmPrefix + swarmMemory
+	source, gpu := "", ""
+	fail := func(err error) (shareAsk, error) { return shareAsk{}, err }
+	if swarm.Memory != "" {
+		key := envSwarmPrefix + swarm.Memory
 		if v, ok := img.Getenv(key); ok {
 			if ok, why := t.swarm(key, v); !ok {
 				ignored = append(ignored, fmt.Sprintf("%s: %s", key, why))
 			} else {
 				mib, err := strconv.ParseUint(strings.TrimSpace(v), 10, 64)
 				if err != nil || mib == 0 || mib > maxShareMiB {
-					return nil, "", nil, fmt.Errorf("%s=%s: want a whole number of MiB from 1 to %d: %w", key, quoteShort(v), maxShareMiB, ErrInvalidShare)
+					return fail(fmt.Errorf("%s=%s: want a whole number of MiB from 1 to %d: %w", key, quoteShort(v), maxShareMiB, ErrInvalidShare))
 				}
 				share, source = &allocator.Share{Mode: allocator.ShareMemory, MemoryBytes: mib << 20}, key
+			}
+		}
+	}
+	if swarm.Slice != "" {
+		key := swarm.sliceKey()
+		if v, ok := img.Getenv(key); ok {
+			if ok, why := t.swarm(key, v); !ok {
+				ignored = append(ignored, fmt.Sprintf("%s: %s", key, why))
+			} else {
+				g, s, err := parseSwarmSlice(key, v, swarm.Slices)
+				if err != nil {
+					return fail(err)
+				}
+				if share != nil {
+					return fail(withRemedy(fmt.Errorf("%s=%s beside %s: a GPU is shared one way: %w", key, quoteShort(v), source, ErrInvalidShare),
+						"ask the service for one of the two generic resources"))
+				}
+				share, source, gpu = s, key, g
 			}
 		}
 	}
@@ -439,7 +506,7 @@ func shareOf(spec *specs.Spec, img volume.Image, swarmMemory string, t *trust) (
 		default:
 			b, err := parseGPUMemory(v)
 			if err != nil {
-				return nil, "", nil, err
+				return fail(err)
 			}
 			share, source = &allocator.Share{Mode: allocator.ShareMemory, MemoryBytes: b}, envGPUMemory
 		}
@@ -455,13 +522,13 @@ func shareOf(spec *specs.Spec, img volume.Image, swarmMemory string, t *trust) (
 		}
 		s, err := parseSlice(key, v)
 		if err != nil {
-			return nil, "", nil, err
+			return fail(err)
 		}
 		if s == nil {
 			continue // GPUISO_GPU_TIME_SLICE=0: none asked
 		}
 		if share != nil {
-			return nil, "", nil, fmt.Errorf("%s=%s beside %s: a GPU is shared one way: %w", key, quoteShort(v), source, ErrInvalidShare)
+			return fail(fmt.Errorf("%s=%s beside %s: a GPU is shared one way: %w", key, quoteShort(v), source, ErrInvalidShare))
 		}
 		share, source = s, key
 	}
@@ -472,15 +539,63 @@ func shareOf(spec *specs.Spec, img volume.Image, swarmMemory string, t *trust) (
 			n, err := strconv.Atoi(strings.TrimSpace(v))
 			switch {
 			case err != nil || n < 1 || n > 100:
-				return nil, "", nil, fmt.Errorf("%s=%s: want a percentage from 1 to 100: %w", envGPUCompute, quoteShort(v), ErrInvalidShare)
+				return fail(fmt.Errorf("%s=%s: want a percentage from 1 to 100: %w", envGPUCompute, quoteShort(v), ErrInvalidShare))
 			case share == nil || share.Mode != allocator.ShareMemory:
-				return nil, "", nil, fmt.Errorf("%s=%s without a memory share (%s, or Swarm's %s): %w", envGPUCompute, v, envGPUMemory, envSwarmPrefix+swarmMemory, ErrInvalidShare)
+				return fail(fmt.Errorf("%s=%s without a memory share (%s, or Swarm's %s): %w", envGPUCompute, v, envGPUMemory, envSwarmPrefix+swarm.Memory, ErrInvalidShare))
 			}
 			share.ComputePercent = n
 			source += ", " + envGPUCompute
 		}
 	}
-	return share, source, ignored, nil
+	return shareAsk{Share: share, Source: source, GPU: gpu, Ignored: ignored}, nil
+}
+
+// parseSwarmSlice reads the slice Docker Swarm assigned a task, the value
+// v of key (DOCKER_RESOURCE_<slice resource>): one id "<GPU>::<k>", GPU an
+// index or a GPU- UUID, k a slice's number from 0 to n-1, n the count of
+// slices each GPU is split in (--swarm-slices). It returns the GPU and the
+// share: one of n concurrent slices. Several ids (a service asking for
+// more than one) are refused: a container holds one share, and two slices
+// are neither one bigger slice under the GPU's MPS daemon nor one share of
+// two GPUs. So is any id that is not of that form, and any id at all when
+// n is not set.
+func parseSwarmSlice(key, v string, n int) (string, *allocator.Share, error) {
+	resource := strings.TrimPrefix(key, envSwarmPrefix)
+	ids := strings.Split(strings.TrimSpace(v), ",")
+	switch {
+	case n == 0:
+		return "", nil, withRemedy(fmt.Errorf("%s=%s: the count of slices per GPU is not set: %w", key, quoteShort(v), ErrInvalidShare),
+			"give gpuiso-runtime --swarm-slices N, N the count of "+resource+" ids the node advertises per GPU")
+	case len(ids) > 1:
+		return "", nil, withRemedy(fmt.Errorf("%s=%s: Swarm assigned %d slices, and a task takes one: %w", key, quoteShort(v), len(ids), ErrInvalidShare),
+			"ask the service for one slice (--generic-resource "+resource+"=1)")
+	}
+	bad := func(why string, err error) (string, *allocator.Share, error) {
+		if err != nil {
+			why += ": " + err.Error()
+		}
+		return "", nil, withRemedy(fmt.Errorf("%s=%s: %s: %w", key, quoteShort(v), why, ErrInvalidShare),
+			fmt.Sprintf("advertise the node's slices as %s=<GPU index or GPU- UUID>%s<k>, k from 0 to %d", resource, sliceIDSep, n-1))
+	}
+	id := strings.TrimSpace(ids[0])
+	g, k, ok := strings.Cut(id, sliceIDSep)
+	if !ok {
+		return bad(fmt.Sprintf("%s is no <GPU>%s<slice> id", quoteShort(id), sliceIDSep), nil)
+	}
+	if g == "all" || g == "none" || g == "void" {
+		return bad(fmt.Sprintf("its GPU: %q names no one GPU", g), nil)
+	}
+	if err := validID(g); err != nil {
+		return bad("its GPU", err)
+	}
+	if strings.HasPrefix(g, "MIG-") {
+		return bad("MIG device "+g+": MIG devices are not shared", nil)
+	}
+	i, err := strconv.Atoi(k)
+	if err != nil || k == "" || strings.Trim(k, "0123456789") != "" || i >= n {
+		return bad(fmt.Sprintf("slice %q: want a number from 0 to %d (--swarm-slices %d)", k, n-1, n), nil)
+	}
+	return g, &allocator.Share{Mode: allocator.ShareSlice, Slices: n}, nil
 }
 
 // parseSlice reads GPUISO_GPU_SLICES (a count from allocator.MinSlices to
@@ -587,7 +702,7 @@ var ErrDeviceHeld = node.Sentinel(node.ErrUnavailable, "device held by another c
 // device list holds a GPU another container owns.
 func (rt *Runtime) request(ctx context.Context, spec *specs.Spec, bundle, id string) (Request, error) {
 	t := &trust{Policy: rt.AcceptEnv, CDIAnnotations: rt.AcceptCDIAnnotations, Load: func() (*engineRecord, error) { return findEngineRecord(bundle, id, spec) }}
-	req, err := requestOf(spec, rt.CDIKind, rt.SwarmResources, rt.SwarmMemoryResource, t)
+	req, err := requestOf(spec, rt.CDIKind, rt.swarm(), t)
 	if err != nil {
 		return Request{}, err
 	}

@@ -137,7 +137,7 @@ func TestRequestOf(t *testing.T) {
 		{name: "bad list", spec: spec([]string{"NVIDIA_VISIBLE_DEVICES=1,,2"}, nil), err: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			r, err := requestOf(tc.spec, kind, swarm, defaultSwarmMemoryResource, &trust{Policy: AcceptAlways, CDIAnnotations: true})
+			r, err := requestOf(tc.spec, kind, swarmNames{GPUs: swarm, Memory: defaultSwarmMemoryResource}, &trust{Policy: AcceptAlways, CDIAnnotations: true})
 			if tc.err {
 				if !errors.Is(err, ErrInvalidDevices) {
 					t.Fatalf("requestOf = %+v, %v; want ErrInvalidDevices", r, err)
@@ -238,7 +238,7 @@ func TestRequestPolicy(t *testing.T) {
 				}
 				return tc.rec, nil
 			}}
-			r, err := requestOf(tc.spec, kind, swarm, defaultSwarmMemoryResource, tr)
+			r, err := requestOf(tc.spec, kind, swarmNames{GPUs: swarm, Memory: defaultSwarmMemoryResource}, tr)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -255,7 +255,7 @@ func TestRequestPolicy(t *testing.T) {
 	}
 	t.Run("no record needed", func(t *testing.T) {
 		tr := &trust{Policy: AcceptCaller, Load: func() (*engineRecord, error) { t.Error("record loaded"); return nil, nil }}
-		if _, err := requestOf(spec([]string{"PATH=/bin"}, map[string]string{"other": "x"}), kind, swarm, defaultSwarmMemoryResource, tr); err != nil {
+		if _, err := requestOf(spec([]string{"PATH=/bin"}, map[string]string{"other": "x"}), kind, swarmNames{GPUs: swarm, Memory: defaultSwarmMemoryResource}, tr); err != nil {
 			t.Fatal(err)
 		}
 	})
@@ -319,7 +319,7 @@ func TestRequestShare(t *testing.T) {
 				}
 				return tc.rec, nil
 			}}
-			r, err := requestOf(tc.spec, kind, defaultSwarmResources, defaultSwarmMemoryResource, tr)
+			r, err := requestOf(tc.spec, kind, testSwarm(), tr)
 			if tc.err {
 				if !errors.Is(err, ErrInvalidShare) || !errors.Is(err, node.ErrInvalid) {
 					t.Fatalf("requestOf = %+v, %v; want ErrInvalidShare", r, err)
@@ -368,7 +368,7 @@ func FuzzRequestShare(f *testing.F) {
 				env = append(env, k+"="+v)
 			}
 		}
-		r, err := requestOf(&specs.Spec{Process: &specs.Process{Env: env}}, "nvidia.com/gpu", defaultSwarmResources, defaultSwarmMemoryResource, &trust{Policy: AcceptAlways})
+		r, err := requestOf(&specs.Spec{Process: &specs.Process{Env: env}}, "nvidia.com/gpu", testSwarm(), &trust{Policy: AcceptAlways})
 		if err != nil {
 			if !errors.Is(err, ErrInvalidShare) {
 				t.Fatalf("%q: %v is no ErrInvalidShare", env, err)

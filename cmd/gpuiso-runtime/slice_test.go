@@ -58,7 +58,7 @@ func TestRequestSlices(t *testing.T) {
 				}
 				return tc.rec, nil
 			}}
-			r, err := requestOf(tc.spec, "nvidia.com/gpu", defaultSwarmResources, defaultSwarmMemoryResource, tr)
+			r, err := requestOf(tc.spec, "nvidia.com/gpu", testSwarm(), tr)
 			if tc.err {
 				if !errors.Is(err, ErrInvalidShare) {
 					t.Fatalf("requestOf = %+v, %v; want ErrInvalidShare", r, err)
@@ -155,7 +155,7 @@ func FuzzRequestSlices(f *testing.F) {
 				env = append(env, k+"="+v)
 			}
 		}
-		r, err := requestOf(&specs.Spec{Process: &specs.Process{Env: env}}, "nvidia.com/gpu", defaultSwarmResources, defaultSwarmMemoryResource, &trust{Policy: AcceptAlways})
+		r, err := requestOf(&specs.Spec{Process: &specs.Process{Env: env}}, "nvidia.com/gpu", testSwarm(), &trust{Policy: AcceptAlways})
 		if err != nil {
 			if !errors.Is(err, ErrInvalidShare) {
 				t.Fatalf("%q: %v is no ErrInvalidShare", env, err)
