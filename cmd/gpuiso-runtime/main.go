@@ -5,6 +5,7 @@
 //	gpuiso-runtime [--runc PATH] [--state-dir DIR] [--simulate NAME --dev-root DIR]
 //	               [--log FILE] [--log-format text|json] [--cdi-kind KIND]
 //	               [--swarm-resource NAME]... [--swarm-memory-resource NAME]
+//	               [--swarm-slice-resource NAME] [--swarm-slices N]
 //	               [--shared-gpus all|none|LIST] [--accept-env-request POLICY]
 //	               [--accept-cdi-annotations true|false]
 //	               [--timeout DURATION] [runc's global flags] COMMAND [ARGS...]
@@ -93,6 +94,26 @@
 // wherever the claim is given back, started again in place when it died
 // under a living container, and one that no record or share explains is
 // stopped by the next create or delete.
+//
+// Or a concurrent slice, one of N equal parts of a GPU served by the GPU's
+// one MPS daemon: the caller's GPUISO_GPU_SLICES=N, or Swarm's slice
+// resource. For Swarm the node advertises a named generic resource with
+// one id per slice, "<GPU>::<k>" (the GPU by UUID or index, k from 0 to
+// N-1; in daemon.json, "node-generic-resources":
+// ["NVIDIA-GPU-SLICE=GPU-<uuid>::0", ..., "NVIDIA-GPU-SLICE=GPU-<uuid>::3"]),
+// the runtime is given N once (--swarm-slices N; --swarm-slice-resource
+// names the resource, default NVIDIA-GPU-SLICE), and a service asks with
+// "docker service create --generic-resource NVIDIA-GPU-SLICE=1". The id
+// Swarm assigned, DOCKER_RESOURCE_NVIDIA-GPU-SLICE=GPU-<uuid>::2 (Swarm
+// upper-cases the name), trusted as Swarm's other resources are, asks for
+// one of N slices of that GPU, served as GPUISO_GPU_SLICES=N of that GPU
+// is: at most N slices of count N on the GPU, each held by the daemon to
+// 1/N of its memory and threads. Several ids in one task (a container
+// holds one share), an id of another form or past N, any id without
+// --swarm-slices, or a slice beside Swarm's GPUs, its memory resource or
+// another kind of share is refused, with nothing claimed. One id a slice
+// lets Swarm count slices as it counts GPUs, with the GPU its choice; N
+// is the node's setting, checked against every id.
 //
 // Every other command, and every runc flag, goes to runc unchanged (runc's
 // own --log and --log-format included). --simulate NAME --dev-root DIR runs
