@@ -227,3 +227,41 @@ func TestChartSharing(t *testing.T) {
 		t.Errorf("with sharing.plainDirs the DaemonSet still propagates mounts, or lacks --mps-plain-dirs:\n%s", plain)
 	}
 }
+
+// TestChartDevicePluginSharing: devicePlugin.sharing=mps gives the device
+// plugin --device-plugin-sharing=mps and the MPS daemons' placement (the
+// host's pid namespace, the cgroup parent, the mount namespace, the
+// driver root), DRA on or off; time slicing (the default) gives neither
+// without DRA; an unknown strategy fails the install.
+func TestChartDevicePluginSharing(t *testing.T) {
+	run := helm(t, testenv.RequireHelm(t))
+	args := []string{"template", release, chartDir, "--namespace", "default", "--show-only", "templates/daemonset.yaml",
+		"--set", "simulate.kind=dgx1-volta", "--set", "devicePlugin.enabled=true", "--set-string", "sharing.gpus=0"}
+	needs := []string{"hostPID: true", "privileged: true", "mountPropagation: Bidirectional",
+		"--mps-cgroup-parent=auto", "--mps-driver-root=/driver-root", "--mps-mount-namespace=runtime", "mountPath: /driver-root/usr"}
+	for _, dra := range []string{"true", "false"} {
+		sliced, err := run(t.Context(), append(args, "--set", "dra.enabled="+dra, "--set", "devicePlugin.sharing=mps")...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		timed, err := run(t.Context(), append(args, "--set", "dra.enabled="+dra)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(sliced, "--device-plugin-sharing=mps") || strings.Contains(timed, "--device-plugin-sharing") {
+			t.Errorf("dra.enabled=%s: --device-plugin-sharing=mps in the MPS strategy's DaemonSet %v, in time slicing's %v",
+				dra, strings.Contains(sliced, "--device-plugin-sharing=mps"), strings.Contains(timed, "--device-plugin-sharing"))
+		}
+		for _, n := range needs {
+			if !strings.Contains(sliced, n) {
+				t.Errorf("dra.enabled=%s: with the MPS strategy the DaemonSet lacks %q", dra, n)
+			}
+			if dra == "false" && strings.Contains(timed, n) {
+				t.Errorf("with time slices and no DRA the DaemonSet has %q", n)
+			}
+		}
+	}
+	if out, err := run(t.Context(), append(args, "--set", "devicePlugin.sharing=spatial")...); err == nil || !strings.Contains(err.Error()+out, "devicePlugin.sharing") {
+		t.Errorf("devicePlugin.sharing=spatial: %v\n%s", err, out)
+	}
+}
