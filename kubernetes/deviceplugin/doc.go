@@ -101,7 +101,11 @@
 // replica: the daemon holds each client process to one slice's limits
 // whatever the container was given. The allocator keeps a GPU to one kind
 // of share and one count of slices: a GPU with time slices gives no
-// concurrent slice and the reverse. What concurrent slices enforce and
+// concurrent slice and the reverse. A GPU whose slices of the same count a
+// DRA claim holds gives no replica either (ErrHeld): those have the DRA
+// driver's daemon, and a second would serve the GPU beside it; the other
+// way round, the DRA driver's slice taints a GPU the device plugin holds
+// (dra.HeldTaint). What concurrent slices enforce and
 // what they do not (the limits are per client process; the slices of a
 // GPU share one server, one control socket and one /dev/shm) is in
 // package isolator/mps: give them to cooperating workloads of one tenant.

@@ -135,6 +135,12 @@ func (p *Plugin) concurrentContainer(ctx context.Context, d Device) (*pluginapi.
 		}
 		return errors.Join(append(errs, release(ctx, ts, []string{owner})...)...)
 	}
+	if other, ok := p.otherSlices(d.Ref.UUID); ok {
+		// The GPU's slices of the same count that a DRA claim holds have
+		// a daemon of the DRA driver's: a second one would serve the
+		// GPU beside it.
+		return nil, undo(fmt.Errorf("its GPU has the slices of %s: %w", other, ErrHeld))
+	}
 	dm, err := p.cfg.MPS.StartShare(ctx, al)
 	if err == nil && dm == nil {
 		err = fmt.Errorf("no MPS daemon for a share %+v: %w", al.Share, ErrInvalidConfig)
@@ -166,6 +172,28 @@ func (p *Plugin) concurrentContainer(ctx context.Context, d Device) (*pluginapi.
 	}
 	p.cfg.heldChanged()
 	return resp, nil
+}
+
+// otherSlices tells the first owner of a concurrent slice of the GPU
+// uuid that is no replica of the device plugin's (a DRA claim's), if the
+// source tells the GPU's shares.
+func (p *Plugin) otherSlices(uuid string) (string, bool) {
+	sh, ok := p.src.(interface {
+		Shares(device string) ([]allocator.Allocation, error)
+	})
+	if !ok {
+		return "", false
+	}
+	als, err := sh.Shares(uuid)
+	if err != nil {
+		return "", false
+	}
+	for _, al := range als {
+		if _, ours := replicaOfOwner(concurrentPrefix, al.Owner); !ours && al.Share != nil && al.Share.Mode == allocator.ShareSlice {
+			return al.Owner, true
+		}
+	}
+	return "", false
 }
 
 // sweepSlices stops the daemons of the manager's MPS directory that no

@@ -335,7 +335,8 @@ func TestAdoptConcurrentSlices(t *testing.T) {
 // TestSliceStrategiesMix: the allocator keeps a GPU to one kind of
 // share: a time-slicing plugin on the allocator of an MPS one gets no
 // time slice of a GPU that has concurrent slices, and the MPS plugin no
-// slice (and no daemon) of a GPU that has time slices.
+// slice (and no daemon) of a GPU that has time slices, nor of one whose
+// slices a claim holds.
 func TestSliceStrategiesMix(t *testing.T) {
 	n := newSlicedNode(t)
 	_, a, _ := n.start(t, deviceplugin.StrategyMPS, time.Minute)
@@ -368,6 +369,24 @@ func TestSliceStrategiesMix(t *testing.T) {
 	}
 	if got := sliceOwners(t, a, u0); !slices.Equal(got, []string{deviceplugin.ConcurrentSliceOwner(u0, 0)}) {
 		t.Errorf("GPU 0 holds %v", got)
+	}
+	// A GPU whose slices of the same count a claim holds (the DRA
+	// driver's, with a daemon of its own) gives no replica, and no
+	// daemon is started for it.
+	u5 := n.inv.Devices[5].UUID
+	n.shared = append(n.shared, u5)
+	_, a, _ = n.start(t, deviceplugin.StrategyMPS, time.Minute)
+	if _, err := a.Allocate(t.Context(), "claim-t", allocator.Request{Devices: []string{u5}, Share: &allocator.Share{Mode: allocator.ShareSlice, Slices: sliceCount}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n.container(t, deviceplugin.TimeSliceID(u5, 0)); !errors.Is(err, deviceplugin.ErrHeld) {
+		t.Errorf("a replica of a GPU a claim's slice holds: %v, want ErrHeld", err)
+	}
+	if got := sliceOwners(t, a, u5); !slices.Equal(got, []string{"claim-t"}) {
+		t.Errorf("GPU 5 holds %v, want the claim's slice alone", got)
+	}
+	if _, ok := n.daemons(t)[mps.SliceOwner(u5)]; ok {
+		t.Error("a daemon was started beside the claim's")
 	}
 	// A slice of another count (a DRA claim's, say) is refused too.
 	if _, err := a.Allocate(t.Context(), "claim-s", allocator.Request{Devices: []string{u0}, Share: &allocator.Share{Mode: allocator.ShareSlice, Slices: 2}}); !errors.Is(err, allocator.ErrDeviceUnavailable) && !errors.Is(err, allocator.ErrInsufficient) {
