@@ -4,6 +4,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -93,4 +95,20 @@ func runCUDACheck(t testing.TB, bin string, env []string, args ...string) (strin
 		return string(out), ee.ExitCode()
 	}
 	return string(out), 0
+}
+
+// spinLine is cudacheck --spin's result: launches, and multiply-adds of all
+// threads per second.
+var spinLine = regexp.MustCompile(`(?m)^cudacheck: spin (\d+) launches (\d+) it/s over `)
+
+// spinRate returns the launches and the rate of cudacheck --spin's result
+// line in out; ok is false without one.
+func spinRate(out string) (launches uint64, rate float64, ok bool) {
+	m := spinLine.FindStringSubmatch(out)
+	if m == nil {
+		return 0, 0, false
+	}
+	launches, err1 := strconv.ParseUint(m[1], 10, 64)
+	rate, err2 := strconv.ParseFloat(m[2], 64)
+	return launches, rate, err1 == nil && err2 == nil
 }
