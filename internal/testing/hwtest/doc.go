@@ -17,7 +17,16 @@
 //     in its /dev before or after CUDA ran (its /proc shows the driver's
 //     parameters with ModifyDeviceFiles: 0, so the driver's libraries make
 //     none), and a device node the container makes itself (mknod) for a GPU
-//     cannot be opened: EPERM from the device cgroup.
+//     cannot be opened: EPERM from the device cgroup;
+//   - a compute loop (cudacheck --spin: a kernel in PTX that the driver
+//     compiles, its results verified) runs alone in an exclusive
+//     container, in two memory shares of half the GPU at once, and in two
+//     concurrent slices of it (Slices 2, one daemon) at once; the work per
+//     second of each client, their sum and its ratio to the alone figure
+//     are logged, not asserted; past half the GPU's memory allocates alone
+//     but neither in a half share nor in a slice of 2, and a client run as
+//     another user than root gets a server of its uid that is non-dumpable
+//     (TestShareThroughput).
 //
 // It never changes a GPU's settings: no MIG mode, clocks, persistence or
 // compute mode. A GPU in MIG mode is not chosen for the CUDA container.
@@ -39,6 +48,8 @@
 // the same scripts (bundle.sh --vm, run.sh --vm), narrowed to its budget.
 //
 // Without a GPU the tests that can run anyway do: cudacheck is built with
-// gcc and must report a missing driver or device cleanly, the host's driver
-// volume must load, and the bundle is built and checked.
+// gcc and must report a missing driver or device cleanly, its --spin runs
+// against a stand-in libcuda (testdata/cudacheck/fakecuda.c) that checks
+// the launches and computes the kernel's results on the host, the host's
+// driver volume must load, and the bundle is built and checked.
 package hwtest
