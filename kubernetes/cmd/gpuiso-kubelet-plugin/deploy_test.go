@@ -156,7 +156,8 @@ func TestResolveSimulate(t *testing.T) {
 }
 
 // TestCleanNode: after an uninstall the node keeps nothing of the
-// plugin's, unless a claim is still prepared, whose files stay.
+// plugin's (the device plugin's MPS directory included), unless a claim is
+// still prepared, whose files stay.
 func TestCleanNode(t *testing.T) {
 	for _, prepared := range []bool{false, true} {
 		dir := t.TempDir()
@@ -168,6 +169,9 @@ func TestCleanNode(t *testing.T) {
 		}
 		os.WriteFile(filepath.Join(f.cdiDir, "nvidia.com-gpu.json"), []byte("{}"), 0o644)
 		os.WriteFile(filepath.Join(f.stateDir, "allocator", "state.json"), []byte("{}"), 0o644)
+		// What the device plugin's concurrent slices' daemons left.
+		os.MkdirAll(filepath.Join(f.stateDir, deviceSlicesMPSDir), 0o700)
+		os.WriteFile(filepath.Join(f.stateDir, deviceSlicesMPSDir, ".lock"), nil, 0o600)
 		if prepared {
 			os.WriteFile(filepath.Join(f.stateDir, "claims", "uid.json"), []byte("{}"), 0o644)
 		}
@@ -183,7 +187,7 @@ func TestCleanNode(t *testing.T) {
 		})
 		want := 0
 		if prepared {
-			want = 2 // the claim's checkpoint and the allocator's state
+			want = 3 // the claim's checkpoint, the allocator's state, the daemons' directory
 		}
 		if len(left) != want {
 			t.Errorf("prepared claim %v: left %v", prepared, left)
