@@ -25,6 +25,7 @@ type claimStream struct {
 	ns     string
 	mu     sync.Mutex
 	pods   []string                   // every pod created
+	kindOf map[string]streamKind      // each pod's kind
 	ended  map[string]corev1.PodPhase // those that ended (then deleted)
 	errs   []string
 	cancel context.CancelFunc
@@ -57,7 +58,7 @@ func (s *claimStream) reap(ctx context.Context) {
 func startStream(t *testing.T, c *cluster.Cluster, ns, prefix string, every time.Duration, kinds []streamKind) *claimStream {
 	t.Helper()
 	ctx, cancel := context.WithCancel(t.Context())
-	s := &claimStream{c: c, ns: ns, cancel: cancel, done: make(chan struct{}), ended: map[string]corev1.PodPhase{}}
+	s := &claimStream{c: c, ns: ns, cancel: cancel, done: make(chan struct{}), ended: map[string]corev1.PodPhase{}, kindOf: map[string]streamKind{}}
 	go func() {
 		defer close(s.done)
 		for i := 0; ; i++ {
@@ -69,6 +70,7 @@ func startStream(t *testing.T, c *cluster.Cluster, ns, prefix string, every time
 			s.mu.Lock()
 			if err == nil {
 				s.pods = append(s.pods, name)
+				s.kindOf[name] = k
 			} else if ctx.Err() == nil {
 				s.errs = append(s.errs, fmt.Sprintf("create %s: %v", name, err))
 			}
@@ -96,6 +98,17 @@ func (s *claimStream) end() []string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.pods
+}
+
+// perKind counts the stream's pods of each kind ("template on node").
+func (s *claimStream) perKind() map[string]int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := map[string]int{}
+	for _, k := range s.kindOf {
+		out[k.template+" on "+k.node]++
+	}
+	return out
 }
 
 // check waits until every pod of the stream ran to its end (Succeeded) and
