@@ -76,7 +76,11 @@ type swarmNames struct {
 
 // sliceKey is the variable Swarm sets for the slice resource: Swarm
 // upper-cases a resource's name there.
-func (sw swarmNames) sliceKey() string { return envSwarmPrefix + strings.ToUpper(sw.Slice) }
+func (sw swarmNames) sliceKey() string { return swarmKey(sw.Slice) }
+
+// swarmKey is the variable Swarm sets for the generic resource name:
+// DOCKER_RESOURCE_ and the name upper-cased, as Swarm writes it.
+func swarmKey(name string) string { return envSwarmPrefix + strings.ToUpper(name) }
 
 // defaultSwarmResources are the generic resource names read as GPUs.
 var defaultSwarmResources = []string{"NVIDIA-GPU", "NVIDIA_GPU", "GPU"}
@@ -346,7 +350,7 @@ func requestOf(spec *specs.Spec, kind string, swarm swarmNames, t *trust) (Reque
 	var swarmIDs []string
 	var swarmSources []string
 	for _, name := range swarm.GPUs {
-		key := envSwarmPrefix + name
+		key := swarmKey(name)
 		v, ok := img.Getenv(key)
 		if !ok {
 			continue
@@ -466,7 +470,7 @@ func shareOf(spec *specs.Spec, img volume.Image, swarm swarmNames, t *trust) (sh
 	source, gpu := "", ""
 	fail := func(err error) (shareAsk, error) { return shareAsk{}, err }
 	if swarm.Memory != "" {
-		key := envSwarmPrefix + swarm.Memory
+		key := swarmKey(swarm.Memory)
 		if v, ok := img.Getenv(key); ok {
 			if ok, why := t.swarm(key, v); !ok {
 				ignored = append(ignored, fmt.Sprintf("%s: %s", key, why))
@@ -541,7 +545,7 @@ func shareOf(spec *specs.Spec, img volume.Image, swarm swarmNames, t *trust) (sh
 			case err != nil || n < 1 || n > 100:
 				return fail(fmt.Errorf("%s=%s: want a percentage from 1 to 100: %w", envGPUCompute, quoteShort(v), ErrInvalidShare))
 			case share == nil || share.Mode != allocator.ShareMemory:
-				return fail(fmt.Errorf("%s=%s without a memory share (%s, or Swarm's %s): %w", envGPUCompute, v, envGPUMemory, envSwarmPrefix+swarm.Memory, ErrInvalidShare))
+				return fail(fmt.Errorf("%s=%s without a memory share (%s, or Swarm's %s): %w", envGPUCompute, v, envGPUMemory, swarmKey(swarm.Memory), ErrInvalidShare))
 			}
 			share.ComputePercent = n
 			source += ", " + envGPUCompute

@@ -426,3 +426,21 @@ func TestSwarmSlice(t *testing.T) {
 		t.Errorf("container records left: %q", left)
 	}
 }
+
+// TestSwarmNamesAnyCase: Swarm writes a generic resource's variable with
+// the name upper-cased, so --swarm-resource and --swarm-memory-resource
+// given in lower case still read what Swarm assigned.
+func TestSwarmNamesAnyCase(t *testing.T) {
+	spec := &specs.Spec{Process: &specs.Process{Env: []string{"DOCKER_RESOURCE_GPU=GPU-a", "DOCKER_RESOURCE_VRAM=2048"}}}
+	tr := &trust{Policy: AcceptCaller, Load: func() (*engineRecord, error) { return plainTask(), nil }}
+	r, err := requestOf(spec, "nvidia.com/gpu", swarmNames{GPUs: []string{"gpu"}, Memory: "vram"}, tr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(r.IDs, []string{"GPU-a"}) || r.Source != "DOCKER_RESOURCE_GPU" {
+		t.Errorf("devices %+v from %q, want GPU-a from DOCKER_RESOURCE_GPU", r.Devices, r.Source)
+	}
+	if r.Share == nil || r.Share.MemoryBytes != 2048<<20 || r.ShareSource != "DOCKER_RESOURCE_VRAM" {
+		t.Errorf("share %+v from %q, want 2 GiB from DOCKER_RESOURCE_VRAM", r.Share, r.ShareSource)
+	}
+}
