@@ -16,8 +16,10 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 
 	"github.com/gpuiso/gpuiso/allocator"
 	"github.com/gpuiso/gpuiso/internal/testing/testenv"
@@ -369,14 +371,25 @@ func TestChaos(t *testing.T) {
 				return p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed
 			})
 		}
+		ended := time.Since(waveStart)
+		// Deleted all at once, then waited for.
 		for _, name := range wave {
 			if p := pod(t, c, name); p.Status.Phase != corev1.PodSucceeded {
 				t.Errorf("soak pod %s: %s %s", name, p.Status.Phase, p.Status.Message)
 			}
-			deleteIn(t, c, "default", name)
+			err := c.Client.CoreV1().Pods("default").Delete(ctx, name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To(int64(1))})
+			if err != nil && !apierrors.IsNotFound(err) {
+				t.Fatal(err)
+			}
 		}
+		until(t, "the wave's pods to be gone", func() bool {
+			l, err := c.Client.CoreV1().Pods("default").List(ctx, metav1.ListOptions{LabelSelector: "gpuiso.io/soak=true"})
+			return err == nil && len(l.Items) == 0
+		})
+		gone := time.Since(waveStart)
 		until(t, "the plugins back on every node", func() bool { return daemonSetRolled(t, c) })
-		t.Logf("wave %d: %d pods ended in %v", w, len(wave), time.Since(waveStart).Round(100*time.Millisecond))
+		r := func(d time.Duration) time.Duration { return d.Round(100 * time.Millisecond) }
+		t.Logf("wave %d: %d pods ran to their end in %v, were gone in %v, the plugins back in %v", w, len(wave), r(ended), r(gone), r(time.Since(waveStart)))
 		if w == 1 {
 			n := c.Nodes[rng.IntN(len(c.Nodes))]
 			if err := c.Reboot(ctx, n); err != nil {
