@@ -114,6 +114,7 @@ func TestVocabulary(t *testing.T) {
 		"isolator/dockerconfig.ErrNilConfig":        dockerconfig.ErrNilConfig,
 		"isolator/oci.ErrNoLinux":                   oci.ErrNoLinux,
 		"isolator/mps.ErrNoControl":                 mps.ErrNoControl,
+		"isolator/mps.ErrNoServer":                  mps.ErrNoServer,
 		"isolator/mps.ErrInvalid":                   mps.ErrInvalid,
 		"isolator/mps.ErrExists":                    mps.ErrExists,
 		"isolator/mps.ErrUnknownOwner":              mps.ErrUnknownOwner,
