@@ -1,8 +1,6 @@
 package mps
 
 import (
-	"context"
-	"errors"
 	"fmt"
 	"path"
 	"path/filepath"
@@ -85,46 +83,6 @@ func (m *Manager) hierarchies() ([]linux.CgroupHierarchy, error) {
 		root = DefaultCgroupRoot
 	}
 	return linux.CgroupHierarchies(root)
-}
-
-// place moves d's daemon into its cgroup (d.Cgroup), made first.
-func (m *Manager) place(d Daemon) error {
-	if d.Cgroup == "" {
-		return nil
-	}
-	hs, err := m.hierarchies()
-	if err != nil {
-		return fmt.Errorf("place daemon %d in cgroup %s: %w", d.Pid, d.Cgroup, err)
-	}
-	if err := linux.MakeCgroup(hs, d.Cgroup); err != nil {
-		return fmt.Errorf("make cgroup %s: %w", d.Cgroup, err)
-	}
-	if err := linux.MoveToCgroup(hs, d.Cgroup, d.Pid, m.cgroupNS); err != nil {
-		return fmt.Errorf("move daemon %d to cgroup %s: %w", d.Pid, d.Cgroup, err)
-	}
-	return nil
-}
-
-// unplace removes d's cgroup, its processes gone, and its parent
-// (gpuiso-mps) when no other daemon's is left in it.
-func (m *Manager) unplace(ctx context.Context, d Daemon) error {
-	if d.Cgroup == "" || linux.CheckCgroupPath(d.Cgroup) != nil || path.Base(path.Dir(d.Cgroup)) != CgroupDir {
-		return nil
-	}
-	hs, err := m.hierarchies()
-	if err != nil {
-		if errors.Is(err, linux.ErrNotSupported) {
-			return nil
-		}
-		return err
-	}
-	if err := linux.RemoveCgroup(hs, d.Cgroup); err != nil {
-		return fmt.Errorf("remove cgroup %s: %w", d.Cgroup, err)
-	}
-	if err := linux.RemoveCgroup(hs, path.Dir(d.Cgroup)); err != nil {
-		m.log.DebugContext(ctx, "mps cgroup parent kept", "cgroup", path.Dir(d.Cgroup), "err", err)
-	}
-	return nil
 }
 
 // CheckCgroupParent checks a parent for WithCgroup on its own: an absolute,

@@ -96,7 +96,11 @@ func (m *Manager) control(ctx context.Context, pipeDir, command string) (string,
 		return "", fmt.Errorf("%q to the daemon of %s: %w", command, pipeDir, err)
 	}
 	defer dir.Close()
-	return run(ctx, m.bin, append([]*os.File{dir}, socks...), pipeDir, command)
+	out, err := run(ctx, m.bin, append([]*os.File{dir}, socks...), command)
+	if err != nil {
+		return "", fmt.Errorf("%q to the daemon of %s: %w", command, pipeDir, err)
+	}
+	return out, nil
 }
 
 // controlPrefix starts the name of each directory control links a
@@ -146,7 +150,7 @@ func (m *Manager) dropControls() error {
 
 // run is control's body: the client, with files as its descriptors 3,
 // 4, ...: the directory of links to the sockets first.
-func run(ctx context.Context, bin string, files []*os.File, pipeDir, command string) (string, error) {
+func run(ctx context.Context, bin string, files []*os.File, command string) (string, error) {
 	var out, errb bytes.Buffer
 	cmd := exec.CommandContext(ctx, bin)
 	cmd.Env = []string{"CUDA_MPS_PIPE_DIRECTORY=/proc/self/fd/3", "PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
@@ -155,7 +159,7 @@ func run(ctx context.Context, bin string, files []*os.File, pipeDir, command str
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	if err := cmd.Run(); err != nil {
 		msg := strings.TrimSpace(errb.String() + " " + out.String())
-		return "", fmt.Errorf("%q to the daemon of %s: %v: %s: %w", command, pipeDir, err, msg, ErrDaemon)
+		return "", fmt.Errorf("%v: %s: %w", err, msg, ErrDaemon)
 	}
 	return strings.TrimSpace(out.String()), nil
 }

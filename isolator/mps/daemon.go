@@ -82,35 +82,37 @@ const (
 // nil manager is ErrNoManager.
 func (m *Manager) StartShare(ctx context.Context, al allocator.Allocation) (*Daemon, error) {
 	s := al.Share
-	if s != nil && s.Mode == allocator.ShareSlice {
-		if m == nil {
-			return nil, fmt.Errorf("start the MPS daemon of %s's slice: %w", al.Owner, ErrNoManager)
-		}
-		if len(al.Devices) != 1 {
-			return nil, fmt.Errorf("start the MPS daemon of %s's slice: a slice of %d devices, want 1: %w", al.Owner, len(al.Devices), ErrInvalid)
-		}
-		d, err := m.StartSlice(ctx, al.Owner, al.Devices[0], *s)
-		if err != nil {
-			return nil, err
-		}
-		return &d, nil
-	}
-	if s == nil || (s.Mode != "" && s.Mode != allocator.ShareMemory) {
+	if s == nil || s.Mode != "" && s.Mode != allocator.ShareMemory && s.Mode != allocator.ShareSlice {
 		return nil, nil
 	}
+	slice := s.Mode == allocator.ShareSlice
+	what := al.Owner
+	if slice {
+		what += "'s slice"
+	}
 	if m == nil {
-		return nil, fmt.Errorf("start the MPS daemon of %s: %w", al.Owner, ErrNoManager)
+		return nil, fmt.Errorf("start the MPS daemon of %s: %w", what, ErrNoManager)
 	}
 	if len(al.Devices) != 1 {
-		return nil, fmt.Errorf("start the MPS daemon of %s: a share of %d devices, want 1: %w", al.Owner, len(al.Devices), ErrInvalid)
+		return nil, fmt.Errorf("start the MPS daemon of %s: a share of %d devices, want 1: %w", what, len(al.Devices), ErrInvalid)
+	}
+	// A memory share's daemon is its own; a slice's is its GPU's, which
+	// counts the slice's owner among its tenants.
+	owner := al.Owner
+	tenant := ""
+	count := 0
+	if slice {
+		owner = SliceOwner(al.Devices[0].UUID)
+		tenant = al.Owner
+		count = s.Slices
 	}
 	lim, err := LimitsOf(*s)
 	if err != nil {
-		return nil, fmt.Errorf("start the MPS daemon of %s: %w", al.Owner, err)
+		return nil, fmt.Errorf("start the MPS daemon of %s: %w", what, err)
 	}
-	d, err := m.Start(ctx, al.Owner, al.Devices[0], lim)
+	d, err := m.startAs(ctx, owner, al.Devices[0], lim, count, tenant)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("start the MPS daemon of %s: %w", what, err)
 	}
 	return &d, nil
 }
@@ -126,30 +128,45 @@ func (m *Manager) StartShare(ctx context.Context, al allocator.Allocation) (*Dae
 // a dead one of another share left is removed first. On error nothing is
 // left.
 func (m *Manager) Start(ctx context.Context, owner string, gpu node.DeviceRef, lim Limits) (Daemon, error) {
-	if err := m.made(); err != nil {
-		return Daemon{}, err
-	}
-	var d Daemon
-	err := m.locked(ctx, func() error {
-		var err error
-		d, err = m.start(ctx, owner, gpu, lim, 0, "")
-		return err
-	})
+	d, err := m.startAs(ctx, owner, gpu, lim, 0, "")
 	if err != nil {
 		return Daemon{}, fmt.Errorf("start the MPS daemon of %s: %w", owner, err)
 	}
 	return d, nil
 }
 
+// startAs is the door of Start, StartSlice and StartShare: it checks the
+// names of the daemon's owner and of its tenant (a slice's owner, or ""),
+// once, and starts the daemon under the manager's lock (start).
+func (m *Manager) startAs(ctx context.Context, owner string, gpu node.DeviceRef, lim Limits, count int, tenant string) (Daemon, error) {
+	if err := m.made(); err != nil {
+		return Daemon{}, err
+	}
+	names := []string{owner}
+	if tenant != "" {
+		names = append(names, tenant)
+	}
+	for _, name := range names {
+		if err := node.ValidateOwner(name); err != nil {
+			return Daemon{}, fmt.Errorf("%w: %w", ErrInvalid, err)
+		}
+	}
+	var d Daemon
+	err := m.locked(ctx, func() error {
+		var err error
+		d, err = m.start(ctx, owner, gpu, lim, count, tenant)
+		return err
+	})
+	return d, err
+}
+
 // start starts owner's daemon, as Start says. For the daemon of a GPU's
 // concurrent slices, count is their count and tenant the slice's owner,
 // added to the daemon's tenants (a running daemon's record is written
 // again only when it lacks tenant); for a share's own daemon both are
-// zero. The caller holds the lock.
+// zero. owner and tenant are valid owner ids (startAs). The caller holds
+// the lock.
 func (m *Manager) start(ctx context.Context, owner string, gpu node.DeviceRef, lim Limits, count int, tenant string) (d Daemon, err error) {
-	if err := node.ValidateOwner(owner); err != nil {
-		return d, fmt.Errorf("%w: %w", ErrInvalid, err)
-	}
 	if gpu.UUID == "" || gpu.MIG != nil && !node.IsMIGUUID(gpu.UUID) {
 		return d, fmt.Errorf("gpu %d (%q): a whole GPU with its UUID, or a MIG device with its own: %w", gpu.Index, gpu.UUID, ErrInvalid)
 	}
@@ -160,36 +177,35 @@ func (m *Manager) start(ctx context.Context, owner string, gpu node.DeviceRef, l
 	// again: a dead daemon of the same share, started again in place;
 	// tenants: a slice daemon's.
 	again, tenants := false, []string(nil)
-	if rec, err := m.readRecord(owner); err == nil {
-		old := rec.Daemon
-		switch {
-		case old.Alive && old.GPU == gpu.UUID && old.Limits == lim && old.Slices == count:
-			if tenant == "" || slices.Contains(rec.Tenants, tenant) {
-				return old, nil
-			}
-			if err := m.write(old, withTenant(rec.Tenants, tenant)); err != nil {
-				return d, err
-			}
+	rec, rerr := m.readRecord(owner)
+	old := rec.Daemon
+	if rerr != nil {
+		old = m.blank(owner)
+	}
+	switch {
+	case rerr == nil && old.Alive && old.GPU == gpu.UUID && old.Limits == lim && old.Slices == count:
+		if tenant == "" || slices.Contains(rec.Tenants, tenant) {
 			return old, nil
-		case old.Alive && (old.Slices == 0 || len(rec.Tenants) > 0):
-			return d, fmt.Errorf("daemon %d serves gpu %s with %+v: %w", old.Pid, old.GPU, old.Limits, ErrExists)
-		case old.GPU == gpu.UUID && old.Limits == lim && old.Slices == count:
-			// Its container may run on, its mounts of the directories
-			// in place: the same directories serve the new daemon (and
-			// the tenants it served).
-			if err := m.clear(ctx, old); err != nil {
-				return d, err
-			}
-			again, tenants = true, rec.Tenants
-		default:
-			if err := m.stop(ctx, old); err != nil {
-				return d, err
-			}
 		}
-	} else if _, serr := os.Lstat(m.daemonDir(owner)); !isNotExist(err) || serr == nil {
-		// An unreadable record, or a directory whose removal did not
-		// finish (its container wrote on in it): whatever it holds goes.
-		if err := m.stop(ctx, m.blank(owner)); err != nil {
+		if err := m.write(old, withTenant(rec.Tenants, tenant)); err != nil {
+			return d, err
+		}
+		return old, nil
+	case rerr == nil && old.Alive && (old.Slices == 0 || len(rec.Tenants) > 0):
+		return d, fmt.Errorf("daemon %d serves gpu %s with %+v: %w", old.Pid, old.GPU, old.Limits, ErrExists)
+	case rerr == nil && old.GPU == gpu.UUID && old.Limits == lim && old.Slices == count:
+		// Its container may run on, its mounts of the directories in
+		// place: the same directories serve the new daemon (and the
+		// tenants it served).
+		if err := m.clear(ctx, old); err != nil {
+			return d, err
+		}
+		again, tenants = true, rec.Tenants
+	case rerr == nil || !isNotExist(rerr) || m.hasDir(owner):
+		// Another share's daemon, dead or ended; or an unreadable record,
+		// or a directory whose removal did not finish (its container
+		// wrote on in it): whatever it holds goes.
+		if err := m.stop(ctx, old); err != nil {
 			return d, err
 		}
 	}
@@ -248,23 +264,12 @@ func (m *Manager) start(ctx context.Context, owner string, gpu node.DeviceRef, l
 	}
 	defer log.Close()
 	began := time.Now()
-	cmd, err := m.startDaemon(d, log, server, again)
+	proc, err := m.startDaemon(ctx, d, log, server, again)
 	if err != nil {
 		return d, err
 	}
-	go cmd.Wait() // reaped whenever it ends
-	d.Pid = cmd.Process.Pid
-	st, err := linux.ReadProcStat(m.procRoot, d.Pid)
-	if err != nil {
-		linux.Kill(d.Pid)
-		return d, fmt.Errorf("daemon %d: %w", d.Pid, err)
-	}
-	d.Start = st.Start
+	d.Pid, d.Start = proc.Pid, proc.Start
 	if err := m.write(d, tenants); err != nil {
-		return d, err
-	}
-	if err := m.place(d); err != nil {
-		linux.Kill(d.Pid)
 		return d, err
 	}
 	if err := m.ready(ctx, d); err != nil {
@@ -289,8 +294,41 @@ func (m *Manager) start(ctx context.Context, owner string, gpu node.DeviceRef, l
 // (a dead daemon started again in the directories its container may
 // still write) with ErrUnsafeRestart. The servers it starts run a copy of
 // server (the driver's, serverSource) that its namespace alone holds, which
-// their users may run but not read (serverMode).
-func (m *Manager) startDaemon(d Daemon, log, server *os.File, again bool) (*exec.Cmd, error) {
+// their users may run but not read (serverMode). The daemon joins its
+// cgroup (d.Cgroup) as soon as it runs. It returns the daemon's process;
+// on error none runs.
+func (m *Manager) startDaemon(ctx context.Context, d Daemon, log, server *os.File, again bool) (linux.Process, error) {
+	cmd, err := m.startCmd(d, log, server, again)
+	if err != nil {
+		return linux.Process{}, err
+	}
+	go cmd.Wait() // reaped whenever it ends
+	pid := cmd.Process.Pid
+	st, err := linux.ReadProcStat(m.procRoot, pid)
+	if err != nil {
+		linux.Kill(pid)
+		return linux.Process{}, fmt.Errorf("daemon %d: %w", pid, err)
+	}
+	proc := linux.Process{Pid: pid, Start: st.Start}
+	if d.Cgroup == "" {
+		return proc, nil
+	}
+	hs, err := m.hierarchies()
+	if err == nil {
+		err = linux.MakeCgroup(hs, d.Cgroup)
+	}
+	if err == nil {
+		err = linux.MoveToCgroup(hs, d.Cgroup, pid, m.cgroupNS)
+	}
+	if err != nil {
+		linux.End(context.WithoutCancel(ctx), m.procRoot, proc, stopBound)
+		return linux.Process{}, fmt.Errorf("place daemon %d in cgroup %s: %w", pid, d.Cgroup, err)
+	}
+	return proc, nil
+}
+
+// startCmd starts d's control daemon's process, as startDaemon says.
+func (m *Manager) startCmd(d Daemon, log, server *os.File, again bool) (*exec.Cmd, error) {
 	untrusted := true
 	for {
 		cmd := exec.Command(m.daemonBin(), "-f")
@@ -367,16 +405,11 @@ func (m *Manager) mountDirs(d Daemon) error {
 	return nil
 }
 
-// unmountDirs detaches the tmpfs mounts of d's directories, not following
-// links; what is not mounted, or not there, is not an error.
-func unmountDirs(d Daemon) error {
-	var errs []error
-	for _, dir := range []string{d.PipeDir, d.ShmDir} {
-		if err := linux.UnmountAll(dir); err != nil && !errors.Is(err, linux.ErrNotSupported) {
-			errs = append(errs, err)
-		}
-	}
-	return errors.Join(errs...)
+// hasDir reports whether owner has a directory in the manager's (a link
+// there counts too: it goes).
+func (m *Manager) hasDir(owner string) bool {
+	_, err := os.Lstat(m.daemonDir(owner))
+	return err == nil
 }
 
 // blank is owner's daemon before it runs: its directories.

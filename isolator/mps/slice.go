@@ -38,26 +38,17 @@ func IsSliceOwner(owner string) (uuid string, ok bool) {
 // daemon of the GPU with other limits that serves slices still is
 // ErrExists. Stop of the last tenant stops the daemon.
 func (m *Manager) StartSlice(ctx context.Context, tenant string, gpu node.DeviceRef, s allocator.Share) (Daemon, error) {
-	if err := m.made(); err != nil {
-		return Daemon{}, err
-	}
-	if err := node.ValidateOwner(tenant); err != nil {
-		return Daemon{}, fmt.Errorf("start the MPS daemon of %q's slice: %w: %w", tenant, ErrInvalid, err)
-	}
 	if s.Mode != allocator.ShareSlice {
 		return Daemon{}, fmt.Errorf("start the MPS daemon of %s's slice: a share of mode %q: %w", tenant, s.Mode, ErrInvalid)
+	}
+	if tenant == "" {
+		return Daemon{}, fmt.Errorf("start the MPS daemon of a slice: no owner: %w: %w", ErrInvalid, node.ValidateOwner(tenant))
 	}
 	lim, err := LimitsOf(s)
 	if err != nil {
 		return Daemon{}, fmt.Errorf("start the MPS daemon of %s's slice: %w", tenant, err)
 	}
-	owner := SliceOwner(gpu.UUID)
-	var d Daemon
-	err = m.locked(ctx, func() error {
-		var err error
-		d, err = m.start(ctx, owner, gpu, lim, s.Slices, tenant)
-		return err
-	})
+	d, err := m.startAs(ctx, SliceOwner(gpu.UUID), gpu, lim, s.Slices, tenant)
 	if err != nil {
 		return Daemon{}, fmt.Errorf("start the MPS daemon of %s's slice: %w", tenant, err)
 	}

@@ -1,15 +1,12 @@
 package mps
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"os"
+	"path"
 	"path/filepath"
-	"slices"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/gpuiso/gpuiso/internal/linux"
@@ -50,9 +47,10 @@ func (m *Manager) Stop(ctx context.Context, owner string) error {
 // stopBound bounds the wait for a daemon to end after quit.
 const stopBound = 5 * time.Second
 
-// stop ends d's daemon and its servers and removes its directory. The
-// caller holds the lock.
+// stop ends d's daemon and its servers and takes back what it held (its
+// mounts, cgroup and directory). The caller holds the lock.
 func (m *Manager) stop(ctx context.Context, d Daemon) error {
+	rem := m.remains(d)
 	proc := linux.Process{Pid: d.Pid, Start: d.Start}
 	if d.Pid == 0 {
 		// Killed while it started: the holder of its control lock, if
@@ -63,40 +61,40 @@ func (m *Manager) stop(ctx context.Context, d Daemon) error {
 			}
 		}
 	}
-	var errs []error
 	if proc.Pid > 0 && linux.Alive(m.procRoot, proc) {
-		_, err := m.control(ctx, d.PipeDir, "quit")
-		if err != nil {
+		// quit first, which ends its servers as MPS ends them; what does
+		// not end within stopBound is killed.
+		if _, err := m.control(ctx, d.PipeDir, "quit"); err != nil {
 			m.log.WarnContext(ctx, "mps daemon did not take quit", "owner", d.Owner, "pid", proc.Pid, "err", err)
-		}
-		if err != nil || !linux.WaitGone(ctx, m.procRoot, proc, stopBound) {
-			if err := linux.End(ctx, m.procRoot, proc, stopBound); err != nil {
-				errs = append(errs, fmt.Errorf("daemon: %w: %w", err, ErrDaemon))
-			}
+		} else {
+			linux.WaitGone(ctx, m.procRoot, proc, stopBound)
 		}
 	}
-	for _, p := range m.strays(d) {
-		m.log.InfoContext(ctx, "killing what an mps daemon left", "owner", d.Owner, "pid", p.Pid)
-		if err := linux.End(ctx, m.procRoot, p, stopBound); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	if len(errs) > 0 {
-		return errors.Join(errs...)
-	}
-	// Its tmpfs mounts go first: nothing is removed through them, and
-	// nothing mounted is left under a directory that no longer is.
-	if err := unmountDirs(d); err != nil {
-		return err
-	}
-	if err := m.unplace(ctx, d); err != nil {
-		return err
-	}
-	if err := os.RemoveAll(d.Dir); err != nil {
-		return err
+	rem.Processes = []linux.Process{proc}
+	if err := linux.Reclaim(ctx, m.procRoot, rem, stopBound); err != nil {
+		return daemonErr(err)
 	}
 	m.log.InfoContext(ctx, "mps daemon stopped", "owner", d.Owner, "pid", proc.Pid)
 	return nil
+}
+
+// remains are what d's daemon leaves once it is stopped: the servers its
+// mark names, its tmpfs mounts (taken first: nothing is removed through
+// them, and nothing mounted is left under a directory that no longer is),
+// its cgroup and its parent when no other daemon's is left in it, and its
+// directory.
+func (m *Manager) remains(d Daemon) linux.Remains {
+	r := linux.Remains{Marked: daemonMark(d.Mark), Mounts: []string{d.PipeDir, d.ShmDir}, Dir: d.Dir}
+	if d.Cgroup != "" && linux.CheckCgroupPath(d.Cgroup) == nil && path.Base(path.Dir(d.Cgroup)) == CgroupDir {
+		hs, err := m.hierarchies()
+		if err != nil && !errors.Is(err, linux.ErrNotSupported) {
+			m.log.Warn("mps daemon's cgroup kept: its hierarchies cannot be read", "owner", d.Owner, "cgroup", d.Cgroup, "err", err)
+		}
+		if err == nil {
+			r.Hierarchies, r.Cgroup, r.ParentToo = hs, d.Cgroup, true
+		}
+	}
+	return r
 }
 
 // clear readies the directories of d, a dead daemon, for another: it kills
@@ -104,64 +102,44 @@ func (m *Manager) stop(ctx context.Context, d Daemon) error {
 // directory (sockets, the lock), keeping the directories themselves, which
 // a running container has mounted. The caller holds the lock.
 func (m *Manager) clear(ctx context.Context, d Daemon) error {
-	for _, p := range m.strays(d) {
-		if err := linux.End(ctx, m.procRoot, p, stopBound); err != nil {
-			return fmt.Errorf("what a dead daemon left: %w: %w", err, ErrDaemon)
-		}
-	}
-	entries, err := os.ReadDir(d.PipeDir)
-	if err != nil && !isNotExist(err) {
-		return err
-	}
-	for _, e := range entries {
-		if err := os.RemoveAll(filepath.Join(d.PipeDir, e.Name())); err != nil {
-			return err
-		}
+	rem := linux.Remains{Marked: daemonMark(d.Mark), Empty: []string{d.PipeDir}}
+	if err := linux.Reclaim(ctx, m.procRoot, rem, stopBound); err != nil {
+		return fmt.Errorf("what a dead daemon left: %w", daemonErr(err))
 	}
 	return nil
+}
+
+// daemonErr is err, matching ErrDaemon as well when a process would not
+// end.
+func daemonErr(err error) error {
+	if errors.Is(err, linux.ErrStillRuns) {
+		return fmt.Errorf("%w: %w", err, ErrDaemon)
+	}
+	return err
 }
 
 // MarkEnv names the variable that carries a daemon's mark (Daemon.Mark)
 // in the environment of its process and its servers.
 const MarkEnv = "GPUISO_MPS_DAEMON"
 
-// strays are the live MPS processes (a control daemon or server) that
-// carry d's mark: what a daemon killed without quit leaves.
-func (m *Manager) strays(d Daemon) []linux.Process {
-	if d.Mark == "" {
-		return nil
+// mpsComm begins the command of every MPS process (the control daemon,
+// nvidia-cuda-mps-control, and its servers, nvidia-cuda-mps-server), as
+// /proc/<pid>/comm shows it.
+const mpsComm = "nvidia-cuda-mps"
+
+// daemonMark names the MPS processes that carry mark: a daemon's and its
+// servers (none for "").
+func daemonMark(mark string) linux.Mark {
+	if mark == "" {
+		return linux.Mark{}
 	}
-	return Strays(m.procRoot, d.Mark)
+	return linux.Mark{Comm: mpsComm, Env: MarkEnv + "=" + mark}
 }
 
 // Strays lists the live processes under procRoot whose command is MPS's
 // own (nvidia-cuda-mps-control or nvidia-cuda-mps-server) and whose
-// environment carries mark (MarkEnv=mark).
+// environment carries mark (MarkEnv=mark): what a daemon killed without
+// quit leaves.
 func Strays(procRoot, mark string) []node.Process {
-	entries, err := os.ReadDir(procRoot)
-	if err != nil || mark == "" {
-		return nil
-	}
-	want := []byte(MarkEnv + "=" + mark)
-	var out []node.Process
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil || pid <= 0 {
-			continue
-		}
-		comm, err := os.ReadFile(filepath.Join(procRoot, e.Name(), "comm"))
-		if err != nil || !strings.HasPrefix(strings.TrimSpace(string(comm)), "nvidia-cuda-mps") {
-			continue
-		}
-		env, err := os.ReadFile(filepath.Join(procRoot, e.Name(), "environ"))
-		if err != nil || !slices.ContainsFunc(bytes.Split(env, []byte{0}), func(kv []byte) bool { return bytes.Equal(kv, want) }) {
-			continue
-		}
-		st, err := linux.ReadProcStat(procRoot, pid)
-		if err != nil || st.Exited() {
-			continue
-		}
-		out = append(out, node.Process{Pid: pid, Start: st.Start})
-	}
-	return out
+	return linux.Marked(procRoot, daemonMark(mark))
 }

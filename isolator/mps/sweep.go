@@ -132,8 +132,8 @@ func (m *Manager) Sweep(ctx context.Context, keep func(owner string) bool) ([]st
 			}
 			if kept {
 				if !d.Alive && d.Pid > 0 {
-					for _, p := range m.strays(d) {
-						linux.Kill(p.Pid)
+					if err := linux.Reclaim(ctx, m.procRoot, linux.Remains{Marked: daemonMark(d.Mark)}, stopBound); err != nil {
+						errs = append(errs, fmt.Errorf("%s: what its dead daemon left: %w", o, daemonErr(err)))
 					}
 				}
 				continue
