@@ -145,6 +145,7 @@ func (pr *Preparer) Prepare(ctx context.Context, spec Spec, img Image) (p *Prepa
 		}
 	}()
 
+	wantsGPUs := !NoGPUs(spec.GPUs)
 	// Requirements are read from the image's environment with the spec's
 	// over it, as the container will have it: merged once, for the
 	// requirements, the volume's need and its injection.
@@ -158,7 +159,7 @@ func (pr *Preparer) Prepare(ctx context.Context, spec Spec, img Image) (p *Prepa
 		return p, ErrNoVolume
 	}
 
-	if !NoGPUs(spec.GPUs) {
+	if wantsGPUs {
 		al, err := pr.Allocator.Allocate(ctx, spec.ID, spec.GPUs)
 		if err != nil {
 			return p, err
