@@ -50,7 +50,7 @@ const stopBound = 5 * time.Second
 // stop ends d's daemon and its servers and takes back what it held (its
 // mounts, cgroup and directory). The caller holds the lock.
 func (m *Manager) stop(ctx context.Context, d Daemon) error {
-	rem := m.remains(d)
+	rem := m.remains(ctx, d)
 	proc := linux.Process{Pid: d.Pid, Start: d.Start}
 	if d.Pid == 0 {
 		// Killed while it started: the holder of its control lock, if
@@ -83,12 +83,12 @@ func (m *Manager) stop(ctx context.Context, d Daemon) error {
 // them, and nothing mounted is left under a directory that no longer is),
 // its cgroup and its parent when no other daemon's is left in it, and its
 // directory.
-func (m *Manager) remains(d Daemon) linux.Remains {
+func (m *Manager) remains(ctx context.Context, d Daemon) linux.Remains {
 	r := linux.Remains{Marked: daemonMark(d.Mark), Mounts: []string{d.PipeDir, d.ShmDir}, Dir: d.Dir}
 	if d.Cgroup != "" && linux.CheckCgroupPath(d.Cgroup) == nil && path.Base(path.Dir(d.Cgroup)) == CgroupDir {
 		hs, err := m.hierarchies()
 		if err != nil && !errors.Is(err, linux.ErrNotSupported) {
-			m.log.Warn("mps daemon's cgroup kept: its hierarchies cannot be read", "owner", d.Owner, "cgroup", d.Cgroup, "err", err)
+			m.log.WarnContext(ctx, "mps daemon's cgroup kept: its hierarchies cannot be read", "owner", d.Owner, "cgroup", d.Cgroup, "err", err)
 		}
 		if err == nil {
 			r.Hierarchies, r.Cgroup, r.ParentToo = hs, d.Cgroup, true
