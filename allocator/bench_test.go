@@ -233,6 +233,32 @@ func BenchmarkAllocateRelease(b *testing.B) {
 	}
 }
 
+// BenchmarkAllocateConstrained measures one Allocate and one Release, in
+// memory, of a request whose constraints and affinity each device of the
+// node is tested against: a regular expression, version conditions and a
+// quantity.
+func BenchmarkAllocateConstrained(b *testing.B) {
+	ctx := context.Background()
+	a := newAlloc(b, "dgx1-volta")
+	req := allocator.Request{
+		Count: 2,
+		Constraints: []allocator.Constraint{
+			{Attribute: "model", Operator: allocator.OpRegexp, Value: "^Tesla V100(-SXM2)?(-16GB)?$"},
+			{Attribute: "compute_capability", Operator: allocator.OpVersion, Value: ">= 7.0, < 9"},
+			{Attribute: "memory", Operator: allocator.OpGreaterEqual, Value: "8 GiB"},
+		},
+		Affinities: []allocator.Affinity{{Constraint: allocator.Constraint{Attribute: "model", Operator: allocator.OpRegexp, Value: "V100"}, Weight: 50}},
+	}
+	for b.Loop() {
+		if _, err := a.Allocate(ctx, "task", req); err != nil {
+			b.Fatal(err)
+		}
+		if err := a.Release(ctx, "task"); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
 // TestScoreNotBelowGoGPUAllocator: on every availability mask and size of
 // the 8-GPU nodes, the topology policy's set scores at least as much as
 // go-gpuallocator's best-effort choice, under go-gpuallocator's weights.

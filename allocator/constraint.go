@@ -86,10 +86,17 @@ func (c Constraint) String() string {
 // Validate checks the operator, the attribute name and that the value suits
 // the operator.
 func (c Constraint) Validate() error {
-	bad := func(why string) error {
-		return fmt.Errorf("constraint %q: %s: %w", c.String(), why, ErrInvalidConstraint)
+	_, err := c.compile()
+	return err
+}
+
+// compile is Validate, and c made ready to test devices when it is valid.
+func (c Constraint) compile() (matcher, error) {
+	bad := func(why string) (matcher, error) {
+		return matcher{}, fmt.Errorf("constraint %q: %s: %w", c.String(), why, ErrInvalidConstraint)
 	}
-	if attributeName(c.Attribute) == "" || strings.ContainsAny(attributeName(c.Attribute), " \t\r\n") {
+	m := c.matcher()
+	if m.name == "" || strings.ContainsAny(m.name, " \t\r\n") {
 		return bad("no attribute")
 	}
 	known := false
@@ -104,28 +111,32 @@ func (c Constraint) Validate() error {
 		if c.Value != "" {
 			return bad("operator takes no value")
 		}
-	case OpRegexp:
-		if _, err := regexp.Compile(c.Value); err != nil {
-			return bad(err.Error())
-		}
-	case OpVersion:
-		if _, err := parseVersionConditions(c.Value); err != nil {
-			return bad(err.Error())
+	case OpRegexp, OpVersion:
+		if m.err != nil {
+			return bad(m.err.Error())
 		}
 	default:
 		if c.Value == "" {
 			return bad("operator needs a value")
 		}
 	}
-	return nil
+	return m, nil
 }
 
 // Validate checks the constraint and the weight.
 func (a Affinity) Validate() error {
+	if err := a.validWeight(); err != nil {
+		return err
+	}
+	return a.Constraint.Validate()
+}
+
+// validWeight checks the weight alone.
+func (a Affinity) validWeight() error {
 	if a.Weight == 0 || a.Weight < -MaxAffinityWeight || a.Weight > MaxAffinityWeight {
 		return fmt.Errorf("affinity %q: weight %d not in -100..100 or zero: %w", a.String(), a.Weight, ErrInvalidConstraint)
 	}
-	return a.Constraint.Validate()
+	return nil
 }
 
 // attributeName strips Nomad's ${device.attr.X} / ${device.X} spelling.
@@ -175,9 +186,35 @@ func lookup(d *node.Device, name string) (node.Attribute, bool) {
 
 // Matches tells whether the constraint holds on d. A constraint that cannot
 // be evaluated (a unit of another dimension, a bad version) does not hold.
-func (c Constraint) Matches(d *node.Device) bool {
-	a, ok := lookup(d, attributeName(c.Attribute))
+func (c Constraint) Matches(d *node.Device) bool { return c.matcher().matches(d) }
+
+// matcher is a constraint made ready to test device after device: its
+// attribute's name, and its regular expression or version conditions,
+// compiled once (err: they do not compile).
+type matcher struct {
+	Constraint
+	name  string
+	re    *regexp.Regexp
+	conds []versionCondition
+	err   error
+}
+
+// matcher compiles c for matches.
+func (c Constraint) matcher() matcher {
+	m := matcher{Constraint: c, name: attributeName(c.Attribute)}
 	switch c.Operator {
+	case OpRegexp:
+		m.re, m.err = regexp.Compile(c.Value)
+	case OpVersion:
+		m.conds, m.err = parseVersionConditions(c.Value)
+	}
+	return m
+}
+
+// matches is Constraint.Matches, of the compiled constraint.
+func (m matcher) matches(d *node.Device) bool {
+	a, ok := lookup(d, m.name)
+	switch m.Operator {
 	case OpIsSet:
 		return ok
 	case OpIsNotSet:
@@ -186,20 +223,18 @@ func (c Constraint) Matches(d *node.Device) bool {
 	if !ok {
 		return false
 	}
-	switch c.Operator {
+	switch m.Operator {
 	case OpRegexp:
-		re, err := regexp.Compile(c.Value)
-		return err == nil && re.MatchString(a.Format())
+		return m.err == nil && m.re.MatchString(a.Format())
 	case OpVersion:
-		conds, err := parseVersionConditions(c.Value)
-		if err != nil {
+		if m.err != nil {
 			return false
 		}
 		v, err := node.ParseVersion(a.Format())
 		if err != nil {
 			return false
 		}
-		for _, cond := range conds {
+		for _, cond := range m.conds {
 			if !cond.op.Holds(v.Compare(cond.v)) {
 				return false
 			}
@@ -210,15 +245,15 @@ func (c Constraint) Matches(d *node.Device) bool {
 		for _, item := range strings.Split(a.Format(), ",") {
 			have[strings.TrimSpace(item)] = true
 		}
-		for _, item := range strings.Split(c.Value, ",") {
+		for _, item := range strings.Split(m.Value, ",") {
 			if !have[strings.TrimSpace(item)] {
 				return false
 			}
 		}
 		return true
 	}
-	cmp, ok := compareAttribute(a, c.Value)
-	return ok && c.Operator.Holds(cmp)
+	cmp, ok := compareAttribute(a, m.Value)
+	return ok && m.Operator.Holds(cmp)
 }
 
 // Holds reports whether a comparison result (negative, zero or positive, as

@@ -198,16 +198,19 @@ func (a *Allocator) compileMIG(r Request) (migMatch, error) {
 	if err != nil {
 		return m, err
 	}
-	for _, k := range r.Constraints {
-		if err := k.Validate(); err != nil {
+	ks := make([]matcher, len(r.Constraints))
+	for i, k := range r.Constraints {
+		km, err := k.compile()
+		if err != nil {
 			return m, fmt.Errorf("%w: %w", ErrInvalidRequest, err)
 		}
+		ks[i] = km
 	}
 	for p := range a.n {
 		d := &a.inv.Devices[p]
 		ok := model == "" || strings.EqualFold(d.Model, model)
-		for _, k := range r.Constraints {
-			ok = ok && k.Matches(d)
+		for _, k := range ks {
+			ok = ok && k.matches(d)
 		}
 		if ok {
 			m.parents |= 1 << p

@@ -186,24 +186,34 @@ func (a *Allocator) compile(r Request) (compiled, error) {
 	if model != "" && !a.hasModel(model) {
 		return c, fmt.Errorf("model %q: no GPU of this node is one: %w", model, ErrInvalidRequest)
 	}
-	for _, k := range r.Constraints {
-		if err := k.Validate(); err != nil {
+	// Each constraint is compiled once, then tested on every device.
+	ks := make([]matcher, len(r.Constraints))
+	for i, k := range r.Constraints {
+		m, err := k.compile()
+		if err != nil {
 			return c, fmt.Errorf("%w: %w", ErrInvalidRequest, err)
 		}
 		if err := a.knownAttribute(k); err != nil {
 			return c, err
 		}
+		ks[i] = m
 	}
 	if len(r.Affinities) > MaxAffinities {
 		return c, fmt.Errorf("%d affinities, at most %d: %w", len(r.Affinities), MaxAffinities, ErrInvalidRequest)
 	}
-	for _, k := range r.Affinities {
-		if err := k.Validate(); err != nil {
+	affs := make([]matcher, len(r.Affinities))
+	for i, k := range r.Affinities {
+		if err := k.validWeight(); err != nil {
+			return c, fmt.Errorf("%w: %w", ErrInvalidRequest, err)
+		}
+		m, err := k.compile()
+		if err != nil {
 			return c, fmt.Errorf("%w: %w", ErrInvalidRequest, err)
 		}
 		if err := a.knownAttribute(k.Constraint); err != nil {
 			return c, err
 		}
+		affs[i] = m
 	}
 	if model == "" && len(r.Constraints) == 0 && len(r.Affinities) == 0 {
 		c.match = a.all
@@ -215,15 +225,15 @@ func (a *Allocator) compile(r Request) (compiled, error) {
 	for p := range a.n {
 		d := &a.inv.Devices[p]
 		ok := model == "" || strings.EqualFold(d.Model, model)
-		for _, k := range r.Constraints {
-			ok = ok && k.Matches(d)
+		for _, k := range ks {
+			ok = ok && k.matches(d)
 		}
 		if ok {
 			c.match |= 1 << p
 		}
-		for _, k := range r.Affinities {
-			if k.Matches(d) {
-				c.affinity[p] += int64(k.Weight)
+		for i, k := range affs {
+			if k.matches(d) {
+				c.affinity[p] += int64(r.Affinities[i].Weight)
 				c.hasAff = true
 			}
 		}
