@@ -91,8 +91,10 @@
 // The first (and only) share of an owner starts its daemon; Start is
 // idempotent for the same GPU and limits. [Manager.Stop] sends quit,
 // kills a daemon that has not ended within seconds, kills the MPS
-// processes that carry its mark (a server whose daemon was killed), and
-// removes the directory. [Manager.Sweep] is the recovery of a
+// processes that carry its mark (a server whose daemon was killed), each
+// only while it is still the process its pid and start time name, then
+// unmounts its directories' tmpfs, removes its cgroup and removes the
+// directory. [Manager.Sweep] is the recovery of a
 // process that crashed: it stops every daemon whose owner it does not keep,
 // a daemon whose starter died before recording its pid included (found as
 // the holder of its pipe directory's control lock), and removes what a
