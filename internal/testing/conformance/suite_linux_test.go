@@ -221,6 +221,17 @@ func randomKills(t *testing.T, e env) {
 		window = max(window, time.Since(began)*6/5)
 		ids = append(ids, p.ID())
 	}
+	// The rest takes a window for each batch of kills, half of one for
+	// each of the two killed recoveries, and about one for the recovery
+	// and the run of all GPUs after them: on a host slow enough that this
+	// passes the case's timeout (an emulated VM on a loaded machine), the
+	// deadline follows the window it measured rather than cut the case.
+	if need := time.Since(began) + time.Duration((kills+e.s.batch-1)/e.s.batch+3)*window; need > caseTimeout {
+		t.Logf("a run takes %v here: the case may take %v", window.Round(time.Millisecond), need.Round(time.Second))
+		var longer context.CancelFunc
+		ctx, longer = context.WithTimeout(context.Background(), need)
+		defer longer()
+	}
 	phases := map[string]int{}
 	for k := 0; k < kills; k += e.s.batch {
 		var batch []*process
