@@ -136,14 +136,15 @@ func (m *Manager) Start(ctx context.Context, owner string, gpu node.DeviceRef, l
 }
 
 // startAs is the door of Start, StartSlice and StartShare: it checks the
-// names of the daemon's owner and of its tenant (a slice's owner, or ""),
-// once, and starts the daemon under the manager's lock (start).
+// names of the daemon's owner and, for a GPU's slices (count > 0), of the
+// slice's owner (tenant), once, and starts the daemon under the manager's
+// lock (start).
 func (m *Manager) startAs(ctx context.Context, owner string, gpu node.DeviceRef, lim Limits, count int, tenant string) (Daemon, error) {
 	if err := m.made(); err != nil {
 		return Daemon{}, err
 	}
 	names := []string{owner}
-	if tenant != "" {
+	if count > 0 {
 		names = append(names, tenant)
 	}
 	for _, name := range names {

@@ -41,9 +41,6 @@ func (m *Manager) StartSlice(ctx context.Context, tenant string, gpu node.Device
 	if s.Mode != allocator.ShareSlice {
 		return Daemon{}, fmt.Errorf("start the MPS daemon of %s's slice: a share of mode %q: %w", tenant, s.Mode, ErrInvalid)
 	}
-	if tenant == "" {
-		return Daemon{}, fmt.Errorf("start the MPS daemon of a slice: no owner: %w: %w", ErrInvalid, node.ValidateOwner(tenant))
-	}
 	lim, err := LimitsOf(s)
 	if err != nil {
 		return Daemon{}, fmt.Errorf("start the MPS daemon of %s's slice: %w", tenant, err)

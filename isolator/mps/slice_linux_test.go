@@ -185,3 +185,24 @@ func TestSliceSweep(t *testing.T) {
 		t.Fatalf("daemon %d runs on", d.Pid)
 	}
 }
+
+// TestSliceInvalidOwner: a slice whose owner is empty or breaks the
+// owner-id rule is refused through every door (StartShare, StartSlice),
+// ErrInvalid, and nothing is started or left.
+func TestSliceInvalidOwner(t *testing.T) {
+	ctx := context.Background()
+	m, dir := newManager(t)
+	g := gpu(0)
+	for _, owner := range []string{"", "../x", "tasks"} {
+		if d, err := m.StartShare(ctx, sliceOf(owner, g, 4)); d != nil || !errors.Is(err, mps.ErrInvalid) || !errors.Is(err, node.ErrInvalid) {
+			t.Errorf("StartShare of %q's slice: %+v, %v; want ErrInvalid", owner, d, err)
+		}
+		s := *sliceOf(owner, g, 4).Share
+		if _, err := m.StartSlice(ctx, owner, g, s); !errors.Is(err, mps.ErrInvalid) || !errors.Is(err, node.ErrInvalid) {
+			t.Errorf("StartSlice of %q: %v; want ErrInvalid", owner, err)
+		}
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) != 1 { // the lock file
+		t.Fatalf("left in %s: %v", dir, entries)
+	}
+}
